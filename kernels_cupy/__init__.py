@@ -1,0 +1,1 @@
+"""CUDA/HIP-portable kernels and their CuPy RawModule launchers."""

@@ -1,0 +1,1 @@
+"""Triton kernels (2-D grid) and their launchers."""

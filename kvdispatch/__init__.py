@@ -1,0 +1,25 @@
+"""kvdispatch: KV-cache index tables for LLM decode, on the fastest backend the device has.
+
+``import kvdispatch`` touches no device: the probe runs at first use, once per device.
+"""
+
+from __future__ import annotations
+
+from . import grid
+from .api import create_flashinfer_kv_indices, create_flashmla_kv_indices
+from .dispatch import BackendUnavailableError, available_backends, reset, select_backend
+from .devices import DeviceInfo, probe
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "BackendUnavailableError",
+    "DeviceInfo",
+    "available_backends",
+    "create_flashinfer_kv_indices",
+    "create_flashmla_kv_indices",
+    "grid",
+    "probe",
+    "reset",
+    "select_backend",
+]

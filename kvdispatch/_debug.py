@@ -1,0 +1,55 @@
+"""Host-side data checks for ``KVDISPATCH_DEBUG=1``.
+
+Slow on purpose: they copy the index vectors to the host (a device sync) and raise ``ValueError`` naming
+the request and the value that the kernels would otherwise silently turn into an empty or short row.
+Never use them inside CUDA-graph capture.
+"""
+
+from __future__ import annotations
+
+import os
+
+
+def enabled() -> bool:
+    return os.environ.get("KVDISPATCH_DEBUG", "0") not in ("", "0")
+
+
+def _first_bad(mask):
+    bad = mask.nonzero()
+    return None if bad.numel() == 0 else int(bad[0, 0])
+
+
+def _check_rows(req_to_token, req_pool_indices, seq_lens, kv_start_idx, lengths_offset):
+    rows, cols = req_to_token.shape
+    pool = req_pool_indices.long().cpu()
+    lengths = seq_lens.long().cpu() + lengths_offset
+    start = kv_start_idx.long().cpu() if kv_start_idx is not None else None
+    b = _first_bad((pool < 0) | (pool >= rows))
+    if b is not None:
+        raise ValueError(f"request {b}: req_pool_indices[{b}] = {int(pool[b])} is outside [0, {rows})")
+    b = _first_bad(lengths < 0)
+    if b is not None:
+        raise ValueError(f"request {b}: length {int(lengths[b])} (seq_lens + seqlen_offset) is negative")
+    first = start if start is not None else lengths * 0
+    b = _first_bad((lengths > 0) & ((first < 0) | (first >= cols)))
+    if b is not None:
+        raise ValueError(f"request {b}: kv_start_idx[{b}] = {int(first[b])} is outside the table's [0, {cols})")
+    b = _first_bad(first + lengths > cols)
+    if b is not None:
+        raise ValueError(f"request {b}: start {int(first[b])} + length {int(lengths[b])} runs past the "
+                         f"table's {cols} columns")
+    return lengths
+
+
+def check_page_table_data(req_to_token, req_pool_indices, seq_lens, kv_start_idx, seqlen_offset):
+    _check_rows(req_to_token, req_pool_indices, seq_lens, kv_start_idx, seqlen_offset)
+
+
+def check_token_csr_data(req_to_token, req_pool_indices, seq_lens, kv_indptr, out, kv_start_idx):
+    lengths = _check_rows(req_to_token, req_pool_indices, seq_lens, kv_start_idx, 0)
+    begin = kv_indptr[: lengths.shape[0]].long().cpu()
+    total = out.shape[0]
+    b = _first_bad((begin < 0) | (begin + lengths > total))
+    if b is not None:
+        raise ValueError(f"request {b}: kv_indptr[{b}] = {int(begin[b])} with length {int(lengths[b])} "
+                         f"writes outside out's {total} entries")

@@ -1,0 +1,78 @@
+"""The two public index builders. Validation, then one dispatch lookup, then one kernel launch."""
+
+from __future__ import annotations
+
+from . import _debug, dispatch
+from ._validate import check_page_table_args, check_token_csr_args
+
+
+def create_flashmla_kv_indices(req_to_token, req_pool_indices, seq_lens, out, *, page_size,
+                               kv_start_idx=None, seqlen_offset=0, seq_lens_out=None,
+                               fill_value=None, backend=None):
+    """Build the paged block table (FlashMLA, CUTLASS MLA, TRT-LLM MLA, Aiter MLA) into ``out``.
+
+    For request ``b < B`` and page ``p < min(ceil(L_b / page_size), W)``::
+
+        out[b, p] = req_to_token[req_pool_indices[b], start_b + p * page_size] // page_size
+
+    with ``L_b = seq_lens[b] + seqlen_offset``, ``start_b = kv_start_idx[b]`` (0 when absent),
+    ``W = out.shape[1]`` and ``//`` floor division.
+
+    Args:
+        req_to_token: int32 ``[R, C]`` slot id per token, last dim contiguous, any row stride.
+        req_pool_indices: int32/int64 ``[B]`` row of ``req_to_token`` per request.
+        seq_lens: int32/int64 ``[B]`` tokens per request.
+        out: int32 ``[>= B, W]``, last dim contiguous, any row stride. Written in place.
+        page_size: int in ``[1, 4096]``.
+        kv_start_idx: optional int32/int64 ``[B]`` first token position per request.
+        seqlen_offset: int added to every length (e.g. the draft tokens in target-verify).
+        seq_lens_out: optional int32 ``[>= B]``; receives ``seq_lens + seqlen_offset`` in the same launch.
+        fill_value: optional int; when given, columns ``[pages_b, W)`` of each row are set to it.
+        backend: ``"triton"``, ``"cupy"``, ``"torch"``, ``"auto"`` or None (auto, or ``KVDISPATCH_BACKEND``).
+
+    Left untouched: rows ``>= B``; without ``fill_value``, every column past a row's pages. Bad data
+    never reads or writes out of bounds: a pool index outside ``[0, R)`` or a length ``<= 0`` gives an
+    empty row, and the row ends at the first position at or past column ``C``.
+    No host sync and no device allocation on the GPU backends: capturable in a CUDA graph.
+
+    Returns:
+        ``out``.
+    """
+    device = check_page_table_args(req_to_token, req_pool_indices, seq_lens, out, page_size, kv_start_idx,
+                                   seqlen_offset, seq_lens_out, fill_value)
+    if _debug.enabled():
+        _debug.check_page_table_data(req_to_token, req_pool_indices, seq_lens, kv_start_idx, seqlen_offset)
+    dispatch.call(device, "page_table", backend, req_to_token, req_pool_indices, seq_lens, out, page_size,
+                  kv_start_idx, seqlen_offset, seq_lens_out, fill_value)
+    return out
+
+
+def create_flashinfer_kv_indices(req_to_token, req_pool_indices, seq_lens, kv_indptr, out, *,
+                                 kv_start_idx=None, backend=None):
+    """Build token-level CSR indices (FlashInfer, Aiter non-MLA) into ``out``.
+
+    For request ``b < B`` and ``j < seq_lens[b]``::
+
+        out[kv_indptr[b] + j] = req_to_token[req_pool_indices[b], start_b + j]
+
+    Args:
+        req_to_token: int32 ``[R, C]``, last dim contiguous, any row stride.
+        req_pool_indices: int32/int64 ``[B]``.
+        seq_lens: int32/int64 ``[B]``.
+        kv_indptr: int32/int64 ``[>= B]`` (usually ``B + 1``) first output position per request.
+        out: int32 ``[N]``, contiguous. Written in place.
+        kv_start_idx: optional int32/int64 ``[B]`` first token position per request.
+        backend: as for ``create_flashmla_kv_indices``.
+
+    Left untouched: every position no request writes. No write ever lands outside ``out``, whatever
+    ``kv_indptr`` says; a row ends at the table's last column; a bad pool index gives an empty row.
+
+    Returns:
+        ``out``.
+    """
+    device = check_token_csr_args(req_to_token, req_pool_indices, seq_lens, kv_indptr, out, kv_start_idx)
+    if _debug.enabled():
+        _debug.check_token_csr_data(req_to_token, req_pool_indices, seq_lens, kv_indptr, out, kv_start_idx)
+    dispatch.call(device, "token_csr", backend, req_to_token, req_pool_indices, seq_lens, kv_indptr, out,
+                  kv_start_idx)
+    return out

@@ -1,0 +1,181 @@
+"""Device probe: what a device is and which runtimes can serve it. The one home of vendor facts.
+
+``probe(device)`` runs lazily, once per device, under a lock; ``import kvdispatch`` touches no device.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import platform
+import threading
+from dataclasses import dataclass, field
+
+import torch
+
+RUNTIMES = ("triton", "cupy", "torch")
+
+# Families by exact architecture name: a ROCm build reports capability numbers that mean other chips,
+# so nothing here compares numbers.
+NVIDIA_FAMILIES = {
+    "sm_70": "volta", "sm_75": "turing",
+    "sm_80": "ampere", "sm_86": "ampere", "sm_87": "ampere",
+    "sm_89": "ada",
+    "sm_90": "hopper",
+    "sm_100": "blackwell", "sm_103": "blackwell",
+    "sm_120": "blackwell-geforce", "sm_121": "blackwell-geforce",
+}
+AMD_FAMILIES = {
+    "gfx908": "cdna1", "gfx90a": "cdna2", "gfx942": "cdna3", "gfx950": "cdna4",
+    "gfx1100": "rdna3", "gfx1101": "rdna3", "gfx1102": "rdna3", "gfx1103": "rdna3",
+    "gfx1200": "rdna4", "gfx1201": "rdna4",
+}
+# Families whose GPUs Triton compiles for (and kvdispatch cross-compiles its kernels for in CI).
+TRITON_FAMILIES = frozenset({"ampere", "ada", "hopper", "blackwell", "blackwell-geforce",
+                             "cdna2", "cdna3", "cdna4", "rdna3", "rdna4"})
+WARP_SIZE = {"nvidia": 32, "amd": 64}
+
+
+@dataclass(frozen=True)
+class DeviceInfo:
+    """What ``probe`` found for one device.
+
+    runtimes: ``(name, reason)`` per runtime in ``RUNTIMES``; ``reason`` is None when it can serve the
+    device, else why it cannot.
+    """
+
+    device: str
+    vendor: str
+    arch: str
+    family: str
+    name: str
+    multiprocessors: int
+    warp_size: int
+    runtimes: tuple[tuple[str, str | None], ...] = field(default=())
+
+    def reason(self, runtime: str) -> str | None:
+        """Why ``runtime`` cannot serve this device, or None when it can."""
+        return dict(self.runtimes).get(runtime, f"unknown runtime {runtime!r}")
+
+    def usable(self, runtime: str) -> bool:
+        return self.reason(runtime) is None
+
+
+@dataclass(frozen=True)
+class RawDevice:
+    """The facts read off a device, before any policy; tests build these to simulate devices."""
+
+    device: str
+    vendor: str
+    arch: str
+    name: str
+    multiprocessors: int
+    warp_size: int | None = None
+
+
+def family_of(vendor: str, arch: str) -> str:
+    table = NVIDIA_FAMILIES if vendor == "nvidia" else AMD_FAMILIES if vendor == "amd" else {}
+    if vendor == "cpu":
+        return "cpu"
+    return table.get(arch, "unknown")
+
+
+def read_device(device: torch.device) -> RawDevice:
+    """Read vendor, architecture and sizes of ``device`` from PyTorch (creates a context for GPUs)."""
+    if device.type == "cpu":
+        return RawDevice("cpu", "cpu", "cpu", platform.processor() or platform.machine(), os.cpu_count() or 1, 1)
+    if device.type != "cuda":
+        return RawDevice(str(device), device.type, device.type, device.type, 0, None)
+    props = torch.cuda.get_device_properties(device)
+    if torch.version.hip:
+        vendor, arch = "amd", props.gcnArchName.split(":")[0]
+    else:
+        vendor, arch = "nvidia", f"sm_{props.major}{props.minor}"
+    return RawDevice(str(device), vendor, arch, props.name, props.multi_processor_count,
+                     getattr(props, "warp_size", None))
+
+
+def _module_present(name: str) -> bool:
+    return importlib.util.find_spec(name) is not None
+
+
+def triton_reason(raw: RawDevice, family: str) -> str | None:
+    if not _module_present("triton"):
+        return 'Triton is not installed (pip install "kvdispatch[triton]")'
+    if raw.vendor == "cpu":
+        if os.environ.get("TRITON_INTERPRET") == "1":
+            return None
+        return "CPU tensors run Triton kernels only in its interpreter (TRITON_INTERPRET=1)"
+    if raw.vendor not in ("nvidia", "amd"):
+        return f"Triton has no backend for {raw.vendor} devices"
+    if family not in TRITON_FAMILIES:
+        return f"architecture {raw.arch} ({family}) is not one kvdispatch builds Triton kernels for"
+    return None
+
+
+def cupy_reason(raw: RawDevice) -> str | None:
+    if raw.vendor not in ("nvidia", "amd"):
+        return f"CuPy serves CUDA and ROCm GPUs only, not {raw.vendor}"
+    if not _module_present("cupy"):
+        return f"CuPy is not installed (pip install \"{cupy_install_hint(raw.vendor)}\")"
+    try:
+        import cupy  # noqa: PLC0415  (imported only when a GPU is probed)
+
+        built_for = "amd" if cupy.cuda.runtime.is_hip else "nvidia"
+    except Exception as exc:  # a broken CuPy install must not break the probe
+        return f"CuPy failed to import: {exc}"
+    if built_for != raw.vendor:
+        return (f"CuPy is built for {built_for.upper()} GPUs, this is an {raw.vendor.upper()} GPU "
+                f"(pip install \"{cupy_install_hint(raw.vendor)}\")")
+    return None
+
+
+def cupy_install_hint(vendor: str) -> str:
+    if vendor == "amd":
+        return "kvdispatch[rocm]"
+    major = (torch.version.cuda or "12").split(".")[0]
+    return "kvdispatch[cuda13]" if major == "13" else "kvdispatch[cuda12]"
+
+
+def describe(raw: RawDevice) -> DeviceInfo:
+    """Apply vendor facts to raw device facts (pure: no device access beyond the CuPy import)."""
+    family = family_of(raw.vendor, raw.arch)
+    warp = raw.warp_size or WARP_SIZE.get(raw.vendor, 1)
+    runtimes = (
+        ("triton", triton_reason(raw, family)),
+        ("cupy", cupy_reason(raw)),
+        ("torch", None),
+    )
+    return DeviceInfo(raw.device, raw.vendor, raw.arch, family, raw.name, raw.multiprocessors, warp, runtimes)
+
+
+_cache: dict[torch.device, DeviceInfo] = {}
+_lock = threading.Lock()
+
+
+def normalize_device(device=None) -> torch.device:
+    """``None`` → the current CUDA device if there is one, else CPU; ``"cuda"`` → ``cuda:<current>``."""
+    if device is None:
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    device = torch.device(device)
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    return device
+
+
+def probe(device=None) -> DeviceInfo:
+    """Describe ``device`` (a ``torch.device``, string or None for the default device); cached per device."""
+    device = normalize_device(device)
+    info = _cache.get(device)
+    if info is None:
+        with _lock:
+            info = _cache.get(device)
+            if info is None:
+                info = _cache[device] = describe(read_device(device))
+    return info
+
+
+def clear_cache() -> None:
+    """Forget every probed device (tests; or after changing TRITON_INTERPRET)."""
+    with _lock:
+        _cache.clear()

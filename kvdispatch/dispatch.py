@@ -1,0 +1,190 @@
+"""Backend registry and selection policy.
+
+Auto order: Triton, then CuPy, then torch, each where the probe says it can serve the device.
+``KVDISPATCH_BACKEND`` (read at first selection per device; ``reset()`` forgets) forces one; ``backend=``
+per call wins over it. A forced backend that cannot serve raises with the reason; in auto mode a backend
+that raises at compile or launch is disabled for that device with one warning and the next one serves,
+unless ``KVDISPATCH_STRICT=1``. The hot path is one dict lookup per call.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import os
+import threading
+import warnings
+from dataclasses import dataclass
+
+import torch
+
+from . import devices
+
+BACKENDS = ("triton", "cupy", "torch")
+# CPU tensors: the reference first; the Triton interpreter (TRITON_INTERPRET=1) only when asked for.
+CPU_ORDER = ("torch", "triton", "cupy")
+CHOICES = ("auto",) + BACKENDS
+OP_FUNCTIONS = {"page_table": "build_page_table", "token_csr": "build_token_indices"}
+
+log = logging.getLogger("kvdispatch")
+
+
+class BackendUnavailableError(RuntimeError):
+    """A backend that was asked for by name cannot serve the device."""
+
+
+@dataclass(frozen=True)
+class Backend:
+    """A registered backend: where its implementation lives and when it can serve a device.
+
+    The module provides ``build_page_table`` and ``build_token_indices`` with the signatures of
+    ``kvdispatch.reference``; it is imported on first selection, never at ``import kvdispatch``.
+    """
+
+    name: str
+    module: str
+
+    def reasons_if_unsupported(self, info: devices.DeviceInfo) -> list[str]:
+        reason = info.reason(self.name)
+        return [] if reason is None else [reason]
+
+    def install_hint(self, info: devices.DeviceInfo) -> str:
+        if self.name == "triton":
+            return 'pip install "kvdispatch[triton]"'
+        if self.name == "cupy":
+            return f'pip install "{devices.cupy_install_hint(info.vendor if info.vendor == "amd" else "nvidia")}"'
+        return "pip install torch"
+
+    def load(self):
+        return importlib.import_module(self.module)
+
+
+REGISTRY = {
+    "triton": Backend("triton", "kernels_triton"),
+    "cupy": Backend("cupy", "kernels_cupy"),
+    "torch": Backend("torch", "kvdispatch.reference"),
+}
+
+
+def requested_backend(backend: str | None = None) -> str:
+    """The backend asked for: ``backend`` if given, else ``KVDISPATCH_BACKEND``, else ``"auto"``."""
+    if backend is None:
+        backend = os.environ.get("KVDISPATCH_BACKEND", "auto").strip().lower() or "auto"
+        source = "KVDISPATCH_BACKEND"
+    else:
+        source = "backend"
+    if backend not in CHOICES:
+        raise ValueError(f"{source} must be one of {', '.join(CHOICES)}; got {backend!r}")
+    return backend
+
+
+def strict() -> bool:
+    return os.environ.get("KVDISPATCH_STRICT", "0") not in ("", "0")
+
+
+class _Selector:
+    """Chooses and caches the implementation per (device, op, requested backend)."""
+
+    def __init__(self):
+        self._lock = threading.RLock()
+        self._chosen: dict[tuple, object] = {}
+        self._disabled: dict[torch.device, dict[str, str]] = {}
+        self._announced: set[torch.device] = set()
+
+    def reset(self):
+        with self._lock:
+            self._chosen.clear()
+            self._disabled.clear()
+            self._announced.clear()
+
+    def disabled(self, device) -> dict[str, str]:
+        return dict(self._disabled.get(device, {}))
+
+    def candidates(self, info, device) -> tuple[list[str], dict[str, str]]:
+        """Auto order of usable backends, and the rejected ones with their reasons."""
+        usable, rejected = [], {}
+        off = self._disabled.get(device, {})
+        for name in CPU_ORDER if info.vendor == "cpu" else BACKENDS:
+            reasons = REGISTRY[name].reasons_if_unsupported(info)
+            if name in off:
+                reasons.append(f"disabled after a failure: {off[name]}")
+            if reasons:
+                rejected[name] = "; ".join(reasons)
+            else:
+                usable.append(name)
+        return usable, rejected
+
+    def choose(self, device, requested) -> str:
+        info = devices.probe(device)
+        usable, rejected = self.candidates(info, device)
+        if requested != "auto":
+            if requested in usable:
+                return requested
+            backend = REGISTRY[requested]
+            raise BackendUnavailableError(
+                f"backend {requested!r} cannot serve {device} ({info.arch}, {info.family}): "
+                f"{rejected[requested]}. Install hint: {backend.install_hint(info)}")
+        chosen = usable[0]  # torch always serves
+        if info.family == "unknown" and device not in self._announced:
+            warnings.warn(f"kvdispatch: unknown {info.vendor} architecture {info.arch} on {device}; "
+                          f"using the portable {chosen!r} backend", RuntimeWarning, stacklevel=4)
+        if device not in self._announced:
+            self._announced.add(device)
+            log.info("kvdispatch: %s %s (%s, %s): chose %s; rejected: %s", device, info.name, info.arch,
+                     info.family, chosen, "; ".join(f"{k}: {v}" for k, v in rejected.items()) or "none")
+        return chosen
+
+    def resolve(self, device, op, backend):
+        """``(backend name, function)`` serving ``op`` on ``device``; cached after the first call."""
+        key = (device, op, backend)
+        impl = self._chosen.get(key)
+        if impl is not None:
+            return impl
+        with self._lock:
+            impl = self._chosen.get(key)
+            if impl is None:
+                name = self.choose(device, requested_backend(backend))
+                impl = self._chosen[key] = (name, getattr(REGISTRY[name].load(), OP_FUNCTIONS[op]))
+        return impl
+
+    def fail(self, device, name, exc):
+        """Record that ``name`` raised on ``device``; in auto mode it is skipped from now on."""
+        with self._lock:
+            self._disabled.setdefault(device, {})[name] = f"{type(exc).__name__}: {exc}"
+            for key in [k for k, v in self._chosen.items() if k[0] == device and v[0] == name]:
+                del self._chosen[key]
+        warnings.warn(f"kvdispatch: backend {name!r} failed on {device} ({type(exc).__name__}: {exc}); "
+                      "disabled for this device, the next backend serves", RuntimeWarning, stacklevel=4)
+
+
+selector = _Selector()
+
+
+def call(device, op, backend, *args):
+    """Run ``op`` on the selected backend; in auto mode fall back past a backend that raises."""
+    name, function = selector.resolve(device, op, backend)
+    try:
+        return function(*args)
+    except Exception as exc:
+        if name == "torch" or requested_backend(backend) != "auto" or strict():
+            raise
+        selector.fail(device, name, exc)
+        return call(device, op, backend, *args)
+
+
+def reset() -> None:
+    """Forget every selection, disabled backend and probed device (tests; after changing env vars)."""
+    selector.reset()
+    devices.clear_cache()
+
+
+def select_backend(device=None) -> str:
+    """The backend auto selection (after ``KVDISPATCH_BACKEND``) picks for ``device``."""
+    device = devices.normalize_device(device)
+    return selector.choose(device, requested_backend())
+
+
+def available_backends(device=None) -> list[str]:
+    """Backends that can serve ``device``, in auto order."""
+    device = devices.normalize_device(device)
+    return selector.candidates(devices.probe(device), device)[0]

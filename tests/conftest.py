@@ -1,0 +1,70 @@
+"""Test configuration: which backends run here, on which device.
+
+Without a GPU the Triton kernels run in Triton's interpreter on CPU tensors, so TRITON_INTERPRET is set
+before anything imports them. ``KVDISPATCH_BACKEND`` (set by the GPU CI lanes) narrows the backends
+under test to that one; ``backend=None`` then goes through the variable, as an engine's call would.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+
+import pytest
+import torch
+
+HAS_GPU = torch.cuda.is_available()
+if not HAS_GPU:
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+DEVICE = torch.device("cuda") if HAS_GPU else torch.device("cpu")
+
+import kvdispatch  # noqa: E402  (after TRITON_INTERPRET)
+
+
+def _have(module: str) -> bool:
+    return importlib.util.find_spec(module) is not None
+
+
+def backends_under_test() -> list[str]:
+    forced = os.environ.get("KVDISPATCH_BACKEND", "auto")
+    if forced != "auto":
+        return [forced]
+    names = ["torch"]
+    if _have("triton"):
+        names.append("triton")
+    if HAS_GPU and _have("cupy"):
+        names.append("cupy")
+    if not HAS_GPU:
+        names.append("cupy-host")
+    return names
+
+
+BACKENDS = backends_under_test()
+GPU_BACKENDS = [b for b in BACKENDS if b != "torch"]
+
+
+@pytest.fixture(autouse=True)
+def _fresh_selection():
+    """Every test starts with no cached selection, probe or disabled backend."""
+    kvdispatch.reset()
+    yield
+    kvdispatch.reset()
+
+
+def page_table(backend, *args, **kwargs):
+    """Call the page-table builder of ``backend`` (``cupy-host``: the CUDA source built for the host)."""
+    if backend == "cupy-host":
+        from kernels_cupy import host
+
+        return host.create_flashmla_kv_indices(*args, **kwargs)
+    return kvdispatch.create_flashmla_kv_indices(*args, backend=None if backend == os.environ.get(
+        "KVDISPATCH_BACKEND") else backend, **kwargs)
+
+
+def token_csr(backend, *args, **kwargs):
+    if backend == "cupy-host":
+        from kernels_cupy import host
+
+        return host.create_flashinfer_kv_indices(*args, **kwargs)
+    return kvdispatch.create_flashinfer_kv_indices(*args, backend=None if backend == os.environ.get(
+        "KVDISPATCH_BACKEND") else backend, **kwargs)

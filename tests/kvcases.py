@@ -1,0 +1,128 @@
+"""Random test cases and an independent plain-Python-loop oracle, shared by every backend's tests.
+
+Cases are drawn fresh per call from a simulated page pool: each request owns shuffled physical pages,
+slots are ``page * page_size + offset``; never zeros, never square.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+POISON = -123456789  # written into every output before a call; must survive wherever nothing is written
+
+
+@dataclass
+class Case:
+    req_to_token: torch.Tensor
+    req_pool_indices: torch.Tensor
+    seq_lens: torch.Tensor
+    page_size: int
+    width: int
+    kv_start_idx: torch.Tensor | None = None
+    seqlen_offset: int = 0
+    fill_value: int | None = None
+    out_rows: int = 0
+    out_stride: int = 0
+    options: dict = field(default_factory=dict)
+
+    @property
+    def batch(self) -> int:
+        return self.req_pool_indices.shape[0]
+
+    def page_table_out(self) -> torch.Tensor:
+        """A poisoned output, strided when ``out_stride > width``, with spare rows past the batch."""
+        rows = max(self.out_rows, self.batch)
+        store = torch.full((rows, max(self.out_stride, self.width)), POISON, dtype=torch.int32,
+                           device=self.req_to_token.device)
+        return store[:, : self.width]
+
+    def seq_lens_out(self) -> torch.Tensor:
+        return torch.full((self.batch + 2,), POISON, dtype=torch.int32, device=self.req_to_token.device)
+
+    def csr(self, gap: int = 3):
+        """``kv_indptr`` with random gaps between rows and a poisoned ``out`` covering all of them."""
+        lengths = self.seq_lens.long().clamp(min=0).cpu()
+        gaps = torch.randint(0, gap + 1, (self.batch,))
+        starts = torch.cumsum(lengths + gaps, 0) - lengths
+        indptr = torch.cat([starts, starts[-1:] + lengths[-1:]]) if self.batch else torch.zeros(1, dtype=torch.long)
+        total = int(indptr[-1]) + gap if self.batch else gap
+        out = torch.full((total,), POISON, dtype=torch.int32, device=self.req_to_token.device)
+        return indptr.to(self.seq_lens.dtype).to(self.req_to_token.device), out
+
+
+def make_case(batch, page_size, *, max_pages=6, index_dtype=torch.int32, with_start=False, strided_table=False,
+              strided_out=False, seqlen_offset=0, fill_value=None, device="cpu", generator=None,
+              width=None) -> Case:
+    """A random page-pool case: ``batch`` requests of up to ``max_pages`` pages each."""
+    g = generator if generator is not None else torch.Generator().manual_seed(torch.seed() % 2**31)
+    spare_rows = int(torch.randint(1, 5, (1,), generator=g))
+    rows = batch + spare_rows
+    margin = page_size * 2 if with_start else 0
+    cols = max_pages * page_size + margin + int(torch.randint(0, page_size, (1,), generator=g))
+    n_pages = rows * (cols // page_size + 1) + 7
+    pages = torch.randperm(n_pages, generator=g)[: rows * (cols // page_size + 1)].view(rows, -1)
+    slots = (pages[:, :, None] * page_size + torch.arange(page_size)).reshape(rows, -1)[:, :cols]
+    stride = cols + (int(torch.randint(1, 9, (1,), generator=g)) if strided_table else 0)
+    table = torch.full((rows, stride), POISON, dtype=torch.int32)
+    table[:, :cols] = slots.to(torch.int32)
+    table = table[:, :cols]
+
+    pool = torch.randperm(rows, generator=g)[:batch]
+    lengths = torch.randint(1, max_pages * page_size + 1, (batch,), generator=g)
+    start = None
+    if with_start:
+        start = torch.randint(0, margin + 1, (batch,), generator=g)
+    if width is None:
+        width = max_pages + int(torch.randint(0, 3, (1,), generator=g)) + (1 if with_start else 0)
+    to = dict(dtype=index_dtype, device=device)
+    return Case(
+        req_to_token=table.to(device), req_pool_indices=pool.to(**to), seq_lens=lengths.to(**to),
+        page_size=page_size, width=width,
+        kv_start_idx=start.to(**to) if start is not None else None,
+        seqlen_offset=seqlen_offset, fill_value=fill_value,
+        out_rows=batch + int(torch.randint(0, 3, (1,), generator=g)),
+        out_stride=width + (int(torch.randint(1, 5, (1,), generator=g)) if strided_out else 0),
+    )
+
+
+def loop_page_table(case: Case, out: torch.Tensor, seq_lens_out=None) -> torch.Tensor:
+    """The contract written as a plain loop (independent of kvdispatch.reference)."""
+    table = case.req_to_token.cpu().tolist()
+    rows, cols = case.req_to_token.shape
+    result = out.cpu().clone()
+    for b in range(case.batch):
+        pool = int(case.req_pool_indices[b])
+        length = int(case.seq_lens[b]) + case.seqlen_offset
+        if seq_lens_out is not None:
+            seq_lens_out[b] = length
+        start = int(case.kv_start_idx[b]) if case.kv_start_idx is not None else 0
+        pages = 0 if length <= 0 else (length + case.page_size - 1) // case.page_size
+        for p in range(case.width):
+            pos = start + p * case.page_size
+            readable = 0 <= pool < rows and 0 <= pos < cols
+            if p < pages and readable:
+                result[b, p] = table[pool][pos] // case.page_size
+            else:
+                pages = min(pages, p)  # the row ends at the first unreadable position
+                if case.fill_value is not None:
+                    result[b, p] = case.fill_value
+    return result
+
+
+def loop_token_csr(case: Case, indptr: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    table = case.req_to_token.cpu().tolist()
+    rows, cols = case.req_to_token.shape
+    result = out.cpu().clone()
+    for b in range(case.batch):
+        pool = int(case.req_pool_indices[b])
+        start = int(case.kv_start_idx[b]) if case.kv_start_idx is not None else 0
+        for j in range(int(case.seq_lens[b])):
+            pos = start + j
+            if not (0 <= pool < rows and 0 <= pos < cols):
+                break
+            target = int(indptr[b]) + j
+            if 0 <= target < result.shape[0]:
+                result[target] = table[pool][pos]
+    return result
