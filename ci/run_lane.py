@@ -1,0 +1,134 @@
+"""Run one lane of ci/lanes.toml and print one summary line: ``lane-NAME: N passed, M failed``.
+
+Exit status is non-zero on any failure, on a missing tool (with what to install), and when a lane ran
+nothing. GPU lanes first check that the runner has the GPU the lane is for (``KVDISPATCH_EXPECT_ARCH``,
+e.g. ``sm_90``, set by the workflow) and fail loudly on the wrong machine.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import tomllib
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+LANES = tomllib.loads((ROOT / "ci" / "lanes.toml").read_text())
+
+
+class LaneError(RuntimeError):
+    pass
+
+
+def _require_tools(name, lane):
+    for tool in lane.get("needs", []):
+        if not shutil.which(tool) and "install" in lane and os.geteuid() == 0:
+            print(f"+ {lane['install']}  ({tool} is missing)", flush=True)
+            subprocess.call("apt-get update -qq && " + lane["install"], shell=True, stdout=subprocess.DEVNULL)
+        if shutil.which(tool):
+            continue
+        hint = lane.get("install", {"g++": "apt-get install -y g++", "nvcc": "install the CUDA toolkit (nvcc)",
+                                    "compute-sanitizer": "install the CUDA toolkit (compute-sanitizer)"}.get(tool))
+        raise LaneError(f"lane {name} needs {tool!r}, which is not on PATH; install it: {hint or tool}")
+
+
+def _pytest(args, env=None) -> tuple[int, int]:
+    """Run pytest; returns (passed, failed) from its JUnit report (errors count as failures)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        report = Path(tmp) / "report.xml"
+        command = [sys.executable, "-m", "pytest", "-q", f"--junitxml={report}", *args]
+        print("+", " ".join(command), flush=True)
+        code = subprocess.call(command, cwd=ROOT, env={**os.environ, **(env or {})})
+        if not report.exists():
+            return 0, 1
+        suite = ET.parse(report).getroot()
+        suite = suite if suite.tag == "testsuite" else suite.find("testsuite")
+        total, skipped = int(suite.get("tests")), int(suite.get("skipped"))
+        failed = int(suite.get("failures")) + int(suite.get("errors"))
+        passed = total - skipped - failed
+        if code not in (0, 1) and failed == 0:  # interrupted, internal error, or no tests collected
+            failed = 1
+        return passed, failed
+
+
+def run_pytest_lane(name, lane):
+    return _pytest(lane["args"])
+
+
+def run_compile_triton(name, lane):
+    from kernels_triton import cross_compile_all
+
+    return cross_compile_all(lane["targets"], report=print)
+
+
+def run_compile_cuda(name, lane):
+    from kernels_cupy import build
+
+    return build.compile_all("cuda", lane["targets"], report=print)
+
+
+def run_compile_hip(name, lane):
+    from kernels_cupy import build
+
+    return build.compile_all("hip", lane["targets"], report=print)
+
+
+def run_gpu(name, lane):
+    import torch
+
+    import kvdispatch
+
+    if not torch.cuda.is_available():
+        raise LaneError(f"lane {name} needs a {lane['gpu']} GPU and this machine has none")
+    info = kvdispatch.probe()
+    expected = os.environ.get("KVDISPATCH_EXPECT_ARCH")
+    if info.vendor != lane["gpu"] or (expected and info.arch != expected):
+        raise LaneError(f"lane {name} expects a {lane['gpu']} GPU {expected or ''} and found "
+                        f"{info.vendor} {info.arch} ({info.name}): wrong runner")
+    print(f"lane {name}: {info.name}, {info.arch} ({info.family}), {info.multiprocessors} multiprocessors")
+    passed = failed = 0
+    for backend in lane["backends"]:
+        p, f = _pytest(["tests"], env={"KVDISPATCH_BACKEND": backend})
+        print(f"  backend {backend}: {p} passed, {f} failed", flush=True)
+        passed, failed = passed + p, failed + f
+    steps = [[sys.executable, "ci/sanitize_hostile.py"], [sys.executable, "-m", "kvdispatch", "bench", "--quick"]]
+    if lane["gpu"] == "nvidia":
+        steps[0] = ["compute-sanitizer", "--tool", "memcheck", "--error-exitcode", "1", *steps[0]]
+    for command in steps:
+        print("+", " ".join(command), flush=True)
+        ok = subprocess.call(command, cwd=ROOT) == 0
+        passed, failed = passed + ok, failed + (not ok)
+    return passed, failed
+
+
+RUNNERS = {"pytest": run_pytest_lane, "compile-triton": run_compile_triton, "compile-cuda": run_compile_cuda,
+           "compile-hip": run_compile_hip, "gpu": run_gpu}
+
+
+def main(argv) -> int:
+    if len(argv) != 1 or argv[0] not in LANES:
+        print(f"usage: ci/run-lane LANE, with LANE one of: {', '.join(LANES)}", file=sys.stderr)
+        return 2
+    name = argv[0]
+    lane = LANES[name]
+    print(f"lane {name}: {lane['describe']}", flush=True)
+    try:
+        _require_tools(name, lane)
+        passed, failed = RUNNERS[lane["kind"]](name, lane)
+    except LaneError as exc:
+        print(f"lane {name} FAILED: {exc}", file=sys.stderr)
+        passed, failed = 0, 1
+    if passed + failed == 0:
+        print(f"lane {name} FAILED: it ran nothing", file=sys.stderr)
+        failed = 1
+    print(f"lane-{name}: {passed} passed, {failed} failed", flush=True)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, str(ROOT))
+    raise SystemExit(main(sys.argv[1:]))
