@@ -49,7 +49,7 @@ def check_token_csr_data(req_to_token, req_pool_indices, seq_lens, kv_indptr, ou
     lengths = _check_rows(req_to_token, req_pool_indices, seq_lens, kv_start_idx, 0)
     begin = kv_indptr[: lengths.shape[0]].long().cpu()
     total = out.shape[0]
-    b = _first_bad((begin < 0) | (begin + lengths > total))
+    b = _first_bad((lengths > 0) & ((begin < 0) | (begin + lengths > total)))  # an empty row writes nothing
     if b is not None:
         raise ValueError(f"request {b}: kv_indptr[{b}] = {int(begin[b])} with length {int(lengths[b])} "
                          f"writes outside out's {total} entries")

@@ -33,7 +33,7 @@ AMD_FAMILIES = {
 # Families whose GPUs Triton compiles for (and kvdispatch cross-compiles its kernels for in CI).
 TRITON_FAMILIES = frozenset({"ampere", "ada", "hopper", "blackwell", "blackwell-geforce",
                              "cdna2", "cdna3", "cdna4", "rdna3", "rdna4"})
-WARP_SIZE = {"nvidia": 32, "amd": 64}
+WARP_SIZE = {"nvidia": 32, "amd": 64}  # when PyTorch does not report it; RDNA GPUs run wave32 (below)
 
 
 @dataclass(frozen=True)
@@ -88,7 +88,8 @@ def read_device(device: torch.device) -> RawDevice:
         return RawDevice(str(device), device.type, device.type, device.type, 0, None)
     props = torch.cuda.get_device_properties(device)
     if torch.version.hip:
-        vendor, arch = "amd", props.gcnArchName.split(":")[0]
+        # "gfx942:sramecc+:xnack-" -> "gfx942"; major/minor mean nothing comparable on ROCm.
+        vendor, arch = "amd", (getattr(props, "gcnArchName", "") or "").split(":")[0] or "unknown"
     else:
         vendor, arch = "nvidia", f"sm_{props.major}{props.minor}"
     return RawDevice(str(device), vendor, arch, props.name, props.multi_processor_count,
@@ -140,7 +141,7 @@ def cupy_install_hint(vendor: str) -> str:
 def describe(raw: RawDevice) -> DeviceInfo:
     """Apply vendor facts to raw device facts (pure: no device access beyond the CuPy import)."""
     family = family_of(raw.vendor, raw.arch)
-    warp = raw.warp_size or WARP_SIZE.get(raw.vendor, 1)
+    warp = raw.warp_size or (32 if family.startswith("rdna") else WARP_SIZE.get(raw.vendor, 1))
     runtimes = (
         ("triton", triton_reason(raw, family)),
         ("cupy", cupy_reason(raw)),

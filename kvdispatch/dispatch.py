@@ -116,45 +116,72 @@ class _Selector:
 
     def choose(self, device, requested) -> str:
         info = devices.probe(device)
-        usable, rejected = self.candidates(info, device)
-        if requested != "auto":
-            if requested in usable:
-                return requested
-            backend = REGISTRY[requested]
-            raise BackendUnavailableError(
-                f"backend {requested!r} cannot serve {device} ({info.arch}, {info.family}): "
-                f"{rejected[requested]}. Install hint: {backend.install_hint(info)}")
-        chosen = usable[0]  # torch always serves
-        if info.family == "unknown" and device not in self._announced:
-            warnings.warn(f"kvdispatch: unknown {info.vendor} architecture {info.arch} on {device}; "
-                          f"using the portable {chosen!r} backend", RuntimeWarning, stacklevel=4)
-        if device not in self._announced:
-            self._announced.add(device)
-            log.info("kvdispatch: %s %s (%s, %s): chose %s; rejected: %s", device, info.name, info.arch,
-                     info.family, chosen, "; ".join(f"{k}: {v}" for k, v in rejected.items()) or "none")
+        with self._lock:  # one warning and one log line per device, whichever thread selects first
+            usable, rejected = self.candidates(info, device)
+            if requested != "auto":
+                if requested not in usable:
+                    backend = REGISTRY[requested]
+                    raise BackendUnavailableError(
+                        f"backend {requested!r} cannot serve {device} ({info.arch}, {info.family}): "
+                        f"{rejected[requested]}. Install hint: {backend.install_hint(info)}")
+                chosen = requested
+            else:
+                chosen = usable[0]  # torch always serves
+            if device not in self._announced:
+                self._announced.add(device)
+                if info.family == "unknown":
+                    warnings.warn(f"kvdispatch: unknown {info.vendor} architecture {info.arch} on {device}; "
+                                  f"using the portable {chosen!r} backend", RuntimeWarning, stacklevel=4)
+                log.info("kvdispatch: %s %s (%s, %s): chose %s (%s); rejected: %s", device, info.name, info.arch,
+                         info.family, chosen, "forced" if requested != "auto" else "auto",
+                         "; ".join(f"{k}: {v}" for k, v in rejected.items()) or "none")
         return chosen
 
     def resolve(self, device, op, backend):
-        """``(backend name, function)`` serving ``op`` on ``device``; cached after the first call."""
+        """``(backend name, function)`` serving ``op`` on ``device``; cached after the first call.
+
+        A backend whose module fails to import is handled like one that fails at launch: in auto mode
+        it is disabled for the device and the next one serves; asked for by name, it raises.
+        """
         key = (device, op, backend)
         impl = self._chosen.get(key)
         if impl is not None:
             return impl
         with self._lock:
             impl = self._chosen.get(key)
-            if impl is None:
-                name = self.choose(device, requested_backend(backend))
-                impl = self._chosen[key] = (name, getattr(REGISTRY[name].load(), OP_FUNCTIONS[op]))
+            while impl is None:
+                requested = requested_backend(backend)
+                name = self.choose(device, requested)
+                try:
+                    function = getattr(REGISTRY[name].load(), OP_FUNCTIONS[op])
+                except Exception as exc:
+                    if name == "torch" or strict():
+                        raise
+                    if requested != "auto":
+                        raise BackendUnavailableError(
+                            f"backend {name!r} cannot serve {device}: it failed to load "
+                            f"({type(exc).__name__}: {exc}). Install hint: "
+                            f"{REGISTRY[name].install_hint(devices.probe(device))}") from exc
+                    self.fail(device, name, exc)
+                    continue
+                impl = self._chosen[key] = (name, function)
         return impl
 
     def fail(self, device, name, exc):
-        """Record that ``name`` raised on ``device``; in auto mode it is skipped from now on."""
+        """Record that ``name`` raised on ``device``; in auto mode it is skipped from now on.
+
+        Idempotent: threads that raced into the same failing backend give one warning between them.
+        """
         with self._lock:
-            self._disabled.setdefault(device, {})[name] = f"{type(exc).__name__}: {exc}"
+            off = self._disabled.setdefault(device, {})
+            first = name not in off
+            if first:
+                off[name] = f"{type(exc).__name__}: {exc}"
             for key in [k for k, v in self._chosen.items() if k[0] == device and v[0] == name]:
                 del self._chosen[key]
-        warnings.warn(f"kvdispatch: backend {name!r} failed on {device} ({type(exc).__name__}: {exc}); "
-                      "disabled for this device, the next backend serves", RuntimeWarning, stacklevel=4)
+        if first:
+            warnings.warn(f"kvdispatch: backend {name!r} failed on {device} ({type(exc).__name__}: {exc}); "
+                          "disabled for this device, the next backend serves", RuntimeWarning, stacklevel=4)
 
 
 selector = _Selector()

@@ -1,0 +1,392 @@
+"""Selection policy, the env override, caching, logging and fallback after a launch failure.
+
+Simulated GPUs (tests/simdevices.py) test the policy through ``select_backend``, ``available_backends`` and
+``dispatch.selector``; the fallback and caching paths run real calls on CPU tensors with fake backend
+modules that count calls and fail on demand. The last tests inject a failure into the real GPU backends
+(skipped without a GPU).
+"""
+
+import logging
+import sys
+import warnings
+
+import pytest
+import torch
+
+import kvdispatch
+from conftest import DEVICE, GPU_BACKENDS, HAS_GPU
+from kvdispatch import devices, dispatch, reference
+from kvcases import POISON, loop_page_table, loop_token_csr, make_case
+from simdevices import (A100, B200, FUTURE_NVIDIA, GPU, H200, MI300X, MI355X, RX7900, FakeBackend, Sim)
+
+CPU = torch.device("cpu")
+CHOICES_TEXT = "auto, triton, cupy, torch"
+
+
+@pytest.fixture(autouse=True)
+def _no_env(monkeypatch):
+    for name in ("KVDISPATCH_BACKEND", "KVDISPATCH_STRICT", "KVDISPATCH_DEBUG"):
+        monkeypatch.delenv(name, raising=False)
+
+
+@pytest.fixture
+def sim(monkeypatch):
+    return Sim(monkeypatch)
+
+
+def _page_table_call(backend=None, device=CPU, fill_value=None, case=None):
+    """One page-table call on fresh random data; returns (out, expected from the loop oracle)."""
+    case = case or make_case(6, 16, max_pages=5, with_start=True, device=device, fill_value=fill_value)
+    out = case.page_table_out()
+    expected = loop_page_table(case, out)
+    kvdispatch.create_flashmla_kv_indices(case.req_to_token, case.req_pool_indices, case.seq_lens, out,
+                                          page_size=case.page_size, kv_start_idx=case.kv_start_idx,
+                                          fill_value=case.fill_value, backend=backend)
+    return out.cpu(), expected
+
+
+def _token_csr_call(backend=None, device=CPU):
+    case = make_case(5, 8, max_pages=4, with_start=True, device=device)
+    indptr, out = case.csr()
+    expected = loop_token_csr(case, indptr.cpu(), out)
+    kvdispatch.create_flashinfer_kv_indices(case.req_to_token, case.req_pool_indices, case.seq_lens, indptr, out,
+                                            kv_start_idx=case.kv_start_idx, backend=backend)
+    return out.cpu(), expected
+
+
+# ---------------------------------------------------------------- auto order
+
+
+@pytest.mark.parametrize("raw", [H200, B200, A100, MI300X, MI355X, RX7900], ids=lambda r: r.name)
+def test_auto_order_on_gpus(sim, monkeypatch, raw):
+    device = sim.add(raw)
+    assert kvdispatch.available_backends(device) == ["triton", "cupy", "torch"]
+    assert kvdispatch.select_backend(device) == "triton"
+    assert dispatch.selector.choose(device, "auto") == "triton"
+
+    sim.modules(triton=False, cupy=True)
+    kvdispatch.reset()
+    assert kvdispatch.available_backends(device) == ["cupy", "torch"]
+    assert kvdispatch.select_backend(device) == "cupy"
+
+    sim.modules(triton=False, cupy=False)
+    kvdispatch.reset()
+    assert kvdispatch.available_backends(device) == ["torch"]
+    assert kvdispatch.select_backend(device) == "torch"
+
+
+def test_unknown_gpu_never_gets_triton(sim):
+    device = sim.add(FUTURE_NVIDIA)
+    with pytest.warns(RuntimeWarning, match="sm_110"):
+        assert kvdispatch.select_backend(device) == "cupy"
+    assert kvdispatch.available_backends(device) == ["cupy", "torch"]
+    with pytest.raises(kvdispatch.BackendUnavailableError, match="sm_110"):
+        dispatch.selector.choose(device, "triton")
+
+
+def test_cpu_auto_is_torch_and_triton_only_when_forced(monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    assert kvdispatch.select_backend("cpu") == "torch"
+    expected = ["torch", "triton"] if devices._module_present("triton") else ["torch"]
+    assert kvdispatch.available_backends("cpu") == expected
+    if devices._module_present("triton"):
+        assert dispatch.selector.choose(CPU, "triton") == "triton"
+    with pytest.raises(kvdispatch.BackendUnavailableError, match="CUDA and ROCm"):
+        dispatch.selector.choose(CPU, "cupy")
+
+    monkeypatch.delenv("TRITON_INTERPRET")
+    kvdispatch.reset()
+    assert kvdispatch.available_backends("cpu") == ["torch"]
+    if devices._module_present("triton"):
+        with pytest.raises(kvdispatch.BackendUnavailableError, match="TRITON_INTERPRET=1") as raised:
+            dispatch.selector.choose(CPU, "triton")
+        assert "Install hint" in str(raised.value)
+
+
+def test_cpu_call_in_auto_mode_uses_torch(monkeypatch):
+    fake_triton = FakeBackend(monkeypatch, "triton")
+    out, expected = _page_table_call()
+    assert torch.equal(out, expected)
+    assert not fake_triton.calls
+    assert dispatch.selector._chosen[(CPU, "page_table", None)][0] == "torch"
+
+
+# ---------------------------------------------------------------- KVDISPATCH_BACKEND and backend=
+
+
+@pytest.mark.parametrize("value,chosen", [("auto", "triton"), ("triton", "triton"), ("cupy", "cupy"),
+                                          ("torch", "torch"), ("", "triton"), (" Torch ", "torch"),
+                                          ("CUPY", "cupy")])
+def test_env_override_good_values(sim, monkeypatch, value, chosen):
+    device = sim.add(H200)
+    monkeypatch.setenv("KVDISPATCH_BACKEND", value)
+    assert kvdispatch.select_backend(device) == chosen
+    assert dispatch.requested_backend() == (value.strip().lower() or "auto")
+
+
+@pytest.mark.parametrize("value", ["fastest", "cuda", "triton,cupy", "none"])
+def test_env_override_bad_value(sim, monkeypatch, value):
+    device = sim.add(H200)
+    monkeypatch.setenv("KVDISPATCH_BACKEND", value)
+    with pytest.raises(ValueError, match="KVDISPATCH_BACKEND") as raised:
+        kvdispatch.select_backend(device)
+    assert CHOICES_TEXT in str(raised.value) and repr(value) in str(raised.value)
+    case = make_case(2, 4)
+    out = case.page_table_out()
+    with pytest.raises(ValueError, match=CHOICES_TEXT):
+        kvdispatch.create_flashmla_kv_indices(case.req_to_token, case.req_pool_indices, case.seq_lens, out,
+                                              page_size=4)
+    assert (out == POISON).all()
+
+
+def test_bad_backend_argument():
+    case = make_case(2, 4)
+    out = case.page_table_out()
+    with pytest.raises(ValueError, match=f"backend must be one of {CHOICES_TEXT}; got 'fast'"):
+        kvdispatch.create_flashmla_kv_indices(case.req_to_token, case.req_pool_indices, case.seq_lens, out,
+                                              page_size=4, backend="fast")
+    assert (out == POISON).all()
+
+
+@pytest.mark.parametrize("missing,reason", [("cupy", "CuPy is not installed"), ("triton", "Triton is not installed")])
+def test_forced_unavailable_backend_raises_with_reason_and_hint(monkeypatch, missing, reason):
+    sim = Sim(monkeypatch, triton=missing != "triton", cupy=missing != "cupy")
+    device = sim.add(H200)
+    monkeypatch.setenv("KVDISPATCH_BACKEND", missing)
+    with pytest.raises(kvdispatch.BackendUnavailableError) as raised:
+        kvdispatch.select_backend(device)
+    message = str(raised.value)
+    assert reason in message and "Install hint: pip install" in message and "cuda:0" in message
+    assert "sm_90" in message
+    with pytest.raises(kvdispatch.BackendUnavailableError):
+        dispatch.selector.resolve(device, "page_table", None)
+    assert not dispatch.selector._chosen  # nothing was cached: no silent fallback later either
+
+
+def test_forced_unavailable_backend_never_falls_back_in_a_call(monkeypatch):
+    monkeypatch.setenv("KVDISPATCH_BACKEND", "cupy")  # CuPy never serves CPU tensors
+    case = make_case(3, 4)
+    out = case.page_table_out()
+    with pytest.raises(kvdispatch.BackendUnavailableError, match="CuPy serves CUDA and ROCm GPUs only"):
+        kvdispatch.create_flashmla_kv_indices(case.req_to_token, case.req_pool_indices, case.seq_lens, out,
+                                              page_size=4)
+    assert (out == POISON).all()
+    indptr, flat = case.csr()
+    with pytest.raises(kvdispatch.BackendUnavailableError):
+        kvdispatch.create_flashinfer_kv_indices(case.req_to_token, case.req_pool_indices, case.seq_lens, indptr,
+                                                flat)
+    assert (flat == POISON).all()
+
+
+def test_backend_argument_wins_over_env(monkeypatch):
+    fake_triton = FakeBackend(monkeypatch, "triton")
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    monkeypatch.setattr(devices, "_module_present", lambda name: True)
+    monkeypatch.setenv("KVDISPATCH_BACKEND", "cupy")  # would raise on CPU
+    out, expected = _page_table_call(backend="torch")
+    assert torch.equal(out, expected)
+    out, expected = _page_table_call(backend="triton")
+    assert torch.equal(out, expected) and fake_triton.calls["page_table"] == 1
+
+    monkeypatch.setenv("KVDISPATCH_BACKEND", "triton")
+    kvdispatch.reset()
+    out, expected = _page_table_call(backend="torch")
+    assert torch.equal(out, expected) and fake_triton.calls["page_table"] == 1
+    out, expected = _page_table_call()  # the env var serves when backend= is not given
+    assert torch.equal(out, expected) and fake_triton.calls["page_table"] == 2
+    out, expected = _page_table_call(backend="auto")  # "auto" is explicit: ignores the env var
+    assert torch.equal(out, expected) and fake_triton.calls["page_table"] == 2
+
+
+# ---------------------------------------------------------------- launch failures and fallback
+
+
+@pytest.fixture
+def failing_first(monkeypatch):
+    """On CPU, auto order puts a fake 'triton' that fails at launch ahead of torch."""
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    monkeypatch.setattr(devices, "_module_present", lambda name: True)
+    monkeypatch.setattr(dispatch, "CPU_ORDER", ("triton", "torch", "cupy"))
+    return FakeBackend(monkeypatch, "triton", fail=RuntimeError("injected launch failure"))
+
+
+@pytest.mark.parametrize("fill_value", [None, -1])
+def test_auto_falls_back_with_one_warning(failing_first, fill_value):
+    assert kvdispatch.select_backend("cpu") == "triton"
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for _ in range(3):
+            out, expected = _page_table_call(fill_value=fill_value)
+            assert torch.equal(out, expected)
+            out, expected = _token_csr_call()
+            assert torch.equal(out, expected)
+    messages = [str(w.message) for w in caught]
+    assert len(messages) == 1, messages
+    assert caught[0].category is RuntimeWarning
+    assert "'triton'" in messages[0] and "cpu" in messages[0] and "injected launch failure" in messages[0]
+    assert caught[0].filename == __file__  # points at the caller's line, not at kvdispatch
+    assert failing_first.calls == {"page_table": 1}  # disabled for the device after the first failure
+    assert kvdispatch.select_backend("cpu") == "torch"
+    assert kvdispatch.available_backends("cpu") == ["torch"]
+    assert "injected launch failure" in dispatch.selector.disabled(CPU)["triton"]
+
+
+@pytest.mark.parametrize("how", ["argument", "env"])
+def test_forced_backend_failure_raises(failing_first, monkeypatch, how):
+    if how == "env":
+        monkeypatch.setenv("KVDISPATCH_BACKEND", "triton")
+    backend = "triton" if how == "argument" else None
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no fallback warning either
+        for _ in range(2):
+            with pytest.raises(RuntimeError, match="injected launch failure"):
+                _page_table_call(backend=backend)
+    assert failing_first.calls["page_table"] == 2
+    assert not dispatch.selector.disabled(CPU)
+
+
+def test_strict_turns_fallback_into_an_error(failing_first, monkeypatch):
+    monkeypatch.setenv("KVDISPATCH_STRICT", "1")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for _ in range(2):
+            with pytest.raises(RuntimeError, match="injected launch failure"):
+                _page_table_call()
+            with pytest.raises(RuntimeError, match="injected launch failure"):
+                _token_csr_call()
+    assert not dispatch.selector.disabled(CPU)
+    monkeypatch.setenv("KVDISPATCH_STRICT", "0")
+    with pytest.warns(RuntimeWarning, match="injected launch failure"):
+        out, expected = _page_table_call()
+    assert torch.equal(out, expected)
+
+
+def test_torch_failure_is_never_swallowed(monkeypatch):
+    FakeBackend(monkeypatch, "torch", fail=RuntimeError("torch broke"))
+    with pytest.raises(RuntimeError, match="torch broke"):
+        _page_table_call()
+
+
+def test_a_backend_that_fails_to_import_falls_back(monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    monkeypatch.setattr(devices, "_module_present", lambda name: True)
+    monkeypatch.setattr(dispatch, "CPU_ORDER", ("triton", "torch", "cupy"))
+    monkeypatch.setitem(dispatch.REGISTRY, "triton", dispatch.Backend("triton", "kvtest_no_such_module"))
+    monkeypatch.delitem(sys.modules, "kvtest_no_such_module", raising=False)
+    with pytest.warns(RuntimeWarning, match="kvtest_no_such_module"):
+        out, expected = _page_table_call()
+    assert torch.equal(out, expected)
+    kvdispatch.reset()
+    with pytest.raises(kvdispatch.BackendUnavailableError, match="failed to load"):
+        _page_table_call(backend="triton")
+
+
+# ---------------------------------------------------------------- caching, hot path, logging
+
+
+def test_selection_is_cached_per_device_and_op(monkeypatch):
+    out, expected = _page_table_call()
+    assert torch.equal(out, expected)
+    out, expected = _token_csr_call()
+    assert torch.equal(out, expected)
+    assert set(dispatch.selector._chosen) == {(CPU, "page_table", None), (CPU, "token_csr", None)}
+
+    def forbidden(*args, **kwargs):
+        raise AssertionError("the hot path must not probe, choose or read the environment")
+
+    monkeypatch.setattr(dispatch.selector, "choose", forbidden)
+    monkeypatch.setattr(devices, "probe", forbidden)
+    monkeypatch.setattr(devices, "read_device", forbidden)
+    monkeypatch.setattr(dispatch, "requested_backend", forbidden)
+    monkeypatch.setattr(dispatch.selector, "_lock", None)  # not even the lock is taken
+    for _ in range(3):
+        out, expected = _page_table_call()
+        assert torch.equal(out, expected)
+        out, expected = _token_csr_call()
+        assert torch.equal(out, expected)
+
+
+def test_simulated_gpu_resolution_is_cached(sim, monkeypatch):
+    device = sim.add(H200)
+    fake = FakeBackend(monkeypatch, "triton")
+    name, function = dispatch.selector.resolve(device, "page_table", None)
+    assert name == "triton" and function.__self__ is fake
+    assert dispatch.selector.resolve(device, "token_csr", None)[0] == "triton"
+    calls = []
+    monkeypatch.setattr(dispatch.selector, "choose", lambda *a: calls.append(a))
+    for _ in range(10):
+        assert dispatch.selector.resolve(device, "page_table", None) == (name, function)
+    assert not calls and sim.calls == {GPU: 1}
+
+
+def test_one_info_line_at_first_selection_per_device(sim, caplog):
+    caplog.set_level(logging.INFO, logger="kvdispatch")
+    device = sim.add(H200)
+    for _ in range(3):
+        _page_table_call()
+        _token_csr_call()
+        kvdispatch.select_backend("cpu")
+        kvdispatch.select_backend(device)
+    records = [r for r in caplog.records if r.name == "kvdispatch"]
+    assert len(records) == 2, [r.getMessage() for r in records]
+    cpu_line, gpu_line = (r.getMessage() for r in records)
+    assert records[0].levelno == logging.INFO
+    assert cpu_line.startswith("kvdispatch: cpu") and "chose torch" in cpu_line
+    assert "cuda:0" in gpu_line and "NVIDIA H200" in gpu_line and "sm_90" in gpu_line and "hopper" in gpu_line
+    assert "chose triton" in gpu_line
+
+
+def test_forced_selection_is_logged_too(sim, caplog, monkeypatch):
+    caplog.set_level(logging.INFO, logger="kvdispatch")
+    device = sim.add(MI300X)
+    monkeypatch.setenv("KVDISPATCH_BACKEND", "cupy")
+    assert kvdispatch.select_backend(device) == "cupy"
+    assert kvdispatch.select_backend(device) == "cupy"
+    lines = [r.getMessage() for r in caplog.records if r.name == "kvdispatch"]
+    assert len(lines) == 1 and "chose cupy (forced)" in lines[0]
+
+
+def test_reset_forgets_everything(failing_first):
+    with pytest.warns(RuntimeWarning):
+        _page_table_call()
+    assert dispatch.selector.disabled(CPU)
+    kvdispatch.reset()
+    assert not dispatch.selector.disabled(CPU) and not dispatch.selector._chosen
+    assert kvdispatch.select_backend("cpu") == "triton"
+
+
+# ---------------------------------------------------------------- real GPU backends (skipped without a GPU)
+
+
+@pytest.mark.skipif(not HAS_GPU or not GPU_BACKENDS, reason="needs a GPU and a GPU backend")
+@pytest.mark.parametrize("backend", GPU_BACKENDS)
+def test_real_gpu_backend_failure_falls_back(monkeypatch, backend):
+    """A GPU backend whose launch raises: auto mode warns once and the next backend gives the right result."""
+    monkeypatch.delenv("KVDISPATCH_BACKEND", raising=False)
+    device = torch.device("cuda", torch.cuda.current_device())
+    usable = kvdispatch.available_backends(device)
+    if backend not in usable:
+        pytest.skip(f"{backend} does not serve {device}: {kvdispatch.probe(device).reason(backend)}")
+    # Put the backend under test first, so auto mode picks it whatever the policy's order.
+    order = [backend] + [b for b in dispatch.BACKENDS if b != backend]
+    monkeypatch.setattr(dispatch, "BACKENDS", tuple(order))
+    module = dispatch.REGISTRY[backend].load()
+
+    def boom(*args, **kwargs):
+        raise RuntimeError(f"injected {backend} launch failure")
+
+    monkeypatch.setattr(module, "build_page_table", boom)
+    monkeypatch.setattr(module, "build_token_indices", boom)
+    assert kvdispatch.select_backend(device) == backend
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for _ in range(2):
+            out, expected = _page_table_call(device=device, fill_value=-1)
+            assert torch.equal(out, expected)
+            out, expected = _token_csr_call(device=device)
+            assert torch.equal(out, expected)
+    messages = [str(w.message) for w in caught if "failed on" in str(w.message)]
+    assert len(messages) == 1 and f"'{backend}'" in messages[0] and str(device) in messages[0]
+    assert kvdispatch.select_backend(device) != backend
+    with pytest.raises(RuntimeError, match="injected"):
+        _page_table_call(backend=backend, device=device)
