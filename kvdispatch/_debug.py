@@ -34,7 +34,7 @@ def _check_rows(req_to_token, req_pool_indices, seq_lens, kv_start_idx, lengths_
     b = _first_bad((lengths > 0) & ((first < 0) | (first >= cols)))
     if b is not None:
         raise ValueError(f"request {b}: kv_start_idx[{b}] = {int(first[b])} is outside the table's [0, {cols})")
-    b = _first_bad(first + lengths > cols)
+    b = _first_bad((lengths > 0) & (first + lengths > cols))  # an empty row reads nothing
     if b is not None:
         raise ValueError(f"request {b}: start {int(first[b])} + length {int(lengths[b])} runs past the "
                          f"table's {cols} columns")
