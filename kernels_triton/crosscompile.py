@@ -1,0 +1,125 @@
+"""Ahead-of-time compilation of every kernel specialisation for a GPU target, on any machine.
+
+The CI lane ``compile-triton`` and ``tests/test_triton_crosscompile.py`` use it to prove that the kernels
+build for NVIDIA and AMD targets without a GPU, and to report binary size, registers and shared memory.
+It builds its own ``JITFunction`` objects from the kernels' Python source, so it works even when
+``TRITON_INTERPRET=1`` made ``@triton.jit`` return interpreted functions.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from kvdispatch import grid as launch_grid
+
+from . import page_table, token_csr
+
+PAGE_SIZES = (1, 16, 32, 64, 128, 96)
+TARGETS = (("cuda", 90, 32), ("cuda", 100, 32), ("hip", "gfx942", 64), ("hip", "gfx950", 64))
+
+
+@dataclass(frozen=True)
+class Specialization:
+    """One compilation the launchers can ask for: kernel, ASTSource signature, constexprs and warps."""
+
+    kernel: object  # triton.runtime.jit.JITFunction
+    signature: dict
+    constexprs: dict
+    num_warps: int
+
+    @property
+    def label(self) -> str:
+        flags = ",".join(f"{k}={int(v) if isinstance(v, bool) else v}" for k, v in self.constexprs.items())
+        pointers = ",".join(v for v in self.signature.values() if v.startswith("*"))
+        return f"{self.kernel.__name__}[{flags}][{pointers}]"
+
+
+@dataclass(frozen=True)
+class CompileReport:
+    label: str
+    target: str
+    binary_bytes: int
+    registers: int | None
+    shared_bytes: int
+    num_warps: int
+
+
+def _jit(module):
+    import triton  # noqa: PLC0415
+
+    kernel = module.page_table_kernel if module is page_table else module.token_csr_kernel
+    function = getattr(kernel, "fn", kernel)  # the Python function, whether jitted or interpreted
+    return triton.runtime.jit.JITFunction(function, do_not_specialize=module.RUNTIME_INTS,
+                                          do_not_specialize_on_alignment=module.POINTERS)
+
+
+def specializations(warp_size: int = 32, page_sizes=PAGE_SIZES, index_types=("i32", "i64")):
+    """Yield a ``Specialization`` for every (page size, option flags, index dtype) of both kernels, with
+    ``num_warps`` as the launchers pick it for ``warp_size``-lane warps."""
+    page_kernel, csr_kernel = _jit(page_table), _jit(token_csr)
+    for page_size in page_sizes:
+        threads = launch_grid.page_table_launch(1, 1, page_size).threads
+        for signature, constexprs in page_table.specializations((page_size,), index_types):
+            yield Specialization(page_kernel, signature, constexprs, max(1, threads // warp_size))
+    threads = launch_grid.token_csr_launch(1, 1, 1).threads
+    for signature, constexprs in token_csr.specializations(index_types):
+        yield Specialization(csr_kernel, signature, constexprs, max(1, threads // warp_size))
+
+
+def compile_one(spec: Specialization, target):
+    """``triton.compile`` of ``spec`` for ``target`` (a ``GPUTarget`` or ``(backend, arch, warp_size)``)."""
+    import triton  # noqa: PLC0415
+    from triton.backends.compiler import GPUTarget  # noqa: PLC0415
+
+    if not isinstance(target, GPUTarget):
+        target = GPUTarget(*target)
+    source = triton.compiler.ASTSource(fn=spec.kernel, signature=spec.signature, constexprs=spec.constexprs)
+    return triton.compile(source, target=target, options={"num_warps": spec.num_warps})
+
+
+def report(spec: Specialization, target, compiled) -> CompileReport:
+    binary = compiled.asm.get("cubin") or compiled.asm.get("hsaco") or b""
+    registers = getattr(compiled, "n_regs", None)  # set only when loaded on a device
+    if registers is None:
+        registers = _registers_from_asm(compiled)
+    return CompileReport(spec.label, f"{target[0]}:{target[1]}", len(binary), registers,
+                         compiled.metadata.shared, spec.num_warps)
+
+
+def _registers_from_asm(compiled) -> int | None:
+    """Registers per thread read from the AMD assembly (``.vgpr_count``), or None."""
+    import re  # noqa: PLC0415
+
+    amdgcn = compiled.asm.get("amdgcn")
+    if isinstance(amdgcn, str):
+        match = re.search(r"\.vgpr_count:\s+(\d+)", amdgcn)
+        if match:
+            return int(match.group(1))
+    return None
+
+
+def cross_compile(target, page_sizes=PAGE_SIZES, index_types=("i32", "i64")) -> list[CompileReport]:
+    """Compile every specialisation for ``target`` (``(backend, arch, warp_size)``, e.g.
+    ``("hip", "gfx942", 64)``); raises on the first failure."""
+    target = tuple(target)
+    reports = []
+    for spec in specializations(target[2], page_sizes, index_types):
+        reports.append(report(spec, target, compile_one(spec, target)))
+    return reports
+
+
+def main(argv=None) -> int:
+    """``python -m kernels_triton.crosscompile [backend:arch:warp ...]``: compile and print a table."""
+    import sys  # noqa: PLC0415
+
+    args = sys.argv[1:] if argv is None else argv
+    targets = [(b, int(a) if a.isdigit() else a, int(w)) for b, a, w in (t.split(":") for t in args)] or TARGETS
+    for target in targets:
+        for r in cross_compile(target):
+            print(f"{r.target:12} {r.label:90} warps={r.num_warps} binary={r.binary_bytes}B "
+                  f"regs={r.registers} shared={r.shared_bytes}B")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
