@@ -26,7 +26,7 @@ def _have(module: str) -> bool:
 
 
 def backends_under_test() -> list[str]:
-    forced = os.environ.get("KVDISPATCH_BACKEND", "auto")
+    forced = os.environ.get("KVDISPATCH_BACKEND") or "auto"
     if forced != "auto":
         return [forced]
     names = ["torch"]
