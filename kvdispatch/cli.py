@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from . import bench as bench_command
+
 
 def _demo(args) -> int:
     import torch
@@ -45,12 +47,6 @@ def _info(args) -> int:
     return report(as_json=args.json)
 
 
-def _bench(args) -> int:
-    from .bench import main as bench_main
-
-    return bench_main(args)
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="kvdispatch", description="KV-cache index tables for LLM decode.")
     commands = parser.add_subparsers(dest="command", required=True)
@@ -63,14 +59,9 @@ def build_parser() -> argparse.ArgumentParser:
     info.add_argument("--json", action="store_true", help="print JSON")
     info.set_defaults(run=_info)
 
-    try:
-        from .bench import add_arguments
-    except ImportError:  # bench not built yet
-        add_arguments = None
-    if add_arguments is not None:
-        bench = commands.add_parser("bench", help="time every backend against the naive loop and plain PyTorch")
-        add_arguments(bench)
-        bench.set_defaults(run=_bench)
+    bench = commands.add_parser("bench", help="time every backend against the naive loop and plain PyTorch")
+    bench_command.add_arguments(bench)
+    bench.set_defaults(run=bench_command.main)
     return parser
 
 

@@ -1,0 +1,81 @@
+"""Comparison kernels for ``kvdispatch bench`` (not part of the API; valid, full-length data only).
+
+* ``naive_loop``: one program per request, looping over its row ``4096 // page_size`` pages at a time.
+* ``grid_2d``: the seed design, written for kvdispatch: a 2-D grid ``(batch, blocks)``, each program
+  ``4096 // page_size`` pages, runtime strides, plain masked loads.
+* ``plain_torch``: the few PyTorch ops an engine would write.
+* ``touch``: a trivial one-element kernel, the reference for a plain ``kernel[grid](...)`` launch.
+
+Import this module only after ``TRITON_INTERPRET`` has its final value: ``triton.jit`` reads it.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+TOKENS_PER_PROGRAM = 4096
+
+
+def pages_per_program(page_size: int) -> int:
+    return triton.next_power_of_2(max(TOKENS_PER_PROGRAM // page_size, 1))
+
+
+@triton.jit
+def _naive_loop_kernel(table, pool_idx, lengths, out, table_stride, out_stride,
+                       PAGE: tl.constexpr, STEP: tl.constexpr):
+    b = tl.program_id(0)
+    row = tl.load(pool_idx + b).to(tl.int64)
+    pages = tl.cdiv(tl.load(lengths + b), PAGE)
+    src = table + row * table_stride
+    dst = out + b.to(tl.int64) * out_stride
+    for first in range(0, pages, STEP):
+        p = first + tl.arange(0, STEP)
+        mask = p < pages
+        slots = tl.load(src + p.to(tl.int64) * PAGE, mask=mask)
+        tl.store(dst + p, slots // PAGE, mask=mask)
+
+
+@triton.jit
+def _grid_2d_kernel(table, pool_idx, lengths, out, table_stride, out_stride,
+                    PAGE: tl.constexpr, STEP: tl.constexpr):
+    b = tl.program_id(0)
+    p = tl.program_id(1) * STEP + tl.arange(0, STEP)
+    row = tl.load(pool_idx + b).to(tl.int64)
+    pages = tl.cdiv(tl.load(lengths + b), PAGE)
+    mask = p < pages
+    slots = tl.load(table + row * table_stride + p.to(tl.int64) * PAGE, mask=mask)
+    tl.store(out + b.to(tl.int64) * out_stride + p, slots // PAGE, mask=mask)
+
+
+@triton.jit
+def _touch_kernel(x):
+    tl.store(x, tl.load(x) + 1)
+
+
+def naive_loop(req_to_token, req_pool_indices, seq_lens, out, page_size):
+    step = pages_per_program(page_size)
+    _naive_loop_kernel[(req_pool_indices.shape[0],)](
+        req_to_token, req_pool_indices, seq_lens, out, req_to_token.stride(0), out.stride(0),
+        PAGE=page_size, STEP=step)
+
+
+def grid_2d(req_to_token, req_pool_indices, seq_lens, out, page_size):
+    step = pages_per_program(page_size)
+    grid = (req_pool_indices.shape[0], triton.cdiv(out.shape[1], step))
+    _grid_2d_kernel[grid](req_to_token, req_pool_indices, seq_lens, out, req_to_token.stride(0), out.stride(0),
+                          PAGE=page_size, STEP=step)
+
+
+def plain_torch(req_to_token, req_pool_indices, seq_lens, out, page_size):
+    pages = torch.arange(out.shape[1], device=out.device)
+    slots = req_to_token[req_pool_indices[:, None].long(), pages * page_size]
+    valid = pages < (seq_lens[:, None] + page_size - 1) // page_size
+    rows = out[: req_pool_indices.shape[0]]
+    rows.copy_(torch.where(valid, slots // page_size, rows))
+
+
+def touch(x):
+    """A plain ``kernel[grid](...)`` launch of a trivial kernel."""
+    _touch_kernel[(1,)](x)

@@ -1,0 +1,700 @@
+"""``kvdispatch bench``: the page-table build through the public API, per backend, against baselines.
+
+Per case ``(batch, context, page)`` and implementation: correctness against ``kvdispatch.reference``
+(a wrong result fails the run), device time per call (CUDA-graph replay on a GPU, wall clock on CPU),
+host time per eager call, ratios to the naive loop, the 2-D grid baseline and plain PyTorch, and for
+page-1 cases the bandwidth against a device-to-device copy. Once per run: host cost of ``x.add_(1)`` and
+of a plain Triton launch, the copy bandwidth, and Triton compilations across random widths.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import functools
+import importlib
+import json
+import math
+import statistics
+import sys
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+import kvdispatch
+from kvdispatch import dispatch, reference
+
+POISON = -123456789
+NAIVE, GRID_2D, PLAIN_TORCH = "naive-loop", "2d-grid", "plain-torch"
+API_PREFIX = "api:"
+
+GPU_CASES = ["1x131072x64", "64x32768x64", "1x131072x1", "256x32768x1", "1x4096x64", "1x32768x64",
+             "8x131072x64", "256x8192x64", "512x4096x64", "64x32768x16"]
+GPU_QUICK_CASES = GPU_CASES[:4]
+CPU_CASES = ["1x4096x64", "1x32768x64", "1x131072x64", "1x131072x1", "8x4096x1", "64x4096x64", "4x8192x16"]
+CPU_QUICK_CASES = ["1x4096x64", "2x4096x1"]
+# The Triton interpreter (CPU, TRITON_INTERPRET=1) runs only cases with at most this many tokens in all.
+INTERPRETER_MAX_TOKENS = 32768
+COMPILE_WIDTHS = 100
+COMPILE_GIVE_UP = 5  # stop the width sweep of a page size after this many compilations
+COPY_BYTES = 1 << 29  # each way, for the device copy bandwidth
+
+
+@dataclass(frozen=True)
+class Case:
+    batch: int
+    context: int
+    page_size: int
+
+    @property
+    def width(self) -> int:
+        return -(-self.context // self.page_size)
+
+    @property
+    def name(self) -> str:
+        return f"{self.batch}x{self.context}x{self.page_size}"
+
+    @property
+    def bytes_moved(self) -> int:
+        """Bytes read and written by one build: a slot read and a page id written per page, plus the inputs."""
+        return self.batch * (self.width * 8 + 8)
+
+    @classmethod
+    def parse(cls, text: str) -> "Case":
+        try:
+            batch, context, page = (int(part) for part in text.lower().split("x"))
+        except ValueError:
+            raise argparse.ArgumentTypeError(
+                f"a case is BATCHxCONTEXTxPAGE, e.g. 64x32768x64; got {text!r}") from None
+        if batch < 1 or context < 1 or not 1 <= page <= 4096:
+            raise argparse.ArgumentTypeError(f"case {text!r}: batch and context >= 1, page in [1, 4096]")
+        return cls(batch, context, page)
+
+
+@dataclass(frozen=True)
+class Reps:
+    """How much to repeat: calls per CUDA graph, graph replays, eager calls per batch, batches."""
+
+    graph_calls: int = 20
+    replays: int = 100
+    host_calls: int = 200
+    host_batches: int = 7
+    cpu_batch_seconds: float = 0.02  # CPU: calls per batch are chosen to take about this long
+
+
+QUICK_REPS = Reps(graph_calls=20, replays=25, host_calls=200, host_batches=3, cpu_batch_seconds=0.004)
+
+
+@dataclass
+class Row:
+    """One (case, implementation) result. Times in µs per call; ratios are time / baseline time."""
+
+    case: str
+    batch: int
+    context: int
+    page_size: int
+    width: int
+    impl: str
+    status: str = "ok"  # ok | WRONG | error
+    time_us: float | None = None  # GPU: CUDA-graph replay (or eager events, see timing); CPU: wall clock
+    timing: str = ""  # cuda-graph | eager-events | wall-clock
+    host_us: float | None = None  # eager call, host side (GPU); equal to time_us on CPU
+    vs_naive: float | None = None
+    vs_2d: float | None = None
+    vs_torch: float | None = None
+    gbps: float | None = None  # page 1 only: (bytes read + written) / time_us
+    copy_fraction: float | None = None  # gbps / device copy bandwidth
+    host_vs_add: float | None = None  # API rows: host_us / host µs of x.add_(1)
+    host_vs_launch: float | None = None  # API rows: host_us / host µs of a plain Triton launch
+    note: str = ""
+
+
+@dataclass
+class Compilations:
+    """Triton compilations while building page tables of ``widths`` random widths at one page size."""
+
+    page_size: int
+    widths: int
+    per_kernel: dict[str, int] = field(default_factory=dict)
+    method: str = ""
+    note: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return all(n <= 1 for n in self.per_kernel.values())
+
+
+@dataclass
+class References:
+    """Once-per-run measurements the rows are compared with (µs per call, GB/s)."""
+
+    add_host_us: float | None = None
+    launch_host_us: float | None = None
+    empty_kernel_us: float | None = None
+    copy_gbps: float | None = None
+    notes: list[str] = field(default_factory=list)
+
+
+@dataclass
+class Report:
+    device: str
+    device_name: str
+    gpu: bool
+    timing: str
+    data: str
+    backends: list[str]
+    unavailable: dict[str, str]
+    references: References
+    compilations: list[Compilations]
+    rows: list[Row]
+
+    @property
+    def wrong(self) -> list[str]:
+        """Every wrong result (rows and the compilation sweep): any of them fails the run."""
+        return ([f"{r.case} {r.impl}" for r in self.rows if r.status == "WRONG"]
+                + [f"compilation sweep, page {c.page_size}" for c in self.compilations if c.note.startswith("WRONG")])
+
+
+# ----------------------------------------------------------------------------------------------- timing
+
+
+def _sync(device: torch.device):
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def host_time_us(fn, device, calls: int, batches: int) -> float:
+    """Median over ``batches`` of the host time of ``calls`` back-to-back calls; sync only between batches."""
+    samples = []
+    for _ in range(batches):
+        _sync(device)
+        start = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        samples.append((time.perf_counter() - start) / calls * 1e6)
+    _sync(device)
+    return statistics.median(samples)
+
+
+def wall_time_us(fn, device, reps: Reps) -> float:
+    """CPU timing: ``host_time_us`` with the calls per batch chosen to take ``reps.cpu_batch_seconds``."""
+    start = time.perf_counter()
+    fn()
+    once = max(time.perf_counter() - start, 1e-7)
+    calls = max(1, min(reps.host_calls, int(reps.cpu_batch_seconds / once)))
+    return host_time_us(fn, device, calls, reps.host_batches)
+
+
+def event_time_us(launch, calls_per_launch: int, repeats: int) -> float:
+    """Median GPU time of ``launch()`` (CUDA events around each), divided by the calls it makes.
+
+    A short device sleep ahead of each chunk lets the host queue the launches before the GPU starts, so host
+    launch gaps do not count (where ``torch.cuda._sleep`` exists).
+    """
+    chunk = 25
+    times = []
+    for first in range(0, repeats, chunk):
+        n = min(chunk, repeats - first)
+        events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(n)]
+        if hasattr(torch.cuda, "_sleep"):
+            torch.cuda._sleep(2_000_000)
+        for begin, end in events:
+            begin.record()
+            launch()
+            end.record()
+        torch.cuda.synchronize()
+        times += [begin.elapsed_time(end) * 1e3 / calls_per_launch for begin, end in events]
+    return statistics.median(times)
+
+
+def capture(fn, calls: int):
+    """A CUDA graph of ``calls`` calls of ``fn`` (warmed up on a side stream first)."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(calls):
+            fn()
+    torch.cuda.synchronize()
+    return graph
+
+
+# ------------------------------------------------------------------------------------------------- data
+
+
+@dataclass
+class Inputs:
+    req_to_token: torch.Tensor
+    req_pool_indices: torch.Tensor
+    seq_lens: torch.Tensor
+    out: torch.Tensor
+    expected: torch.Tensor
+
+
+def make_inputs(case: Case, device: torch.device, seed: int) -> Inputs:
+    """A shuffled page pool: every request owns ``width`` random physical pages; all rows full length.
+
+    ``req_to_token`` has a few spare rows and ``req_pool_indices`` is a random subset of them, so rows
+    are read out of order, as in an engine.
+    """
+    g = torch.Generator().manual_seed(seed)
+    rows = case.batch + max(1, case.batch // 8)
+    physical = torch.randperm(rows * case.width, generator=g).view(rows, case.width).to(device)
+    if case.page_size == 1:
+        req_to_token = physical.to(torch.int32)
+    else:
+        offsets = torch.arange(case.page_size, device=device, dtype=torch.int64)
+        req_to_token = (physical[:, :, None] * case.page_size + offsets).view(rows, -1)[:, : case.context]
+        req_to_token = req_to_token.to(torch.int32).contiguous()
+    del physical
+    pool = torch.randperm(rows, generator=g)[: case.batch].to(device=device, dtype=torch.int32)
+    seq_lens = torch.full((case.batch,), case.context, dtype=torch.int32, device=device)
+    out = torch.full((case.batch, case.width), POISON, dtype=torch.int32, device=device)
+    expected = reference.build_page_table(req_to_token, pool, seq_lens, out.clone(), case.page_size)
+    return Inputs(req_to_token, pool, seq_lens, out, expected)
+
+
+# ------------------------------------------------------------------------------------ implementations
+
+
+def _baselines():
+    return importlib.import_module("kvdispatch._baselines")
+
+
+def triton_runs_on(device: torch.device) -> bool:
+    """Whether our Triton baselines can run: a GPU Triton supports, or CPU with TRITON_INTERPRET=1."""
+    return kvdispatch.probe(device).usable("triton")
+
+
+def implementations(backends: list[str], device: torch.device) -> list[str]:
+    names = [API_PREFIX + b for b in backends]
+    if triton_runs_on(device):
+        names += [NAIVE, GRID_2D]
+    return names + [PLAIN_TORCH]
+
+
+def bind(impl: str, x: Inputs, page_size: int):
+    """A no-argument callable that builds ``x.out`` with ``impl``."""
+    args = (x.req_to_token, x.req_pool_indices, x.seq_lens, x.out)
+    if impl.startswith(API_PREFIX):
+        return functools.partial(kvdispatch.create_flashmla_kv_indices, *args, page_size=page_size,
+                                 backend=impl[len(API_PREFIX):])
+    function = {NAIVE: "naive_loop", GRID_2D: "grid_2d", PLAIN_TORCH: "plain_torch"}[impl]
+    return functools.partial(getattr(_baselines(), function), *args, page_size)
+
+
+def uses_interpreter(impl: str, device: torch.device) -> bool:
+    return device.type == "cpu" and impl in (API_PREFIX + "triton", NAIVE, GRID_2D)
+
+
+# --------------------------------------------------------------------------------------- measurements
+
+
+def mismatch(out: torch.Tensor, expected: torch.Tensor) -> str:
+    """Empty if equal, else a short description of the first differences."""
+    if torch.equal(out, expected):
+        return ""
+    bad = (out != expected).nonzero()
+    b, p = (int(v) for v in bad[0])
+    return (f"{bad.shape[0]} of {out.numel()} entries differ; first out[{b}, {p}] = {int(out[b, p])}, "
+            f"expected {int(expected[b, p])}")
+
+
+def check_eager(fn, x: Inputs) -> str:
+    x.out.fill_(POISON)
+    fn()
+    return mismatch(x.out, x.expected)
+
+
+def measure(impl: str, case: Case, x: Inputs, device: torch.device, reps: Reps) -> Row:
+    """Correctness, then timings, of one implementation on one case."""
+    row = Row(case.name, case.batch, case.context, case.page_size, case.width, impl)
+    fn = bind(impl, x, case.page_size)
+    try:
+        wrong = check_eager(fn, x)
+        if wrong:
+            row.status, row.note = "WRONG", f"eager: {wrong}"
+            return row
+        if device.type != "cuda":
+            row.time_us = row.host_us = wall_time_us(fn, device, reps)
+            row.timing = "wall-clock"
+            return row
+        row.host_us = host_time_us(fn, device, reps.host_calls, reps.host_batches)
+        row.time_us, row.timing, note = gpu_time_us(fn, x, reps)
+        if note.startswith("WRONG"):
+            row.status = "WRONG"
+        row.note = note
+    except Exception as exc:  # one implementation failing must not stop the run
+        row.status, row.note = "error", f"{type(exc).__name__}: {exc}".splitlines()[0][:300]
+        _recover(device)
+    return row
+
+
+def gpu_time_us(fn, x: Inputs, reps: Reps) -> tuple[float, str, str]:
+    """GPU time per call under CUDA-graph replay; eager events if capture fails. Checks the replayed result."""
+    try:
+        graph = capture(fn, reps.graph_calls)
+    except Exception as exc:
+        _recover(x.out.device)
+        note = f"graph capture failed ({type(exc).__name__}: {str(exc).splitlines()[0][:200]})"
+        time_us = event_time_us(lambda: [fn() for _ in range(reps.graph_calls)], reps.graph_calls, reps.replays)
+        return time_us, "eager-events", note
+    x.out.fill_(POISON)
+    graph.replay()
+    torch.cuda.synchronize()
+    wrong = mismatch(x.out, x.expected)
+    if wrong:
+        return math.nan, "cuda-graph", f"WRONG after graph replay: {wrong}"
+    return event_time_us(graph.replay, reps.graph_calls, reps.replays), "cuda-graph", ""
+
+
+def _recover(device: torch.device):
+    """After a failure: make sure no capture is left open and the device is idle."""
+    if device.type == "cuda":
+        try:
+            torch.cuda.synchronize(device)
+        except Exception:
+            pass
+
+
+def add_ratios(rows: list[Row], refs: References, copy_gbps: float | None):
+    """Fill the ratio and bandwidth columns of one case's rows."""
+    base = {r.impl: r.time_us for r in rows if r.status == "ok" and r.time_us}
+    for r in rows:
+        if r.status != "ok" or not r.time_us:
+            continue
+        r.vs_naive = _ratio(r.time_us, base.get(NAIVE))
+        r.vs_2d = _ratio(r.time_us, base.get(GRID_2D))
+        r.vs_torch = _ratio(r.time_us, base.get(PLAIN_TORCH))
+        if r.page_size == 1:
+            r.gbps = Case(r.batch, r.context, r.page_size).bytes_moved / r.time_us / 1e3
+            r.copy_fraction = _ratio(r.gbps, copy_gbps)
+        if r.impl.startswith(API_PREFIX) and r.timing != "wall-clock":
+            r.host_vs_add = _ratio(r.host_us, refs.add_host_us)
+            r.host_vs_launch = _ratio(r.host_us, refs.launch_host_us)
+
+
+def _ratio(a, b):
+    return a / b if a and b else None
+
+
+def measure_references(device: torch.device, reps: Reps) -> References:
+    """Host µs of ``x.add_(1)`` and of a plain Triton launch; empty-kernel replay; device copy bandwidth."""
+    refs = References()
+    x = torch.zeros(16, device=device)
+    refs.add_host_us = host_time_us(functools.partial(x.add_, 1), device, reps.host_calls, reps.host_batches)
+    if device.type != "cuda":
+        refs.notes.append("GPU timings need a GPU: this is a CPU-only run, every time is CPU wall clock "
+                          "(host ratios and the copy bandwidth are measured on a GPU only)")
+        return refs
+    if triton_runs_on(device):
+        try:
+            touch = functools.partial(_baselines().touch, x)
+            touch()
+            refs.launch_host_us = host_time_us(touch, device, reps.host_calls, reps.host_batches)
+            graph = capture(touch, reps.graph_calls)
+            refs.empty_kernel_us = event_time_us(graph.replay, reps.graph_calls, reps.replays)
+        except Exception as exc:
+            refs.notes.append(f"plain Triton launch failed: {type(exc).__name__}: {exc}")
+    else:
+        refs.notes.append("no Triton on this device: host cost vs a plain launch is n/a")
+    try:
+        src = torch.empty(COPY_BYTES // 4, dtype=torch.int32, device=device)
+        dst = torch.empty_like(src)
+        graph = capture(functools.partial(dst.copy_, src), 2)
+        copy_us = event_time_us(graph.replay, 2, 10)
+        refs.copy_gbps = 2 * COPY_BYTES / copy_us / 1e3
+        del src, dst, graph
+    except Exception as exc:
+        refs.notes.append(f"copy bandwidth failed: {type(exc).__name__}: {exc}")
+    return refs
+
+
+def _kernels_triton_objects():
+    """``(module name, attribute, value)`` for every attribute of the loaded ``kernels_triton`` modules."""
+    for name, mod in list(sys.modules.items()):
+        if mod is not None and name.split(".")[0] == "kernels_triton":
+            for attr, value in list(vars(mod).items()):
+                yield name, attr, value
+
+
+def compiled_variants() -> tuple[dict[str, int], str]:
+    """``({kernel: compilations so far}, method)`` for the Triton backend.
+
+    Uses the ``compile_count`` the launchers of ``kernels_triton`` expose; without them, the JIT caches of
+    every Triton function in its modules.
+    """
+    dispatch.REGISTRY["triton"].load()
+    counts, seen = {}, set()
+    for module, attr, value in _kernels_triton_objects():
+        count = getattr(value, "compile_count", None)
+        if isinstance(count, int) and not isinstance(value, type) and id(value) not in seen:
+            seen.add(id(value))
+            counts[getattr(getattr(value, "kernel", None), "__name__", None) or f"{module}.{attr}"] = count
+    if counts:
+        return counts, "compile_count of the kernels_triton launchers"
+    from triton.runtime.jit import JITFunction
+
+    for module, attr, value in _kernels_triton_objects():
+        for _ in range(4):  # Autotuner / Heuristics wrap the JIT function in .fn
+            if isinstance(value, JITFunction) or not hasattr(value, "fn"):
+                break
+            value = value.fn
+        if isinstance(value, JITFunction):
+            counts[value.fn.__name__] = sum(len(c[0]) for c in getattr(value, "device_caches", {}).values())
+    return counts, "Triton JIT cache entries of kernels_triton"
+
+
+def count_compilations(device: torch.device, page_sizes, seed: int) -> list[Compilations]:
+    """Triton compilations across random widths, per page size; run before any case so the first counts."""
+    try:
+        _, method = compiled_variants()
+    except Exception as exc:
+        return [Compilations(p, 0, method="n/a", note=f"cannot count: {type(exc).__name__}: {exc}")
+                for p in page_sizes]
+    g = torch.Generator().manual_seed(seed)
+    results = []
+    for page_size in page_sizes:
+        result = Compilations(page_size, 0, method=method)
+        before = compiled_variants()[0]
+
+        def added():
+            return {k: v - before.get(k, 0) for k, v in compiled_variants()[0].items() if v != before.get(k, 0)}
+
+        try:
+            for _ in range(COMPILE_WIDTHS):
+                width = int(torch.randint(1, 4097, (1,), generator=g))
+                x = make_inputs(Case(2, width * page_size, page_size), device, int(torch.randint(1 << 30, (1,))))
+                wrong = check_eager(bind(API_PREFIX + "triton", x, page_size), x)
+                result.widths += 1
+                if wrong:
+                    result.note = f"WRONG at width {width}: {wrong}"
+                    break
+                if sum(added().values()) > COMPILE_GIVE_UP:
+                    result.note = f"stopped after {result.widths} widths: over {COMPILE_GIVE_UP} compilations"
+                    break
+        except Exception as exc:
+            result.note = f"error: {type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
+            _recover(device)
+        result.per_kernel = added()
+        results.append(result)
+    return results
+
+
+# ------------------------------------------------------------------------------------------------- run
+
+
+def resolve_backends(requested: list[str] | None, device: torch.device) -> tuple[list[str], dict[str, str]]:
+    """Backends to run (available and requested) and the unavailable requested ones with the reason."""
+    usable, rejected = dispatch.selector.candidates(kvdispatch.probe(device), device)
+    if requested is None:
+        return usable, {}
+    unknown = [b for b in requested if b not in dispatch.BACKENDS]
+    if unknown:
+        raise SystemExit(f"kvdispatch bench: unknown backend(s) {unknown}; choose from {dispatch.BACKENDS}")
+    return [b for b in requested if b in usable], {b: rejected[b] for b in requested if b not in usable}
+
+
+def run(cases: list[Case], requested: list[str] | None, device: torch.device, reps: Reps, seed: int = 0,
+        progress=None) -> Report:
+    """Every measurement of the run; ``progress`` (default stderr) gets one line per case."""
+    progress = progress or sys.stderr
+    info = kvdispatch.probe(device)
+    gpu = device.type == "cuda"
+    backends, unavailable = resolve_backends(requested, device)
+    impls = implementations(backends, device)
+    compilations = []
+    if gpu and "triton" in backends:
+        print(f"counting triton compilations across {COMPILE_WIDTHS} random widths ...", file=progress, flush=True)
+        compilations = count_compilations(device, sorted({c.page_size for c in cases}), seed)
+    refs = measure_references(device, reps)
+    rows = []
+    for i, case in enumerate(cases):
+        try:
+            x = make_inputs(case, device, seed + i)
+        except Exception as exc:
+            rows.append(Row(case.name, case.batch, case.context, case.page_size, case.width, "inputs", "error",
+                            note=f"{type(exc).__name__}: {str(exc).splitlines()[0][:300]}"))
+            print(f"[{i + 1}/{len(cases)}] {case.name}: inputs failed", file=progress, flush=True)
+            _recover(device)
+            continue
+        case_rows = []
+        for impl in impls:
+            if uses_interpreter(impl, device) and case.batch * case.context > INTERPRETER_MAX_TOKENS:
+                continue
+            case_rows.append(measure(impl, case, x, device, reps))
+        add_ratios(case_rows, refs, refs.copy_gbps)
+        rows += case_rows
+        print(f"[{i + 1}/{len(cases)}] {case.name}: " + ", ".join(
+            f"{r.impl} {_fmt(r.time_us)} µs" if r.status == "ok" else f"{r.impl} {r.status}" for r in case_rows),
+            file=progress, flush=True)
+        del x
+    return Report(str(device), info.name, gpu, "cuda-graph replay" if gpu else "wall-clock (CPU)",
+                  "seq_lens = context for every row (all rows full length); width = ceil(context / page); "
+                  "shuffled physical pages", backends, unavailable, refs, compilations, rows)
+
+
+# ---------------------------------------------------------------------------------------------- output
+
+COLUMNS = [  # (header, Row attribute, format)
+    ("case", "case", "s"), ("impl", "impl", "s"), ("status", "status", "s"), ("µs/call", "time_us", "t"),
+    ("host µs", "host_us", "t"), ("/naive", "vs_naive", "x"), ("/2d", "vs_2d", "x"), ("/torch", "vs_torch", "x"),
+    ("GB/s", "gbps", "g"), ("/copy", "copy_fraction", "x"), ("host/add_", "host_vs_add", "x"),
+    ("host/launch", "host_vs_launch", "x"), ("note", "note", "s"),
+]
+
+
+def _fmt(value, kind="t") -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "" if kind == "s" else "-"
+    if kind == "s":
+        return str(value)
+    if kind == "x":
+        return f"{value:.2f}x"
+    if kind == "g":
+        return f"{value:.0f}" if value >= 10 else f"{value:.2f}"
+    return f"{value:.2f}" if value < 100 else f"{value:.0f}"
+
+
+def table(rows: list[Row], markdown: bool) -> str:
+    cells = [[h for h, _, _ in COLUMNS]] + [[_fmt(getattr(r, a), k) for _, a, k in COLUMNS] for r in rows]
+    if markdown:
+        lines = ["| " + " | ".join(c) + " |" for c in cells]
+        lines.insert(1, "|" + "|".join("---" if k == "s" else "---:" for _, _, k in COLUMNS) + "|")
+        return "\n".join(lines)
+    widths = [max(len(c[i]) for c in cells) for i in range(len(COLUMNS))]
+    return "\n".join("  ".join(c.ljust(w) if k == "s" else c.rjust(w)
+                               for c, w, (_, _, k) in zip(cell, widths, COLUMNS)).rstrip() for cell in cells)
+
+
+def header(report: Report) -> list[str]:
+    """What ran where, and the once-per-run references."""
+    refs = report.references
+    lines = [f"device: {report.device} ({report.device_name}); timing: {report.timing}",
+             f"data: {report.data}",
+             f"backends: {', '.join(report.backends) or 'none'}"]
+    lines += [f"backend {b} unavailable: {why}" for b, why in report.unavailable.items()]
+    lines.append(f"host µs per call: x.add_(1) {_fmt(refs.add_host_us)}, plain Triton launch "
+                 f"{_fmt(refs.launch_host_us)}; empty Triton kernel (graph replay) {_fmt(refs.empty_kernel_us)} µs; "
+                 f"device copy {_fmt(refs.copy_gbps, 'g')} GB/s (read + written)")
+    return lines + refs.notes
+
+
+def footer(report: Report) -> list[str]:
+    """Host-cost targets, compilation counts, failures."""
+    lines = []
+    for backend in report.backends:
+        api = [r for r in report.rows if r.impl == API_PREFIX + backend and r.host_vs_add is not None]
+        if api:
+            to_add = statistics.median(r.host_vs_add for r in api)
+            to_launch = [r.host_vs_launch for r in api if r.host_vs_launch is not None]
+            lines.append(f"host cost of {backend} through the API (median over cases): {to_add:.2f}x add_ "
+                         f"(target <= 1.0), " + (f"{statistics.median(to_launch):.2f}x plain launch (target <= 0.4)"
+                                                 if to_launch else "plain launch n/a"))
+    if not report.compilations:
+        lines.append("triton compilations across random widths: n/a (needs a GPU and the triton backend)")
+    for c in report.compilations:
+        counts = ", ".join(f"{k}: {v}" for k, v in c.per_kernel.items()) or "none new"
+        verdict = "n/a" if c.method == "n/a" else "ok" if c.ok and not c.note else "CHECK"
+        lines.append(f"triton compilations, page {c.page_size}, {c.widths} random widths: "
+                     f"{counts if c.method != 'n/a' else '-'} [{verdict}] {c.note}".rstrip())
+    lines += [f"{r.status}: {r.case} {r.impl}: {r.note}" for r in report.rows if r.status != "ok"]
+    if report.wrong:
+        lines.append(f"FAILED: {len(report.wrong)} wrong result(s): {'; '.join(report.wrong)}")
+    elif all(r.status == "ok" for r in report.rows):
+        lines.append("all results correct")
+    return lines
+
+
+def _finite(value):
+    """JSON-safe: NaN and infinities become None, recursively."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_finite(v) for v in value]
+    return value
+
+
+def to_json(report: Report) -> dict:
+    data = dataclasses.asdict(report)
+    for c, raw in zip(report.compilations, data["compilations"]):
+        raw["ok"] = c.ok
+    data["wrong"] = report.wrong
+    return _finite(data)
+
+
+def plot(report: Report, path: str):
+    """Grouped bars, log-scale µs per call, per case and implementation."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    cases = list(dict.fromkeys(r.case for r in report.rows))
+    impls = list(dict.fromkeys(r.impl for r in report.rows))
+    times = {(r.case, r.impl): r.time_us for r in report.rows if r.status == "ok" and r.time_us}
+    fig, ax = plt.subplots(figsize=(max(6, 1.2 * len(cases) * max(1, len(impls)) / 3), 4.5))
+    step = 0.8 / max(1, len(impls))
+    for j, impl in enumerate(impls):
+        xs = [i + j * step for i, c in enumerate(cases) if (c, impl) in times]
+        ax.bar(xs, [times[(c, impl)] for c in cases if (c, impl) in times], step, label=impl)
+    ax.set_xticks([i + 0.4 - step / 2 for i in range(len(cases))], cases, rotation=30, ha="right")
+    ax.set_yscale("log")
+    ax.set_ylabel("µs per call (" + report.timing + ")")
+    ax.set_title(f"kvdispatch page table, {report.device_name}")
+    ax.legend(fontsize="small")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+# ------------------------------------------------------------------------------------------------- CLI
+
+
+def parse_cases(text: str) -> list[Case]:
+    return [Case.parse(c.strip()) for c in text.split(",") if c.strip()]
+
+
+def add_arguments(parser: argparse.ArgumentParser):
+    parser.add_argument("--quick", action="store_true", help="a few cases, fewer repetitions")
+    parser.add_argument("--cases", type=parse_cases,
+                        help='comma-separated BATCHxCONTEXTxPAGE, e.g. "1x131072x64,64x32768x64"')
+    parser.add_argument("--backends", help="comma-separated subset of triton,cupy,torch (default: all available)")
+    parser.add_argument("--json", metavar="PATH", help="write the results as JSON")
+    parser.add_argument("--plot", metavar="PATH", help="write a PNG (log-scale µs per case and backend)")
+    parser.add_argument("--markdown", action="store_true", help="print the table as markdown")
+    parser.add_argument("--device", help="torch device (default: the current GPU, else CPU)")
+    parser.add_argument("--seed", type=int, default=0, help="random seed of the page pools")
+
+
+def main(args) -> int:
+    if args.plot:
+        try:
+            import matplotlib  # noqa: F401
+        except ImportError:
+            print('kvdispatch bench: --plot needs matplotlib: pip install "kvdispatch[bench]"', file=sys.stderr)
+            return 2
+    device = torch.device(kvdispatch.probe(args.device).device)
+    gpu = device.type == "cuda"
+    cases = args.cases or parse_cases(",".join((GPU_QUICK_CASES if args.quick else GPU_CASES) if gpu
+                                               else (CPU_QUICK_CASES if args.quick else CPU_CASES)))
+    requested = [b.strip().lower() for b in args.backends.split(",") if b.strip()] if args.backends else None
+    with torch.cuda.device(device) if gpu else contextlib.nullcontext():
+        report = run(cases, requested, device, QUICK_REPS if args.quick else Reps(), args.seed)
+    print("\n".join(header(report)), end="\n\n")
+    print(table(report.rows, args.markdown), end="\n\n")
+    print("\n".join(footer(report)))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(to_json(report), f, indent=2)
+    if args.plot:
+        plot(report, args.plot)
+    return 1 if report.wrong else 0
