@@ -8,6 +8,11 @@ It builds its own ``JITFunction`` objects from the kernels' Python source, so it
 
 from __future__ import annotations
 
+import dataclasses
+import json
+import os
+import subprocess
+import sys
 from dataclasses import dataclass
 
 from kvdispatch import grid as launch_grid
@@ -100,24 +105,59 @@ def _registers_from_asm(compiled) -> int | None:
 
 def cross_compile(target, page_sizes=PAGE_SIZES, index_types=("i32", "i64")) -> list[CompileReport]:
     """Compile every specialisation for ``target`` (``(backend, arch, warp_size)``, e.g.
-    ``("hip", "gfx942", 64)``); raises on the first failure."""
+    ``("hip", "gfx942", 64)``); raises on the first failure.
+
+    Under ``TRITON_INTERPRET=1`` Triton's code generator does not work in this process, so the
+    compilation runs in a child process without it.
+    """
     target = tuple(target)
+    if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
+        return _cross_compile_in_child(target, page_sizes, index_types)
     reports = []
     for spec in specializations(target[2], page_sizes, index_types):
         reports.append(report(spec, target, compile_one(spec, target)))
     return reports
 
 
-def main(argv=None) -> int:
-    """``python -m kernels_triton.crosscompile [backend:arch:warp ...]``: compile and print a table."""
-    import sys  # noqa: PLC0415
+def _cross_compile_in_child(target, page_sizes, index_types) -> list[CompileReport]:
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    package_root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [package_root, env.get("PYTHONPATH")]))
+    command = [sys.executable, "-m", "kernels_triton.crosscompile", "--json",
+               "--page-sizes", ",".join(map(str, page_sizes)), "--index-types", ",".join(index_types),
+               ":".join(map(str, target))]
+    done = subprocess.run(command, capture_output=True, text=True, env=env)
+    if done.returncode:
+        raise RuntimeError(f"cross-compilation for {target} failed:\n{done.stderr[-4000:]}")
+    return [CompileReport(**row) for row in json.loads(done.stdout)]
 
-    args = sys.argv[1:] if argv is None else argv
-    targets = [(b, int(a) if a.isdigit() else a, int(w)) for b, a, w in (t.split(":") for t in args)] or TARGETS
-    for target in targets:
-        for r in cross_compile(target):
-            print(f"{r.target:12} {r.label:90} warps={r.num_warps} binary={r.binary_bytes}B "
-                  f"regs={r.registers} shared={r.shared_bytes}B")
+
+def _parse_target(text: str):
+    backend, arch, warp = text.split(":")
+    return backend, int(arch) if arch.isdigit() else arch, int(warp)
+
+
+def main(argv=None) -> int:
+    """``python -m kernels_triton.crosscompile [--json] [backend:arch:warp ...]``: compile every
+    specialisation for each target (default: ``TARGETS``) and print a table (or JSON)."""
+    import argparse  # noqa: PLC0415
+
+    parser = argparse.ArgumentParser(prog="python -m kernels_triton.crosscompile", description=main.__doc__)
+    parser.add_argument("targets", nargs="*", help="backend:arch:warp_size, e.g. cuda:90:32 or hip:gfx942:64")
+    parser.add_argument("--json", action="store_true", help="print the reports as JSON")
+    parser.add_argument("--page-sizes", default=",".join(map(str, PAGE_SIZES)))
+    parser.add_argument("--index-types", default="i32,i64")
+    options = parser.parse_args(argv)
+    targets = [_parse_target(t) for t in options.targets] or list(TARGETS)
+    page_sizes = tuple(int(p) for p in options.page_sizes.split(","))
+    index_types = tuple(options.index_types.split(","))
+    reports = [r for target in targets for r in cross_compile(target, page_sizes, index_types)]
+    if options.json:
+        print(json.dumps([dataclasses.asdict(r) for r in reports]))
+        return 0
+    for r in reports:
+        print(f"{r.target:12} {r.label:100} warps={r.num_warps} binary={r.binary_bytes}B "
+              f"regs={r.registers} shared={r.shared_bytes}B")
     return 0
 
 

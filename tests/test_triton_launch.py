@@ -1,0 +1,357 @@
+"""The Triton launch machinery: call-convention detection (CPU, on fake compiled kernels), the plain and
+fast paths against the reference (GPU), device and stream handling, edge cases of the launchers."""
+
+import contextlib
+import inspect
+
+import pytest
+import torch
+
+from conftest import DEVICE, HAS_GPU
+
+pytest.importorskip("triton")
+
+import kernels_triton  # noqa: E402
+from kernels_triton import launch, page_table, token_csr  # noqa: E402
+from kvcases import POISON, make_case  # noqa: E402
+from kvdispatch import reference  # noqa: E402
+
+ARG_NAMES = ("a_ptr", "n", "BLOCK")
+CONSTEXPR_NAMES = ("BLOCK",)
+needs_gpu = pytest.mark.skipif(not HAS_GPU, reason="needs a GPU")
+
+
+class FakeSource:
+    def __init__(self, signature):
+        self.signature = signature
+
+
+class FakeCompiled:
+    """Stands for a ``triton.compiler.CompiledKernel``: ``run`` records what it is given."""
+
+    def __init__(self, run, signature=None):
+        self.run = run
+        self.function = 1234
+        self.packed_metadata = ("metadata",)
+        self.src = FakeSource({"a_ptr": "*i32", "n": "i32", "BLOCK": "constexpr"} if signature is None else signature)
+
+
+class Launcher36:
+    """The 3.0-3.7 launcher: metadata, hooks and kernel arguments all travel in ``*args``."""
+
+    def __init__(self):
+        self.calls = []
+
+    def __call__(self, gridX, gridY, gridZ, stream, function, *args):
+        self.calls.append((gridX, gridY, gridZ, stream, function) + args)
+
+
+class Launcher38:
+    def __init__(self):
+        self.calls = []
+
+    def __call__(self, gridX, gridY, gridZ, stream, function, kernel_metadata, launch_metadata, launch_enter_hook,
+                 launch_exit_hook, *args):
+        self.calls.append((gridX, gridY, gridZ, stream, function, kernel_metadata, launch_metadata,
+                           launch_enter_hook, launch_exit_hook) + args)
+
+
+def launcher_2x(grid0, grid1, grid2, num_warps, num_ctas, cluster_x, cluster_y, cluster_z, shared, stream, function,
+                enter_hook, exit_hook, compiled, *args):
+    pass
+
+
+@pytest.mark.parametrize("make_run", (Launcher36, Launcher38))
+def test_detects_known_conventions(make_run):
+    convention = launch.detect_convention(FakeCompiled(make_run()), ARG_NAMES, CONSTEXPR_NAMES)
+    assert convention == launch.FastConvention(with_constexprs=True)
+    # Triton < 3.3 left constexprs out of the signature, and out of the launch arguments.
+    old = FakeCompiled(make_run(), signature={0: "*i32", 1: "i32"})
+    assert launch.detect_convention(old, ARG_NAMES, CONSTEXPR_NAMES) == launch.FastConvention(with_constexprs=False)
+
+
+def test_unknown_conventions_fall_back_to_plain():
+    assert launch.detect_convention(FakeCompiled(launcher_2x), ARG_NAMES, CONSTEXPR_NAMES) is None
+    assert launch.detect_convention(FakeCompiled(len), ARG_NAMES, CONSTEXPR_NAMES) is None  # no signature
+    assert launch.detect_convention(FakeCompiled(lambda gridX, gridY, gridZ, stream, function: None),
+                                    ARG_NAMES, CONSTEXPR_NAMES) is None  # takes no kernel arguments
+    no_metadata = FakeCompiled(Launcher38())
+    del no_metadata.packed_metadata
+    assert launch.detect_convention(no_metadata, ARG_NAMES, CONSTEXPR_NAMES) is None
+    odd_signature = FakeCompiled(Launcher38(), signature={"a_ptr": "*i32"})
+    assert launch.detect_convention(odd_signature, ARG_NAMES, CONSTEXPR_NAMES) is None
+
+
+def _installed_launcher_classes():
+    classes = []
+    for module_name, class_name in (("triton.backends.nvidia.driver", "CudaLauncher"),
+                                    ("triton.backends.amd.driver", "HIPLauncher")):
+        try:
+            module = __import__(module_name, fromlist=[class_name])
+        except Exception:  # noqa: BLE001  (a backend that cannot import here)
+            continue
+        if hasattr(module, class_name):
+            classes.append(getattr(module, class_name))
+    return classes
+
+
+@pytest.mark.parametrize("launcher_class", _installed_launcher_classes(), ids=lambda c: c.__name__)
+def test_installed_triton_launchers_are_recognised(launcher_class):
+    """The launcher classes of the installed Triton have a call form the fast path knows."""
+    run = object.__new__(launcher_class)  # the call signature only; nothing is loaded
+    assert launch.detect_convention(FakeCompiled(run), ARG_NAMES, CONSTEXPR_NAMES) is not None, \
+        inspect.signature(run)
+
+
+@pytest.fixture
+def fake_device(monkeypatch):
+    """Device 3 is current; its raw stream is 77. No CUDA is touched."""
+    current = {"device": 3}
+    monkeypatch.setattr(launch, "_raw_stream", lambda index: 70 + index + 4)
+    monkeypatch.setattr(torch._C, "_cuda_getDevice", lambda: current["device"], raising=False)
+
+    @contextlib.contextmanager
+    def device(index):
+        saved, current["device"] = current["device"], index
+        yield
+        current["device"] = saved
+
+    monkeypatch.setattr(torch.cuda, "device", device)
+    return current
+
+
+@pytest.mark.parametrize("make_run", (Launcher36, Launcher38))
+@pytest.mark.parametrize("with_constexprs", (True, False))
+def test_fast_launcher_call(fake_device, make_run, with_constexprs):
+    run = make_run()
+    fast = launch.fast_launcher(FakeCompiled(run), launch.FastConvention(with_constexprs), (5, 6), (128,), 3)
+    fast("tensor", 42)
+    tail = ("tensor", 42, 128) if with_constexprs else ("tensor", 42)
+    assert run.calls == [(5, 6, 1, 77, 1234, ("metadata",), None, None, None) + tail]
+
+
+def test_fast_launcher_makes_the_device_current(fake_device):
+    seen = []
+
+    class Run(Launcher38):
+        def __call__(self, *args):
+            seen.append((fake_device["device"], args[3]))
+
+    fast = launch.fast_launcher(FakeCompiled(Run()), launch.FastConvention(True), (1, 1), (128,), 1)
+    fast("tensor", 1)
+    assert seen == [(1, 75)] and fake_device["device"] == 3
+
+
+class FakeKernel:
+    """Stands for a JITFunction: ``kernel[grid](...)`` returns one compiled kernel and counts calls."""
+
+    arg_names = list(ARG_NAMES)
+
+    def __init__(self, run):
+        self.compiled = FakeCompiled(run)
+        self.plain_calls = []
+
+    def __getitem__(self, grid):
+        def call(*args, **kwargs):
+            self.plain_calls.append((grid, args, kwargs))
+            return self.compiled
+        return call
+
+
+@pytest.mark.parametrize("mode", ("auto", "fast", "plain"))
+def test_plan_compiles_once_then_uses_the_chosen_path(fake_device, monkeypatch, mode):
+    monkeypatch.setenv(launch.LAUNCH_ENV, mode)
+    run = Launcher38()
+    kernel = FakeKernel(run)
+    launcher = launch.KernelLauncher(kernel, CONSTEXPR_NAMES)
+    plan, launched = launcher.plan(3, ("spec",), (2, 4), {"BLOCK": 128}, 4, ("t", 9))
+    assert launched and len(kernel.plain_calls) == 1 and not run.calls
+    plan("t", 10)
+    again, launched = launcher.plan(3, ("spec",), (2, 8), {"BLOCK": 128}, 4, ("t", 11))
+    assert not launched
+    again("t", 11)
+    if mode == "plain":
+        assert len(kernel.plain_calls) == 3 and not run.calls
+        assert kernel.plain_calls[2] == ((2, 8), ("t", 11), {"BLOCK": 128, "num_warps": 4})
+    else:
+        assert len(kernel.plain_calls) == 1
+        assert [c[:3] + c[-3:] for c in run.calls] == [(2, 4, 1, "t", 10, 128), (2, 8, 1, "t", 11, 128)]
+    assert launcher.compile_count == 1
+
+
+def test_unknown_convention_auto_is_plain_fast_raises(fake_device, monkeypatch):
+    launcher = launch.KernelLauncher(FakeKernel(launcher_2x), CONSTEXPR_NAMES)
+    monkeypatch.setenv(launch.LAUNCH_ENV, "auto")
+    plan, _ = launcher.plan(0, ("spec",), (1, 1), {"BLOCK": 128}, 4, ("t", 1))
+    plan("t", 2)
+    assert len(launcher.kernel.plain_calls) == 2
+    monkeypatch.setenv(launch.LAUNCH_ENV, "fast")
+    with pytest.raises(RuntimeError, match="fast"):
+        launcher.plan(0, ("spec",), (1, 1), {"BLOCK": 128}, 4, ("t", 1))
+
+
+def test_launch_mode_rejects_unknown_values(monkeypatch):
+    monkeypatch.setenv(launch.LAUNCH_ENV, "quick")
+    with pytest.raises(ValueError, match="plain"):
+        launch.launch_mode()
+
+
+def test_import_initialises_no_gpu():
+    import subprocess
+    import sys
+
+    code = "import kernels_triton, torch; assert not torch.cuda.is_initialized(); print('ok')"
+    assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          check=True).stdout.strip() == "ok"
+
+
+# --- launcher edge cases (interpreter on CPU, compiled on a GPU) -------------------------------------
+
+def test_seq_lens_out_written_for_zero_width_table():
+    case = make_case(3, 16, device=DEVICE, seqlen_offset=2)
+    out = torch.empty((3, 0), dtype=torch.int32, device=DEVICE)
+    seq_out = torch.full((4,), POISON, dtype=torch.int32, device=DEVICE)
+    expected = seq_out.clone()
+    reference.build_page_table(case.req_to_token, case.req_pool_indices, case.seq_lens, out, 16, None, 2,
+                               expected, None)
+    kernels_triton.build_page_table(case.req_to_token, case.req_pool_indices, case.seq_lens, out, 16, None, 2,
+                                    seq_out, None)
+    assert torch.equal(seq_out.cpu(), expected.cpu())
+
+
+@pytest.mark.parametrize("page_size", (1, 3, 16, 96))
+@pytest.mark.parametrize("fill_value", (None, 5))
+def test_negative_slots_floor_divide(page_size, fill_value):
+    case = make_case(4, page_size, max_pages=20, device=DEVICE, fill_value=fill_value, with_start=True)
+    case.req_to_token.neg_()
+    case.req_to_token[0, 0] = -1
+    out = case.page_table_out()
+    expected = out.clone()
+    args = (case.req_pool_indices, case.seq_lens)
+    reference.build_page_table(case.req_to_token, *args, expected, page_size, case.kv_start_idx, 0, None, fill_value)
+    kernels_triton.build_page_table(case.req_to_token, *args, out, page_size, case.kv_start_idx, 0, None,
+                                    fill_value)
+    assert torch.equal(out.cpu(), expected.cpu())
+
+
+def _page_table_matches(case, out_offset=0):
+    store = torch.full((case.batch + 1, case.width + 8), POISON, dtype=torch.int32, device=DEVICE)
+    out = store[:, out_offset:out_offset + case.width]
+    seq_out = torch.full((case.batch,), POISON, dtype=torch.int32, device=DEVICE)
+    expected, expected_seq = out.clone(), seq_out.clone()
+    args = (case.req_to_token, case.req_pool_indices, case.seq_lens)
+    reference.build_page_table(*args, expected, case.page_size, case.kv_start_idx, 1, expected_seq, case.fill_value)
+    kernels_triton.build_page_table(*args, out, case.page_size, case.kv_start_idx, 1, seq_out, case.fill_value)
+    torch.testing.assert_close(out, expected, rtol=0, atol=0)
+    torch.testing.assert_close(seq_out, expected_seq, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("page_size", (1, 64))
+@pytest.mark.parametrize("out_offset", (0, 1, 4))
+def test_unaligned_and_aligned_rows(page_size, out_offset):
+    """Outputs whose rows start off a 16-byte boundary take the masked path, aligned ones the wide one."""
+    case = make_case(3, page_size, max_pages=page_table.constexprs_for(page_size, 0, 0, 0, 0)["PAGES_PER_PROGRAM"] * 2,
+                     device=DEVICE)
+    case.seq_lens.fill_(case.req_to_token.shape[1])  # whole blocks: the unmasked path runs
+    _page_table_matches(case, out_offset)
+
+
+# --- GPU: both launch paths against the reference --------------------------------------------------
+
+@pytest.fixture(params=("plain", "fast"))
+def launch_path(request, monkeypatch):
+    monkeypatch.setenv(launch.LAUNCH_ENV, request.param)
+    launch.reset()
+    yield request.param
+    launch.reset()
+
+
+@needs_gpu
+@pytest.mark.parametrize("page_size", (1, 3, 16, 64, 96, 4096))
+@pytest.mark.parametrize("with_start", (False, True))
+def test_gpu_page_table_paths(launch_path, page_size, with_start):
+    for attempt in range(3):  # repeated calls: the second and third take the cached plan
+        case = make_case(9, page_size, max_pages=page_table.constexprs_for(page_size, 0, 0, 0, 0)["PAGES_PER_PROGRAM"]
+                         + 3, device=DEVICE, with_start=with_start, strided_table=attempt == 1,
+                         fill_value=-1 if attempt == 2 else None, width=None)
+        _page_table_matches(case)
+    if launch_path == "fast":
+        before = page_table.launcher.plain_launches
+        _page_table_matches(case)
+        assert page_table.launcher.plain_launches == before
+
+
+@needs_gpu
+@pytest.mark.parametrize("with_start", (False, True))
+def test_gpu_token_csr_paths(launch_path, with_start):
+    for _ in range(3):
+        case = make_case(7, 64, max_pages=70, device=DEVICE, with_start=with_start)
+        indptr, out = case.csr()
+        expected = out.clone()
+        reference.build_token_indices(case.req_to_token, case.req_pool_indices, case.seq_lens, indptr, expected,
+                                      case.kv_start_idx)
+        kernels_triton.build_token_indices(case.req_to_token, case.req_pool_indices, case.seq_lens, indptr, out,
+                                           case.kv_start_idx)
+        torch.testing.assert_close(out, expected, rtol=0, atol=0)
+
+
+@needs_gpu
+def test_gpu_side_stream_and_graph_replay(launch_path):
+    case = make_case(4, 16, max_pages=40, device=DEVICE)
+    out = case.page_table_out()
+    args = (case.req_to_token, case.req_pool_indices, case.seq_lens, out, 16)
+    kernels_triton.build_page_table(*args)  # compile and plan outside the capture
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        out.fill_(POISON)
+        kernels_triton.build_page_table(*args)
+    torch.cuda.current_stream().wait_stream(side)
+    expected = out.clone().fill_(POISON)
+    reference.build_page_table(case.req_to_token, case.req_pool_indices, case.seq_lens, expected, 16)
+    torch.testing.assert_close(out, expected, rtol=0, atol=0)
+
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        kernels_triton.build_page_table(*args)
+    case.seq_lens.copy_(torch.randint(1, 40 * 16, case.seq_lens.shape, device=DEVICE))
+    out.fill_(POISON)
+    graph.replay()
+    torch.cuda.synchronize()
+    expected.fill_(POISON)
+    reference.build_page_table(case.req_to_token, case.req_pool_indices, case.seq_lens, expected, 16)
+    torch.testing.assert_close(out, expected, rtol=0, atol=0)
+
+
+@needs_gpu
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")
+def test_gpu_tensors_on_another_device_than_the_current_one(launch_path):
+    torch.cuda.set_device(0)
+    for device in (torch.device("cuda", 1), torch.device("cuda", 0), torch.device("cuda", 1)):
+        case = make_case(5, 64, max_pages=40, device=device)
+        out = case.page_table_out()
+        expected = out.clone()
+        args = (case.req_to_token, case.req_pool_indices, case.seq_lens)
+        reference.build_page_table(*args, expected, 64)
+        kernels_triton.build_page_table(*args, out, 64)
+        torch.testing.assert_close(out, expected, rtol=0, atol=0)
+        assert torch.cuda.current_device() == 0
+
+
+@needs_gpu
+def test_gpu_int64_addresses():
+    """Pool rows past 2**31 elements: address arithmetic must be 64-bit."""
+    if torch.cuda.get_device_properties(DEVICE).total_memory < 24 * 2**30:
+        pytest.skip("needs 24 GiB of device memory")
+    cols = 2**30 + 16
+    table = torch.empty((3, cols), dtype=torch.int32, device=DEVICE)  # 12 GiB
+    table[2, :4096] = torch.arange(4096, device=DEVICE, dtype=torch.int32) + 7 * 64
+    pool = torch.tensor([2], device=DEVICE)
+    lens = torch.tensor([4096], device=DEVICE)
+    out = torch.full((1, 64), POISON, dtype=torch.int32, device=DEVICE)
+    kernels_triton.build_page_table(table, pool, lens, out, 64)
+    assert torch.equal(out[0], torch.arange(64, device=DEVICE, dtype=torch.int32) + 7)
+    csr = torch.full((4096,), POISON, dtype=torch.int32, device=DEVICE)
+    kernels_triton.build_token_indices(table, pool, lens, torch.tensor([0, 4096], device=DEVICE), csr)
+    assert torch.equal(csr, table[2, :4096])
+    del table
