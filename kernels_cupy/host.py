@@ -1,0 +1,89 @@
+"""kv_indices.cu built for the host with g++ (through host_shim.h) and run on CPU tensors.
+
+This is how CI without a GPU tests the CUDA/HIP source itself: the same kernels, the same launch
+geometry and arguments as the CuPy launcher (``kernels_cupy.launch``), every thread run in turn.
+The shared library is built once per source hash into ``$KVDISPATCH_HOST_BUILD_DIR`` (default: a
+``kvdispatch-host-build`` folder in the temp dir) and loaded with ctypes.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import os
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+from kvdispatch._validate import check_page_table_args, check_token_csr_args
+
+from . import build
+from .launch import KernelCall, page_table_call, token_csr_call
+
+SHIM_PATH = Path(__file__).with_name("host_shim.h")
+
+
+def _build_dir() -> Path:
+    return Path(os.environ.get("KVDISPATCH_HOST_BUILD_DIR") or Path(tempfile.gettempdir()) / "kvdispatch-host-build")
+
+
+@functools.lru_cache(maxsize=None)
+def library() -> ctypes.CDLL:
+    """Build (if needed) and load the host library; one build per content of the source and the shim."""
+    unit = (f'#include "{SHIM_PATH}"\n#include "{build.SOURCE_PATH}"\n'
+            + "".join(f"KV_HOST_EXPORT({name})\n" for name in build.KERNELS))
+    digest = hashlib.sha256((unit + build.source() + SHIM_PATH.read_text()).encode()).hexdigest()[:16]
+    target = _build_dir() / f"kv_indices_{digest}.so"
+    if not target.exists():
+        compiler = shutil.which(os.environ.get("CXX", "g++")) or shutil.which("g++")
+        if compiler is None:
+            raise RuntimeError("the host build of kv_indices.cu needs a C++ compiler (g++ or $CXX)")
+        target.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
+            cpp, so = Path(tmp) / "kv_indices_host.cpp", Path(tmp) / target.name
+            cpp.write_text(unit)
+            done = subprocess.run([compiler, "-x", "c++", build.STD_FLAG, "-O2", "-shared", "-fPIC", "-Wall",
+                                   "-Wno-unknown-pragmas", "-o", str(so), str(cpp)], capture_output=True, text=True)
+            if done.returncode != 0:
+                raise RuntimeError(f"host build of kv_indices.cu failed:\n{done.stdout}{done.stderr}")
+            os.replace(so, target)  # atomic: concurrent builders leave one complete file
+    lib = ctypes.CDLL(str(target))
+    for name in build.KERNELS:
+        getattr(lib, f"host_{name}").argtypes = [ctypes.c_uint, ctypes.c_uint, ctypes.c_uint,
+                                                 ctypes.POINTER(ctypes.c_void_p)]
+    return lib
+
+
+def run(call: KernelCall | None) -> None:
+    """Run one kernel call on the host (the tensors behind its pointers must be CPU tensors)."""
+    if call is None:
+        return
+    values = [ctypes.c_uint64(a & 0xFFFF_FFFF_FFFF_FFFF) for a in call.args]  # every parameter is 8 bytes
+    pointers = (ctypes.c_void_p * len(values))(*[ctypes.cast(ctypes.byref(v), ctypes.c_void_p) for v in values])
+    getattr(library(), f"host_{call.kernel}")(call.grid[0], call.grid[1], call.threads, pointers)
+
+
+def create_flashmla_kv_indices(req_to_token, req_pool_indices, seq_lens, out, *, page_size, kv_start_idx=None,
+                               seqlen_offset=0, seq_lens_out=None, fill_value=None):
+    """``kvdispatch.create_flashmla_kv_indices`` on CPU tensors, through the host build of the kernel."""
+    check_page_table_args(req_to_token, req_pool_indices, seq_lens, out, page_size, kv_start_idx, seqlen_offset,
+                          seq_lens_out, fill_value)
+    _require_cpu(req_to_token)
+    run(page_table_call(req_to_token, req_pool_indices, seq_lens, out, page_size, kv_start_idx, seqlen_offset,
+                        seq_lens_out, fill_value))
+    return out
+
+
+def create_flashinfer_kv_indices(req_to_token, req_pool_indices, seq_lens, kv_indptr, out, *, kv_start_idx=None):
+    """``kvdispatch.create_flashinfer_kv_indices`` on CPU tensors, through the host build of the kernel."""
+    check_token_csr_args(req_to_token, req_pool_indices, seq_lens, kv_indptr, out, kv_start_idx)
+    _require_cpu(req_to_token)
+    run(token_csr_call(req_to_token, req_pool_indices, seq_lens, kv_indptr, out, kv_start_idx))
+    return out
+
+
+def _require_cpu(tensor):
+    if tensor.device.type != "cpu":
+        raise ValueError(f"the host build runs on CPU tensors only, got {tensor.device}")

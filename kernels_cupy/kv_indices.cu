@@ -1,0 +1,174 @@
+// Page-table and token-CSR index builders (semantics: kvdispatch/reference.py).
+//
+// Every scalar parameter is 64-bit, so a launcher can pass plain integers (CuPy passes a Python int
+// as int64) and pointers as integers too.
+// One source for NVRTC, hipRTC, nvcc, hipcc and the host build (host_shim.h): no #include, builtin
+// types only, no intrinsics, no shared memory or barriers, nothing that assumes a warp width.
+// Grid (from kvdispatch.grid): blockIdx.x = request, blockIdx.y = program of the row; a program owns
+// `items` consecutive pages/tokens of its row and its blockDim.x threads stride over them.
+
+typedef long long kv_i64;
+typedef unsigned long long kv_u64;
+
+// 16-byte vector of four ints: one load/store instruction when the address is 16-byte aligned.
+struct alignas(16) kv_vec4 {
+    int v[4];
+};
+
+// Bits of the kernels' `flags` argument.
+#define KV_WIDE_POOL 1    // req_pool_indices is int64 (else int32)
+#define KV_WIDE_LENS 2    // seq_lens is int64
+#define KV_WIDE_START 4   // kv_start_idx is int64
+#define KV_WIDE_INDPTR 8  // kv_indptr is int64
+#define KV_FILL 16        // page table: write fill_value into columns [pages, width)
+
+__device__ inline kv_i64 kv_min(kv_i64 a, kv_i64 b) { return a < b ? a : b; }
+__device__ inline kv_i64 kv_max(kv_i64 a, kv_i64 b) { return a > b ? a : b; }
+
+__device__ inline kv_i64 kv_load_index(const void* base, kv_i64 i, int wide) {
+    return wide ? ((const kv_i64*)base)[i] : (kv_i64)((const int*)base)[i];
+}
+
+// Floor division by a positive divisor (C++ `/` truncates toward zero).
+__device__ inline int kv_floor_div(int value, int divisor) {
+    int q = value / divisor;
+    return (value % divisor != 0 && value < 0) ? q - 1 : q;
+}
+
+// Chunk i (ints 4i..4i+3) of src: one wide load when src is 16-byte aligned, else four scalar loads.
+__device__ inline kv_vec4 kv_load4(const int* __restrict__ src, int i, bool aligned) {
+    if (aligned) return ((const kv_vec4*)src)[i];
+    kv_vec4 v;
+    v.v[0] = src[4 * i];
+    v.v[1] = src[4 * i + 1];
+    v.v[2] = src[4 * i + 2];
+    v.v[3] = src[4 * i + 3];
+    return v;
+}
+
+// dst[i] = src[i] for i < n (n <= a program's items), by this block's threads. A head of up to 3 ints
+// is peeled so that every store after it is 16 bytes wide; loads are wide when src has the same
+// alignment as dst (checked here, per row). Consecutive threads take consecutive 16-byte chunks, two
+// per thread per pass, both loaded before either is stored.
+__device__ inline void kv_copy(const int* __restrict__ src, int* __restrict__ dst, int n) {
+    const int tid = threadIdx.x, threads = blockDim.x;
+    const int head = (int)kv_min(((16 - ((kv_u64)dst & 15)) & 15) / 4, n);
+    const int chunks = (n - head) / 4;
+    const bool aligned = (((kv_u64)src ^ (kv_u64)dst) & 15) == 0;
+    if (tid < head) dst[tid] = src[tid];
+    const int* s = src + head;
+    kv_vec4* d = (kv_vec4*)(dst + head);
+    for (int i = tid; i < chunks; i += 2 * threads) {
+        const int j = i + threads;
+        const kv_vec4 first = kv_load4(s, i, aligned);
+        kv_vec4 second;
+        if (j < chunks) second = kv_load4(s, j, aligned);
+        d[i] = first;
+        if (j < chunks) d[j] = second;
+    }
+    const int tail = head + 4 * chunks + tid;
+    if (tail < n) dst[tail] = src[tail];
+}
+
+// dst[i] = value for i < n, with 16-byte stores once dst is aligned.
+__device__ inline void kv_fill(int* __restrict__ dst, int n, int value) {
+    const int tid = threadIdx.x, threads = blockDim.x;
+    const int head = (int)kv_min(((16 - ((kv_u64)dst & 15)) & 15) / 4, n);
+    const int chunks = (n - head) / 4;
+    if (tid < head) dst[tid] = value;
+    kv_vec4 v;
+    v.v[0] = v.v[1] = v.v[2] = v.v[3] = value;
+    kv_vec4* d = (kv_vec4*)(dst + head);
+    for (int i = tid; i < chunks; i += threads) d[i] = v;
+    const int tail = head + 4 * chunks + tid;
+    if (tail < n) dst[tail] = value;
+}
+
+// out[b, p] = table[pool_b, start_b + p * page_size] // page_size for p < pages_b, where pages_b is
+// min(ceil(L_b / page_size), pages the table row can give, width); fill_value on [pages_b, width)
+// when KV_FILL is set. Rows >= B (= gridDim.x) and unwritten columns are left untouched.
+// seq_lens_out (may be null): seq_lens + seqlen_offset, written by program 0 of each row.
+// Launched with width 0 it writes only seq_lens_out.
+extern "C" __global__ void kv_page_table(
+    const int* __restrict__ table, kv_i64 rows, kv_i64 cols, kv_i64 table_stride,
+    const void* __restrict__ req_pool_indices, kv_i64 pool_stride, const void* __restrict__ seq_lens,
+    kv_i64 lens_stride, const void* __restrict__ kv_start_idx, kv_i64 start_stride,
+    int* __restrict__ out, kv_i64 out_stride, kv_i64 width,
+    int* __restrict__ seq_lens_out, kv_i64 page_size_arg, kv_i64 items, kv_i64 seqlen_offset,
+    kv_i64 fill_value, kv_i64 flags) {
+    const int page_size = (int)page_size_arg;
+    const kv_i64 b = blockIdx.x;
+    const kv_i64 first = (kv_i64)blockIdx.y * items;
+    // Independent loads, issued before any of them is used.
+    const kv_i64 pool = kv_load_index(req_pool_indices, b * pool_stride, flags & KV_WIDE_POOL);
+    const kv_i64 length = kv_load_index(seq_lens, b * lens_stride, flags & KV_WIDE_LENS) + seqlen_offset;
+    const kv_i64 start = kv_start_idx ? kv_load_index(kv_start_idx, b * start_stride, flags & KV_WIDE_START) : 0;
+    if (seq_lens_out && blockIdx.y == 0 && threadIdx.x == 0) seq_lens_out[b] = (int)length;
+
+    const kv_i64 last = kv_min(first + items, width);
+    if (first >= last) return;
+    const bool readable = pool >= 0 && pool < rows && start >= 0 && start < cols;
+    // Page p is written iff its first position p * page_size is below `limit` (the length, cut at
+    // the table's last column): that is p < min(ceil(L / page_size), ceil((C - start) / page_size)),
+    // with no 64-bit division on the path between the row's loads and the table's.
+    const kv_i64 limit = readable && length > 0 ? kv_min(length, cols - start) : 0;
+    const int* src = table + (readable ? pool * table_stride + start : 0);
+    int* dst = out + b * out_stride;
+    const bool fill = flags & KV_FILL;
+    // Offsets inside a program fit in 32 bits: kvdispatch.grid keeps items * page_size <= 65536.
+    const int count = (int)(last - first);
+    if (page_size == 1) {  // a copy: wide accesses
+        const int written = (int)kv_max(0, kv_min(limit - first, count));
+        if (written > 0) kv_copy(src + first, dst + first, written);
+        if (fill) kv_fill(dst + first + written, count - written, (int)fill_value);
+        return;
+    }
+    // Pages are independent gathers: up to 4 per thread per pass, every load issued before any store.
+    const int* row = src + first * page_size;
+    const kv_i64 row_limit = limit - first * page_size;  // page first + i is written iff i * page_size < this
+    dst += first;
+    const int threads = blockDim.x;
+    for (int base = threadIdx.x; base < count; base += 4 * threads) {
+        int v[4];
+#pragma unroll
+        for (int u = 0; u < 4; ++u) {
+            const int i = base + u * threads;
+            v[u] = i < count && i * page_size < row_limit ? row[i * page_size] : 0;
+        }
+#pragma unroll
+        for (int u = 0; u < 4; ++u) {
+            const int i = base + u * threads;
+            if (i >= count) break;
+            if (i * page_size < row_limit) dst[i] = kv_floor_div(v[u], page_size);
+            else if (fill) dst[i] = (int)fill_value;
+        }
+    }
+}
+
+// out[kv_indptr[b] + j] = table[pool_b, start_b + j] for j < min(seq_lens[b], C - start_b), skipping
+// every j whose target falls outside [0, out_len). Nothing else in out is touched.
+// Index vectors may be strided views (strides in elements).
+extern "C" __global__ void kv_token_csr(
+    const int* __restrict__ table, kv_i64 rows, kv_i64 cols, kv_i64 table_stride,
+    const void* __restrict__ req_pool_indices, kv_i64 pool_stride, const void* __restrict__ seq_lens,
+    kv_i64 lens_stride, const void* __restrict__ kv_start_idx, kv_i64 start_stride,
+    const void* __restrict__ kv_indptr, kv_i64 indptr_stride, int* __restrict__ out, kv_i64 out_len,
+    kv_i64 items, kv_i64 flags) {
+    const kv_i64 b = blockIdx.x;
+    const kv_i64 first = (kv_i64)blockIdx.y * items;
+    const kv_i64 pool = kv_load_index(req_pool_indices, b * pool_stride, flags & KV_WIDE_POOL);
+    const kv_i64 length = kv_load_index(seq_lens, b * lens_stride, flags & KV_WIDE_LENS);
+    const kv_i64 start = kv_start_idx ? kv_load_index(kv_start_idx, b * start_stride, flags & KV_WIDE_START) : 0;
+    const kv_i64 offset = kv_load_index(kv_indptr, b * indptr_stride, flags & KV_WIDE_INDPTR);
+
+    const bool readable = pool >= 0 && pool < rows && start >= 0 && start < cols;
+    const kv_i64 count = readable ? kv_min(kv_max(length, 0), cols - start) : 0;
+    // Checked in this order so that no expression below can overflow, whatever kv_indptr holds.
+    if (offset >= out_len || offset + count <= 0) return;
+    // Programs count tokens from the first one that lands in out: a row writes at most
+    // min(C, out_len) tokens, which is what kvdispatch.grid sizes the row's programs for.
+    const kv_i64 skip = offset < 0 ? -offset : 0;
+    const kv_i64 lo = skip + first;
+    const kv_i64 hi = kv_min(kv_min(lo + items, count), out_len - offset);
+    if (lo < hi) kv_copy(table + pool * table_stride + start + lo, out + offset + lo, (int)(hi - lo));
+}

@@ -1,0 +1,86 @@
+"""What one kernel call is: kernel name, grid, threads and typed arguments. Shared by the CuPy launcher
+(GPU) and the host build (CI); neither decides a grid itself, ``kvdispatch.grid`` does.
+
+Arguments are plain Python ints in the kernels' parameter order: pointers (0 for an absent tensor),
+element strides (index vectors may be any 1-D view) and values. Every kernel parameter is 8 bytes
+(pointers and ``long long``), which is exactly what CuPy makes of a Python int (int64), so no per-call
+NumPy scalar is needed. Reads tensor attributes only.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import NamedTuple
+
+import torch
+
+from kvdispatch import grid
+
+from .build import PAGE_TABLE_KERNEL, TOKEN_CSR_KERNEL
+
+# Flag bits; the same values as the KV_* macros in kv_indices.cu.
+WIDE_POOL, WIDE_LENS, WIDE_START, WIDE_INDPTR, FILL = 1, 2, 4, 8, 16
+
+# The geometry depends on a few ints only; caching it keeps the helper off the per-call path.
+_page_table_launch = functools.lru_cache(maxsize=4096)(grid.page_table_launch)
+_token_csr_launch = functools.lru_cache(maxsize=4096)(grid.token_csr_launch)
+
+
+class KernelCall(NamedTuple):
+    kernel: str
+    grid: tuple
+    threads: int
+    args: tuple
+
+
+def _ptr(t: torch.Tensor | None) -> int:
+    return 0 if t is None else t.data_ptr()
+
+
+def _stride(t: torch.Tensor | None) -> int:
+    return 0 if t is None else t.stride(0)
+
+
+def _wide(t: torch.Tensor | None, bit: int) -> int:
+    return bit if t is not None and t.dtype == torch.int64 else 0
+
+
+def _table_args(req_to_token):
+    rows, cols = req_to_token.shape
+    return (req_to_token.data_ptr(), rows, cols, req_to_token.stride(0))
+
+
+def page_table_call(req_to_token, req_pool_indices, seq_lens, out, page_size, kv_start_idx=None,
+                    seqlen_offset=0, seq_lens_out=None, fill_value=None) -> KernelCall | None:
+    """The ``kv_page_table`` launch for ``kvdispatch.reference.build_page_table``'s arguments, or None
+    when there is nothing to do."""
+    batch, width = req_pool_indices.shape[0], out.shape[1]
+    launch = _page_table_launch(batch, width, page_size)
+    if launch.grid[1] == 0 and seq_lens_out is not None and batch:
+        # No page to write, but seq_lens_out still is: one program per row (the kernel gets width 0).
+        launch = _page_table_launch(batch, 1, page_size)
+    if launch.grid[0] == 0:
+        return None
+    flags = (_wide(req_pool_indices, WIDE_POOL) | _wide(seq_lens, WIDE_LENS)
+             | _wide(kv_start_idx, WIDE_START) | (FILL if fill_value is not None else 0))
+    args = _table_args(req_to_token) + (
+        req_pool_indices.data_ptr(), req_pool_indices.stride(0), seq_lens.data_ptr(), seq_lens.stride(0),
+        _ptr(kv_start_idx), _stride(kv_start_idx), out.data_ptr(), out.stride(0), width, _ptr(seq_lens_out),
+        page_size, launch.items_per_program, seqlen_offset, fill_value or 0, flags)
+    return KernelCall(PAGE_TABLE_KERNEL, launch.grid, launch.threads, args)
+
+
+def token_csr_call(req_to_token, req_pool_indices, seq_lens, kv_indptr, out, kv_start_idx=None) -> KernelCall | None:
+    """The ``kv_token_csr`` launch for ``kvdispatch.reference.build_token_indices``'s arguments, or None
+    when there is nothing to do."""
+    batch, total = req_pool_indices.shape[0], out.shape[0]
+    launch = _token_csr_launch(batch, req_to_token.shape[1], total)
+    if launch.grid[0] == 0:
+        return None
+    flags = (_wide(req_pool_indices, WIDE_POOL) | _wide(seq_lens, WIDE_LENS) | _wide(kv_start_idx, WIDE_START)
+             | _wide(kv_indptr, WIDE_INDPTR))
+    args = _table_args(req_to_token) + (
+        req_pool_indices.data_ptr(), req_pool_indices.stride(0), seq_lens.data_ptr(), seq_lens.stride(0),
+        _ptr(kv_start_idx), _stride(kv_start_idx), kv_indptr.data_ptr(), kv_indptr.stride(0), out.data_ptr(), total,
+        launch.items_per_program, flags)
+    return KernelCall(TOKEN_CSR_KERNEL, launch.grid, launch.threads, args)

@@ -1,0 +1,55 @@
+"""kv_indices.cu compiles offline for NVIDIA (nvcc) and AMD (hipcc) and stays within the portable subset
+that NVRTC, hipRTC and the host shim all accept. Skips (with the reason) where a compiler is missing."""
+
+import re
+
+import pytest
+
+from kernels_cupy import build
+
+
+def _compile_or_skip(function, arch):
+    try:
+        return function(arch)
+    except build.ToolMissing as exc:
+        pytest.skip(str(exc))
+
+
+@pytest.mark.parametrize("arch", ("sm_90", "sm_100"))
+def test_nvcc(arch):
+    result = _compile_or_skip(build.compile_cuda, arch)
+    assert result.output_bytes > 0
+    assert set(result.registers) == set(build.KERNELS)
+    assert set(re.findall(r"(\d+) bytes spill stores", result.log)) == {"0"}
+    print(f"nvcc {arch}: {result.output_bytes} bytes, registers {result.registers}")
+
+
+def test_hipcc_gfx90a():
+    result = _compile_or_skip(build.compile_hip, "gfx90a")
+    assert result.output_bytes > 0
+    assert set(result.registers) == set(build.KERNELS)
+    print(f"hipcc gfx90a: {result.output_bytes} bytes, VGPRs {result.registers}")
+
+
+@pytest.mark.parametrize("arch", [a for a in build.HIP_ARCHS if a != "gfx90a"])
+def test_hipcc_newer_archs(arch):
+    try:
+        result = _compile_or_skip(build.compile_hip, arch)
+    except build.UnsupportedArch:
+        pytest.skip(f"the installed hipcc does not know {arch}")
+    assert result.output_bytes > 0
+    print(f"hipcc {arch}: {result.output_bytes} bytes, VGPRs {result.registers}")
+
+
+def test_source_is_in_the_portable_subset():
+    code = re.sub(r"//[^\n]*", "", build.source())
+    for construct in ("#include", "__shared__", "__syncthreads", "__shfl", "warpSize", "__ldg", "__forceinline__",
+                      "template", "int4", "cooperative_groups", "asm", "atomic"):
+        assert not re.search(rf"(?<!\w){re.escape(construct)}", code), construct
+    for name in build.KERNELS:
+        assert re.search(rf'extern "C" __global__ void {name}\(', code)
+
+
+def test_rtc_options_are_per_vendor():
+    assert build.rtc_options("nvidia") == (build.STD_FLAG,)
+    assert build.rtc_options("amd") == ()
