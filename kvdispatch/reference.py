@@ -62,10 +62,12 @@ def build_token_indices(req_to_token, req_pool_indices, seq_lens, kv_indptr, out
     pool, start, lengths, room = _row_spans(req_to_token, req_pool_indices, seq_lens, kv_start_idx, 0)
     count = torch.minimum(lengths.clamp(min=0), room)  # [B]
 
-    token = torch.arange(span, device=out.device)
-    target = kv_indptr[:batch].long()[:, None] + token[None, :]  # [B, span]
-    written = (token[None, :] < count[:, None]) & (target >= 0) & (target < total)
-    positions = torch.where(written, start[:, None] + token[None, :], torch.zeros_like(target))
+    # A row writes at most ``span`` entries, from its first token that lands at or after out[0].
+    begin = kv_indptr[:batch].long()
+    token = (-begin).clamp(min=0)[:, None] + torch.arange(span, device=out.device)[None, :]  # [B, span]
+    target = begin[:, None] + token
+    written = (token < count[:, None]) & (target < total)
+    positions = torch.where(written, start[:, None] + token, torch.zeros_like(target))
     slots = req_to_token[pool[:, None], positions]
     # Positions that are not written go to a scratch slot past the end, so no value is ever
     # written back over a real one.
