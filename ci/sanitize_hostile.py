@@ -1,0 +1,181 @@
+"""Every available backend over hostile data on CUDA tensors, checked against the reference.
+
+Meant for the GPU lane under the sanitizer (a clean exit there means no out-of-bounds access):
+
+    compute-sanitizer --tool memcheck --error-exitcode 1 python3 ci/sanitize_hostile.py
+
+Hostile cases: pool indices outside the table (past the end, negative, int32 extremes, 2**40 as int64), lengths
+past the table, negative and zero lengths, kv_start_idx past the table or negative, CSR kv_indptr past ``out``
+or negative; with and without fill_value; page sizes 1, 16, 64, 96; int32 and int64 index vectors. Every tensor
+is its own exact-size allocation (PyTorch's caching allocator is turned off below, before torch is imported),
+so an access one element past any of them is reported by memcheck.
+
+Prints ``N cases, M mismatches`` and exits 1 on any mismatch or error. Without a GPU it runs on CPU tensors
+(torch, and Triton where TRITON_INTERPRET=1), which checks the script itself. ``--device`` overrides.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import traceback
+from pathlib import Path
+
+os.environ.setdefault("PYTORCH_NO_CUDA_MEMORY_CACHING", "1")  # exact-size allocations for memcheck
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import torch  # noqa: E402
+
+import kvdispatch  # noqa: E402
+from kvdispatch import reference  # noqa: E402
+
+PAGE_SIZES = (1, 16, 64, 96)
+FILL_VALUES = (None, -1)
+BATCH = 6
+POISON = -123456789
+
+
+def hostile_requests(rows, cols, wide):
+    """(name, pool, length, start) per case: the spoilt request; the others are valid."""
+    cases = [
+        ("pool-past-end", rows, None, None), ("pool-negative", -1, None, None),
+        ("pool-int32-max", 2**31 - 1, None, None), ("pool-int32-min", -(2**31), None, None),
+        ("length-past-table", None, cols * 3 + 5, None), ("length-int32-max", None, 2**31 - 1, None),
+        ("length-negative", None, -5, None), ("length-zero", None, 0, None),
+        ("start-past-table", None, None, cols + 3), ("start-at-end", None, None, cols),
+        ("start-last-column", None, 50, cols - 1), ("start-negative", None, None, -2),
+        ("start-int32-max", None, None, 2**31 - 1),
+    ]
+    if wide:
+        cases += [("pool-2**40", 2**40, None, None), ("start-2**40", None, None, 2**40),
+                  ("length-2**40", None, 2**40, None)]
+    return cases
+
+
+def make(page_size, dtype, device, g, spoil):
+    rows, cols = BATCH + 3, 5 * page_size + 7
+    table = torch.randint(0, 2**31 - 1, (rows, cols), generator=g, dtype=torch.int64).to(torch.int32)
+    pool = torch.randperm(rows, generator=g)[:BATCH]
+    lengths = torch.randint(1, 4 * page_size + 1, (BATCH,), generator=g)
+    start = torch.randint(0, page_size + 1, (BATCH,), generator=g)
+    _, bad_pool, bad_length, bad_start = spoil
+    for b in (0, BATCH - 1):  # first and last request: the last one is next to the end of every buffer
+        if bad_pool is not None:
+            pool[b] = bad_pool
+        if bad_length is not None:
+            lengths[b] = bad_length
+        if bad_start is not None:
+            start[b] = bad_start
+    return dict(table=table.to(device), pool=pool.to(dtype).to(device), lens=lengths.to(dtype).to(device),
+                start=start.to(dtype).to(device)), rows, cols
+
+
+def csr_layouts(data, cols, dtype, device, g):
+    """kv_indptr layouts (no two rows overlap: which would win is undefined): packed; out too short for the
+    last row; rows pointing past out; a negative first row."""
+    lengths = data["lens"].cpu().long().clamp(min=0, max=cols)
+    starts = torch.cat([torch.zeros(1, dtype=torch.int64), torch.cumsum(lengths, 0)])
+    total = int(starts[-1])
+    yield "packed", starts, total
+    yield "last-row-past-out-end", starts, int(starts[BATCH - 1]) + int(lengths[BATCH - 1]) // 2
+    past = starts.clone()
+    past[BATCH - 1], past[1] = total + 1, 2**31 - 1
+    yield "indptr-past-out", past, total
+    negative = starts.clone()
+    negative[0] = -3  # row 0 starts at 0, so a negative start overlaps only its own entries
+    yield "indptr-negative", negative, total
+
+
+def run(device, backends, verbose):
+    g = torch.Generator().manual_seed(0)
+    cases = mismatches = 0
+
+    def check(what, got, expected):
+        nonlocal mismatches
+        if not torch.equal(got.cpu(), expected):
+            mismatches += 1
+            bad = (got.cpu() != expected).nonzero()
+            print(f"MISMATCH {what}: {bad.shape[0]} entries differ, first at {bad[0].tolist()}", flush=True)
+
+    for backend in backends:
+        for page_size in PAGE_SIZES:
+            for dtype in (torch.int32, torch.int64):
+                for spoil in hostile_requests(BATCH + 3, 5 * page_size + 7, dtype == torch.int64):
+                    data, rows, cols = make(page_size, dtype, device, g, spoil)
+                    cpu = {k: v.cpu() for k, v in data.items()}
+                    for fill_value in FILL_VALUES:
+                        for with_start in (False, True):
+                            what = (f"{backend} page_table page={page_size} {str(dtype)[6:]} {spoil[0]} "
+                                    f"fill={fill_value} start={with_start}")
+                            cases += 1
+                            width = 5
+                            out = torch.full((BATCH, width), POISON, dtype=torch.int32, device=device)
+                            seq_out = torch.full((BATCH,), POISON, dtype=torch.int32, device=device)
+                            expected = torch.full((BATCH, width), POISON, dtype=torch.int32)
+                            expected_seq = seq_out.cpu()
+                            start, start_cpu = (data["start"], cpu["start"]) if with_start else (None, None)
+                            reference.build_page_table(cpu["table"], cpu["pool"], cpu["lens"], expected, page_size,
+                                                       start_cpu, 1, expected_seq, fill_value)
+                            try:
+                                kvdispatch.create_flashmla_kv_indices(
+                                    data["table"], data["pool"], data["lens"], out, page_size=page_size,
+                                    kv_start_idx=start, seqlen_offset=1, seq_lens_out=seq_out,
+                                    fill_value=fill_value, backend=backend)
+                                check(what, out, expected)
+                                check(what + " seq_lens_out", seq_out, expected_seq)
+                            except Exception:
+                                mismatches += 1
+                                print(f"ERROR {what}:\n{traceback.format_exc()}", flush=True)
+                            if verbose:
+                                print("ran", what, flush=True)
+                    if page_size != 16:
+                        continue  # the CSR op has no page size: one table shape is enough
+                    for layout, indptr, total in csr_layouts(data, cols, dtype, device, g):
+                        for with_start in (False, True):
+                            what = f"{backend} token_csr {str(dtype)[6:]} {spoil[0]} {layout} start={with_start}"
+                            cases += 1
+                            flat = torch.full((total,), POISON, dtype=torch.int32, device=device)
+                            expected = flat.cpu()
+                            start, start_cpu = (data["start"], cpu["start"]) if with_start else (None, None)
+                            reference.build_token_indices(cpu["table"], cpu["pool"], cpu["lens"], indptr, expected,
+                                                          start_cpu)
+                            try:
+                                kvdispatch.create_flashinfer_kv_indices(
+                                    data["table"], data["pool"], data["lens"], indptr.to(dtype).to(device), flat,
+                                    kv_start_idx=start, backend=backend)
+                                check(what, flat, expected)
+                            except Exception:
+                                mismatches += 1
+                                print(f"ERROR {what}:\n{traceback.format_exc()}", flush=True)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)  # surfaces a device-side fault here, under this backend's name
+        print(f"backend {backend}: done", flush=True)
+    return cases, mismatches
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--device", help="default: cuda if there is a GPU, else cpu")
+    parser.add_argument("--backend", action="append", help="only this backend (repeatable); default: all available")
+    parser.add_argument("--verbose", action="store_true")
+    args = parser.parse_args(argv)
+    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    available = kvdispatch.available_backends(device)
+    backends = args.backend or available
+    info = kvdispatch.probe(device)
+    print(f"device {device}: {info.name} ({info.arch}, {info.family}); backends {', '.join(backends)}"
+          f"{'' if device.type == 'cuda' else ' (no GPU: a check of this script, not of the GPU kernels)'}",
+          flush=True)
+    for name in ("triton", "cupy"):
+        if name not in available and device.type == "cuda":
+            print(f"  {name} not run: {info.reason(name)}", flush=True)
+    cases, mismatches = run(device, backends, args.verbose)
+    print(f"{cases} cases, {mismatches} mismatches", flush=True)
+    return 1 if mismatches or not cases else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
