@@ -14,8 +14,8 @@ from kvdispatch import grid as launch_grid
 
 from . import launch as _launch
 
-RUNTIME_INTS = ("table_rows", "table_cols", "table_row_stride", "out_width", "out_row_stride",
-                "seqlen_offset", "fill_value")
+RUNTIME_INTS = ("pool_stride", "lens_stride", "start_stride", "table_rows", "table_cols", "table_row_stride",
+                "out_width", "out_row_stride", "seqlen_offset", "fill_value")
 POINTERS = ("table_ptr", "pool_ptr", "lens_ptr", "start_ptr", "out_ptr", "seq_lens_out_ptr")
 CONSTEXPRS = ("PAGE_SIZE", "PAGE_SHIFT", "PAGES_PER_PROGRAM", "HAS_START", "HAS_SEQ_LENS_OUT", "HAS_FILL",
               "ALIGNED")
@@ -23,7 +23,7 @@ CONSTEXPRS = ("PAGE_SIZE", "PAGE_SHIFT", "PAGES_PER_PROGRAM", "HAS_START", "HAS_
 
 def _page_table_kernel(
     table_ptr, pool_ptr, lens_ptr, start_ptr, out_ptr, seq_lens_out_ptr,
-    table_rows: tl.int64, table_cols: tl.int64, table_row_stride: tl.int64,
+    pool_stride: tl.int64, lens_stride: tl.int64, start_stride: tl.int64, table_rows: tl.int64, table_cols: tl.int64, table_row_stride: tl.int64,
     out_width: tl.int64, out_row_stride: tl.int64, seqlen_offset: tl.int64, fill_value: tl.int64,
     PAGE_SIZE: tl.constexpr, PAGE_SHIFT: tl.constexpr, PAGES_PER_PROGRAM: tl.constexpr,
     HAS_START: tl.constexpr, HAS_SEQ_LENS_OUT: tl.constexpr, HAS_FILL: tl.constexpr, ALIGNED: tl.constexpr,
@@ -37,10 +37,10 @@ def _page_table_kernel(
     row = tl.program_id(0)
     first = tl.program_id(1) * PAGES_PER_PROGRAM
     # Independent scalar loads, issued together.
-    pool = tl.load(pool_ptr + row).to(tl.int64)
-    length = tl.load(lens_ptr + row).to(tl.int64) + seqlen_offset
+    pool = tl.load(pool_ptr + row * pool_stride).to(tl.int64)
+    length = tl.load(lens_ptr + row * lens_stride).to(tl.int64) + seqlen_offset
     if HAS_START:
-        start = tl.load(start_ptr + row).to(tl.int64)
+        start = tl.load(start_ptr + row * start_stride).to(tl.int64)
     else:
         start = tl.zeros((), tl.int64)
     if HAS_SEQ_LENS_OUT:
@@ -136,7 +136,7 @@ def _skip(*args):
 def build_page_table(req_to_token, req_pool_indices, seq_lens, out, page_size, kv_start_idx=None,
                      seqlen_offset=0, seq_lens_out=None, fill_value=None):
     """Write the paged block table into ``out`` (int32 ``[>= B, W]``); semantics of
-    ``kvdispatch.reference.build_page_table``.
+    ``kvdispatch.reference.build_page_table``. Index vectors may be strided views.
 
     Untouched: rows ``>= B``; without ``fill_value``, the columns past each row's pages.
     Arguments arrive validated by ``kvdispatch._validate``.
@@ -152,7 +152,8 @@ def build_page_table(req_to_token, req_pool_indices, seq_lens, out, page_size, k
            seq_lens.dtype, kv_start_idx.dtype if has_start else None, has_seq_lens_out, has_fill, aligned)
     rows, cols = req_to_token.shape
     args = (req_to_token, req_pool_indices, seq_lens, kv_start_idx if has_start else req_to_token, out,
-            seq_lens_out if has_seq_lens_out else out, rows, cols, req_to_token.stride(0), out.shape[1],
+            seq_lens_out if has_seq_lens_out else out, req_pool_indices.stride(0), seq_lens.stride(0),
+            kv_start_idx.stride(0) if has_start else 0, rows, cols, req_to_token.stride(0), out.shape[1],
             out.stride(0), seqlen_offset, fill_value if has_fill else 0)
     plan = _plans.get(key)
     if plan is None:

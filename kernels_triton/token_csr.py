@@ -1,7 +1,8 @@
 """Token-level CSR indices (FlashInfer-style) on the 2-D grid ``(batch, programs_per_row)``.
 
-Program ``(b, k)`` copies tokens ``[k * TOKENS_PER_PROGRAM, (k + 1) * TOKENS_PER_PROGRAM)`` of request
-``b``'s table row to ``out[kv_indptr[b] + j]``; a long row is spread over many programs.
+Program ``(b, k)`` copies tokens ``j`` in ``skip_b + [k * TOKENS_PER_PROGRAM, (k + 1) * TOKENS_PER_PROGRAM)``
+of request ``b``'s table row to ``out[kv_indptr[b] + j]``, where ``skip_b = max(0, -kv_indptr[b])`` is the
+first token that lands in ``out``; a long row is spread over many programs.
 """
 
 from __future__ import annotations
@@ -13,36 +14,41 @@ from kvdispatch import grid as launch_grid
 
 from . import launch as _launch
 
-RUNTIME_INTS = ("table_rows", "table_cols", "table_row_stride", "out_len")
+RUNTIME_INTS = ("pool_stride", "lens_stride", "start_stride", "indptr_stride", "table_rows", "table_cols",
+                "table_row_stride", "out_len")
 POINTERS = ("table_ptr", "pool_ptr", "lens_ptr", "start_ptr", "indptr_ptr", "out_ptr")
 CONSTEXPRS = ("TOKENS_PER_PROGRAM", "HAS_START")
 
 
 def _token_csr_kernel(
     table_ptr, pool_ptr, lens_ptr, start_ptr, indptr_ptr, out_ptr,
+    pool_stride: tl.int64, lens_stride: tl.int64, start_stride: tl.int64, indptr_stride: tl.int64,
     table_rows: tl.int64, table_cols: tl.int64, table_row_stride: tl.int64, out_len: tl.int64,
     TOKENS_PER_PROGRAM: tl.constexpr, HAS_START: tl.constexpr,
 ):
     """``out[indptr[b] + j] = table[pool[b], start[b] + j]`` for the program's tokens ``j`` below
-    ``min(lens[b], C - start[b])``; every store is masked to ``[0, out_len)``."""
+    ``min(lens[b], C - start[b])`` whose target lies in ``[0, out_len)``; the others are masked."""
     row = tl.program_id(0)
-    first = tl.program_id(1) * TOKENS_PER_PROGRAM
-    pool = tl.load(pool_ptr + row).to(tl.int64)
-    length = tl.load(lens_ptr + row).to(tl.int64)
-    target_start = tl.load(indptr_ptr + row).to(tl.int64)
+    pool = tl.load(pool_ptr + row * pool_stride).to(tl.int64)
+    length = tl.load(lens_ptr + row * lens_stride).to(tl.int64)
+    target_start = tl.load(indptr_ptr + row * indptr_stride).to(tl.int64)
     if HAS_START:
-        start = tl.load(start_ptr + row).to(tl.int64)
+        start = tl.load(start_ptr + row * start_stride).to(tl.int64)
     else:
         start = tl.zeros((), tl.int64)
 
     readable = (pool >= 0) & (pool < table_rows) & (start >= 0) & (start < table_cols)
     count = tl.where(readable, tl.minimum(length, table_cols - start), 0)
-    if first < count:
+    # The tokens that land in out are j in [skip, end): at most min(C, N) of them, which is what the
+    # grid gives a row, so the row's programs start counting at ``skip``, not at token 0.
+    skip = tl.maximum(-target_start, 0)
+    end = tl.minimum(count, out_len - target_start)
+    first = skip + tl.program_id(1) * TOKENS_PER_PROGRAM
+    if first < end:
         token = first + tl.arange(0, TOKENS_PER_PROGRAM)
-        target = target_start + token
-        copied = (token < count) & (target >= 0) & (target < out_len)
+        copied = token < end
         slots = tl.load(table_ptr + pool * table_row_stride + start + token, mask=copied)
-        tl.store(out_ptr + target, slots, mask=copied)
+        tl.store(out_ptr + target_start + token, slots, mask=copied)
 
 
 token_csr_kernel = triton.jit(_token_csr_kernel, do_not_specialize=RUNTIME_INTS,
@@ -60,7 +66,7 @@ def _skip(*args):
 
 
 def _build_plan(key, out, has_start, args):
-    geometry = launch_grid.token_csr_launch(key[1], table_width=args[7], out_len=args[9])
+    geometry = launch_grid.token_csr_launch(key[1], table_width=args[11], out_len=args[13])
     if geometry.grid[0] == 0:
         return _plans.add(key, _skip), False
     specialisation = (has_start,) + key[3:]
@@ -71,7 +77,7 @@ def _build_plan(key, out, has_start, args):
 
 def build_token_indices(req_to_token, req_pool_indices, seq_lens, kv_indptr, out, kv_start_idx=None):
     """Write token-level CSR indices into ``out`` (int32 ``[N]``); semantics of
-    ``kvdispatch.reference.build_token_indices``.
+    ``kvdispatch.reference.build_token_indices``. Index vectors may be strided views.
 
     Untouched: every position of ``out`` no request writes; nothing lands outside ``[0, N)``.
     Arguments arrive validated by ``kvdispatch._validate``.
@@ -82,7 +88,8 @@ def build_token_indices(req_to_token, req_pool_indices, seq_lens, kv_indptr, out
     key = (out.get_device(), req_pool_indices.shape[0], min(cols, out.shape[0]), req_pool_indices.dtype,
            seq_lens.dtype, kv_indptr.dtype, kv_start_idx.dtype if has_start else None)
     args = (req_to_token, req_pool_indices, seq_lens, kv_start_idx if has_start else req_to_token, kv_indptr,
-            out, rows, cols, req_to_token.stride(0), out.shape[0])
+            out, req_pool_indices.stride(0), seq_lens.stride(0), kv_start_idx.stride(0) if has_start else 0,
+            kv_indptr.stride(0), rows, cols, req_to_token.stride(0), out.shape[0])
     plan = _plans.get(key)
     if plan is None:
         plan, launched = _build_plan(key, out, has_start, args)

@@ -51,6 +51,13 @@ def recorded(monkeypatch):
     launch.reset(compiled=True)
 
 
+def _triton_cache_size(kernel):
+    """Kernels in Triton's own cache for the current device (GPU only; 0 under the interpreter)."""
+    if not HAS_GPU:
+        return 0
+    return len(kernel.device_caches[torch.cuda.current_device()][0])
+
+
 def _strided(rows, cols, extra, fill, rng):
     store = torch.full((rows, cols + extra), fill, dtype=torch.int32, device=DEVICE)
     return store[:, :cols]
@@ -90,6 +97,7 @@ def _specialisation_keys(calls, module):
 @pytest.mark.parametrize("options", ((False, False, False, torch.int32), (True, True, True, torch.int64)))
 def test_page_table_one_compile_per_specialisation(recorded, page_size, options):
     rng = random.Random(page_size * 7 + options[0])
+    compiled_before = _triton_cache_size(page_table.page_table_kernel)
     for _ in range(CALLS):
         call = _random_page_table_call(rng, page_size, *options)
         expected_out, expected_seq = call[3].clone(), None if call[7] is None else call[7].clone()
@@ -103,13 +111,13 @@ def test_page_table_one_compile_per_specialisation(recorded, page_size, options)
     assert len(keys) <= 2
     assert page_table.launcher.compile_count == len(keys)
     if HAS_GPU:
-        kernel_cache = page_table.page_table_kernel.device_caches[DEVICE.index or 0][0]
-        assert len(kernel_cache) <= len(keys)
+        assert _triton_cache_size(page_table.page_table_kernel) - compiled_before <= len(keys)
 
 
 @pytest.mark.parametrize("with_start", (False, True))
 def test_token_csr_one_compile_per_specialisation(recorded, with_start):
     rng = random.Random(11 + with_start)
+    compiled_before = _triton_cache_size(token_csr.token_csr_kernel)
     for _ in range(CALLS):
         batch = rng.randint(1, 4)
         rows = batch + rng.randint(0, 4)
@@ -129,4 +137,4 @@ def test_token_csr_one_compile_per_specialisation(recorded, with_start):
     assert len(keys) == 1 and all(len(k) == 1 for k in keys.values()), keys
     assert token_csr.launcher.compile_count == 1
     if HAS_GPU:
-        assert len(token_csr.token_csr_kernel.device_caches[DEVICE.index or 0][0]) == 1
+        assert _triton_cache_size(token_csr.token_csr_kernel) - compiled_before <= 1
