@@ -113,7 +113,7 @@ def run(device, backends, verbose):
                             out = torch.full((BATCH, width), POISON, dtype=torch.int32, device=device)
                             seq_out = torch.full((BATCH,), POISON, dtype=torch.int32, device=device)
                             expected = torch.full((BATCH, width), POISON, dtype=torch.int32)
-                            expected_seq = seq_out.cpu()
+                            expected_seq = seq_out.cpu().clone()  # .cpu() of a CPU tensor is no copy
                             start, start_cpu = (data["start"], cpu["start"]) if with_start else (None, None)
                             reference.build_page_table(cpu["table"], cpu["pool"], cpu["lens"], expected, page_size,
                                                        start_cpu, 1, expected_seq, fill_value)
@@ -136,7 +136,7 @@ def run(device, backends, verbose):
                             what = f"{backend} token_csr {str(dtype)[6:]} {spoil[0]} {layout} start={with_start}"
                             cases += 1
                             flat = torch.full((total,), POISON, dtype=torch.int32, device=device)
-                            expected = flat.cpu()
+                            expected = flat.cpu().clone()
                             start, start_cpu = (data["start"], cpu["start"]) if with_start else (None, None)
                             reference.build_token_indices(cpu["table"], cpu["pool"], cpu["lens"], indptr, expected,
                                                           start_cpu)
