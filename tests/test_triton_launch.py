@@ -355,3 +355,16 @@ def test_gpu_int64_addresses():
     kernels_triton.build_token_indices(table, pool, lens, torch.tensor([0, 4096], device=DEVICE), csr)
     assert torch.equal(csr, table[2, :4096])
     del table
+
+
+@pytest.mark.parametrize("begin", (-3000, -5, 0, 2400))
+def test_csr_row_starting_before_out_spans_programs(begin):
+    """A long row whose kv_indptr is negative: its in-range tokens start at j = -begin, past program 0."""
+    case = make_case(2, 64, max_pages=90, device=DEVICE)
+    case.seq_lens.fill_(5000)
+    indptr = torch.tensor([begin, begin + 5000, begin + 10000], device=DEVICE)
+    out = torch.full((2500,), POISON, dtype=torch.int32, device=DEVICE)
+    expected = out.clone()
+    reference.build_token_indices(case.req_to_token, case.req_pool_indices, case.seq_lens, indptr, expected)
+    kernels_triton.build_token_indices(case.req_to_token, case.req_pool_indices, case.seq_lens, indptr, out)
+    assert torch.equal(out.cpu(), expected.cpu())
