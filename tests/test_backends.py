@@ -104,8 +104,9 @@ def test_hostile_data(backend, fill_value):
     _check_page_table(backend, case)
 
     indptr, out = case.csr()
-    indptr[8] = out.shape[0] - 2
-    indptr[9] = -4
+    indptr[8] = out.shape[0] - 2             # runs past the end of out
+    indptr[9] = -4                           # starts before out: only its 5th token lands, in out[0],
+    case.seq_lens[9] = 5                     # which belongs to row 0, empty (its pool index is bad)
     expected = out.clone()
     reference.build_token_indices(case.req_to_token, case.req_pool_indices, case.seq_lens, indptr, expected,
                                   case.kv_start_idx)
