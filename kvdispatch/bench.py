@@ -384,6 +384,17 @@ def _ratio(a, b):
     return a / b if a and b else None
 
 
+def _warm_up_clocks(device: torch.device, seconds: float = 1.0):
+    """Keep the GPU busy for a while first: an idle GPU's clocks are low, and they ramp up under load."""
+    x = torch.empty(COPY_BYTES // 4, dtype=torch.int32, device=device)
+    y = torch.empty_like(x)
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        for _ in range(20):
+            y.copy_(x)
+        torch.cuda.synchronize(device)
+
+
 def measure_references(device: torch.device, reps: Reps) -> References:
     """Host µs of ``x.add_(1)`` and of a plain Triton launch; empty-kernel replay; device copy bandwidth."""
     refs = References()
@@ -393,6 +404,7 @@ def measure_references(device: torch.device, reps: Reps) -> References:
         refs.notes.append("GPU timings need a GPU: this is a CPU-only run, every time is CPU wall clock "
                           "(host ratios and the copy bandwidth are measured on a GPU only)")
         return refs
+    _warm_up_clocks(device)
     if triton_runs_on(device):
         try:
             touch = functools.partial(_baselines().touch, x)
@@ -408,7 +420,7 @@ def measure_references(device: torch.device, reps: Reps) -> References:
         src = torch.empty(COPY_BYTES // 4, dtype=torch.int32, device=device)
         dst = torch.empty_like(src)
         graph = capture(functools.partial(dst.copy_, src), 2)
-        copy_us = event_time_us(graph.replay, 2, 10)
+        copy_us = event_time_us(graph.replay, 2, 50)
         refs.copy_gbps = 2 * COPY_BYTES / copy_us / 1e3
         del src, dst, graph
     except Exception as exc:

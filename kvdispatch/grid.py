@@ -20,7 +20,7 @@ MAX_PAGE_SIZE = 4096
 # A program of the page-table kernel reads about this many table entries' worth of positions: few pages
 # when pages are large (each page is an independent 4-byte gather), many when pages are small (the
 # positions are then nearly contiguous and are read with wide loads).
-_PAGE_TABLE_SPAN = 2048
+_PAGE_TABLE_SPAN = 4096
 _MIN_PAGES_PER_PROGRAM = 16
 _MAX_PAGES_PER_PROGRAM = 1024
 _TOKENS_PER_PROGRAM = 2048

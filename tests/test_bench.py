@@ -18,7 +18,7 @@ TINY = "1x256x16,2x128x1"
 
 def _run(capsys, tmp_path, *extra):
     path = tmp_path / "bench.json"
-    rc = cli.main(["bench", "--quick", "--cases", TINY, "--json", str(path), *extra])
+    rc = cli.main(["bench", "--quick", "--device", "cpu", "--cases", TINY, "--json", str(path), *extra])
     out, err = capsys.readouterr()
     return rc, json.loads(path.read_text()), out, err
 

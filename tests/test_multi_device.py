@@ -15,6 +15,7 @@ TWO_GPUS = torch.cuda.is_available() and torch.cuda.device_count() >= 2
 
 
 def _simulate(monkeypatch, table):
+    monkeypatch.delenv("KVDISPATCH_BACKEND", raising=False)  # the GPU lanes force one; these tests are auto
     monkeypatch.setattr(devices, "read_device", lambda device: table[str(device)])
     monkeypatch.setattr(devices, "cupy_reason", lambda raw: "CuPy is not installed (simulated)")
     monkeypatch.setattr(devices, "triton_reason", lambda raw, family: None if family != "unknown" else "unknown")

@@ -1,0 +1,70 @@
+"""Where the host time of one public-API call goes, on a GPU: each layer timed alone, same run.
+
+    PYTHONPATH=. python3 ci/host_cost.py [--backend triton]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+
+import torch
+
+sys.path.insert(0, __file__.rsplit("/ci/", 1)[0] + "/tests")
+import kvdispatch  # noqa: E402
+from kvdispatch import _debug, _validate, dispatch  # noqa: E402
+from kvcases import make_case  # noqa: E402
+
+
+def host_us(fn, calls=2000, batches=7):
+    times = []
+    for _ in range(batches):
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        times.append((time.perf_counter() - start) / calls * 1e6)
+    torch.cuda.synchronize()
+    return statistics.median(times)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--backend", default="triton")
+    backend = parser.parse_args().backend
+    case = make_case(64, 64, max_pages=512, device="cuda")
+    out = case.page_table_out()
+    args = (case.req_to_token, case.req_pool_indices, case.seq_lens, out)
+    api = kvdispatch.create_flashmla_kv_indices
+    api(*args, page_size=64, backend=backend)
+    name, build = dispatch.selector.resolve(out.device, "page_table", backend)
+    full = (*args, 64, None, 0, None, None)
+    x = torch.zeros(16, device="cuda")
+    rows = [
+        ("x.add_(1)", lambda: x.add_(1)),
+        ("public API", lambda: api(*args, page_size=64, backend=backend)),
+        ("validation only", lambda: _validate.check_page_table_args(*full)),
+        ("debug switch read", _debug.enabled),
+        ("selection lookup", lambda: dispatch.selector.resolve(out.device, "page_table", backend)),
+        (f"{name} build_page_table", lambda: build(*full)),
+        ("raw stream query", lambda: torch._C._cuda_getCurrentRawStream(0)),
+        ("torch.cuda.current_stream()", torch.cuda.current_stream),
+    ]
+    if name == "triton":
+        from kernels_triton import page_table
+
+        plan = next(iter(page_table._plans.values()))
+        key = next(iter(page_table._plans))
+        print("plan key:", key)
+        launch_args = (case.req_to_token, case.req_pool_indices, case.seq_lens, case.req_to_token, out, out,
+                       *case.req_to_token.shape, case.req_to_token.stride(0), out.shape[1], out.stride(0), 0, 0)
+        rows.append(("cached launch plan", lambda: plan(*launch_args)))
+    for label, fn in rows:
+        print(f"{label:32} {host_us(fn):7.2f} us", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
