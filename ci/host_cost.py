@@ -52,15 +52,6 @@ def main() -> int:
         ("raw stream query", lambda: torch._C._cuda_getCurrentRawStream(0)),
         ("torch.cuda.current_stream()", torch.cuda.current_stream),
     ]
-    if name == "triton":
-        from kernels_triton import page_table
-
-        plan = next(iter(page_table._plans.values()))
-        key = next(iter(page_table._plans))
-        print("plan key:", key)
-        launch_args = (case.req_to_token, case.req_pool_indices, case.seq_lens, case.req_to_token, out, out,
-                       *case.req_to_token.shape, case.req_to_token.stride(0), out.shape[1], out.stride(0), 0, 0)
-        rows.append(("cached launch plan", lambda: plan(*launch_args)))
     for label, fn in rows:
         print(f"{label:32} {host_us(fn):7.2f} us", flush=True)
     return 0

@@ -101,23 +101,42 @@ def _raw_stream(device_index: int) -> int:
     return torch._C._cuda_getCurrentRawStream(device_index)
 
 
+def _leading_pointers(compiled) -> int:
+    """How many of the kernel's first parameters are pointers (``*i32``...) in its signature."""
+    count = 0
+    for kind in compiled.src.signature.values():
+        if not (isinstance(kind, str) and kind.startswith("*")):
+            break
+        count += 1
+    return count
+
+
 def fast_launcher(compiled, convention: FastConvention, grid, constexpr_values: tuple, device_index: int):
     """A function ``launch(*runtime_args)`` that starts ``compiled`` on ``grid`` on the current stream
-    of ``device_index``; ``constexpr_values`` follow the runtime arguments where the convention wants them."""
+    of ``device_index``; ``constexpr_values`` follow the runtime arguments where the convention wants them.
+
+    Tensors in the leading pointer parameters are passed as their addresses: every Triton launcher takes
+    an int there as it is, while for a tensor it calls ``data_ptr()`` and asks the driver about the
+    pointer (``cuPointerGetAttribute``), about a microsecond per pointer. The launchers validated the
+    tensors' device before.
+    """
     run, function, metadata = compiled.run, compiled.function, compiled.packed_metadata
     grid_x, grid_y = grid
     tail = constexpr_values if convention.with_constexprs else ()
+    pointers = _leading_pointers(compiled)
+    address = torch.Tensor.data_ptr
     raw_stream = _raw_stream
     current_device = torch._C._cuda_getDevice
 
     def launch(*args):
+        addresses = [address(t) for t in args[:pointers]]
         if current_device() != device_index:
-            # The module of ``function`` lives in that device's context: make it current for the call.
             with torch.cuda.device(device_index):
                 run(grid_x, grid_y, 1, raw_stream(device_index), function, metadata, None, None, None,
-                    *args, *tail)
+                    *addresses, *args[pointers:], *tail)
             return
-        run(grid_x, grid_y, 1, raw_stream(device_index), function, metadata, None, None, None, *args, *tail)
+        run(grid_x, grid_y, 1, raw_stream(device_index), function, metadata, None, None, None, *addresses,
+            *args[pointers:], *tail)
 
     return launch
 

@@ -10,8 +10,22 @@ from __future__ import annotations
 import os
 
 
-def enabled() -> bool:
+def _from_env() -> bool:
     return os.environ.get("KVDISPATCH_DEBUG", "0") not in ("", "0")
+
+
+# Read at import and by ``kvdispatch.reset()``, not per call: an environment lookup costs more host time
+# than a whole argument check.
+ENABLED = _from_env()
+
+
+def refresh() -> None:
+    global ENABLED
+    ENABLED = _from_env()
+
+
+def enabled() -> bool:
+    return ENABLED
 
 
 def _first_bad(mask):

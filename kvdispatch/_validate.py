@@ -64,9 +64,38 @@ def _common(req_to_token, req_pool_indices, seq_lens, kv_start_idx):
     return batch, device
 
 
+def _gpu_vector(t, dtypes, index, length, at_least=False):
+    """The hot-path form of ``_index_vector`` for CUDA tensors: True when ``t`` passes it."""
+    return (t.dtype in dtypes and t.dim() == 1 and t.is_cuda and t.get_device() == index
+            and (t.shape[0] >= length if at_least else t.shape[0] == length))
+
+
+def _gpu_table(t, index, ndim):
+    """The hot-path form of ``_int32_tensor`` (plus the device) for CUDA tensors."""
+    return t.dtype is _INT32 and t.dim() == ndim and t.stride(-1) == 1 and t.is_cuda and t.get_device() == index
+
+
+def _small_int(value, low=_INT32_MIN, high=_INT32_MAX):
+    return type(value) is int and low <= value <= high
+
+
 def check_page_table_args(req_to_token, req_pool_indices, seq_lens, out, page_size, kv_start_idx,
                           seqlen_offset, seq_lens_out, fill_value):
     """Validate ``create_flashmla_kv_indices`` arguments; returns the device."""
+    # Hot path: a valid call on CUDA tensors passes these attribute reads and returns. Anything else,
+    # every error included, goes through the detailed checks below, which name the argument.
+    try:
+        index, batch = req_to_token.get_device(), req_pool_indices.shape[0]
+        if (_gpu_table(req_to_token, index, 2) and _gpu_table(out, index, 2) and out.shape[0] >= batch
+                and _gpu_vector(req_pool_indices, _INDEX_DTYPES, index, batch)
+                and _gpu_vector(seq_lens, _INDEX_DTYPES, index, batch)
+                and (kv_start_idx is None or _gpu_vector(kv_start_idx, _INDEX_DTYPES, index, batch))
+                and (seq_lens_out is None or (_gpu_table(seq_lens_out, index, 1) and seq_lens_out.shape[0] >= batch))
+                and _small_int(page_size, 1, MAX_PAGE_SIZE) and _small_int(seqlen_offset)
+                and (fill_value is None or _small_int(fill_value))):
+            return req_to_token.device
+    except (AttributeError, IndexError, TypeError):
+        pass
     batch, device = _common(req_to_token, req_pool_indices, seq_lens, kv_start_idx)
     _int32_tensor("out", out, 2)
     if out.shape[0] < batch:
@@ -90,6 +119,16 @@ def check_page_table_args(req_to_token, req_pool_indices, seq_lens, out, page_si
 
 def check_token_csr_args(req_to_token, req_pool_indices, seq_lens, kv_indptr, out, kv_start_idx):
     """Validate ``create_flashinfer_kv_indices`` arguments; returns the device."""
+    try:  # hot path, as in check_page_table_args
+        index, batch = req_to_token.get_device(), req_pool_indices.shape[0]
+        if (_gpu_table(req_to_token, index, 2) and _gpu_table(out, index, 1)
+                and _gpu_vector(req_pool_indices, _INDEX_DTYPES, index, batch)
+                and _gpu_vector(seq_lens, _INDEX_DTYPES, index, batch)
+                and _gpu_vector(kv_indptr, _INDEX_DTYPES, index, batch, at_least=True)
+                and (kv_start_idx is None or _gpu_vector(kv_start_idx, _INDEX_DTYPES, index, batch))):
+            return req_to_token.device
+    except (AttributeError, IndexError, TypeError):
+        pass
     batch, device = _common(req_to_token, req_pool_indices, seq_lens, kv_start_idx)
     _index_vector("kv_indptr", kv_indptr, device, batch, at_least=True)
     _int32_tensor("out", out, 1)

@@ -40,7 +40,7 @@ def create_flashmla_kv_indices(req_to_token, req_pool_indices, seq_lens, out, *,
     """
     device = check_page_table_args(req_to_token, req_pool_indices, seq_lens, out, page_size, kv_start_idx,
                                    seqlen_offset, seq_lens_out, fill_value)
-    if _debug.enabled():
+    if _debug.ENABLED:
         _debug.check_page_table_data(req_to_token, req_pool_indices, seq_lens, kv_start_idx, seqlen_offset)
     dispatch.call(device, "page_table", backend, req_to_token, req_pool_indices, seq_lens, out, page_size,
                   kv_start_idx, seqlen_offset, seq_lens_out, fill_value)
@@ -71,7 +71,7 @@ def create_flashinfer_kv_indices(req_to_token, req_pool_indices, seq_lens, kv_in
         ``out``.
     """
     device = check_token_csr_args(req_to_token, req_pool_indices, seq_lens, kv_indptr, out, kv_start_idx)
-    if _debug.enabled():
+    if _debug.ENABLED:
         _debug.check_token_csr_data(req_to_token, req_pool_indices, seq_lens, kv_indptr, out, kv_start_idx)
     dispatch.call(device, "token_csr", backend, req_to_token, req_pool_indices, seq_lens, kv_indptr, out,
                   kv_start_idx)

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
-from . import devices
+from . import _debug, devices
 
 BACKENDS = ("triton", "cupy", "torch")
 # CPU tensors: the reference first; the Triton interpreter (TRITON_INTERPRET=1) only when asked for.
@@ -200,9 +200,11 @@ def call(device, op, backend, *args):
 
 
 def reset() -> None:
-    """Forget every selection, disabled backend and probed device (tests; after changing env vars)."""
+    """Forget every selection, disabled backend and probed device, and re-read ``KVDISPATCH_DEBUG``
+    (tests; after changing environment variables)."""
     selector.reset()
     devices.clear_cache()
+    _debug.refresh()
 
 
 def select_backend(device=None) -> str:

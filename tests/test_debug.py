@@ -62,6 +62,7 @@ def _call_page_table(case, backend=None, seq_out=None):
 @pytest.mark.parametrize("kind", sorted(PAGE_TABLE_CASES))
 def test_debug_names_the_request_and_value(monkeypatch, kind):
     monkeypatch.setenv("KVDISPATCH_DEBUG", "1")
+    kvdispatch.reset()  # the switch is read at import and by reset()
     case, pattern = _hostile_case(kind)
     out = case.page_table_out()
     seq_out = case.seq_lens_out()
@@ -80,6 +81,7 @@ def test_debug_names_the_request_and_value(monkeypatch, kind):
 
 def test_debug_negative_length_from_seqlen_offset(monkeypatch):
     monkeypatch.setenv("KVDISPATCH_DEBUG", "1")
+    kvdispatch.reset()  # the switch is read at import and by reset()
     case = make_case(4, 8, device=DEVICE, seqlen_offset=-3)
     case.seq_lens.clamp_(min=3)
     case.seq_lens[2] = 1
@@ -90,6 +92,7 @@ def test_debug_negative_length_from_seqlen_offset(monkeypatch):
 @pytest.mark.parametrize("where", ["past-out", "negative"])
 def test_debug_csr_indptr_outside_out(monkeypatch, where):
     monkeypatch.setenv("KVDISPATCH_DEBUG", "1")
+    kvdispatch.reset()  # the switch is read at import and by reset()
     case = make_case(6, 8, max_pages=4, device=DEVICE, with_start=True)
     indptr, flat = case.csr()
     b = random.randrange(case.batch)
@@ -106,6 +109,7 @@ def test_debug_csr_indptr_outside_out(monkeypatch, where):
 def test_debug_accepts_clean_data_and_edges(monkeypatch):
     """No false alarms: rows reaching exactly the table's end, empty rows, empty rows pointing at out's end."""
     monkeypatch.setenv("KVDISPATCH_DEBUG", "1")
+    kvdispatch.reset()  # the switch is read at import and by reset()
     case = make_case(6, 16, max_pages=5, device=DEVICE, with_start=True, fill_value=-1)
     rows, cols = case.req_to_token.shape
     case.kv_start_idx[0], case.seq_lens[0] = 0, cols          # the whole row
@@ -126,8 +130,10 @@ def test_debug_accepts_clean_data_and_edges(monkeypatch):
 @pytest.mark.parametrize("value,on", [("1", True), ("yes", True), ("0", False), ("", False)])
 def test_enabled_reads_the_environment_per_call(monkeypatch, value, on):
     monkeypatch.delenv("KVDISPATCH_DEBUG", raising=False)
+    kvdispatch.reset()  # the switch is read at import and by reset()
     assert not _debug.enabled()
     monkeypatch.setenv("KVDISPATCH_DEBUG", value)
+    kvdispatch.reset()  # the switch is read at import and by reset()
     assert _debug.enabled() is on
     case, pattern = _hostile_case("pool-negative")
     if on:
@@ -136,6 +142,7 @@ def test_enabled_reads_the_environment_per_call(monkeypatch, value, on):
     else:
         _call_page_table(case)
     monkeypatch.delenv("KVDISPATCH_DEBUG")
+    kvdispatch.reset()  # the switch is read at import and by reset()
     _call_page_table(case)  # no error once the switch is off again, in the same process
 
 
@@ -144,6 +151,7 @@ def test_enabled_reads_the_environment_per_call(monkeypatch, value, on):
 @pytest.mark.parametrize("kind", sorted(PAGE_TABLE_CASES))
 def test_without_debug_the_same_data_is_safe(monkeypatch, backend, fill_value, kind):
     monkeypatch.delenv("KVDISPATCH_DEBUG", raising=False)
+    kvdispatch.reset()  # the switch is read at import and by reset()
     case, _ = _hostile_case(kind, fill_value)
     out = case.page_table_out()
     expected = loop_page_table(case, out)
@@ -163,6 +171,7 @@ def test_without_debug_the_same_data_is_safe(monkeypatch, backend, fill_value, k
 @pytest.mark.parametrize("where", ["past-out", "negative", "far-past"])
 def test_without_debug_csr_indptr_outside_out_is_safe(monkeypatch, backend, where):
     monkeypatch.delenv("KVDISPATCH_DEBUG", raising=False)
+    kvdispatch.reset()  # the switch is read at import and by reset()
     case = make_case(6, 8, max_pages=4, device=DEVICE, with_start=True)
     indptr, flat = case.csr()  # 3 spare entries at the end
     # Row 0 starts at 0, so a negative start only reaches its own entries; the spare entries past the last

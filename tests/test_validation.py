@@ -1,9 +1,14 @@
-"""Bad arguments: a clear TypeError/ValueError before any work, naming the argument, and nothing written."""
+"""Bad arguments: a clear TypeError/ValueError before any work, naming the argument, and nothing written.
+
+On a GPU the cases run on CUDA tensors, where valid calls take the validator's hot path and every bad one
+must fall through to the detailed checks.
+"""
 
 import pytest
 import torch
 
 import kvdispatch
+from conftest import DEVICE
 from kvcases import POISON, make_case
 
 
@@ -46,7 +51,7 @@ PAGE_TABLE_ERRORS = [
 @pytest.mark.parametrize("name,replace,error,words", PAGE_TABLE_ERRORS,
                          ids=[f"{e[0]}-{i}" for i, e in enumerate(PAGE_TABLE_ERRORS)])
 def test_page_table_rejects(name, replace, error, words):
-    case = make_case(4, 16, with_start=True)
+    case = make_case(4, 16, with_start=True, device=DEVICE)
     args = _page_args(case)
     args[name] = replace(args)
     out = args["out"] if isinstance(args["out"], torch.Tensor) else None
@@ -60,10 +65,20 @@ def test_page_table_rejects(name, replace, error, words):
     assert (case.page_table_out() == POISON).all()
 
 
+@pytest.mark.parametrize("with_options", (False, True))
+def test_valid_calls_pass(with_options):
+    case = make_case(4, 16, with_start=with_options, device=DEVICE, index_dtype=torch.int64)
+    args = _page_args(case)
+    if with_options:
+        args.update(seq_lens_out=case.seq_lens_out(), seqlen_offset=2, fill_value=-1)
+    kvdispatch.create_flashmla_kv_indices(**args, backend="torch")
+    kvdispatch.create_flashinfer_kv_indices(**_csr_args(case), backend="torch")
+
+
 @pytest.mark.parametrize("keyword,value,error", [("seqlen_offset", 1.5, TypeError), ("seqlen_offset", 2**31, ValueError),
                                                  ("fill_value", "x", TypeError), ("fill_value", -(2**31) - 1, ValueError)])
 def test_page_table_rejects_scalars(keyword, value, error):
-    case = make_case(3, 4)
+    case = make_case(3, 4, device=DEVICE)
     args = _page_args(case)
     with pytest.raises(error, match=keyword):
         kvdispatch.create_flashmla_kv_indices(**args, **{keyword: value}, backend="torch")
@@ -82,7 +97,7 @@ CSR_ERRORS = [
 
 @pytest.mark.parametrize("name,replace,error,words", CSR_ERRORS, ids=[f"{e[0]}-{i}" for i, e in enumerate(CSR_ERRORS)])
 def test_token_csr_rejects(name, replace, error, words):
-    case = make_case(4, 16, with_start=True)
+    case = make_case(4, 16, with_start=True, device=DEVICE)
     args = _csr_args(case)
     original_out = args["out"]
     args[name] = replace(args)
@@ -94,7 +109,7 @@ def test_token_csr_rejects(name, replace, error, words):
 
 
 def test_rejects_unknown_backend_names():
-    case = make_case(2, 8)
+    case = make_case(2, 8, device=DEVICE)
     args = _page_args(case)
     with pytest.raises(ValueError, match="backend must be one of auto, triton, cupy, torch; got 'cuda'"):
         kvdispatch.create_flashmla_kv_indices(**args, backend="cuda")
@@ -103,7 +118,7 @@ def test_rejects_unknown_backend_names():
 
 def test_rejects_unknown_env_backend(monkeypatch):
     monkeypatch.setenv("KVDISPATCH_BACKEND", "fast")
-    case = make_case(2, 8)
+    case = make_case(2, 8, device=DEVICE)
     args = _page_args(case)
     with pytest.raises(ValueError, match="KVDISPATCH_BACKEND must be one of auto, triton, cupy, torch; got 'fast'"):
         kvdispatch.create_flashmla_kv_indices(**args)

@@ -1,0 +1,82 @@
+"""Performance experiments on a GPU: the Triton page-table kernel at other program sizes and warp counts,
+next to the 2-D-grid baseline at the same settings, CUDA-graph replay, one run. Each variant's output is
+checked against the reference before it is timed.
+
+    PYTHONPATH=. python3 ci/perf_probe.py [--cases 1x131072x64,64x32768x64,256x32768x1]
+
+It launches the kernels directly (``kernel[grid](...)``) to vary what the launcher fixes; graph replay
+makes the host launch path irrelevant to the times.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+
+import torch
+import triton
+
+import kvdispatch
+from kernels_triton import page_table
+from kvdispatch import _baselines, bench
+
+
+def ours(inputs, page_size, pages, warps):
+    table, out = inputs.req_to_token, inputs.out
+    constexprs = page_table.constexprs_for(page_size, False, False, False, True)
+    constexprs["PAGES_PER_PROGRAM"] = pages
+    grid = (inputs.req_pool_indices.shape[0], triton.cdiv(out.shape[1], pages))
+    page_table.page_table_kernel[grid](
+        table, inputs.req_pool_indices, inputs.seq_lens, table, out, out, table.shape[0], table.shape[1],
+        table.stride(0), out.shape[1], out.stride(0), 0, 0, **constexprs, num_warps=warps)
+
+
+def baseline(inputs, page_size, pages, warps):
+    grid = (inputs.req_pool_indices.shape[0], triton.cdiv(inputs.out.shape[1], pages))
+    _baselines._grid_2d_kernel[grid](inputs.req_to_token, inputs.req_pool_indices, inputs.seq_lens, inputs.out,
+                                     inputs.req_to_token.stride(0), inputs.out.stride(0), PAGE=page_size,
+                                     STEP=pages, num_warps=warps)
+
+
+def api(inputs, page_size):
+    kvdispatch.create_flashmla_kv_indices(inputs.req_to_token, inputs.req_pool_indices, inputs.seq_lens,
+                                          inputs.out, page_size=page_size, backend="triton")
+
+
+def graph_us(fn, inputs):
+    inputs.out.fill_(-7)
+    fn()
+    torch.cuda.synchronize()
+    if not torch.equal(inputs.out, inputs.expected):
+        return float("nan")
+    graph = bench.capture(fn, 20)
+    return bench.event_time_us(graph.replay, 20, 200)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--cases", default="1x131072x64,64x32768x64,256x32768x1")
+    cases = bench.parse_cases(parser.parse_args().cases)
+    device = torch.device("cuda")
+    bench._warm_up_clocks(device)
+    for i, case in enumerate(cases):
+        inputs = bench.make_inputs(case, device, i)
+        ps = case.page_size
+        pages_options = (1024, 2048, 4096) if ps == 1 else (16, 32, 64, 128)
+        rows = [("api (as shipped)", graph_us(functools.partial(api, inputs, ps), inputs))]
+        for pages in pages_options:
+            for warps in (1, 2, 4, 8):
+                rows.append((f"ours     pages={pages:<5} warps={warps}",
+                             graph_us(functools.partial(ours, inputs, ps, pages, warps), inputs)))
+                rows.append((f"baseline pages={pages:<5} warps={warps}",
+                             graph_us(functools.partial(baseline, inputs, ps, pages, warps), inputs)))
+        rows.append(("api (again)", graph_us(functools.partial(api, inputs, ps), inputs)))
+        print(f"case {case.name}")
+        for label, us in sorted(rows, key=lambda r: r[1]):
+            print(f"  {label:34} {us:7.2f} us")
+        del inputs
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
