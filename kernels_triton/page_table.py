@@ -30,9 +30,9 @@ def _page_table_kernel(
 ):
     """``out[b, p] = table[pool[b], start[b] + p * PAGE_SIZE] // PAGE_SIZE`` for the program's pages.
 
-    PAGE_SHIFT: log2(PAGE_SIZE) for powers of two, else -1. ALIGNED: ``out`` rows are 16-byte aligned
-    and, when PAGE_SIZE == 1, so are the table rows and there is no start (the pages are then the
-    table's consecutive columns).
+    PAGE_SHIFT: log2(PAGE_SIZE) for powers of two, else -1. ALIGNED (PAGE_SIZE == 1 only): the table and
+    ``out`` rows are 16-byte aligned and there is no start, so the program copies consecutive columns with
+    16-byte accesses.
     """
     row = tl.program_id(0)
     first = tl.program_id(1) * PAGES_PER_PROGRAM
@@ -144,10 +144,10 @@ def build_page_table(req_to_token, req_pool_indices, seq_lens, out, page_size, k
     has_start = kv_start_idx is not None
     has_seq_lens_out = seq_lens_out is not None
     has_fill = fill_value is not None
-    # 16-byte accesses need 16-byte aligned rows; page size 1 also reads the table with them.
-    aligned = (out.data_ptr() % 16 == 0 and out.stride(0) % 4 == 0
-               and (page_size > 1 or (not has_start and req_to_token.data_ptr() % 16 == 0
-                                      and req_to_token.stride(0) % 4 == 0)))
+    # Only page size 1 is a contiguous copy worth a 16-byte-access variant; larger pages are gathers of
+    # one word per page, so their kernel stays one compilation whatever the buffer width.
+    aligned = (page_size == 1 and not has_start and out.data_ptr() % 16 == 0 and out.stride(0) % 4 == 0
+               and req_to_token.data_ptr() % 16 == 0 and req_to_token.stride(0) % 4 == 0)
     key = (out.get_device(), page_size, req_pool_indices.shape[0], out.shape[1], req_pool_indices.dtype,
            seq_lens.dtype, kv_start_idx.dtype if has_start else None, has_seq_lens_out, has_fill, aligned)
     rows, cols = req_to_token.shape
@@ -174,8 +174,8 @@ def specializations(page_sizes=(1, 16, 32, 64, 128, 96), index_types=("i32", "i6
             for has_seq_lens_out in (False, True):
                 for has_fill in (False, True):
                     for aligned in (False, True):
-                        if aligned and page_size == 1 and has_start:
-                            continue  # the launcher never sets ALIGNED for that combination
+                        if aligned and (page_size != 1 or has_start):
+                            continue  # the launcher never sets ALIGNED for these combinations
                         for index in index_types:
                             signature = dict(table_ptr="*i32", pool_ptr=f"*{index}", lens_ptr=f"*{index}",
                                              start_ptr=f"*{index}" if has_start else "*i32", out_ptr="*i32",
