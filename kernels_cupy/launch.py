@@ -55,10 +55,7 @@ def page_table_call(req_to_token, req_pool_indices, seq_lens, out, page_size, kv
     """The ``kv_page_table`` launch for ``kvdispatch.reference.build_page_table``'s arguments, or None
     when there is nothing to do."""
     batch, width = req_pool_indices.shape[0], out.shape[1]
-    launch = _page_table_launch(batch, width, page_size)
-    if launch.grid[1] == 0 and seq_lens_out is not None and batch:
-        # No page to write, but seq_lens_out still is: one program per row (the kernel gets width 0).
-        launch = _page_table_launch(batch, 1, page_size)
+    launch = _page_table_launch(batch, width, page_size, seq_lens_out is not None)
     if launch.grid[0] == 0:
         return None
     flags = (_wide(req_pool_indices, WIDE_POOL) | _wide(seq_lens, WIDE_LENS)

@@ -118,8 +118,7 @@ def constexprs_for(page_size: int, has_start: bool, has_seq_lens_out: bool, has_
 
 def _build_plan(key, req_to_token, out, page_size, has_start, has_seq_lens_out, has_fill, aligned, args):
     batch, width = key[2], key[3]
-    # seq_lens_out is written even into a zero-width table: give each row one program then.
-    geometry = launch_grid.page_table_launch(batch, max(width, 1) if has_seq_lens_out else width, page_size)
+    geometry = launch_grid.page_table_launch(batch, width, page_size, writes_lengths=has_seq_lens_out)
     if geometry.grid[0] == 0:
         return _plans.add(key, _skip), False
     constexprs = constexprs_for(page_size, has_start, has_seq_lens_out, has_fill, aligned)

@@ -71,10 +71,14 @@ def threads_per_program(items: int) -> int:
     return _clamp(items // 8, _MIN_THREADS, _MAX_THREADS)
 
 
-def page_table_launch(batch: int, width: int, page_size: int) -> Launch:
-    """Geometry of the page-table kernel for ``batch`` rows of an output ``width`` pages wide."""
+def page_table_launch(batch: int, width: int, page_size: int, writes_lengths: bool = False) -> Launch:
+    """Geometry of the page-table kernel for ``batch`` rows of an output ``width`` pages wide.
+
+    writes_lengths: the call also writes ``seq_lens_out``, which a zero-width table still needs: each
+    row then gets one program.
+    """
     items = items_per_program(PAGE_TABLE, page_size)
-    programs = -(-width // items) if batch > 0 else 0
+    programs = -(-max(width, 1 if writes_lengths else 0) // items) if batch > 0 else 0
     return Launch((batch if programs else 0, programs), items, threads_per_program(items))
 
 

@@ -35,6 +35,13 @@ def test_page_table_grid_covers_every_page_and_no_more():
         assert (programs - 1) * launch.items_per_program < width  # no program beyond what it can use
 
 
+def test_zero_width_tables_that_write_lengths_get_one_program_per_row():
+    assert grid.page_table_launch(5, 0, 64).grid == (0, 0)
+    assert grid.page_table_launch(5, 0, 64, writes_lengths=True).grid == (5, 1)
+    assert grid.page_table_launch(0, 0, 64, writes_lengths=True).grid == (0, 0)
+    assert grid.page_table_launch(5, 70, 64, writes_lengths=True) == grid.page_table_launch(5, 70, 64)
+
+
 def test_token_csr_grid_covers_the_longest_possible_row():
     rng = random.Random(1)
     for _ in range(2000):
