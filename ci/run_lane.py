@@ -89,7 +89,8 @@ def _compile_source(compile_one, lane):
             result = compile_one(arch)
         except build.UnsupportedArch as exc:
             if arch in lane.get("optional_targets", []):
-                print(f"  {arch}: skipped, this compiler does not know it ({exc})")
+                reason = next((line for line in str(exc).splitlines() if "error" in line), str(exc))
+                print(f"  {arch}: skipped, this compiler does not know it: {reason.strip()[:120]}")
                 continue
             print(f"  {arch}: FAILED: {exc}")
             failed += 1
