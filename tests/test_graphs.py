@@ -15,7 +15,7 @@ import torch
 
 import kvdispatch
 from conftest import BACKENDS, HAS_GPU
-from kvdispatch import reference
+from kvdispatch import bench, reference
 from kvcases import POISON
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not HAS_GPU, reason="CUDA graphs need a GPU")]
@@ -124,21 +124,6 @@ def _no_alloc_no_sync(backend, call):
     torch.cuda.synchronize()
 
 
-def _capture(call):
-    """Capture ``call`` as engines do: warm up on a side stream, then capture (a sync inside would raise)."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        call()
-    torch.cuda.current_stream().wait_stream(side)
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        call()
-    torch.cuda.synchronize()
-    return graph
-
-
 @pytest.mark.parametrize("backend", GRAPH_BACKENDS)
 @pytest.mark.parametrize("page_size", [1, 16, 64, 96])
 @pytest.mark.parametrize("fill_value", [None, -1])
@@ -148,7 +133,7 @@ def test_page_table_graph_replay(backend, page_size, fill_value):
     _new_step(buffers, g, page_size, 0)
     call = lambda: _call_page_table(backend, buffers, page_size, fill_value)  # noqa: E731
     _no_alloc_no_sync(backend, call)
-    graph = _capture(call)
+    graph = bench.capture(call, 1)  # warm-up on a side stream, then capture; a sync inside raises
 
     buffers["out"].fill_(POISON)
     buffers["seq_out"].fill_(POISON)
@@ -174,7 +159,7 @@ def test_token_csr_graph_replay(backend, page_size):
     _new_step(buffers, g, page_size, 0)
     call = lambda: _call_token_csr(backend, buffers)  # noqa: E731
     _no_alloc_no_sync(backend, call)
-    graph = _capture(call)
+    graph = bench.capture(call, 1)  # warm-up on a side stream, then capture; a sync inside raises
 
     buffers["flat"].fill_(POISON)
     expected = buffers["flat"].cpu()
@@ -202,7 +187,7 @@ def test_both_ops_in_one_graph(backend):
         _call_token_csr(backend, buffers)
 
     _no_alloc_no_sync(backend, call)
-    graph = _capture(call)
+    graph = bench.capture(call, 1)  # warm-up on a side stream, then capture; a sync inside raises
     buffers["out"].fill_(POISON)
     buffers["seq_out"].fill_(POISON)
     buffers["flat"].fill_(POISON)
