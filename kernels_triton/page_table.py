@@ -120,16 +120,12 @@ def _build_plan(key, req_to_token, out, page_size, has_start, has_seq_lens_out, 
     batch, width = key[2], key[3]
     geometry = launch_grid.page_table_launch(batch, width, page_size, writes_lengths=has_seq_lens_out)
     if geometry.grid[0] == 0:
-        return _plans.add(key, _skip), False
+        return _plans.add(key, _launch.nothing), False
     constexprs = constexprs_for(page_size, has_start, has_seq_lens_out, has_fill, aligned)
     specialisation = (page_size, has_start, has_seq_lens_out, has_fill, aligned) + key[4:7]
     warps = _launch.warps_for(out.device, geometry.threads)
     plan, launched = launcher.plan(key[0], specialisation, geometry.grid, constexprs, warps, args)
     return _plans.add(key, plan), launched
-
-
-def _skip(*args):
-    pass
 
 
 def build_page_table(req_to_token, req_pool_indices, seq_lens, out, page_size, kv_start_idx=None,

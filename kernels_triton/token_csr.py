@@ -61,14 +61,10 @@ def constexprs_for(has_start: bool) -> dict:
     return dict(TOKENS_PER_PROGRAM=launch_grid.items_per_program(launch_grid.TOKEN_CSR), HAS_START=has_start)
 
 
-def _skip(*args):
-    pass
-
-
 def _build_plan(key, out, has_start, args):
     geometry = launch_grid.token_csr_launch(key[1], table_width=args[11], out_len=args[13])
     if geometry.grid[0] == 0:
-        return _plans.add(key, _skip), False
+        return _plans.add(key, _launch.nothing), False
     specialisation = (has_start,) + key[3:]
     warps = _launch.warps_for(out.device, geometry.threads)
     plan, launched = launcher.plan(key[0], specialisation, geometry.grid, constexprs_for(has_start), warps, args)

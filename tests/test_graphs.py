@@ -159,7 +159,7 @@ def test_token_csr_graph_replay(backend, page_size):
     _new_step(buffers, g, page_size, 0)
     call = lambda: _call_token_csr(backend, buffers)  # noqa: E731
     _no_alloc_no_sync(backend, call)
-    graph = bench.capture(call, 1)  # warm-up on a side stream, then capture; a sync inside raises
+    graph = bench.capture(call, 1)
 
     buffers["flat"].fill_(POISON)
     expected = buffers["flat"].cpu()
@@ -187,7 +187,7 @@ def test_both_ops_in_one_graph(backend):
         _call_token_csr(backend, buffers)
 
     _no_alloc_no_sync(backend, call)
-    graph = bench.capture(call, 1)  # warm-up on a side stream, then capture; a sync inside raises
+    graph = bench.capture(call, 1)
     buffers["out"].fill_(POISON)
     buffers["seq_out"].fill_(POISON)
     buffers["flat"].fill_(POISON)
