@@ -7,6 +7,8 @@ round trip, and stores the pages (16-byte stores where the launcher proved the r
 
 from __future__ import annotations
 
+import itertools
+
 import triton
 import triton.language as tl
 
@@ -18,7 +20,7 @@ RUNTIME_INTS = ("pool_stride", "lens_stride", "start_stride", "table_rows", "tab
                 "out_width", "out_row_stride", "seqlen_offset", "fill_value")
 POINTERS = ("table_ptr", "pool_ptr", "lens_ptr", "start_ptr", "out_ptr", "seq_lens_out_ptr")
 CONSTEXPRS = ("PAGE_SIZE", "PAGE_SHIFT", "PAGES_PER_PROGRAM", "HAS_START", "HAS_SEQ_LENS_OUT", "HAS_FILL",
-              "ALIGNED")
+              "ALIGNED", "UNIT_STRIDES")
 
 
 def _page_table_kernel(
@@ -27,75 +29,78 @@ def _page_table_kernel(
     out_width: tl.int64, out_row_stride: tl.int64, seqlen_offset: tl.int64, fill_value: tl.int64,
     PAGE_SIZE: tl.constexpr, PAGE_SHIFT: tl.constexpr, PAGES_PER_PROGRAM: tl.constexpr,
     HAS_START: tl.constexpr, HAS_SEQ_LENS_OUT: tl.constexpr, HAS_FILL: tl.constexpr, ALIGNED: tl.constexpr,
+    UNIT_STRIDES: tl.constexpr,
 ):
     """``out[b, p] = table[pool[b], start[b] + p * PAGE_SIZE] // PAGE_SIZE`` for the program's pages.
 
     PAGE_SHIFT: log2(PAGE_SIZE) for powers of two, else -1. ALIGNED (PAGE_SIZE == 1 only): the table and
     ``out`` rows are 16-byte aligned and there is no start, so the program copies consecutive columns with
-    16-byte accesses.
+    16-byte accesses. UNIT_STRIDES: the index vectors are contiguous (the usual case), so their element
+    addresses need no runtime multiply ahead of the row's loads.
     """
     row = tl.program_id(0)
     first = tl.program_id(1) * PAGES_PER_PROGRAM
+    page = first + tl.arange(0, PAGES_PER_PROGRAM)
+    if ALIGNED:
+        page = tl.max_contiguous(tl.multiple_of(page, PAGES_PER_PROGRAM), PAGES_PER_PROGRAM)
+    # Known before the row's loads return: each page's first token inside the request, and the columns.
+    position = page.to(tl.int64) * PAGE_SIZE
+    in_width = page < out_width
+    if UNIT_STRIDES:
+        pool_stride, lens_stride, start_stride = 1, 1, 1
     # Independent scalar loads, issued together.
     pool = tl.load(pool_ptr + row * pool_stride).to(tl.int64)
     length = tl.load(lens_ptr + row * lens_stride).to(tl.int64) + seqlen_offset
     if HAS_START:
         start = tl.load(start_ptr + row * start_stride).to(tl.int64)
-    else:
-        start = tl.zeros((), tl.int64)
     if HAS_SEQ_LENS_OUT:
         if first == 0:
             tl.store(seq_lens_out_ptr + row, length.to(tl.int32))
 
-    readable = (pool >= 0) & (pool < table_rows) & (start >= 0) & (start < table_cols) & (length > 0)
-    wanted = (length + (PAGE_SIZE - 1)) // PAGE_SIZE
-    available = (table_cols - start + (PAGE_SIZE - 1)) // PAGE_SIZE
-    pages = tl.where(readable, tl.minimum(tl.minimum(wanted, available), out_width), 0)
-
-    out_row = out_ptr + row.to(tl.int64) * out_row_stride
-    if ALIGNED:
-        out_row = tl.multiple_of(out_row, 16)
-    page = first + tl.arange(0, PAGES_PER_PROGRAM)
-    if ALIGNED:
-        page = tl.max_contiguous(tl.multiple_of(page, PAGES_PER_PROGRAM), PAGES_PER_PROGRAM)
-    # The pool row is only dereferenced under a page mask, which is empty when the row is unreadable.
+    # Page p is written iff its first token lies inside the request and inside the table row, on a
+    # readable row: p * PAGE_SIZE < limit = min(length, C - start), which is p < min(ceil(L / PAGE_SIZE),
+    # ceil((C - start) / PAGE_SIZE)) with no division between the row's loads and the gather. (One limit
+    # compiles to fewer dependent steps than separate predicates.)
+    readable = (pool >= 0) & (pool < table_rows)
     table_row = table_ptr + pool * table_row_stride
     if HAS_START:
-        # (Added only when present: an add of 0 is folded away together with a multiple_of hint on it.)
+        readable = readable & (start >= 0)
+        limit = tl.minimum(length, table_cols - start)
         table_row += start
-
-    if HAS_FILL:
-        has_work = first < out_width  # the fill reaches every program
     else:
-        has_work = first < pages
-    if first + PAGES_PER_PROGRAM <= pages:
-        # Whole block inside the row: no masks, so aligned rows get 16-byte accesses.
-        if PAGE_SIZE == 1:
-            if ALIGNED:
-                table_row = tl.multiple_of(table_row, 16)
-            slots = tl.load(table_row + page)
+        limit = tl.minimum(length, table_cols)
+    limit = tl.where(readable, limit, 0)
+    in_row = in_width & (position < limit)
+    out_row = out_ptr + row.to(tl.int64) * out_row_stride
+
+    if ALIGNED:
+        if first + PAGES_PER_PROGRAM <= tl.minimum(limit, out_width):
+            # A whole block of a page-1 copy: no masks, so the 16-byte-aligned rows get 16-byte accesses.
+            tl.store(tl.multiple_of(out_row, 16) + page, tl.load(tl.multiple_of(table_row, 16) + page))
         else:
-            slots = tl.load(table_row + page.to(tl.int64) * PAGE_SIZE)
-        if PAGE_SHIFT >= 0:
-            values = slots >> PAGE_SHIFT  # arithmetic shift: floor division for negative slots too
-        else:
-            values = tl.where(slots >= 0, slots // PAGE_SIZE, ~((~slots) // PAGE_SIZE))
-        tl.store(out_row + page, values)
-    elif has_work:
-        in_row = page < pages
-        if PAGE_SIZE == 1:
-            slots = tl.load(table_row + page, mask=in_row, other=0)
-        else:
-            slots = tl.load(table_row + page.to(tl.int64) * PAGE_SIZE, mask=in_row, other=0)
-        if PAGE_SHIFT >= 0:
-            values = slots >> PAGE_SHIFT
-        else:
-            values = tl.where(slots >= 0, slots // PAGE_SIZE, ~((~slots) // PAGE_SIZE))
-        if HAS_FILL:
-            values = tl.where(in_row, values, fill_value.to(tl.int32))
-            tl.store(out_row + page, values, mask=page < out_width)
-        else:
-            tl.store(out_row + page, values, mask=in_row)
+            _write_pages(table_row, out_row, page, position, in_row, in_width, fill_value, PAGE_SIZE, PAGE_SHIFT,
+                         HAS_FILL)
+    else:
+        _write_pages(table_row, out_row, page, position, in_row, in_width, fill_value, PAGE_SIZE, PAGE_SHIFT,
+                     HAS_FILL)
+
+
+@triton.jit
+def _write_pages(table_row, out_row, page, position, in_row, in_width, fill_value,
+                 PAGE_SIZE: tl.constexpr, PAGE_SHIFT: tl.constexpr, HAS_FILL: tl.constexpr):
+    """Masked gather and store of one program's pages: the ``in_row`` ones are written, the other columns
+    below the width get ``fill_value`` when HAS_FILL. A program past its row's pages has an empty mask:
+    it loads and stores nothing (with HAS_FILL, it only fills)."""
+    # The pool row is only dereferenced under in_row, which is empty when the row is unreadable.
+    slots = tl.load(table_row + position, mask=in_row, other=0)
+    if PAGE_SHIFT >= 0:
+        values = slots >> PAGE_SHIFT  # arithmetic shift: floor division for negative slots too
+    else:
+        values = tl.where(slots >= 0, slots // PAGE_SIZE, ~((~slots) // PAGE_SIZE))
+    if HAS_FILL:
+        tl.store(out_row + page, tl.where(in_row, values, fill_value.to(tl.int32)), mask=in_width)
+    else:
+        tl.store(out_row + page, values, mask=in_row)
 
 
 page_table_kernel = triton.jit(_page_table_kernel, do_not_specialize=RUNTIME_INTS,
@@ -109,20 +114,22 @@ def page_shift(page_size: int) -> int:
     return page_size.bit_length() - 1 if page_size & (page_size - 1) == 0 else -1
 
 
-def constexprs_for(page_size: int, has_start: bool, has_seq_lens_out: bool, has_fill: bool, aligned: bool) -> dict:
+def constexprs_for(page_size: int, has_start: bool, has_seq_lens_out: bool, has_fill: bool, aligned: bool,
+                   unit_strides: bool = True) -> dict:
     """The constexpr arguments of one specialisation (pages per program from ``kvdispatch.grid``)."""
     return dict(PAGE_SIZE=page_size, PAGE_SHIFT=page_shift(page_size),
                 PAGES_PER_PROGRAM=launch_grid.items_per_program(launch_grid.PAGE_TABLE, page_size),
-                HAS_START=has_start, HAS_SEQ_LENS_OUT=has_seq_lens_out, HAS_FILL=has_fill, ALIGNED=aligned)
+                HAS_START=has_start, HAS_SEQ_LENS_OUT=has_seq_lens_out, HAS_FILL=has_fill, ALIGNED=aligned,
+                UNIT_STRIDES=unit_strides)
 
 
-def _build_plan(key, req_to_token, out, page_size, has_start, has_seq_lens_out, has_fill, aligned, args):
+def _build_plan(key, out, page_size, has_start, has_seq_lens_out, has_fill, aligned, unit_strides, args):
     batch, width = key[2], key[3]
     geometry = launch_grid.page_table_launch(batch, width, page_size, writes_lengths=has_seq_lens_out)
     if geometry.grid[0] == 0:
         return _plans.add(key, _launch.nothing), False
-    constexprs = constexprs_for(page_size, has_start, has_seq_lens_out, has_fill, aligned)
-    specialisation = (page_size, has_start, has_seq_lens_out, has_fill, aligned) + key[4:7]
+    constexprs = constexprs_for(page_size, has_start, has_seq_lens_out, has_fill, aligned, unit_strides)
+    specialisation = (page_size, has_start, has_seq_lens_out, has_fill, aligned, unit_strides) + key[4:7]
     warps = _launch.warps_for(out.device, geometry.threads)
     plan, launched = launcher.plan(key[0], specialisation, geometry.grid, constexprs, warps, args)
     return _plans.add(key, plan), launched
@@ -143,17 +150,20 @@ def build_page_table(req_to_token, req_pool_indices, seq_lens, out, page_size, k
     # one word per page, so their kernel stays one compilation whatever the buffer width.
     aligned = (page_size == 1 and not has_start and out.data_ptr() % 16 == 0 and out.stride(0) % 4 == 0
                and req_to_token.data_ptr() % 16 == 0 and req_to_token.stride(0) % 4 == 0)
+    pool_stride, lens_stride = req_pool_indices.stride(0), seq_lens.stride(0)
+    start_stride = kv_start_idx.stride(0) if has_start else 1
+    unit_strides = pool_stride == 1 and lens_stride == 1 and start_stride == 1
     key = (out.get_device(), page_size, req_pool_indices.shape[0], out.shape[1], req_pool_indices.dtype,
-           seq_lens.dtype, kv_start_idx.dtype if has_start else None, has_seq_lens_out, has_fill, aligned)
+           seq_lens.dtype, kv_start_idx.dtype if has_start else None, has_seq_lens_out, has_fill, aligned,
+           unit_strides)
     rows, cols = req_to_token.shape
     args = (req_to_token, req_pool_indices, seq_lens, kv_start_idx if has_start else req_to_token, out,
-            seq_lens_out if has_seq_lens_out else out, req_pool_indices.stride(0), seq_lens.stride(0),
-            kv_start_idx.stride(0) if has_start else 0, rows, cols, req_to_token.stride(0), out.shape[1],
-            out.stride(0), seqlen_offset, fill_value if has_fill else 0)
+            seq_lens_out if has_seq_lens_out else out, pool_stride, lens_stride, start_stride, rows, cols,
+            req_to_token.stride(0), out.shape[1], out.stride(0), seqlen_offset, fill_value if has_fill else 0)
     plan = _plans.get(key)
     if plan is None:
-        plan, launched = _build_plan(key, req_to_token, out, page_size, has_start, has_seq_lens_out, has_fill,
-                                     aligned, args)
+        plan, launched = _build_plan(key, out, page_size, has_start, has_seq_lens_out, has_fill, aligned,
+                                     unit_strides, args)
         if launched:
             return out
     plan(*args)
@@ -164,18 +174,14 @@ def specializations(page_sizes=(1, 16, 32, 64, 128, 96), index_types=("i32", "i6
     """Every specialisation the launcher can produce for ``page_sizes``: yields ``(signature, constexprs)``
     in the form ``triton.compiler.ASTSource`` takes (Triton >= 3.3), for each option combination and
     each index dtype (the same for the pool, length and start vectors)."""
-    for page_size in page_sizes:
-        for has_start in (False, True):
-            for has_seq_lens_out in (False, True):
-                for has_fill in (False, True):
-                    for aligned in (False, True):
-                        if aligned and (page_size != 1 or has_start):
-                            continue  # the launcher never sets ALIGNED for these combinations
-                        for index in index_types:
-                            signature = dict(table_ptr="*i32", pool_ptr=f"*{index}", lens_ptr=f"*{index}",
-                                             start_ptr=f"*{index}" if has_start else "*i32", out_ptr="*i32",
-                                             seq_lens_out_ptr="*i32")
-                            signature.update({name: "i64" for name in RUNTIME_INTS})
-                            constexprs = constexprs_for(page_size, has_start, has_seq_lens_out, has_fill, aligned)
-                            signature.update({name: "constexpr" for name in constexprs})
-                            yield signature, constexprs
+    flags = itertools.product((False, True), repeat=5)  # start, seq_lens_out, fill, aligned, unit strides
+    for page_size, (has_start, has_seq_lens_out, has_fill, aligned, unit_strides), index in itertools.product(
+            page_sizes, list(flags), index_types):
+        if aligned and (page_size != 1 or has_start):
+            continue  # the launcher never sets ALIGNED for these combinations
+        signature = dict(table_ptr="*i32", pool_ptr=f"*{index}", lens_ptr=f"*{index}",
+                         start_ptr=f"*{index}" if has_start else "*i32", out_ptr="*i32", seq_lens_out_ptr="*i32")
+        signature.update({name: "i64" for name in RUNTIME_INTS})
+        constexprs = constexprs_for(page_size, has_start, has_seq_lens_out, has_fill, aligned, unit_strides)
+        signature.update({name: "constexpr" for name in constexprs})
+        yield signature, constexprs
