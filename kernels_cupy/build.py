@@ -1,7 +1,8 @@
 """The kernel source and every way it is compiled: NVRTC/hipRTC options, nvcc and hipcc offline checks.
 
-Every path compiles the same file with the same (empty) macro set; only the language standard flag and
-hipcc's forced ``hip_runtime.h`` (which hipRTC provides implicitly) differ by toolchain.
+Every path compiles the same file; the macros are those of a specialisation (``KV_PAGE_SIZE``, ``KV_FLAGS``)
+or none (the generic kernels, runtime page size and flags). Only the language standard flag and hipcc's
+forced ``hip_runtime.h`` (which hipRTC provides implicitly) differ by toolchain.
 """
 
 from __future__ import annotations
@@ -34,6 +35,11 @@ def rtc_options(vendor: str) -> tuple[str, ...]:
     """Options for CuPy's RawModule: NVRTC gets the standard flag; hipRTC gets none (its default is
     C++14 and its option parser is the less predictable one; the source needs nothing past C++11)."""
     return (STD_FLAG,) if vendor == "nvidia" else ()
+
+
+def define_flags(defines: tuple) -> tuple[str, ...]:
+    """``-DNAME=value`` per ``(name, value)`` of a specialisation (``kernels_cupy.launch.KernelCall.defines``)."""
+    return tuple(f"-D{name}={value}" for name, value in defines)
 
 
 @dataclass(frozen=True)
@@ -76,12 +82,13 @@ def _require(tool: str) -> str:
     return path
 
 
-def compile_cuda(arch: str = "sm_90") -> CompileResult:
-    """``nvcc -arch=<arch> -cubin``; registers from ``-Xptxas -v``."""
+def compile_cuda(arch: str = "sm_90", defines: tuple = ()) -> CompileResult:
+    """``nvcc -arch=<arch> -cubin`` (with the specialisation ``defines``); registers from ``-Xptxas -v``."""
     nvcc = _require("nvcc")
     with tempfile.TemporaryDirectory() as tmp:
         output = os.path.join(tmp, "kv_indices.cubin")
-        log = _run([nvcc, f"-arch={arch}", "-cubin", STD_FLAG, "-Xptxas", "-v", "-o", output, str(SOURCE_PATH)])
+        log = _run([nvcc, f"-arch={arch}", "-cubin", STD_FLAG, *define_flags(defines), "-Xptxas", "-v", "-o", output,
+                    str(SOURCE_PATH)])
         size = os.path.getsize(output)
     registers = {}
     for kernel, count in re.findall(r"Compiling entry function '(\w+)'.*?Used (\d+) registers", log, re.S):
@@ -89,14 +96,14 @@ def compile_cuda(arch: str = "sm_90") -> CompileResult:
     return CompileResult("nvcc", arch, size, registers, log)
 
 
-def compile_hip(arch: str = "gfx90a") -> CompileResult:
-    """``HIP_PLATFORM=amd hipcc --offload-arch=<arch> --cuda-device-only -c``; VGPRs from clang's
-    kernel-resource-usage remarks."""
+def compile_hip(arch: str = "gfx90a", defines: tuple = ()) -> CompileResult:
+    """``HIP_PLATFORM=amd hipcc --offload-arch=<arch> --cuda-device-only -c`` (with the specialisation
+    ``defines``); VGPRs from clang's kernel-resource-usage remarks."""
     hipcc = _require("hipcc")
     env = dict(os.environ, HIP_PLATFORM="amd")
     with tempfile.TemporaryDirectory() as tmp:
         output = os.path.join(tmp, "kv_indices.o")
-        log = _run([hipcc, f"--offload-arch={arch}", "--cuda-device-only", "-O3", STD_FLAG,
+        log = _run([hipcc, f"--offload-arch={arch}", "--cuda-device-only", "-O3", STD_FLAG, *define_flags(defines),
                     "-include", "hip/hip_runtime.h", "-Rpass-analysis=kernel-resource-usage",
                     "-c", "-o", output, str(SOURCE_PATH)], env=env)
         size = os.path.getsize(output)

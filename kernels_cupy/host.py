@@ -30,9 +30,11 @@ def _build_dir() -> Path:
 
 
 @functools.lru_cache(maxsize=None)
-def library() -> ctypes.CDLL:
-    """Build (if needed) and load the host library; one build per content of the source and the shim."""
-    unit = (f'#include "{SHIM_PATH}"\n#include "{build.SOURCE_PATH}"\n'
+def library(defines: tuple = ()) -> ctypes.CDLL:
+    """Build (if needed) and load the host library; one build per content of the source and the shim and
+    per specialisation ``defines`` (``KernelCall.defines``; none: the generic kernels)."""
+    unit = ("".join(f"#define {name} {value}\n" for name, value in defines)
+            + f'#include "{SHIM_PATH}"\n#include "{build.SOURCE_PATH}"\n'
             + "".join(f"KV_HOST_EXPORT({name})\n" for name in build.KERNELS))
     digest = hashlib.sha256((unit + build.source() + SHIM_PATH.read_text()).encode()).hexdigest()[:16]
     target = _build_dir() / f"kv_indices_{digest}.so"
@@ -56,31 +58,36 @@ def library() -> ctypes.CDLL:
     return lib
 
 
-def run(call: KernelCall | None) -> None:
-    """Run one kernel call on the host (the tensors behind its pointers must be CPU tensors)."""
+def run(call: KernelCall | None, specialised: bool = False) -> None:
+    """Run one kernel call on the host (the tensors behind its pointers must be CPU tensors), through the
+    generic library or, with ``specialised``, the one built for the call's specialisation as on a GPU."""
     if call is None:
         return
     values = [ctypes.c_uint64(a & 0xFFFF_FFFF_FFFF_FFFF) for a in call.args]  # every parameter is 8 bytes
     pointers = (ctypes.c_void_p * len(values))(*[ctypes.cast(ctypes.byref(v), ctypes.c_void_p) for v in values])
-    getattr(library(), f"host_{call.kernel}")(call.grid[0], call.grid[1], call.threads, pointers)
+    lib = library(call.defines if specialised else ())
+    getattr(lib, f"host_{call.kernel}")(call.grid[0], call.grid[1], call.threads, pointers)
 
 
 def create_flashmla_kv_indices(req_to_token, req_pool_indices, seq_lens, out, *, page_size, kv_start_idx=None,
-                               seqlen_offset=0, seq_lens_out=None, fill_value=None):
-    """``kvdispatch.create_flashmla_kv_indices`` on CPU tensors, through the host build of the kernel."""
+                               seqlen_offset=0, seq_lens_out=None, fill_value=None, specialised=False):
+    """``kvdispatch.create_flashmla_kv_indices`` on CPU tensors, through the host build of the kernel
+    (``specialised``: the build for this call's page size and flags, as the GPU launcher compiles)."""
     check_page_table_args(req_to_token, req_pool_indices, seq_lens, out, page_size, kv_start_idx, seqlen_offset,
                           seq_lens_out, fill_value)
     _require_cpu(req_to_token)
     run(page_table_call(req_to_token, req_pool_indices, seq_lens, out, page_size, kv_start_idx, seqlen_offset,
-                        seq_lens_out, fill_value))
+                        seq_lens_out, fill_value), specialised)
     return out
 
 
-def create_flashinfer_kv_indices(req_to_token, req_pool_indices, seq_lens, kv_indptr, out, *, kv_start_idx=None):
-    """``kvdispatch.create_flashinfer_kv_indices`` on CPU tensors, through the host build of the kernel."""
+def create_flashinfer_kv_indices(req_to_token, req_pool_indices, seq_lens, kv_indptr, out, *, kv_start_idx=None,
+                                 specialised=False):
+    """``kvdispatch.create_flashinfer_kv_indices`` on CPU tensors, through the host build of the kernel
+    (``specialised``: as for ``create_flashmla_kv_indices``)."""
     check_token_csr_args(req_to_token, req_pool_indices, seq_lens, kv_indptr, out, kv_start_idx)
     _require_cpu(req_to_token)
-    run(token_csr_call(req_to_token, req_pool_indices, seq_lens, kv_indptr, out, kv_start_idx))
+    run(token_csr_call(req_to_token, req_pool_indices, seq_lens, kv_indptr, out, kv_start_idx), specialised)
     return out
 
 

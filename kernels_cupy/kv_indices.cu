@@ -21,6 +21,17 @@ struct alignas(16) kv_vec4 {
 #define KV_WIDE_START 4   // kv_start_idx is int64
 #define KV_WIDE_INDPTR 8  // kv_indptr is int64
 #define KV_FILL 16        // page table: write fill_value into columns [pages, width)
+#define KV_START 32       // kv_start_idx is given (else every start is 0)
+#define KV_LENS_OUT 64    // page table: seq_lens_out is given
+
+// A launcher may compile one specialisation: -DKV_FLAGS=<flags> (and -DKV_PAGE_SIZE=<page size>) turn
+// the runtime `flags` (and `page_size`) into constants, so the dtype branches and the divisions fold
+// away. The runtime arguments must then carry the same values.
+#ifdef KV_FLAGS
+#define KV_HAS(bit) (((KV_FLAGS) & (bit)) != 0)
+#else
+#define KV_HAS(bit) ((flags & (bit)) != 0)
+#endif
 
 __device__ inline kv_i64 kv_min(kv_i64 a, kv_i64 b) { return a < b ? a : b; }
 __device__ inline kv_i64 kv_max(kv_i64 a, kv_i64 b) { return a > b ? a : b; }
@@ -87,7 +98,7 @@ __device__ inline void kv_fill(int* __restrict__ dst, int n, int value) {
 // out[b, p] = table[pool_b, start_b + p * page_size] // page_size for p < pages_b, where pages_b is
 // min(ceil(L_b / page_size), pages the table row can give, width); fill_value on [pages_b, width)
 // when KV_FILL is set. Rows >= B (= gridDim.x) and unwritten columns are left untouched.
-// seq_lens_out (may be null): seq_lens + seqlen_offset, written by program 0 of each row.
+// seq_lens_out (KV_LENS_OUT): seq_lens + seqlen_offset, written by program 0 of each row.
 // Launched with width 0 it writes only seq_lens_out.
 extern "C" __global__ void kv_page_table(
     const int* __restrict__ table, kv_i64 rows, kv_i64 cols, kv_i64 table_stride,
@@ -96,14 +107,19 @@ extern "C" __global__ void kv_page_table(
     int* __restrict__ out, kv_i64 out_stride, kv_i64 width,
     int* __restrict__ seq_lens_out, kv_i64 page_size_arg, kv_i64 items, kv_i64 seqlen_offset,
     kv_i64 fill_value, kv_i64 flags) {
+#ifdef KV_PAGE_SIZE
+    const int page_size = KV_PAGE_SIZE;  // a compile-time page size: divisions become shifts
+#else
     const int page_size = (int)page_size_arg;
+#endif
     const kv_i64 b = blockIdx.x;
     const kv_i64 first = (kv_i64)blockIdx.y * items;
     // Independent loads, issued before any of them is used.
-    const kv_i64 pool = kv_load_index(req_pool_indices, b * pool_stride, flags & KV_WIDE_POOL);
-    const kv_i64 length = kv_load_index(seq_lens, b * lens_stride, flags & KV_WIDE_LENS) + seqlen_offset;
-    const kv_i64 start = kv_start_idx ? kv_load_index(kv_start_idx, b * start_stride, flags & KV_WIDE_START) : 0;
-    if (seq_lens_out && blockIdx.y == 0 && threadIdx.x == 0) seq_lens_out[b] = (int)length;
+    const kv_i64 pool = kv_load_index(req_pool_indices, b * pool_stride, KV_HAS(KV_WIDE_POOL));
+    const kv_i64 length = kv_load_index(seq_lens, b * lens_stride, KV_HAS(KV_WIDE_LENS)) + seqlen_offset;
+    const kv_i64 start =
+        KV_HAS(KV_START) ? kv_load_index(kv_start_idx, b * start_stride, KV_HAS(KV_WIDE_START)) : 0;
+    if (KV_HAS(KV_LENS_OUT) && blockIdx.y == 0 && threadIdx.x == 0) seq_lens_out[b] = (int)length;
 
     const kv_i64 last = kv_min(first + items, width);
     if (first >= last) return;
@@ -114,7 +130,7 @@ extern "C" __global__ void kv_page_table(
     const kv_i64 limit = readable && length > 0 ? kv_min(length, cols - start) : 0;
     const int* src = table + (readable ? pool * table_stride + start : 0);
     int* dst = out + b * out_stride;
-    const bool fill = flags & KV_FILL;
+    const bool fill = KV_HAS(KV_FILL);
     // Offsets inside a program fit in 32 bits: kvdispatch.grid keeps items * page_size <= 65536.
     const int count = (int)(last - first);
     if (page_size == 1) {  // a copy: wide accesses
@@ -156,10 +172,11 @@ extern "C" __global__ void kv_token_csr(
     kv_i64 items, kv_i64 flags) {
     const kv_i64 b = blockIdx.x;
     const kv_i64 first = (kv_i64)blockIdx.y * items;
-    const kv_i64 pool = kv_load_index(req_pool_indices, b * pool_stride, flags & KV_WIDE_POOL);
-    const kv_i64 length = kv_load_index(seq_lens, b * lens_stride, flags & KV_WIDE_LENS);
-    const kv_i64 start = kv_start_idx ? kv_load_index(kv_start_idx, b * start_stride, flags & KV_WIDE_START) : 0;
-    const kv_i64 offset = kv_load_index(kv_indptr, b * indptr_stride, flags & KV_WIDE_INDPTR);
+    const kv_i64 pool = kv_load_index(req_pool_indices, b * pool_stride, KV_HAS(KV_WIDE_POOL));
+    const kv_i64 length = kv_load_index(seq_lens, b * lens_stride, KV_HAS(KV_WIDE_LENS));
+    const kv_i64 start =
+        KV_HAS(KV_START) ? kv_load_index(kv_start_idx, b * start_stride, KV_HAS(KV_WIDE_START)) : 0;
+    const kv_i64 offset = kv_load_index(kv_indptr, b * indptr_stride, KV_HAS(KV_WIDE_INDPTR));
 
     const bool readable = pool >= 0 && pool < rows && start >= 0 && start < cols;
     const kv_i64 count = readable ? kv_min(kv_max(length, 0), cols - start) : 0;

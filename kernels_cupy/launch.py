@@ -1,10 +1,15 @@
-"""What one kernel call is: kernel name, grid, threads and typed arguments. Shared by the CuPy launcher
-(GPU) and the host build (CI); neither decides a grid itself, ``kvdispatch.grid`` does.
+"""What one kernel call is: kernel name, specialisation, grid, threads and typed arguments. Shared by the
+CuPy launcher (GPU) and the host build (CI); neither decides a grid itself, ``kvdispatch.grid`` does.
 
 Arguments are plain Python ints in the kernels' parameter order: pointers (0 for an absent tensor),
 element strides (index vectors may be any 1-D view) and values. Every kernel parameter is 8 bytes
 (pointers and ``long long``), which is exactly what CuPy makes of a Python int (int64), so no per-call
 NumPy scalar is needed. Reads tensor attributes only.
+
+The specialisation (``defines``: the page size and the flags) is what the CuPy launcher compiles a module
+for, as the Triton backend compiles per page size and option set: the kernels then fold the dtype
+branches and the page-size arithmetic. The flags travel in the arguments too, so the host build (one
+generic library) runs the same call.
 """
 
 from __future__ import annotations
@@ -19,7 +24,7 @@ from kvdispatch import grid
 from .build import PAGE_TABLE_KERNEL, TOKEN_CSR_KERNEL
 
 # Flag bits; the same values as the KV_* macros in kv_indices.cu.
-WIDE_POOL, WIDE_LENS, WIDE_START, WIDE_INDPTR, FILL = 1, 2, 4, 8, 16
+WIDE_POOL, WIDE_LENS, WIDE_START, WIDE_INDPTR, FILL, START, LENS_OUT = 1, 2, 4, 8, 16, 32, 64
 
 # The geometry depends on a few ints only; caching it keeps the helper off the per-call path.
 _page_table_launch = functools.lru_cache(maxsize=4096)(grid.page_table_launch)
@@ -28,6 +33,7 @@ _token_csr_launch = functools.lru_cache(maxsize=4096)(grid.token_csr_launch)
 
 class KernelCall(NamedTuple):
     kernel: str
+    defines: tuple  # ((macro, value), ...): the compile-time specialisation, e.g. KV_PAGE_SIZE and KV_FLAGS
     grid: tuple
     threads: int
     args: tuple
@@ -58,13 +64,15 @@ def page_table_call(req_to_token, req_pool_indices, seq_lens, out, page_size, kv
     launch = _page_table_launch(batch, width, page_size, seq_lens_out is not None)
     if launch.grid[0] == 0:
         return None
-    flags = (_wide(req_pool_indices, WIDE_POOL) | _wide(seq_lens, WIDE_LENS)
-             | _wide(kv_start_idx, WIDE_START) | (FILL if fill_value is not None else 0))
+    flags = (_wide(req_pool_indices, WIDE_POOL) | _wide(seq_lens, WIDE_LENS) | _wide(kv_start_idx, WIDE_START)
+             | (FILL if fill_value is not None else 0) | (START if kv_start_idx is not None else 0)
+             | (LENS_OUT if seq_lens_out is not None else 0))
     args = _table_args(req_to_token) + (
         req_pool_indices.data_ptr(), req_pool_indices.stride(0), seq_lens.data_ptr(), seq_lens.stride(0),
         _ptr(kv_start_idx), _stride(kv_start_idx), out.data_ptr(), out.stride(0), width, _ptr(seq_lens_out),
         page_size, launch.items_per_program, seqlen_offset, fill_value or 0, flags)
-    return KernelCall(PAGE_TABLE_KERNEL, launch.grid, launch.threads, args)
+    defines = (("KV_PAGE_SIZE", page_size), ("KV_FLAGS", flags))
+    return KernelCall(PAGE_TABLE_KERNEL, defines, launch.grid, launch.threads, args)
 
 
 def token_csr_call(req_to_token, req_pool_indices, seq_lens, kv_indptr, out, kv_start_idx=None) -> KernelCall | None:
@@ -75,9 +83,9 @@ def token_csr_call(req_to_token, req_pool_indices, seq_lens, kv_indptr, out, kv_
     if launch.grid[0] == 0:
         return None
     flags = (_wide(req_pool_indices, WIDE_POOL) | _wide(seq_lens, WIDE_LENS) | _wide(kv_start_idx, WIDE_START)
-             | _wide(kv_indptr, WIDE_INDPTR))
+             | _wide(kv_indptr, WIDE_INDPTR) | (START if kv_start_idx is not None else 0))
     args = _table_args(req_to_token) + (
         req_pool_indices.data_ptr(), req_pool_indices.stride(0), seq_lens.data_ptr(), seq_lens.stride(0),
         _ptr(kv_start_idx), _stride(kv_start_idx), kv_indptr.data_ptr(), kv_indptr.stride(0), out.data_ptr(), total,
         launch.items_per_program, flags)
-    return KernelCall(TOKEN_CSR_KERNEL, launch.grid, launch.threads, args)
+    return KernelCall(TOKEN_CSR_KERNEL, (("KV_FLAGS", flags),), launch.grid, launch.threads, args)

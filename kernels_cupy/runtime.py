@@ -1,4 +1,5 @@
-"""CuPy side: one RawModule per device (compiled once, cached), launched on PyTorch's current stream.
+"""CuPy side: one RawModule per (device, kernel, specialisation), compiled once and cached, launched on
+PyTorch's current stream.
 
 Imported on the first GPU call only (``import kernels_cupy`` does not import CuPy). A launch reads
 PyTorch's raw stream handle, allocates nothing and never synchronises, so it can be captured in a CUDA
@@ -17,7 +18,7 @@ from kvdispatch import devices
 from . import build
 from .launch import KernelCall
 
-_functions: dict[int, dict] = {}  # device index -> {kernel name: cupy.cuda.function.Function}
+_kernels: dict[tuple, object] = {}  # (device index, kernel name, defines) -> cupy.cuda.function.Function
 _lock = threading.Lock()
 compiles = 0  # modules built in this process (tests check that shapes never trigger a rebuild)
 
@@ -31,33 +32,35 @@ class _RawStream:
         self.ptr = ptr
 
 
-def functions(index: int) -> dict:
-    """The compiled kernels of device ``index``; the first call per device compiles the module."""
-    table = _functions.get(index)
-    if table is None:
+def kernel(index: int, name: str, defines: tuple):
+    """Kernel ``name`` compiled for device ``index`` and the specialisation ``defines``; the first call
+    per (device, kernel, specialisation) compiles it, later ones find it here."""
+    key = (index, name, defines)
+    function = _kernels.get(key)
+    if function is None:
         with _lock:
-            table = _functions.get(index)
-            if table is None:
-                table = _functions[index] = _compile(index)
-    return table
+            function = _kernels.get(key)
+            if function is None:
+                function = _kernels[key] = _compile(index, name, defines)
+    return function
 
 
-def _compile(index: int) -> dict:
+def _compile(index: int, name: str, defines: tuple):
     global compiles
     vendor = devices.probe(torch.device("cuda", index)).vendor
     with cupy.cuda.Device(index):
-        module = cupy.RawModule(code=build.source(), options=build.rtc_options(vendor))
+        module = cupy.RawModule(code=build.source(), options=build.rtc_options(vendor) + build.define_flags(defines))
         # RawKernel.kernel compiles and loads for the current device and returns the low-level Function,
         # whose call skips RawKernel's per-call device lookup.
-        table = {name: module.get_function(name).kernel for name in build.KERNELS}
+        function = module.get_function(name).kernel
     compiles += 1
-    return table
+    return function
 
 
 def launch(call: KernelCall, device: torch.device) -> None:
     """Launch ``call`` on ``device`` (a CUDA device with an index), on PyTorch's current stream there."""
     index = device.index
-    function = functions(index)[call.kernel]
+    function = kernel(index, call.kernel, call.defines)
     stream = _RawStream(torch._C._cuda_getCurrentRawStream(index))
     if cupy.cuda.runtime.getDevice() == index:
         function(call.grid, (call.threads,), call.args, 0, stream)

@@ -8,9 +8,15 @@ import pytest
 from kernels_cupy import build
 
 
-def _compile_or_skip(function, arch):
+# Specialisations the CuPy launcher compiles (kernels_cupy.launch: KV_PAGE_SIZE and KV_FLAGS): a power of
+# two with int64 indices and every option, a non-power of two with int32 indices, the page-1 copy.
+SPECIALISATIONS = ((("KV_PAGE_SIZE", 64), ("KV_FLAGS", 127)), (("KV_PAGE_SIZE", 96), ("KV_FLAGS", 16)),
+                   (("KV_PAGE_SIZE", 1), ("KV_FLAGS", 0)))
+
+
+def _compile_or_skip(function, arch, defines=()):
     try:
-        return function(arch)
+        return function(arch, defines)
     except build.ToolMissing as exc:
         pytest.skip(str(exc))
 
@@ -22,6 +28,19 @@ def test_nvcc(arch):
     assert set(result.registers) == set(build.KERNELS)
     assert set(re.findall(r"(\d+) bytes spill stores", result.log)) == {"0"}
     print(f"nvcc {arch}: {result.output_bytes} bytes, registers {result.registers}")
+
+
+@pytest.mark.parametrize("defines", SPECIALISATIONS, ids=lambda d: "-".join(f"{k}{v}" for k, v in d))
+def test_nvcc_specialisations(defines):
+    result = _compile_or_skip(build.compile_cuda, "sm_90", defines)
+    assert set(result.registers) == set(build.KERNELS)
+    assert set(re.findall(r"(\d+) bytes spill stores", result.log)) == {"0"}
+
+
+@pytest.mark.parametrize("defines", SPECIALISATIONS, ids=lambda d: "-".join(f"{k}{v}" for k, v in d))
+def test_hipcc_specialisations(defines):
+    result = _compile_or_skip(build.compile_hip, "gfx90a", defines)
+    assert set(result.registers) == set(build.KERNELS)
 
 
 def test_hipcc_gfx90a():
@@ -48,6 +67,11 @@ def test_source_is_in_the_portable_subset():
         assert not re.search(rf"(?<!\w){re.escape(construct)}", code), construct
     for name in build.KERNELS:
         assert re.search(rf'extern "C" __global__ void {name}\(', code)
+
+
+def test_define_flags():
+    assert build.define_flags((("KV_PAGE_SIZE", 64), ("KV_FLAGS", 5))) == ("-DKV_PAGE_SIZE=64", "-DKV_FLAGS=5")
+    assert build.define_flags(()) == ()
 
 
 def test_rtc_options_are_per_vendor():

@@ -34,9 +34,15 @@ def _poisoned(rows, width, stride):
     return torch.full((rows, stride), POISON, dtype=torch.int32)[:, :width]
 
 
+# Both builds: the generic kernels (runtime page size and flags) and the specialisation the GPU launcher
+# compiles for the call (KV_PAGE_SIZE, KV_FLAGS).
+BUILDS = pytest.mark.parametrize("specialised", (False, True), ids=("generic", "specialised"))
+
+
+@BUILDS
 @pytest.mark.parametrize("page_size", (1, 3, 64))
 @pytest.mark.parametrize("shift", range(4))
-def test_page_table_alignments(page_size, shift):
+def test_page_table_alignments(page_size, shift, specialised):
     """Starts and strides move source and destination through every 4-byte phase of a 16-byte line."""
     rng = random.Random(page_size * 10 + shift)
     items = grid.items_per_program(grid.PAGE_TABLE, page_size)
@@ -50,12 +56,13 @@ def test_page_table_alignments(page_size, shift):
         expected = out.clone()
         reference.build_page_table(table, pool, lengths, expected, page_size, start, 0, None, fill)
         host.create_flashmla_kv_indices(table, pool, lengths, out, page_size=page_size, kv_start_idx=start,
-                                        fill_value=fill)
+                                        fill_value=fill, specialised=specialised)
         torch.testing.assert_close(out, expected, rtol=0, atol=0)
 
 
+@BUILDS
 @pytest.mark.parametrize("dtypes", [(torch.int32, torch.int64, torch.int32), (torch.int64, torch.int32, torch.int64)])
-def test_mixed_index_dtypes_and_seq_lens_out(dtypes):
+def test_mixed_index_dtypes_and_seq_lens_out(dtypes, specialised):
     pool_dtype, lens_dtype, start_dtype = dtypes
     table = _table(6, 200, 203)
     pool = torch.tensor([3, 0, 5, 1], dtype=pool_dtype)
@@ -65,7 +72,7 @@ def test_mixed_index_dtypes_and_seq_lens_out(dtypes):
     expected, expected_seq = out.clone(), seq_out.clone()
     reference.build_page_table(table, pool, lengths, expected, 8, start, 2, expected_seq, None)
     host.create_flashmla_kv_indices(table, pool, lengths, out, page_size=8, kv_start_idx=start, seqlen_offset=2,
-                                    seq_lens_out=seq_out)
+                                    seq_lens_out=seq_out, specialised=specialised)
     torch.testing.assert_close(out, expected, rtol=0, atol=0)
     torch.testing.assert_close(seq_out, expected_seq, rtol=0, atol=0)
 
@@ -77,8 +84,9 @@ def test_width_zero_still_writes_seq_lens_out():
     assert seq_out.tolist() == [4, 8, POISON]
 
 
+@BUILDS
 @pytest.mark.parametrize("shift", range(4))
-def test_token_csr_alignments(shift):
+def test_token_csr_alignments(shift, specialised):
     """Row offsets in ``out`` at every phase against the table's, and rows cut by both ends of ``out``."""
     rng = random.Random(shift)
     tokens = grid.items_per_program(grid.TOKEN_CSR)
@@ -95,7 +103,7 @@ def test_token_csr_alignments(shift):
     out = torch.full((offsets[-2] + int(lengths[-1]) // 2 + shift,), POISON, dtype=torch.int32)
     expected = out.clone()
     reference.build_token_indices(table, pool, lengths, indptr, expected, start)
-    host.create_flashinfer_kv_indices(table, pool, lengths, indptr, out, kv_start_idx=start)
+    host.create_flashinfer_kv_indices(table, pool, lengths, indptr, out, kv_start_idx=start, specialised=specialised)
     torch.testing.assert_close(out, expected, rtol=0, atol=0)
 
 
