@@ -7,8 +7,10 @@ contract's region shows. On failure Hypothesis shrinks and prints the minimal sp
 
 Profiles (``KVDISPATCH_FUZZ_PROFILE``): ``ci`` (default) is bounded so this file stays well under two minutes
 on a 2-core machine with the Triton interpreter; ``long`` runs 10,000 examples per backend and op (for a GPU
-box). On a GPU, Triton compiles one kernel per page size and option set, so there page sizes come from a
-fixed list; the interpreter and the other backends take any page size in [1, 4096].
+box; ``KVDISPATCH_FUZZ_EXAMPLES`` overrides the count, so that shards with different ``--hypothesis-seed``
+values can share the work). Each test prints how many examples it ran (``-s`` shows it). On a GPU, Triton and
+CuPy compile one kernel per page size and option set, so there page sizes come from a fixed list; the
+interpreter and the other backends take any page size in [1, 4096].
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ CI_DEFAULT = 200
 
 def fuzz_settings(backend):
     examples = 10_000 if PROFILE == "long" else CI_EXAMPLES.get(backend, CI_DEFAULT)
+    examples = int(os.environ.get("KVDISPATCH_FUZZ_EXAMPLES", examples))
     return settings(max_examples=examples, deadline=None, print_blob=True,
                     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow,
                                            HealthCheck.data_too_large, HealthCheck.filter_too_much])
@@ -43,12 +46,12 @@ def fuzz_settings(backend):
 
 I32_MIN, I32_MAX = -(2**31), 2**31 - 1
 DTYPES = (torch.int32, torch.int64)
-# Triton compiled for a GPU: one specialisation per page size, so a fixed list with non-powers of two.
+# Triton and CuPy compiled for a GPU: one specialisation per page size, so a fixed list with non-powers of two.
 COMPILED_PAGE_SIZES = (1, 2, 3, 16, 64, 96, 100, 1000, 4096)
 
 
 def page_sizes(backend):
-    if backend == "triton" and not INTERPRETED:
+    if (backend == "triton" and not INTERPRETED) or backend == "cupy":
         return st.sampled_from(COMPILED_PAGE_SIZES)
     return st.one_of(st.sampled_from((1, 2, 3, 7, 16, 64, 96, 100, 128, 1000, 4095, 4096)), st.integers(1, 4096))
 
@@ -314,24 +317,32 @@ def check(backend, spec: Spec):
 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_page_table_matches_reference(backend):
+    examples = []
+
     @fuzz_settings(backend)
     @given(spec=page_table_specs(backend))
     def run(spec):
+        examples.append(spec.page_size)
         check(backend, spec)
 
     run()
+    print(f"\nfuzz {backend} page_table: {len(examples)} examples, 0 failures")
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_token_csr_matches_reference(backend):
+    examples = []
+
     @fuzz_settings(backend)
     @given(spec=token_csr_specs(backend))
     @example(spec=TOKEN_CSR_REGRESSIONS[0])
     @example(spec=TOKEN_CSR_REGRESSIONS[1])
     def run(spec):
+        examples.append(spec.batch)
         check(backend, spec)
 
     run()
+    print(f"\nfuzz {backend} token_csr: {len(examples)} examples, 0 failures")
 
 
 def _wrap_int32(value):
