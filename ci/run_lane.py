@@ -36,11 +36,11 @@ def _require_tools(name, lane):
         raise LaneError(f"lane {name} needs {tool!r}, which is not on PATH; install it: {hint or tool}")
 
 
-def _pytest(args, env=None) -> tuple[int, int]:
+def _pytest(args, env=None, python=sys.executable) -> tuple[int, int]:
     """Run pytest; returns (passed, failed) from its JUnit report (errors count as failures)."""
     with tempfile.TemporaryDirectory() as tmp:
         report = Path(tmp) / "report.xml"
-        command = [sys.executable, "-m", "pytest", "-q", f"--junitxml={report}", *args]
+        command = [python, "-m", "pytest", "-q", f"--junitxml={report}", *args]
         print("+", " ".join(command), flush=True)
         code = subprocess.call(command, cwd=ROOT, env={**os.environ, **(env or {})})
         if not report.exists():
@@ -57,6 +57,19 @@ def _pytest(args, env=None) -> tuple[int, int]:
 
 def run_pytest_lane(name, lane):
     return _pytest(lane["args"])
+
+
+def run_pytest_venv_lane(name, lane):
+    """pytest in a virtual environment that sees this one's packages, with ``packages`` installed over them
+    (another Triton version, say)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        subprocess.check_call([sys.executable, "-m", "venv", "--system-site-packages", tmp])
+        python = str(Path(tmp) / "bin" / "python")
+        install = [python, "-m", "pip", "install", "-q", "--no-deps", *lane["packages"]]
+        print("+", " ".join(install), flush=True)
+        if subprocess.call(install) != 0:
+            raise LaneError(f"lane {name} could not install {' '.join(lane['packages'])}")
+        return _pytest(lane["args"], python=python)
 
 
 def run_compile_triton(name, lane):
@@ -146,7 +159,7 @@ def run_gpu(name, lane):
     return passed, failed
 
 
-RUNNERS = {"pytest": run_pytest_lane, "compile-triton": run_compile_triton, "compile-cuda": run_compile_cuda,
+RUNNERS = {"pytest": run_pytest_lane, "pytest-venv": run_pytest_venv_lane, "compile-triton": run_compile_triton, "compile-cuda": run_compile_cuda,
            "compile-hip": run_compile_hip, "gpu": run_gpu}
 
 

@@ -8,8 +8,14 @@ tensors' device (about 6 µs).
 
 The low-level call has had several shapes across Triton releases, so the convention is detected from the
 compiled kernel the first time (``detect_convention``); when it is not one this module knows, launches stay
-on the plain path. ``KVDISPATCH_TRITON_LAUNCH`` = ``auto`` (default) | ``fast`` | ``plain`` overrides
-that choice; it is read when a plan is built, so call ``reset()`` after changing it.
+on the plain path. One step further down, where the installed launcher's Python ``__call__`` only forwards
+its arguments to its C ``launch`` (Triton 3.5-3.7 on NVIDIA, checked in its source by ``direct_launch``),
+the plan calls that C function itself, with what ``__call__`` would pass: one Python frame less, about a
+microsecond.
+
+``KVDISPATCH_TRITON_LAUNCH`` = ``auto`` (default: the deepest path detected) | ``direct`` (required) |
+``fast`` (``CompiledKernel.run``) | ``plain`` overrides that choice; it is read when a plan is built, so call
+``reset()`` after changing it.
 
 The fast path passes no launch hooks and no launch metadata (Triton's profiler hooks are skipped): use
 ``KVDISPATCH_TRITON_LAUNCH=plain`` to profile through them.
@@ -25,7 +31,7 @@ from dataclasses import dataclass
 import torch
 
 LAUNCH_ENV = "KVDISPATCH_TRITON_LAUNCH"
-LAUNCH_MODES = ("auto", "fast", "plain")
+LAUNCH_MODES = ("auto", "direct", "fast", "plain")
 # Launch plans are kept per shape; engines use a handful of (batch, width) pairs, but a caller that
 # varies them freely must not grow the cache without bound.
 MAX_PLANS = 4096
@@ -36,8 +42,21 @@ _GRID_STREAM_FUNCTION = ("gridX", "gridY", "gridZ", "stream", "function")
 _METADATA_AND_HOOKS = ("kernel_metadata", "launch_metadata", "launch_enter_hook", "launch_exit_hook")
 
 
+# What the Python ``__call__`` of Triton 3.5-3.7's CudaLauncher does, whitespace removed: scratch buffers are
+# None when their sizes are 0, then everything is forwarded to the C launch function.
+_FORWARDING_SOURCE = (
+    "ifsize>0:",
+    "returnNone",
+    "global_scratch=allocate_scratch(self.global_scratch_size,",
+    "profile_scratch=allocate_scratch(self.profile_scratch_size,",
+    "self.launch(gridX,gridY,gridZ,stream,function,self.launch_cooperative_grid,self.launch_pdl,global_scratch,"
+    "profile_scratch,*args)",
+)
+
+
 def launch_mode() -> str:
-    """``KVDISPATCH_TRITON_LAUNCH``: ``auto`` (fast where supported), ``fast`` (required) or ``plain``."""
+    """``KVDISPATCH_TRITON_LAUNCH``: ``auto`` (the deepest path supported), ``direct`` or ``fast`` (required),
+    or ``plain``."""
     mode = os.environ.get(LAUNCH_ENV, "auto").strip().lower() or "auto"
     if mode not in LAUNCH_MODES:
         raise ValueError(f"{LAUNCH_ENV} must be one of {', '.join(LAUNCH_MODES)}; got {mode!r}")
@@ -97,6 +116,40 @@ def detect_convention(compiled, arg_names, constexpr_names) -> FastConvention | 
     return None
 
 
+@dataclass(frozen=True)
+class DirectLaunch:
+    """The C launch function behind a compiled kernel's ``run`` and the two flags ``run`` passes it."""
+
+    launch: object
+    cooperative: object
+    pdl: object
+
+
+def direct_launch(compiled) -> DirectLaunch | None:
+    """The C function ``compiled.run`` forwards to, when calling it directly is exactly what ``run`` does.
+
+    Requires a kernel without scratch memory and a launcher class whose ``__call__`` source is Triton
+    3.5-3.7's NVIDIA form (``_FORWARDING_SOURCE``); anything else (3.8, AMD, a future change) returns None
+    and launches go through ``run``.
+    """
+    run = getattr(compiled, "run", None)
+    needed = ("launch", "launch_cooperative_grid", "launch_pdl", "global_scratch_size", "profile_scratch_size")
+    if run is None or not all(hasattr(run, name) for name in needed):
+        return None
+    if run.global_scratch_size or run.profile_scratch_size or not forwards_to_c_launch(type(run)):
+        return None
+    return DirectLaunch(run.launch, run.launch_cooperative_grid, run.launch_pdl)
+
+
+def forwards_to_c_launch(launcher_class) -> bool:
+    """Whether ``launcher_class.__call__`` is Triton 3.5-3.7's NVIDIA form (``_FORWARDING_SOURCE``)."""
+    try:
+        source = "".join(inspect.getsource(launcher_class.__call__).split())
+    except (AttributeError, OSError, TypeError):
+        return False
+    return all(fragment in source for fragment in _FORWARDING_SOURCE)
+
+
 def _raw_stream(device_index: int) -> int:
     return torch._C._cuda_getCurrentRawStream(device_index)
 
@@ -111,16 +164,22 @@ def _leading_pointers(compiled) -> int:
     return count
 
 
-def fast_launcher(compiled, convention: FastConvention, grid, constexpr_values: tuple, device_index: int):
+def fast_launcher(compiled, convention: FastConvention, grid, constexpr_values: tuple, device_index: int,
+                  direct: DirectLaunch | None = None):
     """A function ``launch(*runtime_args)`` that starts ``compiled`` on ``grid`` on the current stream
     of ``device_index``; ``constexpr_values`` follow the runtime arguments where the convention wants them.
+    Through ``compiled.run``, or through its C launch function when ``direct`` is given.
 
     Tensors in the leading pointer parameters are passed as their addresses: every Triton launcher takes
     an int there as it is, while for a tensor it calls ``data_ptr()`` and asks the driver about the
     pointer (``cuPointerGetAttribute``), about a microsecond per pointer. The launchers validated the
     tensors' device before.
     """
-    run, function, metadata = compiled.run, compiled.function, compiled.packed_metadata
+    function, metadata = compiled.function, compiled.packed_metadata
+    if direct is None:
+        run, extra = compiled.run, (metadata, None, None, None)
+    else:  # what run.__call__ passes: its flags, no scratch buffers, then its own arguments
+        run, extra = direct.launch, (direct.cooperative, direct.pdl, None, None, metadata, None, None, None)
     grid_x, grid_y = grid
     tail = constexpr_values if convention.with_constexprs else ()
     pointers = _leading_pointers(compiled)
@@ -132,11 +191,10 @@ def fast_launcher(compiled, convention: FastConvention, grid, constexpr_values: 
         addresses = [address(t) for t in args[:pointers]]
         if current_device() != device_index:
             with torch.cuda.device(device_index):
-                run(grid_x, grid_y, 1, raw_stream(device_index), function, metadata, None, None, None,
-                    *addresses, *args[pointers:], *tail)
+                run(grid_x, grid_y, 1, raw_stream(device_index), function, *extra, *addresses, *args[pointers:],
+                    *tail)
             return
-        run(grid_x, grid_y, 1, raw_stream(device_index), function, metadata, None, None, None, *addresses,
-            *args[pointers:], *tail)
+        run(grid_x, grid_y, 1, raw_stream(device_index), function, *extra, *addresses, *args[pointers:], *tail)
 
     return launch
 
@@ -154,6 +212,7 @@ class KernelLauncher:
         self.arg_names = tuple(getattr(kernel, "arg_names", ()))
         self.compiled: dict[tuple, object] = {}  # (device index, specialisation) -> CompiledKernel
         self.conventions: dict[tuple, FastConvention | None] = {}
+        self.direct_paths: dict[tuple, DirectLaunch | None] = {}
         self.plain_launches = 0
         self._lock = threading.Lock()
 
@@ -189,16 +248,9 @@ class KernelLauncher:
                 self.compiled.setdefault(key, compiled)
                 launched = True
         if device_index >= 0 and mode != "plain":
-            convention = self.conventions.get(key, False)
-            if convention is False:
-                convention = self.conventions[key] = detect_convention(compiled, self.arg_names,
-                                                                       self.constexpr_names)
-            if convention is not None:
-                values = tuple(constexprs[name] for name in self.constexpr_names)
-                return fast_launcher(compiled, convention, grid, values, device_index), launched
-            if mode == "fast":
-                raise RuntimeError(f"{LAUNCH_ENV}=fast, but the installed Triton's CompiledKernel.run has an "
-                                   "unknown call convention; use auto or plain")
+            fast = self._fast_plan(key, compiled, mode, grid, constexprs)
+            if fast is not None:
+                return fast, launched
 
         def launch(*args):
             if device_index >= 0:
@@ -208,6 +260,28 @@ class KernelLauncher:
                 self.plain(grid, args, constexprs, num_warps)
 
         return launch, launched
+
+    def _fast_plan(self, key, compiled, mode: str, grid, constexprs: dict):
+        """The launch below ``kernel[grid]`` that ``mode`` asks for (``auto``: the deepest detected), or
+        None for the plain path; raises when ``direct`` or ``fast`` is required but not available."""
+        convention = self.conventions.get(key, False)
+        if convention is False:
+            convention = self.conventions[key] = detect_convention(compiled, self.arg_names, self.constexpr_names)
+        if convention is None:
+            if mode in ("direct", "fast"):
+                raise RuntimeError(f"{LAUNCH_ENV}={mode}, but the installed Triton's CompiledKernel.run has an "
+                                   "unknown call convention; use auto or plain")
+            return None
+        direct = None
+        if mode in ("auto", "direct"):
+            direct = self.direct_paths.get(key, False)
+            if direct is False:  # reading the launcher's source takes milliseconds: once per kernel
+                direct = self.direct_paths[key] = direct_launch(compiled)
+            if mode == "direct" and direct is None:
+                raise RuntimeError(f"{LAUNCH_ENV}=direct, but the installed Triton's launcher does more than "
+                                   "forward to its C launch function; use auto, fast or plain")
+        values = tuple(constexprs[name] for name in self.constexpr_names)
+        return fast_launcher(compiled, convention, grid, values, key[0], direct)
 
 
 def nothing(*args):
@@ -248,6 +322,7 @@ def reset(compiled: bool = False) -> None:
         for launcher in _launchers:
             launcher.compiled.clear()
             launcher.conventions.clear()
+            launcher.direct_paths.clear()
 
 
 def warps_for(device, threads: int) -> int:

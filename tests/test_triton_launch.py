@@ -56,6 +56,32 @@ class Launcher38:
                            launch_enter_hook, launch_exit_hook) + args)
 
 
+class ForwardingLauncher36:
+    """Triton 3.5-3.7's NVIDIA CudaLauncher in miniature: ``__call__`` only forwards to ``launch`` (the C
+    function), with no scratch buffer when their sizes are 0. Its source is what ``direct_launch`` checks."""
+
+    global_scratch_size = global_scratch_align = profile_scratch_size = profile_scratch_align = 0
+    launch_cooperative_grid, launch_pdl = False, "pdl-flag"
+
+    def __init__(self):
+        self.calls, self.launch_calls = [], []
+        self.launch = lambda *args: self.launch_calls.append(args)
+
+    def __call__(self, gridX, gridY, gridZ, stream, function, *args):
+
+        def allocate_scratch(size, align, allocator):
+            if size > 0:
+                raise AssertionError("no scratch in these tests")
+            return None
+
+        global_scratch = allocate_scratch(self.global_scratch_size, self.global_scratch_align, None)
+        profile_scratch = allocate_scratch(self.profile_scratch_size, self.profile_scratch_align,
+                                           None)
+        self.calls.append((gridX, gridY, gridZ, stream, function) + args)
+        self.launch(gridX, gridY, gridZ, stream, function, self.launch_cooperative_grid, self.launch_pdl,
+                    global_scratch, profile_scratch, *args)
+
+
 def launcher_2x(grid0, grid1, grid2, num_warps, num_ctas, cluster_x, cluster_y, cluster_z, shared, stream, function,
                 enter_hook, exit_hook, compiled, *args):
     pass
@@ -103,6 +129,27 @@ def test_installed_triton_launchers_are_recognised(launcher_class):
         inspect.signature(run)
 
 
+def test_direct_launch_detection():
+    run = ForwardingLauncher36()
+    direct = launch.direct_launch(FakeCompiled(run))
+    assert direct == launch.DirectLaunch(run.launch, False, "pdl-flag")
+    run.global_scratch_size = 16  # a kernel with scratch memory: run allocates it, so no direct call
+    assert launch.direct_launch(FakeCompiled(run)) is None
+    for other in (Launcher36(), Launcher38(), launcher_2x):
+        assert launch.direct_launch(FakeCompiled(other)) is None
+    assert not launch.forwards_to_c_launch(Launcher36) and not launch.forwards_to_c_launch(len)
+
+
+@pytest.mark.parametrize("launcher_class", _installed_launcher_classes(), ids=lambda c: c.__name__)
+def test_installed_triton_direct_launch_is_known(launcher_class):
+    """Triton 3.5-3.7's NVIDIA launcher forwards directly; the AMD ones and 3.8's do more (run stays)."""
+    import triton
+
+    version = tuple(int(part) for part in triton.__version__.split(".")[:2])
+    expected = launcher_class.__name__ == "CudaLauncher" and (3, 5) <= version < (3, 8)
+    assert launch.forwards_to_c_launch(launcher_class) == expected, triton.__version__
+
+
 @pytest.fixture
 def fake_device(monkeypatch):
     """Device 3 is current; its raw stream is 77. No CUDA is touched."""
@@ -130,6 +177,18 @@ def test_fast_launcher_call(fake_device, make_run, with_constexprs):
     # Pointer parameters travel as addresses, so Triton's launcher skips its per-pointer driver query.
     tail = (tensor.data_ptr(), 42, 128) if with_constexprs else (tensor.data_ptr(), 42)
     assert run.calls == [(5, 6, 1, 77, 1234, ("metadata",), None, None, None) + tail]
+
+
+def test_direct_launcher_call(fake_device):
+    run = ForwardingLauncher36()
+    direct = launch.direct_launch(FakeCompiled(run))
+    fast = launch.fast_launcher(FakeCompiled(run), launch.FastConvention(True), (5, 6), (128,), 3, direct)
+    tensor = torch.arange(3, dtype=torch.int32)
+    fast(tensor, 42)
+    # Exactly what run.__call__ would have passed its C function, without the Python frame.
+    via_run = ForwardingLauncher36()
+    via_run(5, 6, 1, 77, 1234, ("metadata",), None, None, None, tensor.data_ptr(), 42, 128)
+    assert run.launch_calls == via_run.launch_calls and not run.calls
 
 
 def test_fast_launcher_makes_the_device_current(fake_device):
@@ -163,7 +222,7 @@ class FakeKernel:
 @pytest.mark.parametrize("mode", ("auto", "fast", "plain"))
 def test_plan_compiles_once_then_uses_the_chosen_path(fake_device, monkeypatch, mode):
     monkeypatch.setenv(launch.LAUNCH_ENV, mode)
-    run = Launcher38()
+    run = Launcher38()  # no direct path: auto means fast
     kernel = FakeKernel(run)
     launcher = launch.KernelLauncher(kernel, CONSTEXPR_NAMES)
     plan, launched = launcher.plan(3, ("spec",), (2, 4), {"BLOCK": 128}, 4, ("t", 9))
@@ -181,6 +240,27 @@ def test_plan_compiles_once_then_uses_the_chosen_path(fake_device, monkeypatch, 
         address = t.data_ptr()
         assert [c[:3] + c[-3:] for c in run.calls] == [(2, 4, 1, address, 10, 128), (2, 8, 1, address, 11, 128)]
     assert launcher.compile_count == 1
+
+
+@pytest.mark.parametrize("mode", ("auto", "direct", "fast"))
+def test_plan_takes_the_direct_path_where_it_is_detected(fake_device, monkeypatch, mode):
+    monkeypatch.setenv(launch.LAUNCH_ENV, mode)
+    run = ForwardingLauncher36()
+    launcher = launch.KernelLauncher(FakeKernel(run), CONSTEXPR_NAMES)
+    launcher.plan(3, ("spec",), (2, 4), {"BLOCK": 128}, 4, ("t", 9))
+    plan, launched = launcher.plan(3, ("spec",), (2, 4), {"BLOCK": 128}, 4, ("t", 9))
+    t = torch.zeros(2)
+    plan(t, 10)
+    address = t.data_ptr()
+    assert [c[-3:] for c in run.launch_calls] == [(address, 10, 128)]
+    assert len(run.calls) == (1 if mode == "fast" else 0)  # direct: run.__call__ never ran
+
+
+def test_direct_mode_raises_without_a_direct_path(fake_device, monkeypatch):
+    monkeypatch.setenv(launch.LAUNCH_ENV, "direct")
+    launcher = launch.KernelLauncher(FakeKernel(Launcher38()), CONSTEXPR_NAMES)
+    with pytest.raises(RuntimeError, match="direct"):
+        launcher.plan(0, ("spec",), (1, 1), {"BLOCK": 128}, 4, ("t", 1))
 
 
 def test_unknown_convention_auto_is_plain_fast_raises(fake_device, monkeypatch):
@@ -262,8 +342,16 @@ def test_unaligned_and_aligned_rows(page_size, out_offset):
 
 # --- GPU: both launch paths against the reference --------------------------------------------------
 
-@pytest.fixture(params=("plain", "fast"))
+def _direct_path_here() -> bool:
+    from triton.backends.nvidia.driver import CudaLauncher
+
+    return torch.version.cuda is not None and launch.forwards_to_c_launch(CudaLauncher)
+
+
+@pytest.fixture(params=("plain", "fast", "direct"))
 def launch_path(request, monkeypatch):
+    if request.param == "direct" and HAS_GPU and not _direct_path_here():
+        pytest.skip("the installed Triton's launcher has no direct path (not 3.5-3.7 on NVIDIA)")
     monkeypatch.setenv(launch.LAUNCH_ENV, request.param)
     launch.reset()
     yield request.param
