@@ -75,16 +75,18 @@ class Case:
 
 @dataclass(frozen=True)
 class Reps:
-    """How much to repeat: calls per CUDA graph, graph replays, eager calls per batch, batches."""
+    """How much to repeat: calls per CUDA graph, graph replays, eager calls per batch, batches, and rounds
+    (every implementation of a case is timed once per round, rounds interleaved; the median counts)."""
 
     graph_calls: int = 20
     replays: int = 100
     host_calls: int = 200
     host_batches: int = 7
     cpu_batch_seconds: float = 0.02  # CPU: calls per batch are chosen to take about this long
+    rounds: int = 3
 
 
-QUICK_REPS = Reps(graph_calls=20, replays=25, host_calls=200, host_batches=3, cpu_batch_seconds=0.004)
+QUICK_REPS = Reps(graph_calls=20, replays=25, host_calls=200, host_batches=3, cpu_batch_seconds=0.004, rounds=1)
 
 
 @dataclass
@@ -109,6 +111,8 @@ class Row:
     host_vs_add: float | None = None  # API rows: host_us / host µs of x.add_(1)
     host_vs_launch: float | None = None  # API rows: host_us / host_us of the 2-D baseline (its plain launch)
     note: str = ""
+    time_rounds: list = field(default_factory=list)  # time_us of each round (time_us is their median)
+    host_rounds: list = field(default_factory=list)
 
 
 @dataclass
@@ -313,27 +317,42 @@ def check_eager(fn, x: Inputs) -> str:
 
 
 def measure(impl: str, case: Case, x: Inputs, device: torch.device, reps: Reps) -> Row:
-    """Correctness, then timings, of one implementation on one case."""
+    """Correctness, then the first round of timings, of one implementation on one case."""
     row = Row(case.name, case.batch, case.context, case.page_size, case.width, impl)
-    fn = bind(impl, x, case.page_size)
     try:
-        wrong = check_eager(fn, x)
+        wrong = check_eager(bind(impl, x, case.page_size), x)
         if wrong:
             row.status, row.note = "WRONG", f"eager: {wrong}"
             return row
-        if device.type != "cuda":
-            row.time_us = row.host_us = wall_time_us(fn, device, reps)
-            row.timing = "wall-clock"
-            return row
-        row.host_us = host_time_us(fn, device, reps.host_calls, reps.host_batches)
-        row.time_us, row.timing, note = gpu_time_us(fn, x, reps)
-        if note.startswith("WRONG"):
-            row.status = "WRONG"
-        row.note = note
     except Exception as exc:  # one implementation failing must not stop the run
         row.status, row.note = "error", f"{type(exc).__name__}: {exc}".splitlines()[0][:300]
         _recover(device)
+        return row
+    time_again(row, x, device, reps)
     return row
+
+
+def time_again(row: Row, x: Inputs, device: torch.device, reps: Reps) -> None:
+    """One more round of timings of ``row``'s implementation; ``time_us`` and ``host_us`` become the
+    medians of the rounds so far."""
+    fn = bind(row.impl, x, row.page_size)
+    try:
+        if device.type != "cuda":
+            time_us = host_us = wall_time_us(fn, device, reps)
+            row.timing = "wall-clock"
+        else:
+            host_us = host_time_us(fn, device, reps.host_calls, reps.host_batches)
+            time_us, row.timing, note = gpu_time_us(fn, x, reps)
+            if note.startswith("WRONG"):
+                row.status, row.note = "WRONG", note
+            row.note = row.note or note
+    except Exception as exc:  # one implementation failing must not stop the run
+        row.status, row.note = "error", f"{type(exc).__name__}: {exc}".splitlines()[0][:300]
+        _recover(device)
+        return
+    row.time_rounds.append(time_us)
+    row.host_rounds.append(host_us)
+    row.time_us, row.host_us = statistics.median(row.time_rounds), statistics.median(row.host_rounds)
 
 
 def gpu_time_us(fn, x: Inputs, reps: Reps) -> tuple[float, str, str]:
@@ -544,6 +563,10 @@ def run(cases: list[Case], requested: list[str] | None, device: torch.device, re
             if uses_interpreter(impl, device) and case.batch * case.context > INTERPRETER_MAX_TOKENS:
                 continue
             case_rows.append(measure(impl, case, x, device, reps))
+        for _ in range(reps.rounds - 1):  # interleaved: slow drifts of the machine hit every row alike
+            for row in case_rows:
+                if row.status == "ok":
+                    time_again(row, x, device, reps)
         add_ratios(case_rows, refs, refs.copy_gbps)
         rows += case_rows
         print(f"[{i + 1}/{len(cases)}] {case.name}: " + ", ".join(

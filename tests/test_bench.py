@@ -119,3 +119,26 @@ def test_plot(capsys, tmp_path):
         assert rc == 2 and 'pip install "kvdispatch[bench]"' in err
     else:
         assert rc == 0 and png.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_rounds_are_interleaved_and_the_median_counts(monkeypatch):
+    order, seen = [], {}
+    factors = (1.0, 1.4, 1.2)  # the three rounds of each implementation: median 1.2
+
+    def fake_wall_time(fn, device, reps):
+        name = fn.func.__name__
+        order.append(name)
+        seen[name] = seen.get(name, -1) + 1
+        return 10.0 * (len(name)) * factors[seen[name]]
+
+    monkeypatch.setattr(bench, "wall_time_us", fake_wall_time)
+    monkeypatch.setattr(bench, "count_compilations", lambda *a: [])
+    reps = bench.Reps(rounds=3, host_batches=1)
+    report = bench.run([bench.Case(1, 64, 16)], ["torch"], torch.device("cpu"), reps, progress=open("/dev/null", "w"))
+    impls = len(report.rows)
+    assert impls >= 3 and all(r.status == "ok" for r in report.rows)
+    assert order[:impls] == order[impls: 2 * impls] == order[2 * impls:]  # round after round, not row after row
+    for row in report.rows:
+        assert len(row.time_rounds) == 3
+        assert row.time_us == row.host_us == pytest.approx(sorted(row.time_rounds)[1])
+        assert row.time_us == pytest.approx(row.time_rounds[0] * 1.2)
