@@ -221,12 +221,22 @@ def build(spec: Spec, device) -> Built:
                  indptr=_vector(spec.indptr, indptr_dt, device))
 
 
-def expected_of(built: Built, spec: Spec):
-    """The reference applied to CPU copies of everything (the whole poisoned allocations included)."""
+def cpu_inputs(built: Built) -> dict:
+    """CPU copies of every input tensor of the case (and of ``seq_lens_out``), taken now."""
     case = built.case
-    cpu = {name: (None if t is None else t.cpu()) for name, t in
-           dict(table=case.req_to_token, pool=case.req_pool_indices, lens=case.seq_lens,
-                start=case.kv_start_idx, indptr=built.indptr, seq_out=built.seq_lens_out).items()}
+    return {name: _cpu_copy(t) for name, t in
+            dict(table=case.req_to_token, pool=case.req_pool_indices, lens=case.seq_lens,
+                 start=case.kv_start_idx, indptr=built.indptr, seq_out=built.seq_lens_out).items()}
+
+
+def _cpu_copy(t):
+    return None if t is None else t.cpu().clone()
+
+
+def expected_of(built: Built, spec: Spec, cpu: dict | None = None):
+    """The reference applied to CPU copies of everything (the whole poisoned allocations included);
+    ``cpu``: those copies, when already taken (``cpu_inputs``)."""
+    cpu = cpu or cpu_inputs(built)
     store = built.out_store.cpu().clone()
     row0, col0, _, _ = spec.out_layout
     if spec.op == "page_table":
@@ -298,13 +308,10 @@ def _assert_same(actual, expected, what):
                              f"{' (POISON: never written)' if int(actual[first]) == POISON else ''}")
 
 
-INPUTS = ("req_to_token", "req_pool_indices", "seq_lens", "kv_start_idx")
-
-
 def check(backend, spec: Spec):
     built = build(spec, DEVICE)
-    expected_store, expected_seq = expected_of(built, spec)
-    inputs_before = {name: _cpu_copy(getattr(built.case, name)) for name in INPUTS}
+    inputs_before = cpu_inputs(built)
+    expected_store, expected_seq = expected_of(built, spec, inputs_before)
     run_backend(backend, built, spec)
     if spec.op == "token_csr":
         expected_store = settle_csr_overlaps(spec, built.case.req_to_token.cpu(), built.out_store.cpu(),
@@ -313,14 +320,10 @@ def check(backend, spec: Spec):
     if built.seq_lens_out is not None:
         _assert_same(built.seq_lens_out, expected_seq, f"{backend} seq_lens_out")
     # The inputs are read-only.
-    for name in INPUTS:
-        after = _cpu_copy(getattr(built.case, name))
-        assert (after is None) == (inputs_before[name] is None), name
-        assert after is None or torch.equal(after, inputs_before[name]), f"{backend} wrote into {name}"
-
-
-def _cpu_copy(t):
-    return None if t is None else t.cpu().clone()
+    after = cpu_inputs(built)
+    for name in ("table", "pool", "lens", "start", "indptr"):
+        assert (after[name] is None) == (inputs_before[name] is None), name
+        assert after[name] is None or torch.equal(after[name], inputs_before[name]), f"{backend} wrote into {name}"
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
