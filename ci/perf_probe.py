@@ -24,12 +24,13 @@ from kvdispatch import _baselines, bench
 def ours(inputs, page_size, pages, warps):
     table, out = inputs.req_to_token, inputs.out
     constexprs = page_table.constexprs_for(page_size, False, False, False, True)
+    rows_aligned = int(page_size == 1 and table.stride(0) % 4 == 0 and out.stride(0) % 4 == 0)
     constexprs["PAGES_PER_PROGRAM"] = pages
     grid = (inputs.req_pool_indices.shape[0], triton.cdiv(out.shape[1], pages))
     page_table.page_table_kernel[grid](
         table, inputs.req_pool_indices, inputs.seq_lens, table, out, out, inputs.req_pool_indices.stride(0),
         inputs.seq_lens.stride(0), 0, table.shape[0], table.shape[1], table.stride(0), out.shape[1],
-        out.stride(0), 0, 0, **constexprs, num_warps=warps)
+        out.stride(0), 0, 0, rows_aligned, **constexprs, num_warps=warps)
 
 
 def baseline(inputs, page_size, pages, warps):

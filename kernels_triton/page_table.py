@@ -2,7 +2,7 @@
 
 Program ``(b, k)`` owns pages ``[k * PAGES_PER_PROGRAM, (k + 1) * PAGES_PER_PROGRAM)`` of row ``b`` of
 ``out``. It loads the row's pool index, length and start together, gathers one slot per page in one
-round trip, and stores the pages (16-byte stores where the launcher proved the rows aligned).
+round trip, and stores the pages (16-byte accesses on page-1 rows the launcher found 16-byte aligned).
 """
 
 from __future__ import annotations
@@ -17,32 +17,30 @@ from kvdispatch import grid as launch_grid
 from . import launch as _launch
 
 RUNTIME_INTS = ("pool_stride", "lens_stride", "start_stride", "table_rows", "table_cols", "table_row_stride",
-                "out_width", "out_row_stride", "seqlen_offset", "fill_value")
+                "out_width", "out_row_stride", "seqlen_offset", "fill_value", "rows_aligned")
 POINTERS = ("table_ptr", "pool_ptr", "lens_ptr", "start_ptr", "out_ptr", "seq_lens_out_ptr")
 CONSTEXPRS = ("PAGE_SIZE", "PAGE_SHIFT", "PAGES_PER_PROGRAM", "HAS_START", "HAS_SEQ_LENS_OUT", "HAS_FILL",
-              "ALIGNED", "UNIT_STRIDES")
+              "UNIT_STRIDES")
 
 
 def _page_table_kernel(
     table_ptr, pool_ptr, lens_ptr, start_ptr, out_ptr, seq_lens_out_ptr,
     pool_stride: tl.int64, lens_stride: tl.int64, start_stride: tl.int64, table_rows: tl.int64, table_cols: tl.int64, table_row_stride: tl.int64,
-    out_width: tl.int64, out_row_stride: tl.int64, seqlen_offset: tl.int64, fill_value: tl.int64,
+    out_width: tl.int64, out_row_stride: tl.int64, seqlen_offset: tl.int64, fill_value: tl.int64, rows_aligned: tl.int64,
     PAGE_SIZE: tl.constexpr, PAGE_SHIFT: tl.constexpr, PAGES_PER_PROGRAM: tl.constexpr,
-    HAS_START: tl.constexpr, HAS_SEQ_LENS_OUT: tl.constexpr, HAS_FILL: tl.constexpr, ALIGNED: tl.constexpr,
-    UNIT_STRIDES: tl.constexpr,
+    HAS_START: tl.constexpr, HAS_SEQ_LENS_OUT: tl.constexpr, HAS_FILL: tl.constexpr, UNIT_STRIDES: tl.constexpr,
 ):
     """``out[b, p] = table[pool[b], start[b] + p * PAGE_SIZE] // PAGE_SIZE`` for the program's pages.
 
-    PAGE_SHIFT: log2(PAGE_SIZE) for powers of two, else -1. ALIGNED (PAGE_SIZE == 1 only): the table and
-    ``out`` rows are 16-byte aligned and there is no start, so the program copies consecutive columns with
-    16-byte accesses. UNIT_STRIDES: the index vectors are contiguous (the usual case), so their element
+    PAGE_SHIFT: log2(PAGE_SIZE) for powers of two, else -1. ``rows_aligned`` (a runtime flag, so that page 1
+    compiles once whatever the buffers): nonzero when the launcher found the table and ``out`` rows 16-byte
+    aligned; with PAGE_SIZE == 1 and no start, whole blocks are then copied with 16-byte accesses. UNIT_STRIDES: the index vectors are contiguous (the usual case), so their element
     addresses need no runtime multiply ahead of the row's loads.
     """
     row = tl.program_id(0)
     first = tl.program_id(1) * PAGES_PER_PROGRAM
-    page = first + tl.arange(0, PAGES_PER_PROGRAM)
-    if ALIGNED:
-        page = tl.max_contiguous(tl.multiple_of(page, PAGES_PER_PROGRAM), PAGES_PER_PROGRAM)
+    page = tl.max_contiguous(tl.multiple_of(first + tl.arange(0, PAGES_PER_PROGRAM), PAGES_PER_PROGRAM),
+                             PAGES_PER_PROGRAM)
     # Known before the row's loads return: each page's first token inside the request, and the columns.
     position = page.to(tl.int64) * PAGE_SIZE
     in_width = page < out_width
@@ -73,8 +71,8 @@ def _page_table_kernel(
     in_row = in_width & (position < limit)
     out_row = out_ptr + row.to(tl.int64) * out_row_stride
 
-    if ALIGNED:
-        if first + PAGES_PER_PROGRAM <= tl.minimum(limit, out_width):
+    if PAGE_SIZE == 1 and not HAS_START:
+        if (rows_aligned != 0) & (first + PAGES_PER_PROGRAM <= tl.minimum(limit, out_width)):
             # A whole block of a page-1 copy: no masks, so the 16-byte-aligned rows get 16-byte accesses.
             tl.store(tl.multiple_of(out_row, 16) + page, tl.load(tl.multiple_of(table_row, 16) + page))
         else:
@@ -114,22 +112,22 @@ def page_shift(page_size: int) -> int:
     return page_size.bit_length() - 1 if page_size & (page_size - 1) == 0 else -1
 
 
-def constexprs_for(page_size: int, has_start: bool, has_seq_lens_out: bool, has_fill: bool, aligned: bool,
+def constexprs_for(page_size: int, has_start: bool, has_seq_lens_out: bool, has_fill: bool,
                    unit_strides: bool = True) -> dict:
     """The constexpr arguments of one specialisation (pages per program from ``kvdispatch.grid``)."""
     return dict(PAGE_SIZE=page_size, PAGE_SHIFT=page_shift(page_size),
                 PAGES_PER_PROGRAM=launch_grid.items_per_program(launch_grid.PAGE_TABLE, page_size),
-                HAS_START=has_start, HAS_SEQ_LENS_OUT=has_seq_lens_out, HAS_FILL=has_fill, ALIGNED=aligned,
+                HAS_START=has_start, HAS_SEQ_LENS_OUT=has_seq_lens_out, HAS_FILL=has_fill,
                 UNIT_STRIDES=unit_strides)
 
 
-def _build_plan(key, out, page_size, has_start, has_seq_lens_out, has_fill, aligned, unit_strides, args):
+def _build_plan(key, out, page_size, has_start, has_seq_lens_out, has_fill, unit_strides, args):
     batch, width = key[2], key[3]
     geometry = launch_grid.page_table_launch(batch, width, page_size, writes_lengths=has_seq_lens_out)
     if geometry.grid[0] == 0:
         return _plans.add(key, _launch.nothing), False
-    constexprs = constexprs_for(page_size, has_start, has_seq_lens_out, has_fill, aligned, unit_strides)
-    specialisation = (page_size, has_start, has_seq_lens_out, has_fill, aligned, unit_strides) + key[4:7]
+    constexprs = constexprs_for(page_size, has_start, has_seq_lens_out, has_fill, unit_strides)
+    specialisation = (page_size, has_start, has_seq_lens_out, has_fill, unit_strides) + key[4:7]
     warps = _launch.warps_for(out.device, geometry.threads)
     plan, launched = launcher.plan(key[0], specialisation, geometry.grid, constexprs, warps, args)
     return _plans.add(key, plan), launched
@@ -146,24 +144,24 @@ def build_page_table(req_to_token, req_pool_indices, seq_lens, out, page_size, k
     has_start = kv_start_idx is not None
     has_seq_lens_out = seq_lens_out is not None
     has_fill = fill_value is not None
-    # Only page size 1 is a contiguous copy worth a 16-byte-access variant; larger pages are gathers of
-    # one word per page, so their kernel stays one compilation whatever the buffer width.
+    # Only page size 1 is a contiguous copy worth 16-byte accesses (larger pages are gathers of one word
+    # per page); whether its rows allow them is a runtime argument, so buffers never add a compilation.
     aligned = (page_size == 1 and not has_start and out.data_ptr() % 16 == 0 and out.stride(0) % 4 == 0
                and req_to_token.data_ptr() % 16 == 0 and req_to_token.stride(0) % 4 == 0)
     pool_stride, lens_stride = req_pool_indices.stride(0), seq_lens.stride(0)
     start_stride = kv_start_idx.stride(0) if has_start else 1
     unit_strides = pool_stride == 1 and lens_stride == 1 and start_stride == 1
     key = (out.get_device(), page_size, req_pool_indices.shape[0], out.shape[1], req_pool_indices.dtype,
-           seq_lens.dtype, kv_start_idx.dtype if has_start else None, has_seq_lens_out, has_fill, aligned,
-           unit_strides)
+           seq_lens.dtype, kv_start_idx.dtype if has_start else None, has_seq_lens_out, has_fill, unit_strides)
     rows, cols = req_to_token.shape
     args = (req_to_token, req_pool_indices, seq_lens, kv_start_idx if has_start else req_to_token, out,
             seq_lens_out if has_seq_lens_out else out, pool_stride, lens_stride, start_stride, rows, cols,
-            req_to_token.stride(0), out.shape[1], out.stride(0), seqlen_offset, fill_value if has_fill else 0)
+            req_to_token.stride(0), out.shape[1], out.stride(0), seqlen_offset, fill_value if has_fill else 0,
+            int(aligned))
     plan = _plans.get(key)
     if plan is None:
-        plan, launched = _build_plan(key, out, page_size, has_start, has_seq_lens_out, has_fill, aligned,
-                                     unit_strides, args)
+        plan, launched = _build_plan(key, out, page_size, has_start, has_seq_lens_out, has_fill, unit_strides,
+                                     args)
         if launched:
             return out
     plan(*args)
@@ -174,14 +172,12 @@ def specializations(page_sizes=(1, 16, 32, 64, 128, 96), index_types=("i32", "i6
     """Every specialisation the launcher can produce for ``page_sizes``: yields ``(signature, constexprs)``
     in the form ``triton.compiler.ASTSource`` takes (Triton >= 3.3), for each option combination and
     each index dtype (the same for the pool, length and start vectors)."""
-    flags = itertools.product((False, True), repeat=5)  # start, seq_lens_out, fill, aligned, unit strides
-    for page_size, (has_start, has_seq_lens_out, has_fill, aligned, unit_strides), index in itertools.product(
+    flags = itertools.product((False, True), repeat=4)  # start, seq_lens_out, fill, unit strides
+    for page_size, (has_start, has_seq_lens_out, has_fill, unit_strides), index in itertools.product(
             page_sizes, list(flags), index_types):
-        if aligned and (page_size != 1 or has_start):
-            continue  # the launcher never sets ALIGNED for these combinations
         signature = dict(table_ptr="*i32", pool_ptr=f"*{index}", lens_ptr=f"*{index}",
                          start_ptr=f"*{index}" if has_start else "*i32", out_ptr="*i32", seq_lens_out_ptr="*i32")
         signature.update({name: "i64" for name in RUNTIME_INTS})
-        constexprs = constexprs_for(page_size, has_start, has_seq_lens_out, has_fill, aligned, unit_strides)
+        constexprs = constexprs_for(page_size, has_start, has_seq_lens_out, has_fill, unit_strides)
         signature.update({name: "constexpr" for name in constexprs})
         yield signature, constexprs

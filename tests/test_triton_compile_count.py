@@ -107,8 +107,9 @@ def test_page_table_one_compile_per_specialisation(recorded, page_size, options)
     keys = _specialisation_keys(recorded, page_table)
     assert keys, "no launch went through Triton"
     assert all(len(triton_keys) == 1 for triton_keys in keys.values()), keys
-    # Random strides flip only the ALIGNED flag: at most two specialisations for the fixed options.
-    assert len(keys) <= 2
+    # Random widths, strides and buffer alignments: one specialisation for the fixed options (row alignment
+    # is a runtime argument).
+    assert len(keys) == 1
     assert page_table.launcher.compile_count == len(keys)
     if HAS_GPU:
         assert _triton_cache_size(page_table.page_table_kernel) - compiled_before <= len(keys)

@@ -58,8 +58,7 @@ def test_specialisations_cover_every_option():
     specs = list(crosscompile.specializations())
     page_sizes = {s.constexprs["PAGE_SIZE"] for s in specs if "PAGE_SIZE" in s.constexprs}
     assert page_sizes == set(crosscompile.PAGE_SIZES)
-    flags = {tuple(s.constexprs[k] for k in ("HAS_START", "HAS_SEQ_LENS_OUT", "HAS_FILL", "ALIGNED"))
+    flags = {tuple(s.constexprs[k] for k in ("HAS_START", "HAS_SEQ_LENS_OUT", "HAS_FILL", "UNIT_STRIDES"))
              for s in specs if "PAGE_SIZE" in s.constexprs}
-    assert len(flags) == 12  # every combination; ALIGNED only without a start (page size 1 only)
-    assert {s.constexprs["PAGE_SIZE"] for s in specs if s.constexprs.get("ALIGNED")} == {1}
+    assert len(flags) == 16  # every combination
     assert {s.constexprs["HAS_START"] for s in specs if "TOKENS_PER_PROGRAM" in s.constexprs} == {False, True}

@@ -334,7 +334,7 @@ def _page_table_matches(case, out_offset=0):
 @pytest.mark.parametrize("out_offset", (0, 1, 4))
 def test_unaligned_and_aligned_rows(page_size, out_offset):
     """Outputs whose rows start off a 16-byte boundary take the masked path, aligned ones the wide one."""
-    case = make_case(3, page_size, max_pages=page_table.constexprs_for(page_size, 0, 0, 0, 0)["PAGES_PER_PROGRAM"] * 2,
+    case = make_case(3, page_size, max_pages=page_table.constexprs_for(page_size, 0, 0, 0)["PAGES_PER_PROGRAM"] * 2,
                      device=DEVICE)
     case.seq_lens.fill_(case.req_to_token.shape[1])  # whole blocks: the unmasked path runs
     _page_table_matches(case, out_offset)
@@ -363,7 +363,7 @@ def launch_path(request, monkeypatch):
 @pytest.mark.parametrize("with_start", (False, True))
 def test_gpu_page_table_paths(launch_path, page_size, with_start):
     for attempt in range(3):  # repeated calls: the second and third take the cached plan
-        case = make_case(9, page_size, max_pages=page_table.constexprs_for(page_size, 0, 0, 0, 0)["PAGES_PER_PROGRAM"]
+        case = make_case(9, page_size, max_pages=page_table.constexprs_for(page_size, 0, 0, 0)["PAGES_PER_PROGRAM"]
                          + 3, device=DEVICE, with_start=with_start, strided_table=attempt == 1,
                          fill_value=-1 if attempt == 2 else None, width=None)
         _page_table_matches(case)

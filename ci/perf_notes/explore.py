@@ -88,17 +88,17 @@ def host_section():
     table = case.req_to_token
     ints = (table.data_ptr(), t.data_ptr(), case.seq_lens.data_ptr(), table.data_ptr(), out.data_ptr(),
             out.data_ptr(), t.stride(0), case.seq_lens.stride(0), 0, table.shape[0], table.shape[1],
-            table.stride(0), out.shape[1], out.stride(0), 0, 0)
+            table.stride(0), out.shape[1], out.stride(0), 0, 0, 0)
     tensor_args = (table, t, case.seq_lens, table, out, out) + ints[6:]
     geometry = kvdispatch.grid.page_table_launch(64, out.shape[1], 64)
     stream = torch._C._cuda_getCurrentRawStream(0)
     run, function, metadata = compiled.run, compiled.function, compiled.packed_metadata
-    constexprs = page_table.constexprs_for(64, False, False, False, False)
+    constexprs = page_table.constexprs_for(64, False, False, False)
     constexpr_values = tuple(constexprs[n] for n in page_table.CONSTEXPRS)
-    launcher = CtypesLaunch(compiled, geometry.grid, 16)
+    launcher = CtypesLaunch(compiled, geometry.grid, len(ints))
     print("ptx params", launcher.params, "threads", launcher.threads, "shared", launcher.shared)
     out.fill_(-7)
-    tail = (0,) * (len(launcher.params) - 16)
+    tail = (0,) * (len(launcher.params) - len(ints))
     rc = launcher(stream, *ints, *tail)
     torch.cuda.synchronize()
     print("ctypes launch rc", rc, "correct", torch.equal(out, expected))

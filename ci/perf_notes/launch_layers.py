@@ -33,8 +33,8 @@ def main() -> int:
     compiled = next(iter(page_table.launcher.compiled.values()))
     table, pool, lens = case.req_to_token, case.req_pool_indices, case.seq_lens
     ints = (table.data_ptr(), pool.data_ptr(), lens.data_ptr(), table.data_ptr(), out.data_ptr(), out.data_ptr(),
-            1, 1, 1, table.shape[0], table.shape[1], table.stride(0), out.shape[1], out.stride(0), 0, 0)
-    constexprs = page_table.constexprs_for(64, False, False, False, False, True)
+            1, 1, 1, table.shape[0], table.shape[1], table.stride(0), out.shape[1], out.stride(0), 0, 0, 0)
+    constexprs = page_table.constexprs_for(64, False, False, False, True)
     tail = tuple(constexprs[n] for n in page_table.CONSTEXPRS)
     grid = kvdispatch.grid.page_table_launch(64, out.shape[1], 64).grid
     stream = torch._C._cuda_getCurrentRawStream(0)
