@@ -16,7 +16,7 @@ for step in $steps; do
     bench) timeout "${BENCH_TIMEOUT:-300}" python3 -m kvdispatch bench --json "$OUT/bench.json" --markdown \
              --plot "$OUT/bench.png" > "$OUT/bench.md" 2> "$OUT/bench.err" ;;
     quick) timeout 120 python3 -m kvdispatch bench --quick > "$OUT/bench-quick.txt" 2>&1 ;;
-    lane)  timeout "${LANE_TIMEOUT:-420}" bash ci/run-lane "gpu-${VENDOR:-nvidia}" > "$OUT/lane.log" 2>&1 ;;
+    lane)  timeout "${LANE_TIMEOUT:-540}" bash ci/run-lane "gpu-${VENDOR:-nvidia}" > "$OUT/lane.log" 2>&1 ;;
     fuzz)  # The long profile: FUZZ_EXAMPLES (10,000) examples per backend and op, split into FUZZ_SHARDS
            # processes with different Hypothesis seeds, all in parallel; each prints "fuzz BACKEND OP: N
            # examples, 0 failures". On the H200 the processes share about 165 examples/s in all (the GPU
