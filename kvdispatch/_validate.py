@@ -64,15 +64,15 @@ def _common(req_to_token, req_pool_indices, seq_lens, kv_start_idx):
     return batch, device
 
 
-def _gpu_vector(t, dtypes, index, length, at_least=False):
-    """The hot-path form of ``_index_vector`` for CUDA tensors: True when ``t`` passes it."""
-    return (t.dtype in dtypes and t.dim() == 1 and t.is_cuda and t.get_device() == index
-            and (t.shape[0] >= length if at_least else t.shape[0] == length))
+def _vector_ok(t, dtypes, device, shape):
+    """The hot-path form of ``_index_vector``: True when ``t`` has one of ``dtypes``, shape ``shape`` (a
+    ``torch.Size``, so the dimension count and the length at once) and ``device``."""
+    return t.dtype in dtypes and t.shape == shape and t.device == device
 
 
-def _gpu_table(t, index, ndim):
-    """The hot-path form of ``_int32_tensor`` (plus the device) for CUDA tensors."""
-    return t.dtype is _INT32 and t.dim() == ndim and t.stride(-1) == 1 and t.is_cuda and t.get_device() == index
+def _table_ok(t, device, ndim):
+    """The hot-path form of ``_int32_tensor`` plus the device."""
+    return t.dtype is _INT32 and t.dim() == ndim and t.stride(-1) == 1 and t.device == device
 
 
 def _small_int(value, low=_INT32_MIN, high=_INT32_MAX):
@@ -82,18 +82,21 @@ def _small_int(value, low=_INT32_MIN, high=_INT32_MAX):
 def check_page_table_args(req_to_token, req_pool_indices, seq_lens, out, page_size, kv_start_idx,
                           seqlen_offset, seq_lens_out, fill_value):
     """Validate ``create_flashmla_kv_indices`` arguments; returns the device."""
-    # Hot path: a valid call on CUDA tensors passes these attribute reads and returns. Anything else,
-    # every error included, goes through the detailed checks below, which name the argument.
+    # Hot path: a valid call passes these attribute reads (each tensor's read once where possible) and
+    # returns. Anything else, every error included, goes through the detailed checks below, which name the
+    # argument. Devices are compared as objects, so CPU calls take this path too (and CI tests it).
     try:
-        index, batch = req_to_token.get_device(), req_pool_indices.shape[0]
-        if (_gpu_table(req_to_token, index, 2) and _gpu_table(out, index, 2) and out.shape[0] >= batch
-                and _gpu_vector(req_pool_indices, _INDEX_DTYPES, index, batch)
-                and _gpu_vector(seq_lens, _INDEX_DTYPES, index, batch)
-                and (kv_start_idx is None or _gpu_vector(kv_start_idx, _INDEX_DTYPES, index, batch))
-                and (seq_lens_out is None or (_gpu_table(seq_lens_out, index, 1) and seq_lens_out.shape[0] >= batch))
+        device, batch_shape = req_to_token.device, req_pool_indices.shape
+        if (len(batch_shape) == 1 and _table_ok(req_to_token, device, 2) and _table_ok(out, device, 2)
+                and out.shape[0] >= batch_shape[0]
+                and _vector_ok(req_pool_indices, _INDEX_DTYPES, device, batch_shape)
+                and _vector_ok(seq_lens, _INDEX_DTYPES, device, batch_shape)
+                and (kv_start_idx is None or _vector_ok(kv_start_idx, _INDEX_DTYPES, device, batch_shape))
+                and (seq_lens_out is None or (_table_ok(seq_lens_out, device, 1)
+                                              and seq_lens_out.shape[0] >= batch_shape[0]))
                 and _small_int(page_size, 1, MAX_PAGE_SIZE) and _small_int(seqlen_offset)
                 and (fill_value is None or _small_int(fill_value))):
-            return req_to_token.device
+            return device
     except (AttributeError, IndexError, TypeError):
         pass
     batch, device = _common(req_to_token, req_pool_indices, seq_lens, kv_start_idx)
@@ -120,13 +123,14 @@ def check_page_table_args(req_to_token, req_pool_indices, seq_lens, out, page_si
 def check_token_csr_args(req_to_token, req_pool_indices, seq_lens, kv_indptr, out, kv_start_idx):
     """Validate ``create_flashinfer_kv_indices`` arguments; returns the device."""
     try:  # hot path, as in check_page_table_args
-        index, batch = req_to_token.get_device(), req_pool_indices.shape[0]
-        if (_gpu_table(req_to_token, index, 2) and _gpu_table(out, index, 1)
-                and _gpu_vector(req_pool_indices, _INDEX_DTYPES, index, batch)
-                and _gpu_vector(seq_lens, _INDEX_DTYPES, index, batch)
-                and _gpu_vector(kv_indptr, _INDEX_DTYPES, index, batch, at_least=True)
-                and (kv_start_idx is None or _gpu_vector(kv_start_idx, _INDEX_DTYPES, index, batch))):
-            return req_to_token.device
+        device, batch_shape = req_to_token.device, req_pool_indices.shape
+        if (len(batch_shape) == 1 and _table_ok(req_to_token, device, 2) and _table_ok(out, device, 1)
+                and _vector_ok(req_pool_indices, _INDEX_DTYPES, device, batch_shape)
+                and _vector_ok(seq_lens, _INDEX_DTYPES, device, batch_shape)
+                and kv_indptr.dtype in _INDEX_DTYPES and kv_indptr.dim() == 1 and kv_indptr.device == device
+                and kv_indptr.shape[0] >= batch_shape[0]
+                and (kv_start_idx is None or _vector_ok(kv_start_idx, _INDEX_DTYPES, device, batch_shape))):
+            return device
     except (AttributeError, IndexError, TypeError):
         pass
     batch, device = _common(req_to_token, req_pool_indices, seq_lens, kv_start_idx)

@@ -1,7 +1,7 @@
 """Bad arguments: a clear TypeError/ValueError before any work, naming the argument, and nothing written.
 
-On a GPU the cases run on CUDA tensors, where valid calls take the validator's hot path and every bad one
-must fall through to the detailed checks.
+Valid calls take the validator's hot path (on CPU and CUDA tensors alike); every bad one must fall through
+to the detailed checks, which name the argument.
 """
 
 import pytest
@@ -71,6 +71,23 @@ def test_valid_calls_pass(with_options):
     args = _page_args(case)
     if with_options:
         args.update(seq_lens_out=case.seq_lens_out(), seqlen_offset=2, fill_value=-1)
+    kvdispatch.create_flashmla_kv_indices(**args, backend="torch")
+    kvdispatch.create_flashinfer_kv_indices(**_csr_args(case), backend="torch")
+
+
+@pytest.mark.parametrize("with_options", (False, True))
+def test_valid_calls_take_the_hot_path(monkeypatch, with_options):
+    """The detailed checks never run for a valid call: the hot path alone accepts it."""
+    from kvdispatch import _validate
+
+    def detailed(*args):
+        raise AssertionError("a valid call reached the detailed checks")
+
+    monkeypatch.setattr(_validate, "_common", detailed)
+    case = make_case(4, 16, with_start=with_options, device=DEVICE)
+    args = _page_args(case)
+    if with_options:
+        args.update(seq_lens_out=case.seq_lens_out(), seqlen_offset=-3, fill_value=7)
     kvdispatch.create_flashmla_kv_indices(**args, backend="torch")
     kvdispatch.create_flashinfer_kv_indices(**_csr_args(case), backend="torch")
 
