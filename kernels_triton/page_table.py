@@ -32,10 +32,11 @@ def _page_table_kernel(
 ):
     """``out[b, p] = table[pool[b], start[b] + p * PAGE_SIZE] // PAGE_SIZE`` for the program's pages.
 
-    PAGE_SHIFT: log2(PAGE_SIZE) for powers of two, else -1. ``rows_aligned`` (a runtime flag, so that page 1
-    compiles once whatever the buffers): nonzero when the launcher found the table and ``out`` rows 16-byte
-    aligned; with PAGE_SIZE == 1 and no start, whole blocks are then copied with 16-byte accesses. UNIT_STRIDES: the index vectors are contiguous (the usual case), so their element
-    addresses need no runtime multiply ahead of the row's loads.
+    PAGE_SHIFT: log2(PAGE_SIZE) for powers of two, else -1. UNIT_STRIDES: the index vectors are contiguous
+    (the usual case), so their element addresses need no runtime multiply ahead of the row's loads.
+    ``rows_aligned`` (a runtime flag, so that page 1 compiles once whatever the buffers): nonzero when the
+    launcher found the table and ``out`` rows 16-byte aligned; with PAGE_SIZE == 1 and no start, whole
+    blocks are then copied with 16-byte accesses.
     """
     row = tl.program_id(0)
     first = tl.program_id(1) * PAGES_PER_PROGRAM
