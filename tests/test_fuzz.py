@@ -184,10 +184,19 @@ class Built:
     out: torch.Tensor
     seq_lens_out: torch.Tensor | None = None
     indptr: torch.Tensor | None = None
+    # CPU copies of everything as built (inputs, and the poisoned out_store and seq_lens_out), separate from
+    # the tensors the backend gets even on a CPU run: the reference runs on them, and they show whether the
+    # backend wrote into an input.
+    cpu: dict = dataclasses.field(default_factory=dict)
 
 
-def _vector(values, dtype, device):
-    return torch.tensor(values, dtype=torch.int64).to(dtype).to(device)
+def _vector(values, dtype):
+    return torch.tensor(values, dtype=torch.int64).to(dtype)
+
+
+def _on(device, cpu_tensor):
+    """``cpu_tensor`` on ``device``, never the same tensor object or storage."""
+    return None if cpu_tensor is None else cpu_tensor.clone().to(device)
 
 
 def build(spec: Spec, device) -> Built:
@@ -201,43 +210,31 @@ def build(spec: Spec, device) -> Built:
         slots = torch.randint(0, I32_MAX, (spec.rows, spec.cols), generator=g, dtype=torch.int64)
     store = torch.full((spec.rows, offset + spec.cols + pad), POISON, dtype=torch.int32)
     store[:, offset: offset + spec.cols] = slots.to(torch.int32)
-    table = store.to(device)[:, offset: offset + spec.cols]
     pool_dt, lens_dt, start_dt, indptr_dt = spec.dtypes
-    case = Case(req_to_token=table, req_pool_indices=_vector(spec.pools, pool_dt, device),
-                seq_lens=_vector(spec.lengths, lens_dt, device), page_size=spec.page_size, width=spec.width,
-                kv_start_idx=None if spec.starts is None else _vector(spec.starts, start_dt, device),
-                seqlen_offset=spec.seqlen_offset, fill_value=spec.fill_value)
+    cpu = dict(table=store[:, offset: offset + spec.cols], pool=_vector(spec.pools, pool_dt),
+               lens=_vector(spec.lengths, lens_dt),
+               start=None if spec.starts is None else _vector(spec.starts, start_dt),
+               indptr=None if spec.indptr is None else _vector(spec.indptr, indptr_dt), seq_out=None)
+    case = Case(req_to_token=_on(device, store)[:, offset: offset + spec.cols], req_pool_indices=_on(device, cpu["pool"]),
+                seq_lens=_on(device, cpu["lens"]), page_size=spec.page_size, width=spec.width,
+                kv_start_idx=_on(device, cpu["start"]), seqlen_offset=spec.seqlen_offset, fill_value=spec.fill_value)
     row0, col0, pad, spare = spec.out_layout
     if spec.op == "page_table":
-        out_store = torch.full((row0 + spec.batch + spare, col0 + spec.width + pad), POISON, dtype=torch.int32,
-                               device=device)
-        out = out_store[row0:, col0: col0 + spec.width]
-        seq_out = None
+        cpu["out_store"] = torch.full((row0 + spec.batch + spare, col0 + spec.width + pad), POISON, dtype=torch.int32)
+        out_store = _on(device, cpu["out_store"])
         if spec.seq_lens_out_extra is not None:
-            seq_out = torch.full((spec.batch + spec.seq_lens_out_extra,), POISON, dtype=torch.int32, device=device)
-        return Built(case, out_store, out, seq_lens_out=seq_out)
-    out_store = torch.full((col0 + spec.out_len + pad,), POISON, dtype=torch.int32, device=device)
-    return Built(case, out_store, out_store[col0: col0 + spec.out_len],
-                 indptr=_vector(spec.indptr, indptr_dt, device))
+            cpu["seq_out"] = torch.full((spec.batch + spec.seq_lens_out_extra,), POISON, dtype=torch.int32)
+        return Built(case, out_store, out_store[row0:, col0: col0 + spec.width], seq_lens_out=_on(device, cpu["seq_out"]),
+                     cpu=cpu)
+    cpu["out_store"] = torch.full((col0 + spec.out_len + pad,), POISON, dtype=torch.int32)
+    out_store = _on(device, cpu["out_store"])
+    return Built(case, out_store, out_store[col0: col0 + spec.out_len], indptr=_on(device, cpu["indptr"]), cpu=cpu)
 
 
-def cpu_inputs(built: Built) -> dict:
-    """CPU copies of every input tensor of the case (and of ``seq_lens_out``), taken now."""
-    case = built.case
-    return {name: _cpu_copy(t) for name, t in
-            dict(table=case.req_to_token, pool=case.req_pool_indices, lens=case.seq_lens,
-                 start=case.kv_start_idx, indptr=built.indptr, seq_out=built.seq_lens_out).items()}
-
-
-def _cpu_copy(t):
-    return None if t is None else t.cpu().clone()
-
-
-def expected_of(built: Built, spec: Spec, cpu: dict | None = None):
-    """The reference applied to CPU copies of everything (the whole poisoned allocations included);
-    ``cpu``: those copies, when already taken (``cpu_inputs``)."""
-    cpu = cpu or cpu_inputs(built)
-    store = built.out_store.cpu().clone()
+def expected_of(built: Built, spec: Spec):
+    """The reference applied to the CPU copies of everything (the whole poisoned allocations included)."""
+    cpu = built.cpu
+    store = cpu["out_store"].clone()
     row0, col0, _, _ = spec.out_layout
     if spec.op == "page_table":
         seq_out = None if cpu["seq_out"] is None else cpu["seq_out"].clone()
@@ -310,20 +307,20 @@ def _assert_same(actual, expected, what):
 
 def check(backend, spec: Spec):
     built = build(spec, DEVICE)
-    inputs_before = cpu_inputs(built)
-    expected_store, expected_seq = expected_of(built, spec, inputs_before)
+    expected_store, expected_seq = expected_of(built, spec)
     run_backend(backend, built, spec)
+    actual_store = built.out_store.cpu()
     if spec.op == "token_csr":
-        expected_store = settle_csr_overlaps(spec, built.case.req_to_token.cpu(), built.out_store.cpu(),
-                                             expected_store)
-    _assert_same(built.out_store, expected_store, f"{backend} {spec.op} output (whole allocation)")
+        expected_store = settle_csr_overlaps(spec, built.cpu["table"], actual_store, expected_store)
+    _assert_same(actual_store, expected_store, f"{backend} {spec.op} output (whole allocation)")
     if built.seq_lens_out is not None:
         _assert_same(built.seq_lens_out, expected_seq, f"{backend} seq_lens_out")
     # The inputs are read-only.
-    after = cpu_inputs(built)
-    for name in ("table", "pool", "lens", "start", "indptr"):
-        assert (after[name] is None) == (inputs_before[name] is None), name
-        assert after[name] is None or torch.equal(after[name], inputs_before[name]), f"{backend} wrote into {name}"
+    case = built.case
+    for name, tensor in dict(table=case.req_to_token, pool=case.req_pool_indices, lens=case.seq_lens,
+                             start=case.kv_start_idx, indptr=built.indptr).items():
+        assert (tensor is None) == (built.cpu[name] is None), name
+        assert tensor is None or torch.equal(tensor.cpu(), built.cpu[name]), f"{backend} wrote into {name}"
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
