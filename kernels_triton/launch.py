@@ -9,7 +9,7 @@ tensors' device (about 6 µs).
 The low-level call has had several shapes across Triton releases, so the convention is detected from the
 compiled kernel the first time (``detect_convention``); when it is not one this module knows, launches stay
 on the plain path. One step further down, where the installed launcher's Python ``__call__`` only forwards
-its arguments to its C ``launch`` (Triton 3.5-3.7 on NVIDIA, checked in its source by ``direct_launch``),
+its arguments to its C ``launch`` (Triton 3.6 on NVIDIA; checked in the launcher's source by ``direct_launch``),
 the plan calls that C function itself, with what ``__call__`` would pass: one Python frame less, about a
 microsecond.
 
@@ -42,8 +42,9 @@ _GRID_STREAM_FUNCTION = ("gridX", "gridY", "gridZ", "stream", "function")
 _METADATA_AND_HOOKS = ("kernel_metadata", "launch_metadata", "launch_enter_hook", "launch_exit_hook")
 
 
-# What the Python ``__call__`` of Triton 3.5-3.7's CudaLauncher does, whitespace removed: scratch buffers are
-# None when their sizes are 0, then everything is forwarded to the C launch function.
+# What the Python ``__call__`` of Triton 3.6's CudaLauncher does, whitespace removed: scratch buffers are None
+# when their sizes are 0, then everything is forwarded to the C launch function. (3.8's does more; other
+# releases qualify exactly when their source reads the same.)
 _FORWARDING_SOURCE = (
     "ifsize>0:",
     "returnNone",
@@ -129,7 +130,7 @@ def direct_launch(compiled) -> DirectLaunch | None:
     """The C function ``compiled.run`` forwards to, when calling it directly is exactly what ``run`` does.
 
     Requires a kernel without scratch memory and a launcher class whose ``__call__`` source is Triton
-    3.5-3.7's NVIDIA form (``_FORWARDING_SOURCE``); anything else (3.8, AMD, a future change) returns None
+    3.6's NVIDIA form (``_FORWARDING_SOURCE``); anything else (3.8, AMD, a future change) returns None
     and launches go through ``run``.
     """
     run = getattr(compiled, "run", None)
@@ -142,7 +143,7 @@ def direct_launch(compiled) -> DirectLaunch | None:
 
 
 def forwards_to_c_launch(launcher_class) -> bool:
-    """Whether ``launcher_class.__call__`` is Triton 3.5-3.7's NVIDIA form (``_FORWARDING_SOURCE``)."""
+    """Whether ``launcher_class.__call__`` is Triton 3.6's NVIDIA form (``_FORWARDING_SOURCE``)."""
     try:
         source = "".join(inspect.getsource(launcher_class.__call__).split())
     except (AttributeError, OSError, TypeError):
