@@ -151,8 +151,9 @@ def forwards_to_c_launch(launcher_class) -> bool:
     return all(fragment in source for fragment in _FORWARDING_SOURCE)
 
 
-def _raw_stream(device_index: int) -> int:
-    return torch._C._cuda_getCurrentRawStream(device_index)
+# The current stream's handle of a device, without creating a Stream object (an alias, not a wrapper: it
+# is called on every launch). Absent from CPU-only builds of PyTorch, which never launch.
+_raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
 
 
 def _leading_pointers(compiled) -> int:
