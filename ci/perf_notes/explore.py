@@ -1,6 +1,7 @@
 """Exploration on a GPU (session 2): host-cost layers, a ctypes cuLaunchKernel prototype, empty-kernel
-floors, the page-table kernel against its previous version and the 2-D baseline, CuPy page-size
-specialisation. Prints tables; every GPU variant is checked against the reference before it is timed.
+floors, the page-table kernel against the 2-D baseline, CuPy page-size specialisation. Prints tables; every
+GPU variant is checked against the reference before it is timed. (Session 2 also timed the session-1 kernel
+here: ``git show f6a8700:kernels_triton/page_table.py``; NOTES.md has those numbers.)
 
     PYTHONPATH=. python3 ci/perf_notes/explore.py
 """
@@ -8,7 +9,6 @@ specialisation. Prints tables; every GPU variant is checked against the referenc
 from __future__ import annotations
 
 import ctypes
-import importlib.util
 import re
 import statistics
 import struct
@@ -30,10 +30,6 @@ from host_cost import host_us  # noqa: E402
 from kvcases import make_case  # noqa: E402
 from perf_probe import graph_us  # noqa: E402
 
-spec = importlib.util.spec_from_file_location("kernels_triton._page_table_old",
-                                              ROOT / "ci/perf_notes/page_table_f6a8700.py")
-old = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(old)
 
 
 # ----------------------------------------------------------------------------------------------- ctypes
@@ -164,17 +160,6 @@ def plain_graph_us(fn):
     return bench.event_time_us(graph.replay, 20, 200)
 
 
-def old_kernel(inputs, ps):
-    table, out = inputs.req_to_token, inputs.out
-    aligned = ps == 1 and table.stride(0) % 4 == 0 and out.stride(0) % 4 == 0
-    constexprs = old.constexprs_for(ps, False, False, False, aligned)
-    geometry = kvdispatch.grid.page_table_launch(inputs.req_pool_indices.shape[0], out.shape[1], ps)
-    old.page_table_kernel[geometry.grid](
-        table, inputs.req_pool_indices, inputs.seq_lens, table, out, out, inputs.req_pool_indices.stride(0),
-        inputs.seq_lens.stride(0), 0, table.shape[0], table.shape[1], table.stride(0), out.shape[1],
-        out.stride(0), 0, 0, **constexprs, num_warps=max(1, geometry.threads // 32))
-
-
 def cupy_variant(inputs, ps, module_cache, options, threads=None):
     import cupy
 
@@ -217,7 +202,6 @@ def gpu_section():
         variants = {
             "triton api (new kernel)": lambda: kvdispatch.create_flashmla_kv_indices(*args, page_size=ps,
                                                                                      backend="triton"),
-            "old kernel (f6a8700)": lambda: old_kernel(inputs, ps),
             "2d baseline": lambda: _baselines.grid_2d(*args, ps),
             "cupy api (specialised)": lambda: kvdispatch.create_flashmla_kv_indices(*args, page_size=ps,
                                                                                     backend="cupy"),
