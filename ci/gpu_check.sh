@@ -17,27 +17,34 @@ for step in $steps; do
              --plot "$OUT/bench.png" > "$OUT/bench.md" 2> "$OUT/bench.err" ;;
     quick) timeout 120 python3 -m kvdispatch bench --quick > "$OUT/bench-quick.txt" 2>&1 ;;
     lane)  timeout "${LANE_TIMEOUT:-540}" bash ci/run-lane "gpu-${VENDOR:-nvidia}" > "$OUT/lane.log" 2>&1 ;;
-    fuzz)  # The long profile: FUZZ_EXAMPLES (10,000) examples per backend and op, split into FUZZ_SHARDS
-           # processes with different Hypothesis seeds, all in parallel; each prints "fuzz BACKEND OP: N
-           # examples, 0 failures". On the H200 the processes share about 165 examples/s in all (the GPU
-           # switches between their contexts), so more shards do not finish sooner: one op per call
-           # (FUZZ_OPS) fits the device tool's 600 s.
-           shards=${FUZZ_SHARDS:-1} total=${FUZZ_EXAMPLES:-10000}
+    fuzz)  # The long profile: FUZZ_EXAMPLES (10,000) examples per backend and op. One process per op (and
+           # per shard: FUZZ_SHARDS processes with different Hypothesis seeds share the examples) runs the
+           # backends one after the other: processes on one GPU wait for each other's context at every sync
+           # (six of them on the H200 ran 16-26 examples/s each). Each prints "fuzz BACKEND OP: N examples,
+           # 0 failures", and "N examples so far" every 1,000.
+           # First every specialisation the fuzz can reach is compiled in parallel (ci/warm_kernels.py), so
+           # that the fuzz finds them in Triton's and CuPy's on-disk caches.
+           shards=${FUZZ_SHARDS:-1} total=${FUZZ_EXAMPLES:-10000} backends=${FUZZ_BACKENDS:-torch triton cupy}
+           compiled=$(for b in $backends; do [ "$b" = torch ] || echo "$b"; done)
+           [ -z "$compiled" ] || python3 ci/warm_kernels.py --backends $compiled \
+             --ops ${FUZZ_OPS:-page_table token_csr} | tee "$OUT/fuzz-warm.log"
+           selected=$(echo "$backends" | sed 's/ \+/ or /g')
            pids=()
-           for backend in ${FUZZ_BACKENDS:-torch triton cupy}; do
-             for op in ${FUZZ_OPS:-page_table token_csr}; do
-               for shard in $(seq 1 "$shards"); do
-                 KVDISPATCH_FUZZ_PROFILE=long KVDISPATCH_FUZZ_EXAMPLES=$(( (total + shards - 1) / shards )) \
-                   timeout "${FUZZ_TIMEOUT:-500}" python3 -m pytest -q -s -p no:cacheprovider --hypothesis-seed="$shard" \
-                   tests/test_fuzz.py -k "test_${op}_matches_reference and $backend" \
-                   > "$OUT/fuzz-long-$backend-$op-$shard.log" 2>&1 &
-                 pids+=($!)
-               done
+           for op in ${FUZZ_OPS:-page_table token_csr}; do
+             for shard in $(seq 1 "$shards"); do
+               KVDISPATCH_FUZZ_PROFILE=long KVDISPATCH_FUZZ_EXAMPLES=$(( (total + shards - 1) / shards )) \
+                 timeout "${FUZZ_TIMEOUT:-500}" python3 -m pytest -q -s -p no:cacheprovider --hypothesis-seed="$shard" \
+                 tests/test_fuzz.py -k "test_${op}_matches_reference and ($selected)" \
+                 > "$OUT/fuzz-long-$op-$shard.log" 2>&1 &
+               pids+=($!)
              done
            done
            status=0
            for pid in "${pids[@]}"; do wait "$pid" || status=1; done
-           grep -h "^fuzz \|passed\|failed\|Falsifying" "$OUT"/fuzz-long-*.log | sort | uniq -c
+           for log in "$OUT"/fuzz-long-*.log; do  # a timed-out run shows how far it got
+             echo "$(basename "$log"):"
+             grep "^fuzz .*failures\|passed\|failed\|Falsifying" "$log" || echo "  last: $(grep "^fuzz " "$log" | tail -1)"
+           done
            (exit $status) ;;
     *) echo "unknown step $step"; exit 2 ;;
   esac

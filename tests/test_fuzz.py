@@ -323,6 +323,12 @@ def check(backend, spec: Spec):
         assert tensor is None or torch.equal(tensor.cpu(), built.cpu[name]), f"{backend} wrote into {name}"
 
 
+def _progress(backend, op, count):
+    """In the long profile, a line every 1,000 examples: a run stopped by a timeout still shows how far it got."""
+    if PROFILE == "long" and count % 1000 == 0:
+        print(f"\nfuzz {backend} {op}: {count} examples so far", flush=True)
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_page_table_matches_reference(backend):
     examples = []
@@ -331,6 +337,7 @@ def test_page_table_matches_reference(backend):
     @given(spec=page_table_specs(backend))
     def run(spec):
         examples.append(spec.page_size)
+        _progress(backend, "page_table", len(examples))
         check(backend, spec)
 
     run()
@@ -347,6 +354,7 @@ def test_token_csr_matches_reference(backend):
     @example(spec=TOKEN_CSR_REGRESSIONS[1])
     def run(spec):
         examples.append(spec.batch)
+        _progress(backend, "token_csr", len(examples))
         check(backend, spec)
 
     run()
