@@ -136,7 +136,8 @@ def test_rounds_are_interleaved_and_the_median_counts(monkeypatch):
     reps = bench.Reps(rounds=3, host_batches=1)
     report = bench.run([bench.Case(1, 64, 16)], ["torch"], torch.device("cpu"), reps, progress=open("/dev/null", "w"))
     impls = len(report.rows)
-    assert impls >= 3 and all(r.status == "ok" for r in report.rows)
+    # api:torch and plain-torch everywhere; the Triton baselines too where TRITON_INTERPRET=1.
+    assert impls >= 2 and all(r.status == "ok" for r in report.rows)
     assert order[:impls] == order[impls: 2 * impls] == order[2 * impls:]  # round after round, not row after row
     for row in report.rows:
         assert len(row.time_rounds) == 3

@@ -60,7 +60,10 @@ def test_runs_on_the_tensors_device_and_captures_there(backend):
 
     # Capture on cuda:1: a launch on any other stream than the capturing one would break the capture.
     graph = torch.cuda.CUDAGraph()
-    out.fill_(7)
+    out.fill_(7)  # what the replay leaves untouched (spare rows) now reads 7
+    expected = out.clone()
+    reference.build_page_table(case.req_to_token, case.req_pool_indices, case.seq_lens, expected, 16,
+                               case.kv_start_idx, 0, None, -1)
     with torch.cuda.device(1):
         with torch.cuda.graph(graph):
             kvdispatch.create_flashmla_kv_indices(case.req_to_token, case.req_pool_indices, case.seq_lens, out,
