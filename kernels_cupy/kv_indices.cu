@@ -122,7 +122,6 @@ extern "C" __global__ void kv_page_table(
     if (KV_HAS(KV_LENS_OUT) && blockIdx.y == 0 && threadIdx.x == 0) seq_lens_out[b] = (int)length;
 
     const kv_i64 last = kv_min(first + items, width);
-    if (first >= last) return;
     const bool readable = pool >= 0 && pool < rows && start >= 0 && start < cols;
     // Page p is written iff its first position p * page_size is below `limit` (the length, cut at
     // the table's last column): that is p < min(ceil(L / page_size), ceil((C - start) / page_size)),
@@ -132,7 +131,7 @@ extern "C" __global__ void kv_page_table(
     int* dst = out + b * out_stride;
     const bool fill = KV_HAS(KV_FILL);
     // Offsets inside a program fit in 32 bits: kvdispatch.grid keeps items * page_size <= 65536.
-    const int count = (int)(last - first);
+    const int count = (int)kv_max(0, last - first);
     if (page_size == 1) {  // a copy: wide accesses
         const int written = (int)kv_max(0, kv_min(limit - first, count));
         if (written > 0) kv_copy(src + first, dst + first, written);
@@ -141,7 +140,9 @@ extern "C" __global__ void kv_page_table(
     }
     // Pages are independent gathers: up to 4 per thread per pass, every load issued before any store.
     const int* row = src + first * page_size;
-    const kv_i64 row_limit = limit - first * page_size;  // page first + i is written iff i * page_size < this
+    // Page first + i is written iff i * page_size < row_limit; clamped to the program's span, which
+    // implies i < count and fits in 32 bits, so each page's test is one 32-bit compare.
+    const int row_limit = (int)kv_max(0, kv_min(limit - first * page_size, (kv_i64)count * page_size));
     dst += first;
     const int threads = blockDim.x;
     for (int base = threadIdx.x; base < count; base += 4 * threads) {
@@ -149,7 +150,7 @@ extern "C" __global__ void kv_page_table(
 #pragma unroll
         for (int u = 0; u < 4; ++u) {
             const int i = base + u * threads;
-            v[u] = i < count && i * page_size < row_limit ? row[i * page_size] : 0;
+            v[u] = i * page_size < row_limit ? row[i * page_size] : 0;
         }
 #pragma unroll
         for (int u = 0; u < 4; ++u) {
