@@ -46,13 +46,12 @@ def token_csr_options():
 
 
 def warm(task):
-    """One call of the public API with small tensors of the given specialisation on cuda:0."""
+    """One call of the public API with small tensors of the given specialisation on ``device``."""
     import torch
 
     import kvdispatch
 
-    backend, op, options = task
-    device = torch.device("cuda", 0)
+    backend, op, options, device = task
     table = torch.arange(4 * 300, dtype=torch.int32, device=device).view(4, 300)
 
     def vector(values, dtype):
@@ -72,8 +71,15 @@ def warm(task):
         kvdispatch.create_flashinfer_kv_indices(
             table, vector([1, 2], pool), vector([100, 250], lens), vector([0, 100, 350], indptr), out,
             kv_start_idx=vector([0, 3], start_dtype) if start else None, backend=backend)
-    torch.cuda.synchronize()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
     return backend, op
+
+
+def tasks(backends, ops, device):
+    """Every (backend, op, options, device) to warm."""
+    options = dict(page_table=list(page_table_options()), token_csr=list(token_csr_options()))
+    return [(backend, op, o, device) for backend in backends for op in ops for o in options[op]]
 
 
 def main(argv=None):
@@ -82,17 +88,18 @@ def main(argv=None):
     parser.add_argument("--ops", nargs="+", default=["page_table", "token_csr"])
     parser.add_argument("--jobs", type=int, default=os.cpu_count())
     args = parser.parse_args(argv)
-    options = dict(page_table=list(page_table_options()), token_csr=list(token_csr_options()))
-    tasks = [(backend, op, o) for backend in args.backends for op in args.ops for o in options[op]]
+    import torch
+
+    todo = tasks(args.backends, args.ops, torch.device("cuda", 0))
     begin = time.perf_counter()
     # spawn: CUDA cannot be used in a forked child of a process that initialised it.
     with multiprocessing.get_context("spawn").Pool(args.jobs) as pool:
         done = {}
-        for backend, op in pool.imap_unordered(warm, tasks):
+        for backend, op in pool.imap_unordered(warm, todo):
             done[backend, op] = done.get((backend, op), 0) + 1
     for (backend, op), count in sorted(done.items()):
         print(f"warmed {backend} {op}: {count} specialisations")
-    print(f"warm: {len(tasks)} calls in {time.perf_counter() - begin:.0f} s with {args.jobs} processes")
+    print(f"warm: {len(todo)} calls in {time.perf_counter() - begin:.0f} s with {args.jobs} processes")
 
 
 if __name__ == "__main__":
