@@ -136,7 +136,7 @@ class References:
 
     add_host_us: float | None = None
     launch_host_us: float | None = None
-    empty_kernel_us: float | None = None
+    touch_kernel_us: float | None = None  # graph replay of a kernel with one load and one store
     copy_gbps: float | None = None
     notes: list[str] = field(default_factory=list)
 
@@ -417,7 +417,7 @@ def _warm_up_clocks(device: torch.device, seconds: float = 1.0):
 
 
 def measure_references(device: torch.device, reps: Reps) -> References:
-    """Host µs of ``x.add_(1)`` and of a plain Triton launch; empty-kernel replay; device copy bandwidth."""
+    """Host µs of ``x.add_(1)`` and of a plain Triton launch; that kernel's replay; device copy bandwidth."""
     refs = References()
     x = torch.zeros(16, device=device)
     refs.add_host_us = host_time_us(functools.partial(x.add_, 1), device, reps.host_calls, reps.host_batches)
@@ -432,7 +432,7 @@ def measure_references(device: torch.device, reps: Reps) -> References:
             touch()
             refs.launch_host_us = host_time_us(touch, device, reps.host_calls, reps.host_batches)
             graph = capture(touch, reps.graph_calls)
-            refs.empty_kernel_us = event_time_us(graph.replay, reps.graph_calls, reps.replays)
+            refs.touch_kernel_us = event_time_us(graph.replay, reps.graph_calls, reps.replays)
         except Exception as exc:
             refs.notes.append(f"plain Triton launch failed: {type(exc).__name__}: {exc}")
     else:
@@ -619,7 +619,7 @@ def header(report: Report) -> list[str]:
              f"backends: {', '.join(report.backends) or 'none'}"]
     lines += [f"backend {b} unavailable: {why}" for b, why in report.unavailable.items()]
     lines.append(f"host µs per call: x.add_(1) {_fmt(refs.add_host_us)}, plain Triton launch of a one-argument "
-                 f"kernel {_fmt(refs.launch_host_us)}; empty Triton kernel (graph replay) {_fmt(refs.empty_kernel_us)} µs; "
+                 f"kernel {_fmt(refs.launch_host_us)}; that kernel (one load, one store) replays in {_fmt(refs.touch_kernel_us)} µs; "
                  f"device copy {_fmt(refs.copy_gbps, 'g')} GB/s (read + written)")
     return lines + refs.notes
 
