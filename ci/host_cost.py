@@ -30,15 +30,25 @@ def host_us(fn, calls=2000, batches=7):
     return statistics.median(times)
 
 
+def host_case(backend="triton"):
+    """The host-cost case (batch 64, page 64, up to 512 pages, int32 vectors, no options) on cuda: the
+    public API's four positional arguments, after one call through ``backend``, and what that call wrote."""
+    case = make_case(64, 64, max_pages=512, device="cuda")
+    out = case.page_table_out()
+    args = (case.req_to_token, case.req_pool_indices, case.seq_lens, out)
+    out.fill_(-7)
+    kvdispatch.create_flashmla_kv_indices(*args, page_size=64, backend=backend)
+    torch.cuda.synchronize()
+    return args, out.clone()
+
+
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--backend", default="triton")
     backend = parser.parse_args().backend
-    case = make_case(64, 64, max_pages=512, device="cuda")
-    out = case.page_table_out()
-    args = (case.req_to_token, case.req_pool_indices, case.seq_lens, out)
+    args, _ = host_case(backend)
+    out = args[3]
     api = kvdispatch.create_flashmla_kv_indices
-    api(*args, page_size=64, backend=backend)
     name, build = dispatch.selector.resolve(out.device, "page_table", backend)
     full = (*args, 64, None, 0, None, None)
     x = torch.zeros(16, device="cuda")

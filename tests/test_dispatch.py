@@ -14,8 +14,8 @@ import pytest
 import torch
 
 import kvdispatch
-from conftest import DEVICE, GPU_BACKENDS, HAS_GPU
-from kvdispatch import devices, dispatch, reference
+from conftest import GPU_BACKENDS, HAS_GPU
+from kvdispatch import devices, dispatch
 from kvcases import POISON, loop_page_table, loop_token_csr, make_case
 from simdevices import (A100, B200, FUTURE_NVIDIA, GPU, H200, MI300X, MI355X, RX7900, FakeBackend, Sim)
 

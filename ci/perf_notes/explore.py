@@ -13,12 +13,10 @@ import re
 import statistics
 import struct
 import sys
-import time
 from pathlib import Path
 
 import torch
 import triton
-import triton.language as tl
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tests"))
@@ -26,8 +24,7 @@ sys.path.insert(0, str(ROOT / "ci"))
 import kvdispatch  # noqa: E402
 from kernels_triton import page_table  # noqa: E402
 from kvdispatch import _baselines, _validate, bench, dispatch  # noqa: E402
-from host_cost import host_us  # noqa: E402
-from kvcases import make_case  # noqa: E402
+from host_cost import host_case, host_us  # noqa: E402
 from perf_probe import graph_us  # noqa: E402
 
 
@@ -67,25 +64,20 @@ class CtypesLaunch:
 
 def host_section():
     print("== host us per call (page 64, batch 64) ==")
-    case = make_case(64, 64, max_pages=512, device="cuda")
-    out = case.page_table_out()
-    args = (case.req_to_token, case.req_pool_indices, case.seq_lens, out)
+    args, expected = host_case("triton")
+    out = args[3]
     api = kvdispatch.create_flashmla_kv_indices
-    out.fill_(-7)
-    api(*args, page_size=64, backend="triton")
-    expected = out.clone()
     name, build = dispatch.selector.resolve(out.device, "page_table", "triton")
     full = (*args, 64, None, 0, None, None)
     x = torch.zeros(16, device="cuda")
-    t = case.req_pool_indices
+    table, t, lens = args[:3]
     key = next(iter(page_table._plans))
     plan = page_table._plans[key]
     compiled = next(iter(page_table.launcher.compiled.values()))
-    table = case.req_to_token
-    ints = (table.data_ptr(), t.data_ptr(), case.seq_lens.data_ptr(), table.data_ptr(), out.data_ptr(),
-            out.data_ptr(), t.stride(0), case.seq_lens.stride(0), 0, table.shape[0], table.shape[1],
+    ints = (table.data_ptr(), t.data_ptr(), lens.data_ptr(), table.data_ptr(), out.data_ptr(),
+            out.data_ptr(), t.stride(0), lens.stride(0), 0, table.shape[0], table.shape[1],
             table.stride(0), out.shape[1], out.stride(0), 0, 0, 0)
-    tensor_args = (table, t, case.seq_lens, table, out, out) + ints[6:]
+    tensor_args = (table, t, lens, table, out, out) + ints[6:]
     geometry = kvdispatch.grid.page_table_launch(64, out.shape[1], 64)
     stream = torch._C._cuda_getCurrentRawStream(0)
     run, function, metadata = compiled.run, compiled.function, compiled.packed_metadata

@@ -18,7 +18,7 @@ import kvdispatch  # noqa: E402
 from host_cost import host_us  # noqa: E402
 from kernels_triton import page_table  # noqa: E402
 from kvcases import make_case  # noqa: E402
-from kvdispatch import _baselines, _validate, dispatch  # noqa: E402
+from kvdispatch import _baselines, _validate  # noqa: E402
 
 
 def main() -> int:

@@ -30,9 +30,8 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT / "ci"))
 import kvdispatch  # noqa: E402
-from host_cost import host_us  # noqa: E402
+from host_cost import host_case, host_us  # noqa: E402
 from kernels_triton import page_table as triton_page_table  # noqa: E402
-from kvcases import make_case  # noqa: E402
 from kvdispatch import _baselines  # noqa: E402
 
 
@@ -53,14 +52,9 @@ def main() -> int:
     native.init(ctypes.cast(cuda.cuLaunchKernel, ctypes.c_void_p).value, torch._C._cuda_getCurrentRawStream,
                 torch.int32, torch.int64)
 
-    case = make_case(64, 64, max_pages=512, device="cuda")
-    out = case.page_table_out()
-    args = (case.req_to_token, case.req_pool_indices, case.seq_lens, out)
+    args, expected = host_case("triton")
+    out = args[3]
     api = kvdispatch.create_flashmla_kv_indices
-    out.fill_(-7)
-    api(*args, page_size=64, backend="triton")
-    torch.cuda.synchronize()
-    expected = out.clone()
     _baselines.grid_2d(*args, 64)
     x = torch.zeros(16, device="cuda")
 
