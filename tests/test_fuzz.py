@@ -323,42 +323,32 @@ def check(backend, spec: Spec):
         assert tensor is None or torch.equal(tensor.cpu(), built.cpu[name]), f"{backend} wrote into {name}"
 
 
-def _progress(backend, op, count):
-    """In the long profile, a line every 1,000 examples: a run stopped by a timeout still shows how far it got."""
-    if PROFILE == "long" and count % 1000 == 0:
-        print(f"\nfuzz {backend} {op}: {count} examples so far", flush=True)
+def fuzz(backend, op, specs, regressions=()):
+    """``check`` over Hypothesis-drawn ``specs`` (the ``regressions`` first), then the count printed. In the
+    long profile a line every 1,000 examples too: a run stopped by a timeout still shows how far it got."""
+    count = 0
+
+    def run(spec):
+        nonlocal count
+        count += 1
+        if PROFILE == "long" and count % 1000 == 0:
+            print(f"\nfuzz {backend} {op}: {count} examples so far", flush=True)
+        check(backend, spec)
+
+    for spec in regressions:
+        run = example(spec=spec)(run)
+    fuzz_settings(backend)(given(spec=specs)(run))()
+    print(f"\nfuzz {backend} {op}: {count} examples, 0 failures")
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_page_table_matches_reference(backend):
-    examples = []
-
-    @fuzz_settings(backend)
-    @given(spec=page_table_specs(backend))
-    def run(spec):
-        examples.append(spec.page_size)
-        _progress(backend, "page_table", len(examples))
-        check(backend, spec)
-
-    run()
-    print(f"\nfuzz {backend} page_table: {len(examples)} examples, 0 failures")
+    fuzz(backend, "page_table", page_table_specs(backend))
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_token_csr_matches_reference(backend):
-    examples = []
-
-    @fuzz_settings(backend)
-    @given(spec=token_csr_specs(backend))
-    @example(spec=TOKEN_CSR_REGRESSIONS[0])
-    @example(spec=TOKEN_CSR_REGRESSIONS[1])
-    def run(spec):
-        examples.append(spec.batch)
-        _progress(backend, "token_csr", len(examples))
-        check(backend, spec)
-
-    run()
-    print(f"\nfuzz {backend} token_csr: {len(examples)} examples, 0 failures")
+    fuzz(backend, "token_csr", token_csr_specs(backend), TOKEN_CSR_REGRESSIONS)
 
 
 def _wrap_int32(value):

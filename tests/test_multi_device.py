@@ -49,9 +49,14 @@ def test_runs_on_the_tensors_device_and_captures_there(backend):
     torch.cuda.set_device(0)
     case = make_case(9, 16, max_pages=40, device="cuda:1", with_start=True, fill_value=-1)
     out = case.page_table_out()
-    expected = out.clone()
-    reference.build_page_table(case.req_to_token, case.req_pool_indices, case.seq_lens, expected, 16,
-                               case.kv_start_idx, 0, None, -1)
+
+    def expected_from(before):
+        expected = before.clone()
+        reference.build_page_table(case.req_to_token, case.req_pool_indices, case.seq_lens, expected, 16,
+                                   case.kv_start_idx, 0, None, -1)
+        return expected
+
+    expected = expected_from(out)
     kvdispatch.create_flashmla_kv_indices(case.req_to_token, case.req_pool_indices, case.seq_lens, out,
                                           page_size=16, kv_start_idx=case.kv_start_idx, fill_value=-1,
                                           backend=backend)  # warm-up and compile
@@ -61,9 +66,7 @@ def test_runs_on_the_tensors_device_and_captures_there(backend):
     # Capture on cuda:1: a launch on any other stream than the capturing one would break the capture.
     graph = torch.cuda.CUDAGraph()
     out.fill_(7)  # what the replay leaves untouched (spare rows) now reads 7
-    expected = out.clone()
-    reference.build_page_table(case.req_to_token, case.req_pool_indices, case.seq_lens, expected, 16,
-                               case.kv_start_idx, 0, None, -1)
+    expected = expected_from(out)
     with torch.cuda.device(1):
         with torch.cuda.graph(graph):
             kvdispatch.create_flashmla_kv_indices(case.req_to_token, case.req_pool_indices, case.seq_lens, out,
