@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 from kvdispatch import grid as launch_grid
 
-from . import page_table, token_csr
+from . import launch, page_table, token_csr
 
 PAGE_SIZES = (1, 16, 32, 64, 128, 96)
 TARGETS = (("cuda", 90, 32), ("cuda", 100, 32), ("hip", "gfx942", 64), ("hip", "gfx950", 64))
@@ -47,6 +47,8 @@ class CompileReport:
     registers: int | None
     shared_bytes: int
     num_warps: int
+    runtime_args: int
+    native_parameters: int | None  # launch.native_parameter_count: what native_launch.c would pass, or None
 
 
 def _jit(module):
@@ -87,8 +89,10 @@ def report(spec: Specialization, target, compiled) -> CompileReport:
     registers = getattr(compiled, "n_regs", None)  # set only when loaded on a device
     if registers is None:
         registers = _registers_from_asm(compiled)
+    runtime_args = sum(1 for kind in spec.signature.values() if kind != "constexpr")
     return CompileReport(spec.label, f"{target[0]}:{target[1]}", len(binary), registers,
-                         compiled.metadata.shared, spec.num_warps)
+                         compiled.metadata.shared, spec.num_warps, runtime_args,
+                         launch.native_parameter_count(compiled, runtime_args))
 
 
 def _registers_from_asm(compiled) -> int | None:

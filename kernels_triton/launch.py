@@ -13,9 +13,13 @@ its arguments to its C ``launch`` (Triton 3.6 on NVIDIA; checked in the launcher
 the plan calls that C function itself, with what ``__call__`` would pass: one Python frame less, about a
 microsecond.
 
-``KVDISPATCH_TRITON_LAUNCH`` = ``auto`` (default: the deepest path detected) | ``direct`` (required) |
-``fast`` (``CompiledKernel.run``) | ``plain`` overrides that choice; it is read when a plan is built, so call
-``reset()`` after changing it.
+Below all of these, a call whose plan exists can skip Python altogether: ``native_kernel`` checks that a
+compiled kernel takes ``cuLaunchKernel``'s parameters the way ``kernels_triton/native_launch.c`` passes
+them, and the page-table launcher then registers its plans there too (``native.py``).
+
+``KVDISPATCH_TRITON_LAUNCH`` = ``auto`` (default: the deepest path detected) | ``native`` or ``direct``
+(required) | ``fast`` (``CompiledKernel.run``) | ``plain`` overrides that choice; it is read when a plan is
+built, so call ``reset()`` after changing it.
 
 The fast path passes no launch hooks and no launch metadata (Triton's profiler hooks are skipped): use
 ``KVDISPATCH_TRITON_LAUNCH=plain`` to profile through them.
@@ -25,13 +29,14 @@ from __future__ import annotations
 
 import inspect
 import os
+import re
 import threading
 from dataclasses import dataclass
 
 import torch
 
 LAUNCH_ENV = "KVDISPATCH_TRITON_LAUNCH"
-LAUNCH_MODES = ("auto", "direct", "fast", "plain")
+LAUNCH_MODES = ("auto", "native", "direct", "fast", "plain")
 # Launch plans are kept per shape; engines use a handful of (batch, width) pairs, but a caller that
 # varies them freely must not grow the cache without bound.
 MAX_PLANS = 4096
@@ -56,8 +61,8 @@ _FORWARDING_SOURCE = (
 
 
 def launch_mode() -> str:
-    """``KVDISPATCH_TRITON_LAUNCH``: ``auto`` (the deepest path supported), ``direct`` or ``fast`` (required),
-    or ``plain``."""
+    """``KVDISPATCH_TRITON_LAUNCH``: ``auto`` (the deepest path supported), ``native``, ``direct`` or ``fast``
+    (required), or ``plain``."""
     mode = os.environ.get(LAUNCH_ENV, "auto").strip().lower() or "auto"
     if mode not in LAUNCH_MODES:
         raise ValueError(f"{LAUNCH_ENV} must be one of {', '.join(LAUNCH_MODES)}; got {mode!r}")
@@ -151,6 +156,47 @@ def forwards_to_c_launch(launcher_class) -> bool:
     return all(fragment in source for fragment in _FORWARDING_SOURCE)
 
 
+@dataclass(frozen=True)
+class NativeKernel:
+    """What ``native_launch.c`` needs to launch a compiled kernel: ``cuLaunchKernel``'s arguments."""
+
+    function: int
+    threads: int
+    shared: int
+    param_count: int
+    context: int
+
+
+def _entry_parameter_types(ptx: str) -> list[str]:
+    """The PTX types of the kernel entry's parameters (``u64``, ``b32``...)."""
+    entry = ptx.split(".entry", 1)[1].split(")", 1)[0] if ".entry" in ptx else ""
+    return re.findall(r"\.param\s+\.(\w+)", entry)
+
+
+def native_parameter_count(compiled, runtime_args: int) -> int | None:
+    """How many ``cuLaunchKernel`` parameters ``compiled`` takes, when ``native_launch.c`` can launch it:
+    an NVIDIA kernel whose parameters are its ``runtime_args`` runtime arguments then Triton's two scratch
+    pointers (left null: it needs no scratch memory), all 8 bytes wide, on one CTA per program, neither
+    cooperative nor PDL. What every Triton launcher from 3.0 to 3.8 passes in that case. None otherwise.
+    """
+    metadata = getattr(compiled, "metadata", None)
+    target = getattr(metadata, "target", None)
+    if getattr(target, "backend", None) != "cuda" or getattr(target, "warp_size", 32) != 32:
+        return None
+    if (getattr(metadata, "num_ctas", 1) != 1 or getattr(metadata, "global_scratch_size", 0)
+            or getattr(metadata, "profile_scratch_size", 0) or getattr(metadata, "launch_cooperative_grid", False)
+            or getattr(metadata, "launch_pdl", False)):
+        return None
+    asm = getattr(compiled, "asm", None)
+    ptx = asm.get("ptx") if isinstance(asm, dict) else None
+    if not isinstance(ptx, str):
+        return None
+    types = _entry_parameter_types(ptx)
+    if len(types) != runtime_args + 2 or any(t not in ("u64", "b64", "s64") for t in types):
+        return None
+    return len(types)
+
+
 # The current stream's handle of a device, without creating a Stream object (an alias, not a wrapper: it
 # is called on every launch). Absent from CPU-only builds of PyTorch, which never launch.
 _raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
@@ -215,6 +261,7 @@ class KernelLauncher:
         self.compiled: dict[tuple, object] = {}  # (device index, specialisation) -> CompiledKernel
         self.conventions: dict[tuple, FastConvention | None] = {}
         self.direct_paths: dict[tuple, DirectLaunch | None] = {}
+        self.native_kernels: dict[tuple, NativeKernel | None] = {}
         self.plain_launches = 0
         self._lock = threading.Lock()
 
@@ -275,7 +322,7 @@ class KernelLauncher:
                                    "unknown call convention; use auto or plain")
             return None
         direct = None
-        if mode in ("auto", "direct"):
+        if mode in ("auto", "native", "direct"):  # native: this plan serves the calls C hands back
             direct = self.direct_paths.get(key, False)
             if direct is False:  # reading the launcher's source takes milliseconds: once per kernel
                 direct = self.direct_paths[key] = direct_launch(compiled)
@@ -285,13 +332,52 @@ class KernelLauncher:
         values = tuple(constexprs[name] for name in self.constexpr_names)
         return fast_launcher(compiled, convention, grid, values, key[0], direct)
 
+    def native_kernel(self, device_index: int, specialisation, runtime_args: int) -> NativeKernel | None:
+        """The compiled kernel of ``(device_index, specialisation)`` as ``native_launch.c`` launches it, when
+        the launch mode allows that (``auto``, ``native``) and it can; None otherwise. Raises in ``native``
+        mode when it cannot. Call after ``plan`` (which compiles the kernel)."""
+        mode = launch_mode()
+        if mode not in ("auto", "native") or device_index < 0:
+            return None
+        key = (device_index, specialisation)
+        found = self.native_kernels.get(key, False)
+        if found is False:
+            found = self.native_kernels[key] = self._native_kernel(key, runtime_args)
+        if found is None and mode == "native":
+            from . import native  # noqa: PLC0415
+
+            reason = native.failure() or "the compiled kernel does not take cuLaunchKernel's parameters as " \
+                                         "native_launch.c passes them"
+            raise RuntimeError(f"{LAUNCH_ENV}=native, but the compiled launcher cannot launch this kernel "
+                               f"({reason}); use auto, direct, fast or plain")
+        return found
+
+    def _native_kernel(self, key, runtime_args: int) -> NativeKernel | None:
+        from . import native  # noqa: PLC0415  (built at first use)
+
+        compiled = self.compiled.get(key)
+        count = native_parameter_count(compiled, runtime_args)
+        if count is None or native.load() is None:
+            return None
+        with torch.cuda.device(key[0]):
+            context = native.current_context()
+        if not context:
+            return None
+        metadata = compiled.metadata
+        return NativeKernel(compiled.function, 32 * metadata.num_warps, metadata.shared, count, context)
+
 
 def nothing(*args):
     """The launch plan of a call with an empty grid."""
 
 
 class PlanCache(dict):
-    """Launch plans per call key (device, shape, options); forgets everything past ``MAX_PLANS``."""
+    """Launch plans per call key (device, shape, options); forgets everything past ``MAX_PLANS``.
+    ``on_clear`` runs whenever it forgets (the compiled launcher's copies of the plans go with them)."""
+
+    def __init__(self, on_clear=None):
+        super().__init__()
+        self.on_clear = on_clear
 
     def add(self, key, plan):
         if len(self) >= MAX_PLANS:
@@ -299,13 +385,18 @@ class PlanCache(dict):
         self[key] = plan
         return plan
 
+    def clear(self):
+        super().clear()
+        if self.on_clear is not None:
+            self.on_clear()
+
 
 _plan_caches: list[PlanCache] = []
 _launchers: list[KernelLauncher] = []
 
 
-def plan_cache() -> PlanCache:
-    cache = PlanCache()
+def plan_cache(on_clear=None) -> PlanCache:
+    cache = PlanCache(on_clear)
     _plan_caches.append(cache)
     return cache
 
@@ -318,13 +409,17 @@ def register(launcher: KernelLauncher) -> KernelLauncher:
 def reset(compiled: bool = False) -> None:
     """Forget the launch plans (after changing ``KVDISPATCH_TRITON_LAUNCH``); ``compiled=True`` also drops
     the cached compiled kernels (Triton keeps its own cache, so they come back without recompiling)."""
+    from . import native  # noqa: PLC0415
+
     for cache in _plan_caches:
         cache.clear()
+    native.forget_plans()
     if compiled:
         for launcher in _launchers:
             launcher.compiled.clear()
             launcher.conventions.clear()
             launcher.direct_paths.clear()
+            launcher.native_kernels.clear()
 
 
 def warps_for(device, threads: int) -> int:

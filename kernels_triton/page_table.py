@@ -2,7 +2,8 @@
 
 Program ``(b, k)`` owns pages ``[k * PAGES_PER_PROGRAM, (k + 1) * PAGES_PER_PROGRAM)`` of row ``b`` of
 ``out``. It loads the row's pool index, length and start together, gathers one slot per page in one
-round trip, and stores the pages (16-byte accesses on page-1 rows the launcher found 16-byte aligned).
+round trip, and stores the pages (16-byte accesses with streaming cache hints on page-1 rows the launcher
+found 16-byte aligned).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import triton.language as tl
 from kvdispatch import grid as launch_grid
 
 from . import launch as _launch
+from . import native
 
 RUNTIME_INTS = ("pool_stride", "lens_stride", "start_stride", "table_rows", "table_cols", "table_row_stride",
                 "out_width", "out_row_stride", "seqlen_offset", "fill_value", "rows_aligned")
@@ -75,7 +77,10 @@ def _page_table_kernel(
     if PAGE_SIZE == 1 and not HAS_START:
         if (rows_aligned != 0) & (first + PAGES_PER_PROGRAM <= tl.minimum(limit, out_width)):
             # A whole block of a page-1 copy: no masks, so the 16-byte-aligned rows get 16-byte accesses.
-            tl.store(tl.multiple_of(out_row, 16) + page, tl.load(tl.multiple_of(table_row, 16) + page))
+            # Streaming hints (table rows read once, evicted first; output stores marked .cs): 0.95x the
+            # time of the same copy without them on the H200 (ci/perf_notes/page1_variants.py).
+            values = tl.load(tl.multiple_of(table_row, 16) + page, eviction_policy="evict_first")
+            tl.store(tl.multiple_of(out_row, 16) + page, values, cache_modifier=".cs")
         else:
             _write_pages(table_row, out_row, page, position, in_row, in_width, fill_value, PAGE_SIZE, PAGE_SHIFT,
                          HAS_FILL)
@@ -105,7 +110,7 @@ def _write_pages(table_row, out_row, page, position, in_row, in_width, fill_valu
 page_table_kernel = triton.jit(_page_table_kernel, do_not_specialize=RUNTIME_INTS,
                                do_not_specialize_on_alignment=POINTERS)
 launcher = _launch.register(_launch.KernelLauncher(page_table_kernel, CONSTEXPRS))
-_plans = _launch.plan_cache()
+_plans = _launch.plan_cache(on_clear=native.forget_plans)
 
 
 def page_shift(page_size: int) -> int:
@@ -122,8 +127,10 @@ def constexprs_for(page_size: int, has_start: bool, has_seq_lens_out: bool, has_
                 UNIT_STRIDES=unit_strides)
 
 
-def _build_plan(key, out, page_size, has_start, has_seq_lens_out, has_fill, unit_strides, args):
-    batch, width = key[2], key[3]
+def _build_plan(key, out, args):
+    """The launch plan of ``key`` (``plan_key_and_arguments``), launching ``args`` when it compiles."""
+    _, page_size, batch, width = key[:4]
+    has_start, (has_seq_lens_out, has_fill, unit_strides) = key[6] is not None, key[7:10]
     geometry = launch_grid.page_table_launch(batch, width, page_size, writes_lengths=has_seq_lens_out)
     if geometry.grid[0] == 0:
         return _plans.add(key, _launch.nothing), False
@@ -131,6 +138,9 @@ def _build_plan(key, out, page_size, has_start, has_seq_lens_out, has_fill, unit
     specialisation = (page_size, has_start, has_seq_lens_out, has_fill, unit_strides) + key[4:7]
     warps = _launch.warps_for(out.device, geometry.threads)
     plan, launched = launcher.plan(key[0], specialisation, geometry.grid, constexprs, warps, args)
+    kernel = launcher.native_kernel(key[0], specialisation, len(POINTERS) + len(RUNTIME_INTS))
+    if kernel is not None:  # the compiled launcher takes this key's calls from now on
+        native.add_page_table_plan(key, kernel, geometry.grid[1])
     return _plans.add(key, plan), launched
 
 
@@ -141,6 +151,23 @@ def build_page_table(req_to_token, req_pool_indices, seq_lens, out, page_size, k
 
     Untouched: rows ``>= B``; without ``fill_value``, the columns past each row's pages.
     Arguments arrive validated by ``kvdispatch._validate``.
+    """
+    key, args = plan_key_and_arguments(req_to_token, req_pool_indices, seq_lens, out, page_size, kv_start_idx,
+                                       seqlen_offset, seq_lens_out, fill_value)
+    plan = _plans.get(key)
+    if plan is None:
+        plan, launched = _build_plan(key, out, args)
+        if launched:
+            return out
+    plan(*args)
+    return out
+
+
+def plan_key_and_arguments(req_to_token, req_pool_indices, seq_lens, out, page_size, kv_start_idx=None,
+                           seqlen_offset=0, seq_lens_out=None, fill_value=None):
+    """The launch-plan key of a call and the kernel's runtime arguments (tensors in the pointer slots),
+    as ``native_launch.c`` computes them too. Key: device index, page size, batch, width, the dtypes of
+    the pool, length and start vectors (None: no start), seq_lens_out given, fill_value given, unit strides.
     """
     has_start = kv_start_idx is not None
     has_seq_lens_out = seq_lens_out is not None
@@ -160,14 +187,7 @@ def build_page_table(req_to_token, req_pool_indices, seq_lens, out, page_size, k
     args = (req_to_token, req_pool_indices, seq_lens, kv_start_idx if has_start else req_to_token, out,
             seq_lens_out if has_seq_lens_out else out, pool_stride, lens_stride, start_stride, rows, cols,
             table_stride, width, out_stride, seqlen_offset, fill_value if has_fill else 0, int(aligned))
-    plan = _plans.get(key)
-    if plan is None:
-        plan, launched = _build_plan(key, out, page_size, has_start, has_seq_lens_out, has_fill, unit_strides,
-                                     args)
-        if launched:
-            return out
-    plan(*args)
-    return out
+    return key, args
 
 
 def specializations(page_sizes=(1, 16, 32, 64, 128, 96), index_types=("i32", "i64")):

@@ -1,4 +1,9 @@
-"""The two public index builders. Validation, then one dispatch lookup, then one kernel launch."""
+"""The two public index builders. Validation, then one dispatch lookup, then one kernel launch.
+
+A page-table call the Triton backend has launched before (same device, selection and shapes) is taken
+whole by its compiled launcher (``dispatch.fast_page_table``): the same checks, in C. Whatever it does not
+take, first calls, every error and ``KVDISPATCH_DEBUG`` included, goes the Python way below.
+"""
 
 from __future__ import annotations
 
@@ -38,6 +43,12 @@ def create_flashmla_kv_indices(req_to_token, req_pool_indices, seq_lens, out, *,
     Returns:
         ``out``.
     """
+    fast = dispatch.fast_page_table
+    if fast is not None and not _debug.ENABLED:
+        result = fast(req_to_token, req_pool_indices, seq_lens, out, page_size, kv_start_idx, seqlen_offset,
+                      seq_lens_out, fill_value, backend)
+        if result is not NotImplemented:
+            return result
     device = check_page_table_args(req_to_token, req_pool_indices, seq_lens, out, page_size, kv_start_idx,
                                    seqlen_offset, seq_lens_out, fill_value)
     if _debug.ENABLED:

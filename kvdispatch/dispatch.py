@@ -12,6 +12,7 @@ from __future__ import annotations
 import importlib
 import logging
 import os
+import sys
 import threading
 import warnings
 from dataclasses import dataclass
@@ -27,6 +28,11 @@ CHOICES = ("auto",) + BACKENDS
 OP_FUNCTIONS = {"page_table": "build_page_table", "token_csr": "build_token_indices"}
 
 log = logging.getLogger("kvdispatch")
+
+# A backend's compiled entry for whole page-table calls (``kernels_triton/native.py`` sets it once built):
+# called with the public arguments, all positional, it launches and returns ``out``, or returns
+# NotImplemented and the path below (validation, selection, the backend's Python launcher) serves.
+fast_page_table = None
 
 
 class BackendUnavailableError(RuntimeError):
@@ -57,6 +63,12 @@ class Backend:
 
     def load(self):
         return importlib.import_module(self.module)
+
+    def notify(self, hook: str, *args) -> None:
+        """Call the module's ``on_selected`` / ``on_deselected`` hook, if it is imported and has one."""
+        function = getattr(sys.modules.get(self.module), hook, None)
+        if function is not None:
+            function(*args)
 
 
 REGISTRY = {
@@ -96,6 +108,8 @@ class _Selector:
             self._chosen.clear()
             self._disabled.clear()
             self._announced.clear()
+            for backend in REGISTRY.values():
+                backend.notify("on_deselected", None)
 
     def disabled(self, device) -> dict[str, str]:
         return dict(self._disabled.get(device, {}))
@@ -165,6 +179,7 @@ class _Selector:
                     self.fail(device, name, exc)
                     continue
                 impl = self._chosen[key] = (name, function)
+                REGISTRY[name].notify("on_selected", device, op, backend)
         return impl
 
     def fail(self, device, name, exc):
@@ -179,6 +194,7 @@ class _Selector:
                 off[name] = f"{type(exc).__name__}: {exc}"
             for key in [k for k, v in self._chosen.items() if k[0] == device and v[0] == name]:
                 del self._chosen[key]
+            REGISTRY[name].notify("on_deselected", device)
         if first:
             warnings.warn(f"kvdispatch: backend {name!r} failed on {device} ({type(exc).__name__}: {exc}); "
                           "disabled for this device, the next backend serves", RuntimeWarning, stacklevel=4)

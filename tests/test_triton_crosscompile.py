@@ -54,6 +54,19 @@ def test_every_specialisation_compiles(reports, target):
         assert row["num_warps"] * warp in (64, 128, 256), row
 
 
+@pytest.mark.parametrize("target", list(TARGETS))
+def test_native_launch_parameters(reports, target):
+    """On NVIDIA every specialisation takes its runtime arguments then Triton's two scratch pointers, all
+    8 bytes wide, as kernels_triton/native_launch.c passes them; on AMD the compiled launcher is not used."""
+    returncode, stdout, stderr = reports[target]
+    assert returncode == 0, stderr[-4000:]
+    for row in json.loads(stdout):
+        if TARGETS[target][0] == "cuda":
+            assert row["native_parameters"] == row["runtime_args"] + 2, row
+        else:
+            assert row["native_parameters"] is None, row
+
+
 def test_specialisations_cover_every_option():
     specs = list(crosscompile.specializations())
     page_sizes = {s.constexprs["PAGE_SIZE"] for s in specs if "PAGE_SIZE" in s.constexprs}

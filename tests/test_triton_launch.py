@@ -12,7 +12,8 @@ from conftest import DEVICE, HAS_GPU
 pytest.importorskip("triton")
 
 import kernels_triton  # noqa: E402
-from kernels_triton import launch, page_table, token_csr  # noqa: E402
+import kvdispatch  # noqa: E402
+from kernels_triton import launch, native, page_table, token_csr  # noqa: E402
 from kvcases import POISON, make_case  # noqa: E402
 from kvdispatch import reference  # noqa: E402
 
@@ -329,7 +330,9 @@ def _page_table_matches(case, out_offset=0):
     expected, expected_seq = out.clone(), seq_out.clone()
     args = (case.req_to_token, case.req_pool_indices, case.seq_lens)
     reference.build_page_table(*args, expected, case.page_size, case.kv_start_idx, 1, expected_seq, case.fill_value)
-    kernels_triton.build_page_table(*args, out, case.page_size, case.kv_start_idx, 1, seq_out, case.fill_value)
+    kvdispatch.create_flashmla_kv_indices(*args, out, page_size=case.page_size, kv_start_idx=case.kv_start_idx,
+                                          seqlen_offset=1, seq_lens_out=seq_out, fill_value=case.fill_value,
+                                          backend="triton")
     torch.testing.assert_close(out, expected, rtol=0, atol=0)
     torch.testing.assert_close(seq_out, expected_seq, rtol=0, atol=0)
 
@@ -352,10 +355,16 @@ def _direct_path_here() -> bool:
     return torch.version.cuda is not None and launch.forwards_to_c_launch(CudaLauncher)
 
 
-@pytest.fixture(params=("plain", "fast", "direct"))
+def _native_launches() -> int:
+    return native._module.launch_count() if native._module is not None else 0
+
+
+@pytest.fixture(params=("plain", "fast", "direct", "native"))
 def launch_path(request, monkeypatch):
     if request.param == "direct" and HAS_GPU and not _direct_path_here():
         pytest.skip("the installed Triton's launcher has no direct path (Triton 3.6 on NVIDIA has one)")
+    if request.param == "native" and HAS_GPU and native.load() is None:
+        pytest.skip(f"the compiled launcher is not available here: {native.failure()}")
     monkeypatch.setenv(launch.LAUNCH_ENV, request.param)
     launch.reset()
     yield request.param
@@ -371,10 +380,14 @@ def test_gpu_page_table_paths(launch_path, page_size, with_start):
                          + 3, device=DEVICE, with_start=with_start, strided_table=attempt == 1,
                          fill_value=-1 if attempt == 2 else None, width=None)
         _page_table_matches(case)
-    if launch_path == "fast":
-        before = page_table.launcher.plain_launches
-        _page_table_matches(case)
+    before, native_before = page_table.launcher.plain_launches, _native_launches()
+    _page_table_matches(case)  # the same call again: its plan exists
+    if launch_path != "plain":
         assert page_table.launcher.plain_launches == before
+    if launch_path == "native":
+        assert _native_launches() == native_before + 1
+    elif launch_path != "plain":  # auto would take it in C, a mode below native never does
+        assert _native_launches() == native_before
 
 
 @needs_gpu
@@ -395,13 +408,18 @@ def test_gpu_token_csr_paths(launch_path, with_start):
 def test_gpu_side_stream_and_graph_replay(launch_path):
     case = make_case(4, 16, max_pages=40, device=DEVICE)
     out = case.page_table_out()
-    args = (case.req_to_token, case.req_pool_indices, case.seq_lens, out, 16)
-    kernels_triton.build_page_table(*args)  # compile and plan outside the capture
+    args = (case.req_to_token, case.req_pool_indices, case.seq_lens, out)
+
+    def build():
+        kvdispatch.create_flashmla_kv_indices(*args, page_size=16, backend="triton")
+
+    build()  # compile and plan outside the capture
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
+    native_before = _native_launches()
     with torch.cuda.stream(side):
         out.fill_(POISON)
-        kernels_triton.build_page_table(*args)
+        build()
     torch.cuda.current_stream().wait_stream(side)
     expected = out.clone().fill_(POISON)
     reference.build_page_table(case.req_to_token, case.req_pool_indices, case.seq_lens, expected, 16)
@@ -409,7 +427,8 @@ def test_gpu_side_stream_and_graph_replay(launch_path):
 
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        kernels_triton.build_page_table(*args)
+        build()
+    assert _native_launches() == native_before + (2 if launch_path == "native" else 0)
     case.seq_lens.copy_(torch.randint(1, 40 * 16, case.seq_lens.shape, device=DEVICE))
     out.fill_(POISON)
     graph.replay()
@@ -429,9 +448,11 @@ def test_gpu_tensors_on_another_device_than_the_current_one(launch_path):
         expected = out.clone()
         args = (case.req_to_token, case.req_pool_indices, case.seq_lens)
         reference.build_page_table(*args, expected, 64)
-        kernels_triton.build_page_table(*args, out, 64)
-        torch.testing.assert_close(out, expected, rtol=0, atol=0)
-        assert torch.cuda.current_device() == 0
+        for _ in range(2):  # the second call takes the plan (in C, where the device is current)
+            out.fill_(POISON)
+            kvdispatch.create_flashmla_kv_indices(*args, out, page_size=64, backend="triton")
+            torch.testing.assert_close(out, expected, rtol=0, atol=0)
+            assert torch.cuda.current_device() == 0
 
 
 @needs_gpu

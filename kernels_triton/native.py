@@ -1,0 +1,160 @@
+"""The page-table call's host path in C (``native_launch.c``), for calls whose launch plan already exists.
+
+The Python path of one public call costs about 1.6x ``x.add_(1)`` of host time on an H200 host: the
+checks, the selection lookup and the argument packing, then Triton's own C launcher. ``native_launch.c``
+does the checks, a plan lookup, the packing and ``cuLaunchKernel`` in one C function (0.9x ``add_``,
+measured with ``ci/perf_notes/native_launch.py``). It takes a call only when it is exactly a case the
+Python path has already launched: same device, selection, shape key and current context. For anything
+else it returns ``NotImplemented`` and the Python path runs, so errors, fallbacks and first calls are
+unchanged.
+
+It is built at first use, like Triton's own launcher, with the C compiler Triton needs (``CC``, else
+``cc``, ``gcc`` or ``clang``) and Python's headers, into ``$KVDISPATCH_CACHE_DIR`` (default
+``~/.cache/kvdispatch``), once per source and Python version. Where it cannot be built or loaded, or on
+anything but NVIDIA (where Triton's kernels take ``cuLaunchKernel``'s parameters as ``native_kernel``
+checks), launches stay on the Python path. ``KVDISPATCH_TRITON_LAUNCH=native`` requires it.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import importlib.util
+import logging
+import os
+import shutil
+import subprocess
+import sys
+import sysconfig
+import tempfile
+import threading
+from pathlib import Path
+
+import torch
+
+SOURCE = Path(__file__).with_name("native_launch.c")
+MODULE_NAME = "kvdispatch_native_launch"
+CACHE_ENV = "KVDISPATCH_CACHE_DIR"
+DTYPE_CODES = {None: 0, torch.int32: 1, torch.int64: 2}
+
+log = logging.getLogger("kvdispatch")
+_lock = threading.Lock()
+_module = None
+_failure: str | None = None  # why the module is not available, once that is known
+_approved: set[tuple[int, str | None]] = set()  # (device index, requested backend) resolved to Triton
+
+
+def cache_dir() -> Path:
+    configured = os.environ.get(CACHE_ENV)
+    if configured:
+        return Path(configured)
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "kvdispatch"
+
+
+def compiler() -> str | None:
+    """The C compiler to build with: ``CC``, else the first of cc, gcc, clang on the PATH."""
+    configured = os.environ.get("CC")
+    if configured:
+        return configured
+    return next((found for name in ("cc", "gcc", "clang") if (found := shutil.which(name))), None)
+
+
+def build(directory: Path | None = None):
+    """Compile (unless already cached) and import the extension; raises on any failure."""
+    cc = compiler()
+    if cc is None:
+        raise RuntimeError("no C compiler found (set CC, or install cc, gcc or clang)")
+    source = SOURCE.read_bytes()
+    suffix = sysconfig.get_config_var("EXT_SUFFIX") or ".so"
+    digest = hashlib.sha256(source + sys.version.encode() + suffix.encode()).hexdigest()[:16]
+    directory = Path(directory) if directory is not None else cache_dir()
+    target = directory / f"{MODULE_NAME}-{digest}{suffix}"
+    if not target.exists():
+        directory.mkdir(parents=True, exist_ok=True)
+        # Built under a temporary name, then renamed: ranks that build at once never load a partial file.
+        with tempfile.TemporaryDirectory(dir=directory) as scratch:
+            partial = Path(scratch) / target.name
+            command = [cc, "-O2", "-shared", "-fPIC", f"-I{sysconfig.get_paths()['include']}", str(SOURCE), "-o",
+                       str(partial)]
+            result = subprocess.run(command, capture_output=True, text=True)
+            if result.returncode != 0:
+                raise RuntimeError(f"{' '.join(command)} failed: {result.stderr.strip()[-600:]}")
+            os.replace(partial, target)
+    spec = importlib.util.spec_from_file_location(MODULE_NAME, target)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def configure_for_cuda(module) -> None:
+    """Point ``module`` at libcuda's launch and context functions and at PyTorch's raw stream query."""
+    cuda = ctypes.CDLL("libcuda.so.1")
+    module.configure(ctypes.cast(cuda.cuLaunchKernel, ctypes.c_void_p).value,
+                     ctypes.cast(cuda.cuCtxGetCurrent, ctypes.c_void_p).value,
+                     torch._C._cuda_getCurrentRawStream, torch.Tensor, torch.int32, torch.int64, "is_cuda", 0)
+
+
+def load():
+    """The configured extension, or None (the reason is in ``failure()``); built once per process."""
+    global _module, _failure
+    if _module is not None or _failure is not None:
+        return _module
+    with _lock:
+        if _module is None and _failure is None:
+            try:
+                module = build()
+                configure_for_cuda(module)
+                for index, backend in _approved:
+                    module.approve(index, backend, True)
+                from kvdispatch import dispatch  # noqa: PLC0415  (kvdispatch imports this package lazily)
+
+                dispatch.fast_page_table = module.page_table
+                _module = module
+            except Exception as exc:  # any failure: the Python path serves
+                _failure = f"{type(exc).__name__}: {exc}"
+                log.info("kvdispatch: the compiled launcher is not available (%s); launches stay in Python",
+                         _failure)
+    return _module
+
+
+def failure() -> str | None:
+    return _failure
+
+
+def on_selected(device, op, backend) -> None:
+    """The selector resolved ``(device, op, backend)`` to Triton: for the page table, the C path may take
+    such calls (once their plan exists)."""
+    if op == "page_table" and device.type == "cuda" and device.index is not None:
+        _approved.add((device.index, backend))
+        if _module is not None:
+            _module.approve(device.index, backend, True)
+
+
+def on_deselected(device=None) -> None:
+    """Triton no longer serves ``device`` (None: any device): drop its approvals and every plan."""
+    for entry in [e for e in _approved if device is None or e[0] == device.index]:
+        _approved.discard(entry)
+        if _module is not None:
+            _module.approve(entry[0], entry[1], False)
+    forget_plans()
+
+
+def current_context() -> int | None:
+    """The calling thread's current CUDA context (an int handle), or None."""
+    return _module.context() if _module is not None else None
+
+
+def forget_plans() -> None:
+    """Drop the C path's plans (after ``KVDISPATCH_TRITON_LAUNCH`` changes); a no-op before it is built."""
+    if _module is not None:
+        _module.clear_plans()
+
+
+def add_page_table_plan(key: tuple, kernel, grid_y: int) -> bool:
+    """Register the launch of one page-table call key (``page_table.plan_key_and_arguments``) with
+    ``kernel`` (a ``launch.NativeKernel``); returns whether the C path took it."""
+    device, page_size, batch, width, pool_dtype, lens_dtype, start_dtype, seq_lens_out, fill, unit = key
+    return _module.add_page_table_plan(
+        (device, page_size, batch, width, DTYPE_CODES[pool_dtype], DTYPE_CODES[lens_dtype],
+         DTYPE_CODES[start_dtype], int(seq_lens_out), int(fill), int(unit)),
+        kernel.context, kernel.function, grid_y, kernel.threads, kernel.shared, kernel.param_count)

@@ -1,0 +1,359 @@
+// The page-table call's host path in C: the validator's hot-path checks, the launch-plan lookup, the
+// argument packing and the kernel launch, for a call whose plan the Python path has already built.
+//
+// Built at first use by kernels_triton/native.py with the C compiler Triton itself needs; only the
+// Python C API (3.9+) is used: no torch or CUDA headers. Tensor metadata is read through the tensors'
+// Python attributes; the launch and context functions are handed over as addresses (libcuda's
+// cuLaunchKernel and cuCtxGetCurrent in the product, stubs in the tests).
+//
+// page_table(...) returns `out` after launching, or NotImplemented whenever anything is not exactly the
+// plain valid case it knows (an unexpected type, a failed check, no plan, another current context, a
+// failed launch): the Python path then handles the call, errors included. It never raises for bad input.
+
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stdint.h>
+#include <string.h>
+
+#if PY_VERSION_HEX < 0x030A0000
+static inline PyObject *Py_NewRef(PyObject *o) {
+    Py_INCREF(o);
+    return o;
+}
+#endif
+
+typedef int (*launch_fn)(void *function, unsigned grid_x, unsigned grid_y, unsigned grid_z, unsigned block_x,
+                         unsigned block_y, unsigned block_z, unsigned shared, void *stream, void **params,
+                         void **extra);
+typedef int (*context_fn)(void **context);
+
+#define PAGE_TABLE_ARGS 17  // the kernel's runtime parameters (kernels_triton/page_table.py)
+#define MAX_PARAMS 24
+#define TABLE_SLOTS 8192  // open addressing, at most half full (the Python plan caches hold 4096 keys each)
+#define MAX_PAGE_SIZE 4096
+
+// Configuration (configure()).
+static launch_fn launch_kernel = NULL;
+static context_fn current_context = NULL;
+static PyObject *stream_query = NULL, *tensor_type = NULL, *dtype_int32 = NULL, *dtype_int64 = NULL;
+static PyObject *device_flag = NULL;  // the attribute that is True on tensors of the launch device type
+static long index_offset = 0;         // added to get_device(): 0 on GPUs; 1 lets the tests use CPU tensors
+static unsigned long long launches = 0;
+static PyObject *s_dtype, *s_shape, *s_stride, *s_data_ptr, *s_get_device, *s_auto, *s_triton;
+
+// Which (device, requested backend) pairs the selector resolved to this launcher.
+#define MAX_DEVICES 64
+static unsigned char approved[MAX_DEVICES][3];  // [device][backend: None, "auto", "triton"]
+
+typedef struct {
+    int64_t device, page_size, batch, width, pool_dtype, lens_dtype, start_dtype, seq_lens_out, fill,
+        unit_strides;
+} plan_key;
+
+typedef struct {
+    int used;
+    plan_key key;
+    void *context;
+    uint64_t function;
+    unsigned grid_y, threads, shared, param_count;
+} plan;
+
+static plan plans[TABLE_SLOTS];
+static int plan_count = 0;
+
+static uint64_t hash_key(const plan_key *key) {
+    const int64_t *words = (const int64_t *)key;
+    uint64_t h = 1469598103934665603ull;
+    for (size_t i = 0; i < sizeof(plan_key) / sizeof(int64_t); ++i) h = (h ^ (uint64_t)words[i]) * 1099511628211ull;
+    return h;
+}
+
+static plan *find_slot(const plan_key *key) {
+    uint64_t slot = hash_key(key) % TABLE_SLOTS;
+    for (int probe = 0; probe < TABLE_SLOTS; ++probe, slot = (slot + 1) % TABLE_SLOTS) {
+        plan *p = &plans[slot];
+        if (!p->used || memcmp(&p->key, key, sizeof(plan_key)) == 0) return p;
+    }
+    return NULL;  // unreachable: the table is never more than half full
+}
+
+static void clear_plans_only(void) {
+    memset(plans, 0, sizeof(plans));
+    plan_count = 0;
+}
+
+static void clear_all(void) {
+    clear_plans_only();
+    memset(approved, 0, sizeof(approved));
+}
+
+static void set_ref(PyObject **slot, PyObject *value) {
+    PyObject *old = *slot;
+    *slot = Py_NewRef(value);
+    Py_XDECREF(old);
+}
+
+// configure(launch address, context address, stream query, torch.Tensor, torch.int32, torch.int64, device flag,
+//           index offset)
+static PyObject *configure(PyObject *self, PyObject *args) {
+    unsigned long long launch_address, context_address;
+    PyObject *query, *type, *i32, *i64, *flag;
+    long offset;
+    if (!PyArg_ParseTuple(args, "KKOOOOUl", &launch_address, &context_address, &query, &type, &i32, &i64, &flag,
+                          &offset))
+        return NULL;
+    if (!PyType_Check(type)) return PyErr_Format(PyExc_TypeError, "configure: the tensor type must be a type");
+    set_ref(&stream_query, query);
+    set_ref(&tensor_type, type);
+    set_ref(&dtype_int32, i32);
+    set_ref(&dtype_int64, i64);
+    Py_INCREF(flag);
+    PyUnicode_InternInPlace(&flag);
+    set_ref(&device_flag, flag);
+    Py_DECREF(flag);
+    launch_kernel = (launch_fn)(uintptr_t)launch_address;
+    current_context = (context_fn)(uintptr_t)context_address;
+    index_offset = offset;
+    launches = 0;
+    clear_all();
+    Py_RETURN_NONE;
+}
+
+static PyObject *clear(PyObject *self, PyObject *unused) {
+    clear_all();
+    Py_RETURN_NONE;
+}
+
+static PyObject *clear_plans(PyObject *self, PyObject *unused) {
+    clear_plans_only();
+    Py_RETURN_NONE;
+}
+
+static PyObject *launch_count(PyObject *self, PyObject *unused) { return PyLong_FromUnsignedLongLong(launches); }
+
+// The requested backend as the selector's key has it: 0 None, 1 "auto", 2 "triton"; -1 anything else.
+static int backend_code(PyObject *backend) {
+    if (backend == Py_None) return 0;
+    if (!PyUnicode_CheckExact(backend)) return -1;
+    if (backend == s_auto || PyUnicode_Compare(backend, s_auto) == 0) return 1;
+    if (backend == s_triton || PyUnicode_Compare(backend, s_triton) == 0) return 2;
+    return -1;
+}
+
+// approve(device index, backend, on): whether the selector resolves (device, backend) to this launcher.
+static PyObject *approve(PyObject *self, PyObject *args) {
+    long device;
+    PyObject *backend;
+    int on;
+    if (!PyArg_ParseTuple(args, "lOp", &device, &backend, &on)) return NULL;
+    int code = backend_code(backend);
+    if (PyErr_Occurred()) return NULL;
+    if (device >= 0 && device < MAX_DEVICES && code >= 0) approved[device][code] = (unsigned char)on;
+    Py_RETURN_NONE;
+}
+
+static PyObject *context(PyObject *self, PyObject *unused) {
+    void *ctx = NULL;
+    if (current_context == NULL || current_context(&ctx) != 0) Py_RETURN_NONE;
+    return PyLong_FromUnsignedLongLong((uint64_t)(uintptr_t)ctx);
+}
+
+// add_page_table_plan(key tuple of 10 ints, context, function, grid_y, threads, shared, param_count) -> added
+// key: device, page size, batch, width, pool dtype, lens dtype, start dtype, seq_lens_out, fill, unit strides
+// (dtypes: 0 absent, 1 int32, 2 int64), as page_table() computes it from its arguments.
+static PyObject *add_page_table_plan(PyObject *self, PyObject *args) {
+    PyObject *key_tuple;
+    unsigned long long ctx, function;
+    unsigned grid_y, threads, shared, param_count;
+    if (!PyArg_ParseTuple(args, "O!KKIIII", &PyTuple_Type, &key_tuple, &ctx, &function, &grid_y, &threads, &shared,
+                          &param_count))
+        return NULL;
+    if (PyTuple_GET_SIZE(key_tuple) != 10)
+        return PyErr_Format(PyExc_ValueError, "add_page_table_plan: the key has 10 fields");
+    if (param_count < PAGE_TABLE_ARGS || param_count > MAX_PARAMS)
+        return PyErr_Format(PyExc_ValueError, "add_page_table_plan: %u parameters, expected %d to %d", param_count,
+                            PAGE_TABLE_ARGS, MAX_PARAMS);
+    plan_key key;
+    memset(&key, 0, sizeof(key));
+    int64_t fields[10];
+    for (int i = 0; i < 10; ++i) fields[i] = PyLong_AsLongLong(PyTuple_GET_ITEM(key_tuple, i));
+    if (PyErr_Occurred()) return NULL;
+    key.device = fields[0], key.page_size = fields[1], key.batch = fields[2], key.width = fields[3];
+    key.pool_dtype = fields[4], key.lens_dtype = fields[5], key.start_dtype = fields[6];
+    key.seq_lens_out = fields[7], key.fill = fields[8], key.unit_strides = fields[9];
+    plan *p = find_slot(&key);
+    if (!p->used) {
+        if (plan_count * 2 >= TABLE_SLOTS) Py_RETURN_FALSE;  // full: such calls stay on the Python path
+        ++plan_count;
+    }
+    p->used = 1;
+    p->key = key;
+    p->context = (void *)(uintptr_t)ctx;
+    p->function = function;
+    p->grid_y = grid_y, p->threads = threads, p->shared = shared, p->param_count = param_count;
+    Py_RETURN_TRUE;
+}
+
+typedef struct {
+    int64_t size[2], stride[2];
+    uint64_t data;
+    long device;
+    int dtype;  // 1 int32, 2 int64, 0 other
+} tensor_info;
+
+// What the validator's hot path reads, for a tensor of exactly `dim` dimensions on the launch device type.
+// Returns 0, or -1 with no error set when anything does not fit.
+static int read_tensor(PyObject *t, int dim, tensor_info *info) {
+    if (Py_TYPE(t) != (PyTypeObject *)tensor_type) return -1;
+    PyObject *flag = PyObject_GetAttr(t, device_flag);
+    int ok = flag == Py_True;
+    Py_XDECREF(flag);
+    PyObject *dtype = ok ? PyObject_GetAttr(t, s_dtype) : NULL;
+    PyObject *shape = dtype ? PyObject_GetAttr(t, s_shape) : NULL;
+    PyObject *stride = shape ? PyObject_CallMethodNoArgs(t, s_stride) : NULL;
+    PyObject *data = stride ? PyObject_CallMethodNoArgs(t, s_data_ptr) : NULL;
+    PyObject *device = data ? PyObject_CallMethodNoArgs(t, s_get_device) : NULL;
+    ok = device && PyTuple_Check(shape) && PyTuple_Check(stride) && PyTuple_GET_SIZE(shape) == dim &&
+         PyTuple_GET_SIZE(stride) == dim;
+    if (ok) {
+        for (int i = 0; i < dim; ++i) {
+            info->size[i] = PyLong_AsLongLong(PyTuple_GET_ITEM(shape, i));
+            info->stride[i] = PyLong_AsLongLong(PyTuple_GET_ITEM(stride, i));
+        }
+        info->data = PyLong_AsUnsignedLongLong(data);
+        info->device = PyLong_AsLong(device) + index_offset;
+        info->dtype = dtype == dtype_int32 ? 1 : dtype == dtype_int64 ? 2 : 0;
+        ok = !PyErr_Occurred() && info->device >= 0;
+    }
+    Py_XDECREF(dtype);
+    Py_XDECREF(shape);
+    Py_XDECREF(stride);
+    Py_XDECREF(data);
+    Py_XDECREF(device);
+    PyErr_Clear();
+    return ok ? 0 : -1;
+}
+
+// An index vector (int32/int64, [batch]) on `device`; returns its dtype code, or 0.
+static int index_vector(PyObject *t, long device, int64_t batch, tensor_info *info) {
+    if (read_tensor(t, 1, info) || info->dtype == 0 || info->size[0] != batch || info->device != device) return 0;
+    return info->dtype;
+}
+
+// An exact Python int in [low, high] into *value; 0 when it is not one (bool included).
+static int small_int(PyObject *o, int64_t low, int64_t high, int64_t *value) {
+    if (!PyLong_CheckExact(o)) return 0;
+    int overflow = 0;
+    long long v = PyLong_AsLongLongAndOverflow(o, &overflow);
+    if (overflow || (v == -1 && PyErr_Occurred())) {
+        PyErr_Clear();
+        return 0;
+    }
+    *value = v;
+    return v >= low && v <= high;
+}
+
+// page_table(req_to_token, req_pool_indices, seq_lens, out, page_size, kv_start_idx, seqlen_offset,
+//            seq_lens_out, fill_value, backend): the public API's arguments, all positional.
+static PyObject *page_table(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 10 || launch_kernel == NULL) Py_RETURN_NOTIMPLEMENTED;
+    PyObject *start_obj = args[5], *lens_out_obj = args[7], *fill_obj = args[8];
+    tensor_info table, pool, lens, out, start, lens_out;
+    int64_t page_size, offset, fill = 0;
+    plan_key key;
+    memset(&key, 0, sizeof(key));
+    int backend = backend_code(args[9]);
+    if (backend < 0) {
+        PyErr_Clear();
+        Py_RETURN_NOTIMPLEMENTED;
+    }
+    if (!small_int(args[4], 1, MAX_PAGE_SIZE, &page_size) || !small_int(args[6], INT32_MIN, INT32_MAX, &offset) ||
+        (fill_obj != Py_None && !small_int(fill_obj, INT32_MIN, INT32_MAX, &fill)))
+        Py_RETURN_NOTIMPLEMENTED;
+    if (read_tensor(args[0], 2, &table) || table.dtype != 1 || table.stride[1] != 1) Py_RETURN_NOTIMPLEMENTED;
+    long device = table.device;
+    if (device >= MAX_DEVICES || !approved[device][backend]) Py_RETURN_NOTIMPLEMENTED;  // device >= 0 here
+    if (read_tensor(args[1], 1, &pool) || pool.dtype == 0 || pool.device != device) Py_RETURN_NOTIMPLEMENTED;
+    int64_t batch = pool.size[0];
+    key.lens_dtype = index_vector(args[2], device, batch, &lens);
+    if (!key.lens_dtype) Py_RETURN_NOTIMPLEMENTED;
+    if (read_tensor(args[3], 2, &out) || out.dtype != 1 || out.stride[1] != 1 || out.device != device ||
+        out.size[0] < batch)
+        Py_RETURN_NOTIMPLEMENTED;
+    int64_t start_stride = 1;
+    if (start_obj != Py_None) {
+        key.start_dtype = index_vector(start_obj, device, batch, &start);
+        if (!key.start_dtype) Py_RETURN_NOTIMPLEMENTED;
+        start_stride = start.stride[0];
+    }
+    if (lens_out_obj != Py_None) {
+        if (read_tensor(lens_out_obj, 1, &lens_out) || lens_out.dtype != 1 || lens_out.stride[0] != 1 ||
+            lens_out.device != device || lens_out.size[0] < batch)
+            Py_RETURN_NOTIMPLEMENTED;
+        key.seq_lens_out = 1;
+    }
+    key.device = device, key.page_size = page_size, key.batch = batch, key.width = out.size[1];
+    key.pool_dtype = pool.dtype, key.fill = fill_obj != Py_None;
+    key.unit_strides = pool.stride[0] == 1 && lens.stride[0] == 1 && start_stride == 1;
+    plan *p = find_slot(&key);
+    if (p == NULL || !p->used) Py_RETURN_NOTIMPLEMENTED;
+    void *ctx = NULL;
+    if (current_context(&ctx) != 0 || ctx != p->context) Py_RETURN_NOTIMPLEMENTED;
+
+    PyObject *index = PyLong_FromLong(device);
+    PyObject *stream_obj = index ? PyObject_CallOneArg(stream_query, index) : NULL;
+    Py_XDECREF(index);
+    if (stream_obj == NULL) return NULL;  // the stream query itself failed: a real error
+    uint64_t stream = PyLong_AsUnsignedLongLongMask(stream_obj);
+    Py_DECREF(stream_obj);
+    if (PyErr_Occurred()) return NULL;
+
+    // Only page size 1 without a start gets 16-byte accesses, on 16-byte-aligned rows (as in Python).
+    int aligned = page_size == 1 && start_obj == Py_None && out.stride[0] % 4 == 0 && table.stride[0] % 4 == 0 &&
+                  out.data % 16 == 0 && table.data % 16 == 0;
+    uint64_t values[MAX_PARAMS] = {
+        table.data, pool.data, lens.data, start_obj != Py_None ? start.data : table.data, out.data,
+        lens_out_obj != Py_None ? lens_out.data : out.data, (uint64_t)pool.stride[0], (uint64_t)lens.stride[0],
+        (uint64_t)start_stride, (uint64_t)table.size[0], (uint64_t)table.size[1], (uint64_t)table.stride[0],
+        (uint64_t)out.size[1], (uint64_t)out.stride[0], (uint64_t)offset, (uint64_t)fill, (uint64_t)aligned};
+    // The rest stay 0: Triton's scratch pointers, null for kernels that need no scratch memory.
+    void *params[MAX_PARAMS];
+    for (unsigned i = 0; i < p->param_count; ++i) params[i] = &values[i];
+    void *function = (void *)(uintptr_t)p->function;
+    unsigned grid_y = p->grid_y, threads = p->threads, shared = p->shared;
+    int rc;
+    Py_BEGIN_ALLOW_THREADS;
+    rc = launch_kernel(function, (unsigned)batch, grid_y, 1, threads, 1, 1, shared, (void *)(uintptr_t)stream,
+                       params, NULL);
+    Py_END_ALLOW_THREADS;
+    if (rc != 0) Py_RETURN_NOTIMPLEMENTED;  // the Python path makes this call and reports what it finds
+    ++launches;
+    return Py_NewRef(args[3]);
+}
+
+static PyMethodDef methods[] = {
+    {"configure", configure, METH_VARARGS,
+     "configure(launch address, context address, stream query, tensor type, int32, int64, device flag)"},
+    {"clear", clear, METH_NOARGS, "forget every plan and approval"},
+    {"clear_plans", clear_plans, METH_NOARGS, "forget every plan, keep the approvals"},
+    {"launch_count", launch_count, METH_NOARGS, "launches made since configure()"},
+    {"approve", approve, METH_VARARGS, "approve(device index, backend, on): the selector chose this launcher"},
+    {"context", context, METH_NOARGS, "the current context's handle, or None"},
+    {"add_page_table_plan", add_page_table_plan, METH_VARARGS,
+     "add_page_table_plan(key, context, function, grid_y, threads, shared, param_count)"},
+    {"page_table", (PyCFunction)(void (*)(void))page_table, METH_FASTCALL,
+     "the public page-table call's arguments; returns out, or NotImplemented"},
+    {NULL, NULL, 0, NULL}};
+
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "kvdispatch_native_launch", NULL, -1, methods};
+
+PyMODINIT_FUNC PyInit_kvdispatch_native_launch(void) {
+    s_dtype = PyUnicode_InternFromString("dtype");
+    s_shape = PyUnicode_InternFromString("shape");
+    s_stride = PyUnicode_InternFromString("stride");
+    s_data_ptr = PyUnicode_InternFromString("data_ptr");
+    s_get_device = PyUnicode_InternFromString("get_device");
+    s_auto = PyUnicode_InternFromString("auto");
+    s_triton = PyUnicode_InternFromString("triton");
+    return PyModule_Create(&module);
+}

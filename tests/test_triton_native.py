@@ -1,0 +1,325 @@
+"""The compiled host path of the page-table call (``kernels_triton/native_launch.c``), on CPU.
+
+The extension is built here and pointed at stubs: a ``cuLaunchKernel`` that records what it is given, a
+``cuCtxGetCurrent`` and a stream query, with CPU tensors as the launch device type (``is_cpu``, device
+index offset 1, so CPU is device 0). Each call is compared with what the Python path would launch
+(``page_table.plan_key_and_arguments``); every case it must not take returns NotImplemented without a
+launch. On a GPU, ``test_triton_launch.py`` runs the real thing.
+"""
+
+from __future__ import annotations
+
+import ctypes
+
+import pytest
+import torch
+
+pytest.importorskip("triton")
+
+import kvdispatch  # noqa: E402
+from kernels_triton import launch, native, page_table  # noqa: E402
+from kvdispatch import _debug, dispatch  # noqa: E402
+
+CONTEXT = 0xC0FFEE
+FUNCTION = 0xF00D
+STREAM_BASE = 5000
+PARAMS = len(page_table.POINTERS) + len(page_table.RUNTIME_INTS) + 2  # + Triton's two scratch pointers
+LAUNCH = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, *[ctypes.c_uint] * 7, ctypes.c_void_p,
+                          ctypes.POINTER(ctypes.c_void_p), ctypes.c_void_p)
+CONTEXT_QUERY = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.POINTER(ctypes.c_void_p))
+
+
+class Stubs:
+    """What the extension is configured with in these tests, and what it was asked to launch."""
+
+    def __init__(self):
+        self.launches = []
+        self.result = 0  # what the stub launch returns (nonzero: a failed launch)
+        self.context = CONTEXT
+        self.launch = LAUNCH(self._launch)
+        self.current_context = CONTEXT_QUERY(self._current_context)
+
+    def _launch(self, function, gx, gy, gz, bx, by, bz, shared, stream, params, extra):
+        values = [ctypes.cast(params[i], ctypes.POINTER(ctypes.c_uint64))[0] for i in range(PARAMS)]
+        self.launches.append(dict(function=function, grid=(gx, gy, gz), block=(bx, by, bz), shared=shared,
+                                  stream=stream, params=values, extra=extra))
+        return self.result
+
+    def _current_context(self, out):
+        out[0] = self.context
+        return 0
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    if native.compiler() is None:
+        pytest.skip("no C compiler")
+    return native.build(tmp_path_factory.mktemp("native"))
+
+
+@pytest.fixture
+def stubs(built, monkeypatch):
+    """The extension configured with stubs, installed as ``native``'s module (approvals start empty)."""
+    stubs = Stubs()
+    built.configure(ctypes.cast(stubs.launch, ctypes.c_void_p).value,
+                    ctypes.cast(stubs.current_context, ctypes.c_void_p).value,
+                    lambda index: STREAM_BASE + index, torch.Tensor, torch.int32, torch.int64, "is_cpu", 1)
+    monkeypatch.setattr(native, "_module", built)
+    monkeypatch.setattr(native, "_approved", set())
+    stubs.module = built
+    return stubs
+
+
+def random_call(seed, page_size=None, with_start=None, options=None):
+    """The public arguments of a random valid page-table call: odd shapes, strided and int64 vectors."""
+    g = torch.Generator().manual_seed(seed)
+
+    def pick(choices):
+        return choices[int(torch.randint(len(choices), (1,), generator=g))]
+
+    page_size = page_size or pick((1, 16, 64, 96, 4096))
+    rows, cols, batch, width = (int(torch.randint(lo, hi, (1,), generator=g))
+                                for lo, hi in ((2, 40), (1, 300), (1, 17), (1, 50)))
+    table = torch.randint(-5, 1 << 20, (rows, cols + pick((0, 3))), generator=g, dtype=torch.int32)[:, :cols]
+
+    def vector(low, high):
+        v = torch.randint(low, high, (batch * pick((1, 2)),), generator=g).to(pick((torch.int32, torch.int64)))
+        return v[::2] if v.shape[0] > batch else v
+
+    pool, lens = vector(-1, rows + 1), vector(-3, cols + 5)
+    if with_start is None:
+        with_start = bool(pick((0, 1)))
+    start = vector(-1, cols) if with_start else None
+    out = torch.randint(-9, 9, (batch + pick((0, 2)), width + pick((0, 5))), generator=g, dtype=torch.int32)
+    out = out[:, :width] if pick((0, 1)) else out
+    options = options if options is not None else pick(("", "lens_out", "fill", "lens_out fill"))
+    lens_out = torch.zeros(batch + 1, dtype=torch.int32) if "lens_out" in options else None
+    fill = int(torch.randint(-100, 100, (1,), generator=g)) if "fill" in options else None
+    offset = int(torch.randint(-3, 4, (1,), generator=g))
+    return [table, pool, lens, out, page_size, start, offset, lens_out, fill, None]
+
+
+def register(call, threads=128, shared=16):
+    """Register ``call``'s plan as the Triton launcher would (CPU is device 0 here); returns its grid_y."""
+    key, _ = page_table.plan_key_and_arguments(*call[:9])
+    grid_y = 7
+    kernel = launch.NativeKernel(FUNCTION, threads, shared, PARAMS, CONTEXT)
+    assert native.add_page_table_plan((0,) + key[1:], kernel, grid_y)
+    return grid_y
+
+
+def expected_params(call):
+    _, args = page_table.plan_key_and_arguments(*call[:9])
+    return [(a.data_ptr() if isinstance(a, torch.Tensor) else a) % 2**64 for a in args] + [0, 0]
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_packs_what_the_python_path_launches(stubs, seed):
+    call = random_call(seed)
+    stubs.module.approve(0, None, True)
+    grid_y = register(call)
+    before = call[3].clone()
+    assert stubs.module.page_table(*call) is call[3]
+    (launched,) = stubs.launches
+    assert launched["params"] == expected_params(call)
+    assert launched["grid"] == (call[1].shape[0], grid_y, 1)
+    assert launched["block"] == (128, 1, 1) and launched["shared"] == 16
+    assert launched["function"] == FUNCTION and launched["stream"] == STREAM_BASE + 0 and not launched["extra"]
+    assert torch.equal(call[3], before)  # the stub launched nothing: C itself writes no tensor
+    assert stubs.module.launch_count() == 1
+
+
+def _mutations():
+    """(name, change to a valid call) pairs the C path must hand back to Python."""
+    def at(i, value):
+        return lambda c: c.__setitem__(i, value(c) if callable(value) else value)
+
+    return {
+        "table int64": at(0, lambda c: c[0].long()),
+        "table last dim strided": at(0, lambda c: c[0].repeat(1, 2)[:, ::2]),
+        "table 1-D": at(0, lambda c: c[0][0]),
+        "table a subclass": at(0, lambda c: torch.nn.Parameter(c[0], requires_grad=False)),
+        "table not a tensor": at(0, lambda c: c[0].tolist()),
+        "pool float": at(1, lambda c: c[1].float()),
+        "pool 2-D": at(1, lambda c: c[1][:, None]),
+        "lens too long": at(2, lambda c: torch.cat([c[2], c[2][:1]])),
+        "lens int16": at(2, lambda c: c[2].short()),
+        "out int64": at(3, lambda c: c[3].long()),
+        "out too few rows": at(3, lambda c: c[3][: c[1].shape[0] - 1]),
+        "out last dim strided": at(3, lambda c: c[3].repeat(1, 2)[:, ::2]),
+        "out other width": at(3, lambda c: torch.zeros(c[3].shape[0], c[3].shape[1] + 1, dtype=torch.int32)),
+        "page size 0": at(4, 0),
+        "page size 4097": at(4, 4097),
+        "page size bool": at(4, True),
+        "page size float": at(4, 64.0),
+        "other page size": at(4, lambda c: 32 if c[4] != 32 else 16),
+        "start length": at(5, lambda c: torch.zeros(c[1].shape[0] + 1, dtype=torch.int32)),
+        "start given (plan without)": at(5, lambda c: torch.zeros(c[1].shape[0], dtype=torch.int32)),
+        "offset past int32": at(6, 2**31),
+        "offset huge": at(6, 2**70),
+        "seq_lens_out int64": at(7, lambda c: torch.zeros(c[1].shape[0], dtype=torch.int64)),
+        "seq_lens_out short": at(7, lambda c: torch.zeros(c[1].shape[0] - 1, dtype=torch.int32)),
+        "fill past int32": at(8, -(2**31) - 1),
+        "fill float": at(8, 1.5),
+        "backend torch": at(9, "torch"),
+        "backend cupy": at(9, "cupy"),
+        "backend upper case": at(9, "TRITON"),
+        "backend auto (not approved)": at(9, "auto"),
+        "meta tensor": at(0, lambda c: c[0].to("meta")),
+    }
+
+
+@pytest.mark.parametrize("name", list(_mutations()))
+def test_hands_back_what_it_must_not_take(stubs, name):
+    call = random_call(100, page_size=64, with_start=False, options="")
+    stubs.module.approve(0, None, True)
+    register(call)
+    _mutations()[name](call)
+    assert stubs.module.page_table(*call) is NotImplemented
+    assert stubs.launches == []
+
+
+def test_hands_back_without_approval_plan_or_context(stubs):
+    call = random_call(7)
+    register(call)
+    assert stubs.module.page_table(*call) is NotImplemented  # the selector never chose Triton here
+    stubs.module.approve(0, None, True)
+    stubs.context = CONTEXT + 1  # another device is current: the Python path switches devices
+    assert stubs.module.page_table(*call) is NotImplemented
+    stubs.context = CONTEXT
+    stubs.module.clear_plans()
+    assert stubs.module.page_table(*call) is NotImplemented
+    assert stubs.launches == []
+    register(call)
+    assert stubs.module.page_table(*call) is call[3]
+    assert stubs.module.page_table(*call[:9]) is NotImplemented  # not the ten public arguments
+    assert len(stubs.launches) == 1
+
+
+def test_a_failed_launch_is_handed_back(stubs):
+    call = random_call(8)
+    stubs.module.approve(0, None, True)
+    register(call)
+    stubs.result = 1  # CUDA_ERROR_INVALID_VALUE
+    assert stubs.module.page_table(*call) is NotImplemented
+    assert stubs.module.launch_count() == 0
+    stubs.result = 0
+    assert stubs.module.page_table(*call) is call[3]
+
+
+def test_approvals_follow_the_selector_hooks(stubs):
+    call = random_call(9)
+    register(call)
+    gpu = type("FakeCuda", (), {"type": "cuda", "index": 0})()  # CPU tensors are device 0 here
+    native.on_selected(gpu, "token_csr", None)
+    assert stubs.module.page_table(*call) is NotImplemented  # only the page table has a C path
+    native.on_selected(gpu, "page_table", None)
+    assert stubs.module.page_table(*call) is call[3]
+    native.on_deselected(gpu)
+    assert stubs.module.page_table(*call) is NotImplemented
+    native.on_selected(gpu, "page_table", None)
+    native.on_deselected(None)
+    assert stubs.module.page_table(*call) is NotImplemented
+    assert len(stubs.launches) == 1
+
+
+def test_plan_cache_clear_drops_the_c_plans(stubs):
+    call = random_call(10)
+    stubs.module.approve(0, None, True)
+    register(call)
+    launch.reset()  # what a change of KVDISPATCH_TRITON_LAUNCH needs
+    assert stubs.module.page_table(*call) is NotImplemented
+
+
+def test_public_api_goes_through_it_and_errors_do_not(stubs, monkeypatch):
+    call = random_call(11, with_start=True, options="fill")
+    table, pool, lens, out, page_size, start, offset, lens_out, fill, _ = call
+    stubs.module.approve(0, None, True)
+    register(call)
+    monkeypatch.setattr(dispatch, "fast_page_table", stubs.module.page_table)
+    kwargs = dict(page_size=page_size, kv_start_idx=start, seqlen_offset=offset, seq_lens_out=lens_out,
+                  fill_value=fill)
+    before = out.clone()
+    assert kvdispatch.create_flashmla_kv_indices(table, pool, lens, out, **kwargs) is out
+    assert len(stubs.launches) == 1 and torch.equal(out, before)  # the (stub) C launch served it
+    with pytest.raises(ValueError, match="page_size"):
+        kvdispatch.create_flashmla_kv_indices(table, pool, lens, out, **{**kwargs, "page_size": 0})
+    with pytest.raises(TypeError, match="req_to_token"):
+        kvdispatch.create_flashmla_kv_indices(table.long(), pool, lens, out, **kwargs)
+    assert len(stubs.launches) == 1
+    monkeypatch.setattr(_debug, "ENABLED", True)  # the data checks run, in Python, whatever C could take
+    pool[0] = table.shape[0]
+    with pytest.raises(ValueError, match="req_pool_indices"):
+        kvdispatch.create_flashmla_kv_indices(table, pool, lens, out, **kwargs)
+    assert len(stubs.launches) == 1
+
+
+def test_selector_notifies_the_backend(monkeypatch):
+    events = []
+    import kernels_triton
+
+    monkeypatch.setattr(kernels_triton, "on_selected", lambda *a: events.append(("selected",) + a))
+    monkeypatch.setattr(kernels_triton, "on_deselected", lambda *a: events.append(("deselected",) + a))
+    device = torch.device("cpu")
+    name, _ = dispatch.selector.resolve(device, "page_table", "triton")
+    assert name == "triton" and events == [("selected", device, "page_table", "triton")]
+    with pytest.warns(RuntimeWarning, match="disabled"):
+        dispatch.selector.fail(device, "triton", RuntimeError("test"))
+    assert events[-1] == ("deselected", device)
+    kvdispatch.reset()
+    assert events[-1] == ("deselected", None)
+
+
+def test_native_mode_requires_it(monkeypatch):
+    monkeypatch.setenv(launch.LAUNCH_ENV, "native")
+    launcher = launch.KernelLauncher(page_table.page_table_kernel, page_table.CONSTEXPRS)
+    launcher.compiled[(0, "spec")] = object()  # nothing native_launch.c could launch
+    with pytest.raises(RuntimeError, match="native"):
+        launcher.native_kernel(0, "spec", 17)
+    monkeypatch.setenv(launch.LAUNCH_ENV, "direct")
+    assert launcher.native_kernel(0, "spec", 17) is None
+    monkeypatch.setenv(launch.LAUNCH_ENV, "auto")
+    assert launcher.native_kernel(0, "spec", 17) is None
+    assert launcher.native_kernel(-1, "spec", 17) is None  # CPU (the interpreter): never
+
+
+def test_parameter_count_needs_the_plain_case():
+    """``native_parameter_count`` on stand-ins for compiled kernels (cross-compiled ones: test_triton_crosscompile)."""
+    class Target:
+        backend, warp_size = "cuda", 32
+
+    class Metadata:
+        target, num_ctas, global_scratch_size, profile_scratch_size = Target(), 1, 0, 0
+
+    entry = ".visible .entry k(\n" + ",\n".join(f"\t.param .u64 k_param_{i}" for i in range(19)) + "\n)\n{"
+
+    def compiled(**changes):
+        metadata = Metadata()
+        for name, value in changes.items():
+            setattr(metadata, name, value)
+        return type("Compiled", (), {"metadata": metadata, "asm": {"ptx": entry}})()
+
+    assert launch.native_parameter_count(compiled(), 17) == 19
+    assert launch.native_parameter_count(compiled(), 16) is None
+    for change in ({"global_scratch_size": 8}, {"profile_scratch_size": 8}, {"num_ctas": 2},
+                   {"launch_pdl": True}, {"launch_cooperative_grid": True}):
+        assert launch.native_parameter_count(compiled(**change), 17) is None, change
+    hip = type("Target", (), {"backend": "hip", "warp_size": 64})()
+    assert launch.native_parameter_count(compiled(target=hip), 17) is None
+    narrow = type("Compiled", (), {"metadata": Metadata(), "asm": {"ptx": entry.replace(".u64 k_param_3", ".u32 k_param_3")}})()
+    assert launch.native_parameter_count(narrow, 17) is None
+
+
+def test_builds_once_into_the_cache(tmp_path, monkeypatch):
+    if native.compiler() is None:
+        pytest.skip("no C compiler")
+    first = native.build(tmp_path)
+    files = sorted(p.name for p in tmp_path.iterdir())
+    assert len(files) == 1 and files[0].startswith(native.MODULE_NAME)
+    stamp = (tmp_path / files[0]).stat().st_mtime_ns
+    native.build(tmp_path)
+    assert (tmp_path / files[0]).stat().st_mtime_ns == stamp
+    assert hasattr(first, "page_table")
+    monkeypatch.setenv("CC", str(tmp_path / "no-such-compiler"))
+    with pytest.raises(Exception):
+        native.build(tmp_path / "elsewhere")
