@@ -1,13 +1,14 @@
-"""Experiment (not shipped): the host µs of a page-table call whose checks, packing and launch are in C.
+"""Experiment: the host µs of the public page-table call through the compiled path (kernels_triton/
+native_launch.c) against what bounds it, in interleaved rounds:
 
-The host target (one public-API call <= 1.0x ``x.add_(1)``) is out of reach of any Python path: Triton's
-C launch function alone costs ~0.75x ``add_`` on the H200's host. This builds ``native_launch.c`` (Python
-C API only, cuLaunchKernel's address from ctypes) with the C compiler Triton itself uses, checks that both of
-its launches write what the public API writes, and times, in interleaved rounds:
-
-* ``x.add_(1)``, the public API (triton), a plain ``kernel[grid](...)`` of the 2-D baseline;
+* ``x.add_(1)``, and a plain ``kernel[grid](...)`` of the 2-D baseline (the targets' references);
+* the public API as shipped (its compiled path), and its Python path (the compiled entry unset);
 * ``launch_raw``: cuLaunchKernel from C with the parameters given as ints (the floor of any launcher);
-* ``page_table``: the validator's attribute reads, the packing, the stream query and the launch, all in C.
+* ``native_launch_torch.cpp``: the same checks with the tensors read through ATen instead of their Python
+  attributes (what linking against torch would buy), where a torch extension builds.
+
+Session 3 wrote this to decide whether to build the compiled path (its C then did what
+native_launch.c does now); each variant is checked against what the public API writes.
 
     PYTHONPATH=. python3 ci/perf_notes/native_launch.py
 """
@@ -16,7 +17,6 @@ from __future__ import annotations
 
 import ctypes
 import importlib.util
-import re
 import statistics
 import subprocess
 import sys
@@ -29,10 +29,12 @@ import torch
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT / "ci"))
+import kernels_triton.native  # noqa: E402
 import kvdispatch  # noqa: E402
 from host_cost import host_case, host_us  # noqa: E402
+from kernels_triton import launch  # noqa: E402
 from kernels_triton import page_table as triton_page_table  # noqa: E402
-from kvdispatch import _baselines  # noqa: E402
+from kvdispatch import _baselines, dispatch  # noqa: E402
 
 
 def build_module():
@@ -46,51 +48,85 @@ def build_module():
     return module
 
 
+def build_torch_module():
+    """native_launch_torch.cpp as a torch extension, or None where it does not build."""
+    import time  # noqa: PLC0415
+
+    from torch.utils import cpp_extension  # noqa: PLC0415
+
+    start = time.perf_counter()
+    try:
+        module = cpp_extension.load("kv_native_torch", [str(Path(__file__).with_name("native_launch_torch.cpp"))],
+                                    extra_cflags=["-O2"], build_directory=tempfile.mkdtemp(), verbose=False)
+    except Exception as exc:  # noqa: BLE001  (an experiment: report and go on)
+        print(f"torch extension did not build: {type(exc).__name__}: {str(exc)[-400:]}")
+        return None
+    print(f"torch extension built in {time.perf_counter() - start:.1f} s")
+    return module
+
+
 def main() -> int:
     native = build_module()
     cuda = ctypes.CDLL("libcuda.so.1")
-    native.init(ctypes.cast(cuda.cuLaunchKernel, ctypes.c_void_p).value, torch._C._cuda_getCurrentRawStream,
-                torch.int32, torch.int64)
+    native.init(ctypes.cast(cuda.cuLaunchKernel, ctypes.c_void_p).value)
 
     args, expected = host_case("triton")
     out = args[3]
     api = kvdispatch.create_flashmla_kv_indices
+    api(*args, page_size=64)  # the plan exists: the next calls take the compiled path
+    taken = kernels_triton.native._module
+    print(f"compiled launcher: {'loaded' if taken else kernels_triton.native.failure()}")
     _baselines.grid_2d(*args, 64)
     x = torch.zeros(16, device="cuda")
 
     compiled = next(iter(triton_page_table.launcher.compiled.values()))
-    entry = compiled.asm["ptx"].split(".entry", 1)[1].split(")", 1)[0]
-    params = re.findall(r"\.param\s+\.(\w+)", entry)
-    assert all(p in ("u64", "b64", "s64") for p in params), params  # every parameter 8 bytes wide
+    params = launch.native_parameter_count(compiled, 17)
     threads, shared = 32 * compiled.metadata.num_warps, compiled.metadata.shared
-    items = kvdispatch.grid.items_per_program(kvdispatch.grid.PAGE_TABLE, 64)
     geometry = kvdispatch.grid.page_table_launch(64, out.shape[1], 64)
     table, pool, lens = args[:3]
     ints = [table.data_ptr(), pool.data_ptr(), lens.data_ptr(), table.data_ptr(), out.data_ptr(), out.data_ptr(),
-            1, 1, 1, table.shape[0], table.shape[1], table.stride(0), out.shape[1], out.stride(0), 0, 0, 0]
-    ints += [0] * (len(params) - len(ints))
-    print(f"params {len(params)}, threads {threads}, shared {shared}, grid {geometry.grid}")
+            1, 1, 1, table.shape[0], table.shape[1], table.stride(0), out.shape[1], out.stride(0), 0, 0, 0, 0, 0]
+    print(f"params {params}, threads {threads}, shared {shared}, grid {geometry.grid}")
 
     def raw():
         return native.launch_raw(compiled.function, geometry.grid[0], geometry.grid[1], threads, shared,
                                  torch._C._cuda_getCurrentRawStream(0), *ints)
 
-    def full():
-        return native.page_table(compiled.function, threads, shared, items, len(params), *args)
+    def python_path():  # the public API with the compiled entry unset: checks, selection, Python launcher
+        dispatch.fast_page_table = None
+        try:
+            api(*args, page_size=64)
+        finally:
+            dispatch.fast_page_table = entry
 
-    for name, fn in (("launch_raw", raw), ("page_table", full)):
+    entry = dispatch.fast_page_table
+    variants = [("launch_raw", raw), ("public API", lambda: api(*args, page_size=64)), ("Python path", python_path)]
+    torch_native = build_torch_module()
+    if torch_native is not None:
+        torch_native.init(ctypes.cast(cuda.cuLaunchKernel, ctypes.c_void_p).value,
+                          torch._C._cuda_getCurrentRawStream)
+        items = kvdispatch.grid.items_per_program(kvdispatch.grid.PAGE_TABLE, 64)
+
+        def aten():
+            return torch_native.page_table(compiled.function, threads, shared, items, params, *args)
+
+        variants.append(("aten", aten))
+    for name, fn in variants:
         out.fill_(-7)
-        result = fn()
+        before = taken.launch_count() if taken else 0
+        fn()
         torch.cuda.synchronize()
-        print(f"{name}: returned {result if isinstance(result, int) else type(result).__name__}, "
-              f"correct {torch.equal(out, expected)}")
+        print(f"{name}: correct {torch.equal(out, expected)}, "
+              f"compiled launches {(taken.launch_count() if taken else 0) - before}")
 
     rows = {"x.add_(1)": lambda: x.add_(1),
-            "public API, triton": lambda: api(*args, page_size=64, backend="triton"),
+            "public API (compiled path)": lambda: api(*args, page_size=64),
+            "public API, Python path": python_path,
             "plain launch, 2-D baseline": lambda: _baselines.grid_2d(*args, 64),
             "C: launch_raw (ints given)": raw,
-            "C: page_table (checks, packing, launch)": full,
             "raw stream query": lambda: torch._C._cuda_getCurrentRawStream(0)}
+    if torch_native is not None:
+        rows["C++: checks through ATen, launch"] = aten
     results = {name: [] for name in rows}
     for _ in range(3):
         for name, fn in rows.items():
