@@ -68,7 +68,9 @@ def test_runs_on_the_tensors_device_and_captures_there(backend):
     out.fill_(7)  # what the replay leaves untouched (spare rows) now reads 7
     expected = expected_from(out)
     with torch.cuda.device(1):
-        with torch.cuda.graph(graph):
+        # An explicit capture stream: torch.cuda.graph's default one is created once per process, on the
+        # device current at the first capture, and would send later captures on cuda:0 to cuda:1.
+        with torch.cuda.graph(graph, stream=torch.cuda.Stream(1)):
             kvdispatch.create_flashmla_kv_indices(case.req_to_token, case.req_pool_indices, case.seq_lens, out,
                                                   page_size=16, kv_start_idx=case.kv_start_idx, fill_value=-1,
                                                   backend=backend)

@@ -17,6 +17,7 @@ import torch
 pytest.importorskip("triton")
 
 import kvdispatch  # noqa: E402
+from conftest import DEVICE  # noqa: E402
 from kernels_triton import launch, native, page_table  # noqa: E402
 from kvdispatch import _debug, dispatch  # noqa: E402
 
@@ -260,7 +261,7 @@ def test_selector_notifies_the_backend(monkeypatch):
 
     monkeypatch.setattr(kernels_triton, "on_selected", lambda *a: events.append(("selected",) + a))
     monkeypatch.setattr(kernels_triton, "on_deselected", lambda *a: events.append(("deselected",) + a))
-    device = torch.device("cpu")
+    device = DEVICE  # Triton serves CPU tensors here only through its interpreter, which GPU runs leave off
     name, _ = dispatch.selector.resolve(device, "page_table", "triton")
     assert name == "triton" and events == [("selected", device, "page_table", "triton")]
     with pytest.warns(RuntimeWarning, match="disabled"):
