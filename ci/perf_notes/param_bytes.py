@@ -1,0 +1,75 @@
+"""Experiment: does the size of a kernel's parameter block move its graph-replay time on the page-64 cases?
+
+The shipped page-table kernel takes 19 eight-byte parameters (152 bytes); the 2-D baseline, specialised by
+a plain launch, about 56 bytes. This times the baseline's kernel with 0, 6 and 12 extra unused 8-byte
+parameters (kept: ``do_not_specialize``) next to the shipped API, 5 interleaved rounds, CUDA-graph replay.
+
+    PYTHONPATH=. python3 ci/perf_notes/param_bytes.py
+"""
+
+from __future__ import annotations
+
+import functools
+import statistics
+import sys
+
+import torch
+import triton
+import triton.language as tl
+
+sys.path.insert(0, __file__.rsplit("/ci/", 1)[0] + "/ci")
+import kvdispatch  # noqa: E402
+from kvdispatch import _baselines, bench  # noqa: E402
+from perf_probe import graph_us  # noqa: E402
+
+EXTRA = [f"x{i}" for i in range(12)]
+
+
+def _grid_2d_padded(table, pool_idx, lengths, out, table_stride, out_stride, x0, x1, x2, x3, x4, x5, x6, x7, x8,
+                    x9, x10, x11, PAGE: tl.constexpr, STEP: tl.constexpr):
+    b = tl.program_id(0)
+    p = tl.program_id(1) * STEP + tl.arange(0, STEP)
+    row = tl.load(pool_idx + b).to(tl.int64)
+    pages = tl.cdiv(tl.load(lengths + b), PAGE)
+    mask = p < pages
+    slots = tl.load(table + row * table_stride + p.to(tl.int64) * PAGE, mask=mask)
+    tl.store(out + b.to(tl.int64) * out_stride + p, slots // PAGE, mask=mask)
+
+
+def padded_kernel(extra):
+    names = ["table_stride", "out_stride"] + EXTRA
+    return triton.jit(_grid_2d_padded, do_not_specialize=names[: 2 + extra])
+
+
+def padded(kernel, x, page_size):
+    step = _baselines.pages_per_program(page_size)
+    grid = (x.req_pool_indices.shape[0], triton.cdiv(x.out.shape[1], step))
+    kernel[grid](x.req_to_token, x.req_pool_indices, x.seq_lens, x.out, x.req_to_token.stride(0), x.out.stride(0),
+                 *([7] * 12), PAGE=page_size, STEP=step)
+
+
+def main() -> int:
+    device = torch.device("cuda")
+    bench._warm_up_clocks(device)
+    kernels = {extra: padded_kernel(extra) for extra in (0, 6, 12)}
+    for i, case in enumerate(bench.parse_cases("1x4096x64,1x131072x64,8x131072x64,256x8192x64")):
+        x = bench.make_inputs(case, device, i)
+        args = (x.req_to_token, x.req_pool_indices, x.seq_lens, x.out)
+        rows = {"api:triton": functools.partial(kvdispatch.create_flashmla_kv_indices, *args, page_size=64),
+                "2d-grid (plain launch)": functools.partial(_baselines.grid_2d, *args, 64)}
+        for extra, kernel in kernels.items():
+            rows[f"2d-grid, strides + {extra} params runtime i64"] = functools.partial(padded, kernel, x, 64)
+        results = {name: [] for name in rows}
+        for _ in range(5):
+            for name, fn in rows.items():
+                results[name].append(graph_us(fn, x))
+        base = statistics.median(results["2d-grid (plain launch)"])
+        print(f"case {case.name}")
+        for name, values in results.items():
+            m = statistics.median(values)
+            print(f"  {name:44} {m:6.3f} us  /2d {m / base:5.3f}  (rounds {' '.join(f'{v:.3f}' for v in values)})")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
