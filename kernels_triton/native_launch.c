@@ -31,6 +31,7 @@ typedef int (*context_fn)(void **context);
 #define MAX_PARAMS 24
 #define TABLE_SLOTS 8192  // open addressing, at most half full (the Python plan caches hold 4096 keys each)
 #define MAX_PAGE_SIZE 4096
+#define WIDE ((int64_t)1 << 31)  // page_table.WIDE
 
 // Configuration (configure()).
 static launch_fn launch_kernel = NULL;
@@ -47,7 +48,7 @@ static unsigned char approved[MAX_DEVICES][3];  // [device][backend: None, "auto
 
 typedef struct {
     int64_t device, page_size, batch, width, pool_dtype, lens_dtype, start_dtype, seq_lens_out, fill,
-        unit_strides;
+        unit_strides, wide_indexing;
 } plan_key;
 
 typedef struct {
@@ -158,9 +159,9 @@ static PyObject *context(PyObject *self, PyObject *unused) {
     return PyLong_FromUnsignedLongLong((uint64_t)(uintptr_t)ctx);
 }
 
-// add_page_table_plan(key tuple of 10 ints, context, function, grid_y, threads, shared, param_count) -> added
-// key: device, page size, batch, width, pool dtype, lens dtype, start dtype, seq_lens_out, fill, unit strides
-// (dtypes: 0 absent, 1 int32, 2 int64), as page_table() computes it from its arguments.
+// add_page_table_plan(key tuple of 11 ints, context, function, grid_y, threads, shared, param_count) -> added
+// key: device, page size, batch, width, pool dtype, lens dtype, start dtype, seq_lens_out, fill, unit strides,
+// wide indexing (dtypes: 0 absent, 1 int32, 2 int64), as page_table() computes it from its arguments.
 static PyObject *add_page_table_plan(PyObject *self, PyObject *args) {
     PyObject *key_tuple;
     unsigned long long ctx, function;
@@ -168,19 +169,19 @@ static PyObject *add_page_table_plan(PyObject *self, PyObject *args) {
     if (!PyArg_ParseTuple(args, "O!KKIIII", &PyTuple_Type, &key_tuple, &ctx, &function, &grid_y, &threads, &shared,
                           &param_count))
         return NULL;
-    if (PyTuple_GET_SIZE(key_tuple) != 10)
-        return PyErr_Format(PyExc_ValueError, "add_page_table_plan: the key has 10 fields");
+    if (PyTuple_GET_SIZE(key_tuple) != 11)
+        return PyErr_Format(PyExc_ValueError, "add_page_table_plan: the key has 11 fields");
     if (param_count < PAGE_TABLE_ARGS || param_count > MAX_PARAMS)
         return PyErr_Format(PyExc_ValueError, "add_page_table_plan: %u parameters, expected %d to %d", param_count,
                             PAGE_TABLE_ARGS, MAX_PARAMS);
     plan_key key;
     memset(&key, 0, sizeof(key));
-    int64_t fields[10];
-    for (int i = 0; i < 10; ++i) fields[i] = PyLong_AsLongLong(PyTuple_GET_ITEM(key_tuple, i));
+    int64_t fields[11];
+    for (int i = 0; i < 11; ++i) fields[i] = PyLong_AsLongLong(PyTuple_GET_ITEM(key_tuple, i));
     if (PyErr_Occurred()) return NULL;
     key.device = fields[0], key.page_size = fields[1], key.batch = fields[2], key.width = fields[3];
     key.pool_dtype = fields[4], key.lens_dtype = fields[5], key.start_dtype = fields[6];
-    key.seq_lens_out = fields[7], key.fill = fields[8], key.unit_strides = fields[9];
+    key.seq_lens_out = fields[7], key.fill = fields[8], key.unit_strides = fields[9], key.wide_indexing = fields[10];
     plan *p = find_slot(&key);
     if (!p->used) {
         if (plan_count * 2 >= TABLE_SLOTS) Py_RETURN_FALSE;  // full: such calls stay on the Python path
@@ -295,6 +296,7 @@ static PyObject *page_table(PyObject *self, PyObject *const *args, Py_ssize_t na
     key.device = device, key.page_size = page_size, key.batch = batch, key.width = out.size[1];
     key.pool_dtype = pool.dtype, key.fill = fill_obj != Py_None;
     key.unit_strides = pool.stride[0] == 1 && lens.stride[0] == 1 && start_stride == 1;
+    key.wide_indexing = start_obj == Py_None && (table.size[0] >= WIDE || table.stride[0] >= WIDE);
     plan *p = find_slot(&key);
     if (p == NULL || !p->used) Py_RETURN_NOTIMPLEMENTED;
     void *ctx = NULL;

@@ -22,7 +22,8 @@ RUNTIME_INTS = ("pool_stride", "lens_stride", "start_stride", "table_rows", "tab
                 "out_width", "out_row_stride", "seqlen_offset", "fill_value", "rows_aligned")
 POINTERS = ("table_ptr", "pool_ptr", "lens_ptr", "start_ptr", "out_ptr", "seq_lens_out_ptr")
 CONSTEXPRS = ("PAGE_SIZE", "PAGE_SHIFT", "PAGES_PER_PROGRAM", "HAS_START", "HAS_SEQ_LENS_OUT", "HAS_FILL",
-              "UNIT_STRIDES")
+              "UNIT_STRIDES", "WIDE_INDEXING")
+WIDE = 2**31  # tables with this many rows, or rows this many elements apart, need 64-bit index arithmetic
 
 
 def _page_table_kernel(
@@ -31,11 +32,14 @@ def _page_table_kernel(
     out_width: tl.int64, out_row_stride: tl.int64, seqlen_offset: tl.int64, fill_value: tl.int64, rows_aligned: tl.int64,
     PAGE_SIZE: tl.constexpr, PAGE_SHIFT: tl.constexpr, PAGES_PER_PROGRAM: tl.constexpr,
     HAS_START: tl.constexpr, HAS_SEQ_LENS_OUT: tl.constexpr, HAS_FILL: tl.constexpr, UNIT_STRIDES: tl.constexpr,
+    WIDE_INDEXING: tl.constexpr,
 ):
     """``out[b, p] = table[pool[b], start[b] + p * PAGE_SIZE] // PAGE_SIZE`` for the program's pages.
 
     PAGE_SHIFT: log2(PAGE_SIZE) for powers of two, else -1. UNIT_STRIDES: the index vectors are contiguous
     (the usual case), so their element addresses need no runtime multiply ahead of the row's loads.
+    WIDE_INDEXING: the table has ``WIDE`` rows or more, or a row stride of ``WIDE`` or more (never in
+    practice): pool indices and row offsets then take 64-bit arithmetic (rows with a start always do).
     ``rows_aligned`` (a runtime flag, so that page 1 compiles once whatever the buffers): nonzero when the
     launcher found the table and ``out`` rows 16-byte aligned; with PAGE_SIZE == 1 and no start, whole
     blocks are then copied with 16-byte accesses.
@@ -49,54 +53,97 @@ def _page_table_kernel(
     in_width = page < out_width
     if UNIT_STRIDES:
         pool_stride, lens_stride, start_stride = 1, 1, 1
-    # Independent scalar loads, issued together.
-    pool = tl.load(pool_ptr + row * pool_stride).to(tl.int64)
-    length = tl.load(lens_ptr + row * lens_stride).to(tl.int64) + seqlen_offset
+    # Independent scalar loads, issued together; pool and length stay in their stored dtype.
+    pool = tl.load(pool_ptr + row * pool_stride)
+    length = tl.load(lens_ptr + row * lens_stride)
     if HAS_START:
         start = tl.load(start_ptr + row * start_stride).to(tl.int64)
     if HAS_SEQ_LENS_OUT:
         if first == 0:
-            tl.store(seq_lens_out_ptr + row, length.to(tl.int32))
-
-    # Page p is written iff its first token lies inside the request and inside the table row, on a
-    # readable row: p * PAGE_SIZE < limit = min(length, C - start), which is p < min(ceil(L / PAGE_SIZE),
-    # ceil((C - start) / PAGE_SIZE)) with no division between the row's loads and the gather. (One limit
-    # compiles to fewer dependent steps than separate predicates.)
-    readable = (pool >= 0) & (pool < table_rows)
-    table_row = table_ptr + pool * table_row_stride
-    if HAS_START:
-        readable = readable & (start >= 0)
-        limit = tl.minimum(length, table_cols - start)
-        table_row += start
-    else:
-        limit = tl.minimum(length, table_cols)
-    limit = tl.where(readable, limit, 0)
-    in_row = in_width & (position < limit)
+            tl.store(seq_lens_out_ptr + row, (length.to(tl.int64) + seqlen_offset).to(tl.int32))
     out_row = out_ptr + row.to(tl.int64) * out_row_stride
 
+    # Page p is written iff p < W and its first token lies inside the request and inside the table row, on
+    # a readable row: 0 <= pool < R (and start >= 0), p * PAGE_SIZE < L and p * PAGE_SIZE < C - start.
+    if HAS_START:
+        in_row, source = _row_with_start(table_ptr, pool, length, start, position, in_width, table_rows,
+                                         table_cols, table_row_stride, seqlen_offset)
+    elif WIDE_INDEXING:
+        in_row, source = _row_wide(table_ptr, pool, length, position, in_width, table_rows, table_cols,
+                                   table_row_stride, seqlen_offset)
+    else:
+        in_row, source = _row_narrow(table_ptr, pool, length, position, in_width, table_rows, table_cols,
+                                     table_row_stride, seqlen_offset)
+
     if PAGE_SIZE == 1 and not HAS_START:
-        if (rows_aligned != 0) & (first + PAGES_PER_PROGRAM <= tl.minimum(limit, out_width)):
-            # A whole block of a page-1 copy: no masks, so the 16-byte-aligned rows get 16-byte accesses.
+        # Whole blocks of a page-1 copy: no masks, so the 16-byte-aligned rows get 16-byte accesses.
+        pool64 = pool.to(tl.int64)
+        limit = tl.minimum(tl.minimum(length.to(tl.int64) + seqlen_offset, table_cols), out_width)
+        whole = (rows_aligned != 0) & (pool64 >= 0) & (pool64 < table_rows) & (first + PAGES_PER_PROGRAM <= limit)
+        if whole:
             # Streaming hints (table rows read once, evicted first; output stores marked .cs): 0.95x the
             # time of the same copy without them on the H200 (ci/perf_notes/page1_variants.py).
-            values = tl.load(tl.multiple_of(table_row, 16) + page, eviction_policy="evict_first")
+            table_row = tl.multiple_of(table_ptr + pool64 * table_row_stride, 16)
+            values = tl.load(table_row + page, eviction_policy="evict_first")
             tl.store(tl.multiple_of(out_row, 16) + page, values, cache_modifier=".cs")
         else:
-            _write_pages(table_row, out_row, page, position, in_row, in_width, fill_value, PAGE_SIZE, PAGE_SHIFT,
-                         HAS_FILL)
+            _write_pages(source, out_row, page, in_row, in_width, fill_value, PAGE_SIZE, PAGE_SHIFT, HAS_FILL)
     else:
-        _write_pages(table_row, out_row, page, position, in_row, in_width, fill_value, PAGE_SIZE, PAGE_SHIFT,
-                     HAS_FILL)
+        _write_pages(source, out_row, page, in_row, in_width, fill_value, PAGE_SIZE, PAGE_SHIFT, HAS_FILL)
 
 
 @triton.jit
-def _write_pages(table_row, out_row, page, position, in_row, in_width, fill_value,
+def _row_narrow(table_ptr, pool, length, position, in_width, table_rows, table_cols, table_row_stride,
+                seqlen_offset):
+    """``(in_row, slot addresses)`` when R < 2**31 and the row stride < 2**31 (any real table): a readable
+    pool index then fits in 32 bits, so the row offset is one widening multiply, and the range tests are
+    single compares. Everything not depending on the loaded pool index or length is computed first."""
+    in_table = in_width & (position < table_cols)
+    below = position - seqlen_offset  # inside the request iff below < length
+    if length.dtype == tl.int32:  # exact: below >= -(2**31 - 1), and no int32 length reaches 2**31 - 1 + 1
+        below = tl.minimum(below, 2**31 - 1).to(tl.int32)
+    if pool.dtype == tl.int32:
+        readable = pool.to(tl.uint32, bitcast=True) < table_rows.to(tl.uint32)
+    else:
+        readable = pool.to(tl.uint64, bitcast=True) < table_rows.to(tl.uint64)
+    # Only dereferenced where readable, where the index and the stride are in [0, 2**31): an unsigned
+    # 32 x 32 -> 64-bit multiply-add is exact there (and compiles to one instruction).
+    index = pool.to(tl.int32).to(tl.uint32, bitcast=True)
+    row_offset = index.to(tl.uint64) * table_row_stride.to(tl.uint32).to(tl.uint64)
+    offset = (row_offset + position.to(tl.uint64, bitcast=True)).to(tl.int64, bitcast=True)
+    return in_table & readable & (below < length), table_ptr + offset
+
+
+@triton.jit
+def _row_wide(table_ptr, pool, length, position, in_width, table_rows, table_cols, table_row_stride,
+              seqlen_offset):
+    """``(in_row, slot addresses)`` in 64-bit arithmetic throughout (tables of 2**31 rows or more, or rows
+    2**31 elements apart)."""
+    pool = pool.to(tl.int64)
+    readable = (pool >= 0) & (pool < table_rows)
+    limit = tl.where(readable, tl.minimum(length.to(tl.int64) + seqlen_offset, table_cols), 0)
+    return in_width & (position < limit), table_ptr + pool * table_row_stride + position
+
+
+@triton.jit
+def _row_with_start(table_ptr, pool, length, start, position, in_width, table_rows, table_cols,
+                    table_row_stride, seqlen_offset):
+    """``(in_row, slot addresses)`` of a row that starts at column ``start`` (64-bit arithmetic)."""
+    pool = pool.to(tl.int64)
+    readable = (pool >= 0) & (pool < table_rows) & (start >= 0)
+    limit = tl.where(readable, tl.minimum(length.to(tl.int64) + seqlen_offset, table_cols - start), 0)
+    return in_width & (position < limit), table_ptr + pool * table_row_stride + start + position
+
+
+@triton.jit
+def _write_pages(source, out_row, page, in_row, in_width, fill_value,
                  PAGE_SIZE: tl.constexpr, PAGE_SHIFT: tl.constexpr, HAS_FILL: tl.constexpr):
     """Masked gather and store of one program's pages: the ``in_row`` ones are written, the other columns
     below the width get ``fill_value`` when HAS_FILL. A program past its row's pages has an empty mask:
     it loads and stores nothing (with HAS_FILL, it only fills)."""
-    # The pool row is only dereferenced under in_row, which is empty when the row is unreadable.
-    slots = tl.load(table_row + position, mask=in_row, other=0)
+    # ``source`` (each page's slot address) is only dereferenced under in_row, which is empty when the row
+    # is unreadable.
+    slots = tl.load(source, mask=in_row, other=0)
     if PAGE_SHIFT >= 0:
         values = slots >> PAGE_SHIFT  # arithmetic shift: floor division for negative slots too
     else:
@@ -119,23 +166,23 @@ def page_shift(page_size: int) -> int:
 
 
 def constexprs_for(page_size: int, has_start: bool, has_seq_lens_out: bool, has_fill: bool,
-                   unit_strides: bool = True) -> dict:
+                   unit_strides: bool = True, wide_indexing: bool = False) -> dict:
     """The constexpr arguments of one specialisation (pages per program from ``kvdispatch.grid``)."""
     return dict(PAGE_SIZE=page_size, PAGE_SHIFT=page_shift(page_size),
                 PAGES_PER_PROGRAM=launch_grid.items_per_program(launch_grid.PAGE_TABLE, page_size),
                 HAS_START=has_start, HAS_SEQ_LENS_OUT=has_seq_lens_out, HAS_FILL=has_fill,
-                UNIT_STRIDES=unit_strides)
+                UNIT_STRIDES=unit_strides, WIDE_INDEXING=wide_indexing)
 
 
 def _build_plan(key, out, args):
     """The launch plan of ``key`` (``plan_key_and_arguments``), launching ``args`` when it compiles."""
     _, page_size, batch, width = key[:4]
-    has_start, (has_seq_lens_out, has_fill, unit_strides) = key[6] is not None, key[7:10]
+    has_start, (has_seq_lens_out, has_fill, unit_strides, wide) = key[6] is not None, key[7:11]
     geometry = launch_grid.page_table_launch(batch, width, page_size, writes_lengths=has_seq_lens_out)
     if geometry.grid[0] == 0:
         return _plans.add(key, _launch.nothing), False
-    constexprs = constexprs_for(page_size, has_start, has_seq_lens_out, has_fill, unit_strides)
-    specialisation = (page_size, has_start, has_seq_lens_out, has_fill, unit_strides) + key[4:7]
+    constexprs = constexprs_for(page_size, has_start, has_seq_lens_out, has_fill, unit_strides, wide)
+    specialisation = (page_size, has_start, has_seq_lens_out, has_fill, unit_strides, wide) + key[4:7]
     warps = _launch.warps_for(out.device, geometry.threads)
     plan, launched = launcher.plan(key[0], specialisation, geometry.grid, constexprs, warps, args)
     kernel = launcher.native_kernel(key[0], specialisation, len(POINTERS) + len(RUNTIME_INTS))
@@ -167,7 +214,8 @@ def plan_key_and_arguments(req_to_token, req_pool_indices, seq_lens, out, page_s
                            seqlen_offset=0, seq_lens_out=None, fill_value=None):
     """The launch-plan key of a call and the kernel's runtime arguments (tensors in the pointer slots),
     as ``native_launch.c`` computes them too. Key: device index, page size, batch, width, the dtypes of
-    the pool, length and start vectors (None: no start), seq_lens_out given, fill_value given, unit strides.
+    the pool, length and start vectors (None: no start), seq_lens_out given, fill_value given, unit strides,
+    wide indexing (no start, and ``WIDE`` rows or a row stride of ``WIDE`` or more).
     """
     has_start = kv_start_idx is not None
     has_seq_lens_out = seq_lens_out is not None
@@ -182,8 +230,10 @@ def plan_key_and_arguments(req_to_token, req_pool_indices, seq_lens, out, page_s
     # per page); whether its rows allow them is a runtime argument, so buffers never add a compilation.
     aligned = (page_size == 1 and not has_start and out_stride % 4 == 0 and table_stride % 4 == 0
                and out.data_ptr() % 16 == 0 and req_to_token.data_ptr() % 16 == 0)
+    wide = not has_start and (rows >= WIDE or table_stride >= WIDE)
     key = (out.get_device(), page_size, req_pool_indices.shape[0], width, req_pool_indices.dtype,
-           seq_lens.dtype, kv_start_idx.dtype if has_start else None, has_seq_lens_out, has_fill, unit_strides)
+           seq_lens.dtype, kv_start_idx.dtype if has_start else None, has_seq_lens_out, has_fill, unit_strides,
+           wide)
     args = (req_to_token, req_pool_indices, seq_lens, kv_start_idx if has_start else req_to_token, out,
             seq_lens_out if has_seq_lens_out else out, pool_stride, lens_stride, start_stride, rows, cols,
             table_stride, width, out_stride, seqlen_offset, fill_value if has_fill else 0, int(aligned))
@@ -194,12 +244,13 @@ def specializations(page_sizes=(1, 16, 32, 64, 128, 96), index_types=("i32", "i6
     """Every specialisation the launcher can produce for ``page_sizes``: yields ``(signature, constexprs)``
     in the form ``triton.compiler.ASTSource`` takes (Triton >= 3.3), for each option combination and
     each index dtype (the same for the pool, length and start vectors)."""
-    flags = itertools.product((False, True), repeat=4)  # start, seq_lens_out, fill, unit strides
-    for page_size, (has_start, has_seq_lens_out, has_fill, unit_strides), index in itertools.product(
-            page_sizes, list(flags), index_types):
+    # start, seq_lens_out, fill, unit strides, wide indexing (only without a start)
+    flags = [f for f in itertools.product((False, True), repeat=5) if not (f[0] and f[4])]
+    for page_size, (has_start, has_seq_lens_out, has_fill, unit_strides, wide), index in itertools.product(
+            page_sizes, flags, index_types):
         signature = dict(table_ptr="*i32", pool_ptr=f"*{index}", lens_ptr=f"*{index}",
                          start_ptr=f"*{index}" if has_start else "*i32", out_ptr="*i32", seq_lens_out_ptr="*i32")
         signature.update({name: "i64" for name in RUNTIME_INTS})
-        constexprs = constexprs_for(page_size, has_start, has_seq_lens_out, has_fill, unit_strides)
+        constexprs = constexprs_for(page_size, has_start, has_seq_lens_out, has_fill, unit_strides, wide)
         signature.update({name: "constexpr" for name in constexprs})
         yield signature, constexprs

@@ -308,6 +308,47 @@ def test_seq_lens_out_written_for_zero_width_table():
     assert torch.equal(seq_out.cpu(), expected.cpu())
 
 
+def _api_matches_reference(table, pool, lens, page_size, width, **options):
+    out = torch.full((pool.shape[0] + 1, width), POISON, dtype=torch.int32, device=table.device)
+    expected = out.clone()
+    reference.build_page_table(table, pool, lens, expected, page_size, options.get("kv_start_idx"),
+                               options.get("seqlen_offset", 0), None, options.get("fill_value"))
+    for _ in range(2):  # the second call takes the launch plan (in C where available)
+        out.fill_(POISON)
+        kvdispatch.create_flashmla_kv_indices(table, pool, lens, out, page_size=page_size, backend="triton",
+                                              **options)
+        assert torch.equal(out.cpu(), expected.cpu())
+
+
+@pytest.mark.parametrize("page_size", (1, 64))
+@pytest.mark.parametrize("with_start", (False, True))
+def test_tables_of_2_31_rows_take_the_64_bit_path(page_size, with_start):
+    """A table of 2**31 + 5 rows (one row expanded: stride 0, no memory) puts the kernel on its 64-bit path:
+    int64 pool indices past 2**31 are read, the ones past the table are not."""
+    cols = 3 * page_size + 5
+    table = (torch.arange(cols, dtype=torch.int32, device=DEVICE) * 7 - 20).expand(2**31 + 5, cols)
+    pool = torch.tensor([2**31 + 4, 2**31 + 5, 3, -1, 2**32 + 1, 2**31 - 1], dtype=torch.int64, device=DEVICE)
+    lens = torch.tensor([cols, cols, 2 * page_size, cols, cols, page_size + 1], device=DEVICE)
+    start = torch.tensor([0, 0, 1, 0, 0, 3], device=DEVICE) if with_start else None
+    _api_matches_reference(table, pool, lens, page_size, 5, kv_start_idx=start, seqlen_offset=1, fill_value=-1)
+
+
+@pytest.mark.parametrize("index_dtype", (torch.int32, torch.int64))
+@pytest.mark.parametrize("page_size", (1, 16, 64))
+def test_range_checks_of_the_32_bit_path(index_dtype, page_size):
+    """Pool indices and lengths at the edges of the compares the 32-bit path makes: indices past 2**32 (whose
+    low 32 bits are a valid row), negative ones, lengths near 2**31 with a seqlen_offset."""
+    case = make_case(4, page_size, max_pages=5, device=DEVICE)
+    table = case.req_to_token
+    rows = table.shape[0]
+    big = [2**32 + 1, -(2**32) + 1] if index_dtype == torch.int64 else [-2**31, 2**31 - 1]
+    pool = torch.tensor([1, rows - 1, rows, -1] + big, dtype=index_dtype, device=DEVICE)
+    top = 2**31 - 1 if index_dtype == torch.int32 else 2**40
+    lens = torch.tensor([top, -5, 3, 1, 2, top], dtype=index_dtype, device=DEVICE)
+    for offset in (0, -(2**31) + 1, 2**31 - 1, -3):
+        _api_matches_reference(table, pool, lens, page_size, 7, seqlen_offset=offset)
+
+
 @pytest.mark.parametrize("page_size", (1, 3, 16, 96))
 @pytest.mark.parametrize("fill_value", (None, 5))
 def test_negative_slots_floor_divide(page_size, fill_value):
