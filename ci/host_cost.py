@@ -52,9 +52,14 @@ def main() -> int:
     name, build = dispatch.selector.resolve(out.device, "page_table", backend)
     full = (*args, 64, None, 0, None, None)
     x = torch.zeros(16, device="cuda")
+    case = make_case(64, 64, max_pages=512, device="cuda")
+    indptr, csr_out = case.csr()
+    csr_args = (case.req_to_token, case.req_pool_indices, case.seq_lens, indptr, csr_out)
+    kvdispatch.create_flashinfer_kv_indices(*csr_args, backend=backend)
     rows = [
         ("x.add_(1)", lambda: x.add_(1)),
         ("public API", lambda: api(*args, page_size=64, backend=backend)),
+        ("public API, token CSR", lambda: kvdispatch.create_flashinfer_kv_indices(*csr_args, backend=backend)),
         ("validation only", lambda: _validate.check_page_table_args(*full)),
         ("debug switch read", _debug.enabled),
         ("selection lookup", lambda: dispatch.selector.resolve(out.device, "page_table", backend)),

@@ -1,9 +1,9 @@
-"""The page-table call's host path in C (``native_launch.c``), for calls whose launch plan already exists.
+"""The host path of both index builders in C (``native_launch.c``), for calls whose launch plan exists.
 
 The Python path of one public call costs about 1.6x ``x.add_(1)`` of host time on an H200 host: the
 checks, the selection lookup and the argument packing, then Triton's own C launcher. ``native_launch.c``
-does the checks, a plan lookup, the packing and ``cuLaunchKernel`` in one C function (0.9x ``add_``,
-measured with ``ci/perf_notes/native_launch.py``). It takes a call only when it is exactly a case the
+does the checks, a plan lookup, the packing and ``cuLaunchKernel`` in one C function per op (0.9x ``add_``
+for the page table, measured with ``ci/perf_notes/native_launch.py``). It takes a call only when it is exactly a case the
 Python path has already launched: same device, selection, shape key and current context. For anything
 else it returns ``NotImplemented`` and the Python path runs, so errors, fallbacks and first calls are
 unchanged.
@@ -11,8 +11,8 @@ unchanged.
 It is built at first use, like Triton's own launcher, with the C compiler Triton needs (``CC``, else
 ``cc``, ``gcc`` or ``clang``) and Python's headers, into ``$KVDISPATCH_CACHE_DIR`` (default
 ``~/.cache/kvdispatch``), once per source and Python version. Where it cannot be built or loaded, or on
-anything but NVIDIA (where Triton's kernels take ``cuLaunchKernel``'s parameters as ``native_kernel``
-checks), launches stay on the Python path. ``KVDISPATCH_TRITON_LAUNCH=native`` requires it.
+anything but NVIDIA (where Triton's kernels take ``cuLaunchKernel``'s parameters as
+``launch.native_parameter_count`` checks), launches stay on the Python path. ``KVDISPATCH_TRITON_LAUNCH=native`` requires it.
 """
 
 from __future__ import annotations
@@ -36,12 +36,13 @@ SOURCE = Path(__file__).with_name("native_launch.c")
 MODULE_NAME = "kvdispatch_native_launch"
 CACHE_ENV = "KVDISPATCH_CACHE_DIR"
 DTYPE_CODES = {None: 0, torch.int32: 1, torch.int64: 2}
+OPS = {"page_table": 0, "token_csr": 1}  # native_launch.c's OP_PAGE_TABLE, OP_TOKEN_CSR
 
 log = logging.getLogger("kvdispatch")
 _lock = threading.Lock()
 _module = None
 _failure: str | None = None  # why the module is not available, once that is known
-_approved: set[tuple[int, str | None]] = set()  # (device index, requested backend) resolved to Triton
+_approved: set[tuple[str, int, str | None]] = set()  # (op, device index, requested backend) resolved to Triton
 
 
 def cache_dir() -> Path:
@@ -104,11 +105,12 @@ def load():
             try:
                 module = build()
                 configure_for_cuda(module)
-                for index, backend in _approved:
-                    module.approve(index, backend, True)
+                for op, index, backend in _approved:
+                    module.approve(OPS[op], index, backend, True)
                 from kvdispatch import dispatch  # noqa: PLC0415  (kvdispatch imports this package lazily)
 
                 dispatch.fast_page_table = module.page_table
+                dispatch.fast_token_csr = module.token_csr
                 _module = module
             except Exception as exc:  # any failure: the Python path serves
                 _failure = f"{type(exc).__name__}: {exc}"
@@ -122,20 +124,20 @@ def failure() -> str | None:
 
 
 def on_selected(device, op, backend) -> None:
-    """The selector resolved ``(device, op, backend)`` to Triton: for the page table, the C path may take
-    such calls (once their plan exists)."""
-    if op == "page_table" and device.type == "cuda" and device.index is not None:
-        _approved.add((device.index, backend))
+    """The selector resolved ``(device, op, backend)`` to Triton: the C path may take such calls (once
+    their plan exists)."""
+    if op in OPS and device.type == "cuda" and device.index is not None:
+        _approved.add((op, device.index, backend))
         if _module is not None:
-            _module.approve(device.index, backend, True)
+            _module.approve(OPS[op], device.index, backend, True)
 
 
 def on_deselected(device=None) -> None:
     """Triton no longer serves ``device`` (None: any device): drop its approvals and every plan."""
-    for entry in [e for e in _approved if device is None or e[0] == device.index]:
+    for entry in [e for e in _approved if device is None or e[1] == device.index]:
         _approved.discard(entry)
         if _module is not None:
-            _module.approve(entry[0], entry[1], False)
+            _module.approve(OPS[entry[0]], entry[1], entry[2], False)
     forget_plans()
 
 
@@ -157,4 +159,14 @@ def add_page_table_plan(key: tuple, kernel, grid_y: int) -> bool:
     return _module.add_page_table_plan(
         (device, page_size, batch, width, DTYPE_CODES[pool_dtype], DTYPE_CODES[lens_dtype],
          DTYPE_CODES[start_dtype], int(seq_lens_out), int(fill), int(unit), int(wide)),
+        kernel.context, kernel.function, grid_y, kernel.threads, kernel.shared, kernel.param_count)
+
+
+def add_token_csr_plan(key: tuple, kernel, grid_y: int) -> bool:
+    """Register the launch of one token-CSR call key (``token_csr.plan_key_and_arguments``) with
+    ``kernel`` (a ``launch.NativeKernel``); returns whether the C path took it."""
+    device, batch, span, pool_dtype, lens_dtype, indptr_dtype, start_dtype = key
+    return _module.add_token_csr_plan(
+        (device, batch, span, DTYPE_CODES[pool_dtype], DTYPE_CODES[lens_dtype], DTYPE_CODES[indptr_dtype],
+         DTYPE_CODES[start_dtype]),
         kernel.context, kernel.function, grid_y, kernel.threads, kernel.shared, kernel.param_count)

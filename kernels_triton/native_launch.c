@@ -1,4 +1,4 @@
-// The page-table call's host path in C: the validator's hot-path checks, the launch-plan lookup, the
+// The host path of both index builders in C: the validator's hot-path checks, the launch-plan lookup, the
 // argument packing and the kernel launch, for a call whose plan the Python path has already built.
 //
 // Built at first use by kernels_triton/native.py with the C compiler Triton itself needs; only the
@@ -6,8 +6,8 @@
 // Python attributes; the launch and context functions are handed over as addresses (libcuda's
 // cuLaunchKernel and cuCtxGetCurrent in the product, stubs in the tests).
 //
-// page_table(...) returns `out` after launching, or NotImplemented whenever anything is not exactly the
-// plain valid case it knows (an unexpected type, a failed check, no plan, another current context, a
+// page_table(...) and token_csr(...) return `out` after launching, or NotImplemented whenever anything is
+// not exactly the plain valid case they know (an unexpected type, a failed check, no plan, another current context, a
 // failed launch): the Python path then handles the call, errors included. It never raises for bad input.
 
 #define PY_SSIZE_T_CLEAN
@@ -27,7 +27,10 @@ typedef int (*launch_fn)(void *function, unsigned grid_x, unsigned grid_y, unsig
                          void **extra);
 typedef int (*context_fn)(void **context);
 
-#define PAGE_TABLE_ARGS 17  // the kernel's runtime parameters (kernels_triton/page_table.py)
+#define OP_PAGE_TABLE 0
+#define OP_TOKEN_CSR 1
+#define PAGE_TABLE_ARGS 17  // the kernels' runtime parameters (kernels_triton/page_table.py, token_csr.py)
+#define TOKEN_CSR_ARGS 14
 #define MAX_PARAMS 24
 #define TABLE_SLOTS 8192  // open addressing, at most half full (the Python plan caches hold 4096 keys each)
 #define MAX_PAGE_SIZE 4096
@@ -42,13 +45,15 @@ static long index_offset = 0;         // added to get_device(): 0 on GPUs; 1 let
 static unsigned long long launches = 0;
 static PyObject *s_dtype, *s_shape, *s_stride, *s_data_ptr, *s_get_device, *s_auto, *s_triton;
 
-// Which (device, requested backend) pairs the selector resolved to this launcher.
+// Which (op, device, requested backend) triples the selector resolved to this launcher.
 #define MAX_DEVICES 64
-static unsigned char approved[MAX_DEVICES][3];  // [device][backend: None, "auto", "triton"]
+static unsigned char approved[2][MAX_DEVICES][3];  // [op][device][backend: None, "auto", "triton"]
 
+// The Python launchers' plan keys (page_table.plan_key_and_arguments, token_csr.plan_key_and_arguments);
+// fields an op does not have stay 0. Dtypes: 0 absent, 1 int32, 2 int64.
 typedef struct {
-    int64_t device, page_size, batch, width, pool_dtype, lens_dtype, start_dtype, seq_lens_out, fill,
-        unit_strides, wide_indexing;
+    int64_t op, device, page_size, batch, width, pool_dtype, lens_dtype, start_dtype, indptr_dtype, seq_lens_out,
+        fill, unit_strides, wide_indexing;
 } plan_key;
 
 typedef struct {
@@ -141,15 +146,16 @@ static int backend_code(PyObject *backend) {
     return -1;
 }
 
-// approve(device index, backend, on): whether the selector resolves (device, backend) to this launcher.
+// approve(op, device index, backend, on): whether the selector resolves (op, device, backend) to this launcher.
 static PyObject *approve(PyObject *self, PyObject *args) {
+    int op, on;
     long device;
     PyObject *backend;
-    int on;
-    if (!PyArg_ParseTuple(args, "lOp", &device, &backend, &on)) return NULL;
+    if (!PyArg_ParseTuple(args, "ilOp", &op, &device, &backend, &on)) return NULL;
     int code = backend_code(backend);
     if (PyErr_Occurred()) return NULL;
-    if (device >= 0 && device < MAX_DEVICES && code >= 0) approved[device][code] = (unsigned char)on;
+    if ((op == OP_PAGE_TABLE || op == OP_TOKEN_CSR) && device >= 0 && device < MAX_DEVICES && code >= 0)
+        approved[op][device][code] = (unsigned char)on;
     Py_RETURN_NONE;
 }
 
@@ -159,41 +165,60 @@ static PyObject *context(PyObject *self, PyObject *unused) {
     return PyLong_FromUnsignedLongLong((uint64_t)(uintptr_t)ctx);
 }
 
+static PyObject *store_plan(const plan_key *key, unsigned long long ctx, unsigned long long function,
+                            unsigned grid_y, unsigned threads, unsigned shared, unsigned param_count, unsigned args) {
+    if (param_count < args || param_count > MAX_PARAMS)
+        return PyErr_Format(PyExc_ValueError, "add_plan: %u parameters, expected %u to %d", param_count, args,
+                            MAX_PARAMS);
+    plan *p = find_slot(key);
+    if (!p->used) {
+        if (plan_count * 2 >= TABLE_SLOTS) Py_RETURN_FALSE;  // full: such calls stay on the Python path
+        ++plan_count;
+    }
+    p->used = 1;
+    p->key = *key;
+    p->context = (void *)(uintptr_t)ctx;
+    p->function = function;
+    p->grid_y = grid_y, p->threads = threads, p->shared = shared, p->param_count = param_count;
+    Py_RETURN_TRUE;
+}
+
 // add_page_table_plan(key tuple of 11 ints, context, function, grid_y, threads, shared, param_count) -> added
 // key: device, page size, batch, width, pool dtype, lens dtype, start dtype, seq_lens_out, fill, unit strides,
-// wide indexing (dtypes: 0 absent, 1 int32, 2 int64), as page_table() computes it from its arguments.
-static PyObject *add_page_table_plan(PyObject *self, PyObject *args) {
+// wide indexing, as page_table() computes it from its arguments.
+// add_token_csr_plan(key tuple of 7 ints, ...) -> added
+// key: device, batch, min(table width, out length), pool dtype, lens dtype, indptr dtype, start dtype.
+static PyObject *add_plan(PyObject *args, int op) {
     PyObject *key_tuple;
     unsigned long long ctx, function;
     unsigned grid_y, threads, shared, param_count;
     if (!PyArg_ParseTuple(args, "O!KKIIII", &PyTuple_Type, &key_tuple, &ctx, &function, &grid_y, &threads, &shared,
                           &param_count))
         return NULL;
-    if (PyTuple_GET_SIZE(key_tuple) != 11)
-        return PyErr_Format(PyExc_ValueError, "add_page_table_plan: the key has 11 fields");
-    if (param_count < PAGE_TABLE_ARGS || param_count > MAX_PARAMS)
-        return PyErr_Format(PyExc_ValueError, "add_page_table_plan: %u parameters, expected %d to %d", param_count,
-                            PAGE_TABLE_ARGS, MAX_PARAMS);
+    Py_ssize_t size = op == OP_PAGE_TABLE ? 11 : 7;
+    if (PyTuple_GET_SIZE(key_tuple) != size)
+        return PyErr_Format(PyExc_ValueError, "add_plan: the key has %zd fields", size);
+    int64_t f[11];
+    for (Py_ssize_t i = 0; i < size; ++i) f[i] = PyLong_AsLongLong(PyTuple_GET_ITEM(key_tuple, i));
+    if (PyErr_Occurred()) return NULL;
     plan_key key;
     memset(&key, 0, sizeof(key));
-    int64_t fields[11];
-    for (int i = 0; i < 11; ++i) fields[i] = PyLong_AsLongLong(PyTuple_GET_ITEM(key_tuple, i));
-    if (PyErr_Occurred()) return NULL;
-    key.device = fields[0], key.page_size = fields[1], key.batch = fields[2], key.width = fields[3];
-    key.pool_dtype = fields[4], key.lens_dtype = fields[5], key.start_dtype = fields[6];
-    key.seq_lens_out = fields[7], key.fill = fields[8], key.unit_strides = fields[9], key.wide_indexing = fields[10];
-    plan *p = find_slot(&key);
-    if (!p->used) {
-        if (plan_count * 2 >= TABLE_SLOTS) Py_RETURN_FALSE;  // full: such calls stay on the Python path
-        ++plan_count;
+    key.op = op, key.device = f[0];
+    if (op == OP_PAGE_TABLE) {
+        key.page_size = f[1], key.batch = f[2], key.width = f[3], key.pool_dtype = f[4], key.lens_dtype = f[5];
+        key.start_dtype = f[6], key.seq_lens_out = f[7], key.fill = f[8], key.unit_strides = f[9];
+        key.wide_indexing = f[10];
+    } else {
+        key.batch = f[1], key.width = f[2], key.pool_dtype = f[3], key.lens_dtype = f[4], key.indptr_dtype = f[5];
+        key.start_dtype = f[6];
     }
-    p->used = 1;
-    p->key = key;
-    p->context = (void *)(uintptr_t)ctx;
-    p->function = function;
-    p->grid_y = grid_y, p->threads = threads, p->shared = shared, p->param_count = param_count;
-    Py_RETURN_TRUE;
+    return store_plan(&key, ctx, function, grid_y, threads, shared, param_count,
+                      op == OP_PAGE_TABLE ? PAGE_TABLE_ARGS : TOKEN_CSR_ARGS);
 }
+
+static PyObject *add_page_table_plan(PyObject *self, PyObject *args) { return add_plan(args, OP_PAGE_TABLE); }
+
+static PyObject *add_token_csr_plan(PyObject *self, PyObject *args) { return add_plan(args, OP_TOKEN_CSR); }
 
 typedef struct {
     int64_t size[2], stride[2];
@@ -254,6 +279,60 @@ static int small_int(PyObject *o, int64_t low, int64_t high, int64_t *value) {
     return v >= low && v <= high;
 }
 
+// The launch of a call whose key is complete: plan lookup, current-context check, stream query, launch.
+// `values` holds the kernel's runtime arguments; the rest of the parameters (Triton's scratch pointers) are 0.
+// Returns a new reference to `result`, or NotImplemented.
+static PyObject *launch_plan(const plan_key *key, unsigned grid_x, uint64_t *values, PyObject *result) {
+    plan *p = find_slot(key);
+    if (p == NULL || !p->used) Py_RETURN_NOTIMPLEMENTED;
+    void *ctx = NULL;
+    if (current_context(&ctx) != 0 || ctx != p->context) Py_RETURN_NOTIMPLEMENTED;
+    PyObject *index = PyLong_FromLong((long)key->device);
+    PyObject *stream_obj = index ? PyObject_CallOneArg(stream_query, index) : NULL;
+    Py_XDECREF(index);
+    if (stream_obj == NULL) return NULL;  // the stream query itself failed: a real error
+    uint64_t stream = PyLong_AsUnsignedLongLongMask(stream_obj);
+    Py_DECREF(stream_obj);
+    if (PyErr_Occurred()) return NULL;
+    void *params[MAX_PARAMS];
+    for (unsigned i = 0; i < p->param_count; ++i) params[i] = &values[i];
+    void *function = (void *)(uintptr_t)p->function;
+    unsigned grid_y = p->grid_y, threads = p->threads, shared = p->shared;
+    int rc;
+    Py_BEGIN_ALLOW_THREADS;
+    rc = launch_kernel(function, grid_x, grid_y, 1, threads, 1, 1, shared, (void *)(uintptr_t)stream, params, NULL);
+    Py_END_ALLOW_THREADS;
+    if (rc != 0) Py_RETURN_NOTIMPLEMENTED;  // the Python path makes this call and reports what it finds
+    ++launches;
+    return Py_NewRef(result);
+}
+
+// The checks both calls share (backend, table, approval, pool, lengths, the optional start vector), filling
+// the key's op, device, batch and dtypes, and *start_stride when there is a start. Returns 0 when they pass,
+// -1 (no error set) when the call must be handed back.
+static int common_arguments(PyObject *const *args, PyObject *start_obj, PyObject *backend_obj, int op,
+                            tensor_info *table, tensor_info *pool, tensor_info *lens, tensor_info *start,
+                            int64_t *start_stride, plan_key *key) {
+    int backend = backend_code(backend_obj);
+    if (backend < 0) {
+        PyErr_Clear();
+        return -1;
+    }
+    if (read_tensor(args[0], 2, table) || table->dtype != 1 || table->stride[1] != 1) return -1;
+    long device = table->device;  // >= 0 here
+    if (device >= MAX_DEVICES || !approved[op][device][backend]) return -1;
+    if (read_tensor(args[1], 1, pool) || pool->dtype == 0 || pool->device != device) return -1;
+    key->lens_dtype = index_vector(args[2], device, pool->size[0], lens);
+    if (!key->lens_dtype) return -1;
+    if (start_obj != Py_None) {
+        key->start_dtype = index_vector(start_obj, device, pool->size[0], start);
+        if (!key->start_dtype) return -1;
+        *start_stride = start->stride[0];
+    }
+    key->op = op, key->device = device, key->batch = pool->size[0], key->pool_dtype = pool->dtype;
+    return 0;
+}
+
 // page_table(req_to_token, req_pool_indices, seq_lens, out, page_size, kv_start_idx, seqlen_offset,
 //            seq_lens_out, fill_value, backend): the public API's arguments, all positional.
 static PyObject *page_table(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
@@ -263,53 +342,25 @@ static PyObject *page_table(PyObject *self, PyObject *const *args, Py_ssize_t na
     int64_t page_size, offset, fill = 0;
     plan_key key;
     memset(&key, 0, sizeof(key));
-    int backend = backend_code(args[9]);
-    if (backend < 0) {
-        PyErr_Clear();
-        Py_RETURN_NOTIMPLEMENTED;
-    }
+    int64_t start_stride = 1;  // as the Python launcher passes it without a start
     if (!small_int(args[4], 1, MAX_PAGE_SIZE, &page_size) || !small_int(args[6], INT32_MIN, INT32_MAX, &offset) ||
-        (fill_obj != Py_None && !small_int(fill_obj, INT32_MIN, INT32_MAX, &fill)))
+        (fill_obj != Py_None && !small_int(fill_obj, INT32_MIN, INT32_MAX, &fill)) ||
+        common_arguments(args, start_obj, args[9], OP_PAGE_TABLE, &table, &pool, &lens, &start, &start_stride, &key))
         Py_RETURN_NOTIMPLEMENTED;
-    if (read_tensor(args[0], 2, &table) || table.dtype != 1 || table.stride[1] != 1) Py_RETURN_NOTIMPLEMENTED;
-    long device = table.device;
-    if (device >= MAX_DEVICES || !approved[device][backend]) Py_RETURN_NOTIMPLEMENTED;  // device >= 0 here
-    if (read_tensor(args[1], 1, &pool) || pool.dtype == 0 || pool.device != device) Py_RETURN_NOTIMPLEMENTED;
-    int64_t batch = pool.size[0];
-    key.lens_dtype = index_vector(args[2], device, batch, &lens);
-    if (!key.lens_dtype) Py_RETURN_NOTIMPLEMENTED;
+    long device = (long)key.device;
+    int64_t batch = key.batch;
     if (read_tensor(args[3], 2, &out) || out.dtype != 1 || out.stride[1] != 1 || out.device != device ||
         out.size[0] < batch)
         Py_RETURN_NOTIMPLEMENTED;
-    int64_t start_stride = 1;
-    if (start_obj != Py_None) {
-        key.start_dtype = index_vector(start_obj, device, batch, &start);
-        if (!key.start_dtype) Py_RETURN_NOTIMPLEMENTED;
-        start_stride = start.stride[0];
-    }
     if (lens_out_obj != Py_None) {
         if (read_tensor(lens_out_obj, 1, &lens_out) || lens_out.dtype != 1 || lens_out.stride[0] != 1 ||
             lens_out.device != device || lens_out.size[0] < batch)
             Py_RETURN_NOTIMPLEMENTED;
         key.seq_lens_out = 1;
     }
-    key.device = device, key.page_size = page_size, key.batch = batch, key.width = out.size[1];
-    key.pool_dtype = pool.dtype, key.fill = fill_obj != Py_None;
+    key.page_size = page_size, key.width = out.size[1], key.fill = fill_obj != Py_None;
     key.unit_strides = pool.stride[0] == 1 && lens.stride[0] == 1 && start_stride == 1;
     key.wide_indexing = start_obj == Py_None && (table.size[0] >= WIDE || table.stride[0] >= WIDE);
-    plan *p = find_slot(&key);
-    if (p == NULL || !p->used) Py_RETURN_NOTIMPLEMENTED;
-    void *ctx = NULL;
-    if (current_context(&ctx) != 0 || ctx != p->context) Py_RETURN_NOTIMPLEMENTED;
-
-    PyObject *index = PyLong_FromLong(device);
-    PyObject *stream_obj = index ? PyObject_CallOneArg(stream_query, index) : NULL;
-    Py_XDECREF(index);
-    if (stream_obj == NULL) return NULL;  // the stream query itself failed: a real error
-    uint64_t stream = PyLong_AsUnsignedLongLongMask(stream_obj);
-    Py_DECREF(stream_obj);
-    if (PyErr_Occurred()) return NULL;
-
     // Only page size 1 without a start gets 16-byte accesses, on 16-byte-aligned rows (as in Python).
     int aligned = page_size == 1 && start_obj == Py_None && out.stride[0] % 4 == 0 && table.stride[0] % 4 == 0 &&
                   out.data % 16 == 0 && table.data % 16 == 0;
@@ -318,19 +369,33 @@ static PyObject *page_table(PyObject *self, PyObject *const *args, Py_ssize_t na
         lens_out_obj != Py_None ? lens_out.data : out.data, (uint64_t)pool.stride[0], (uint64_t)lens.stride[0],
         (uint64_t)start_stride, (uint64_t)table.size[0], (uint64_t)table.size[1], (uint64_t)table.stride[0],
         (uint64_t)out.size[1], (uint64_t)out.stride[0], (uint64_t)offset, (uint64_t)fill, (uint64_t)aligned};
-    // The rest stay 0: Triton's scratch pointers, null for kernels that need no scratch memory.
-    void *params[MAX_PARAMS];
-    for (unsigned i = 0; i < p->param_count; ++i) params[i] = &values[i];
-    void *function = (void *)(uintptr_t)p->function;
-    unsigned grid_y = p->grid_y, threads = p->threads, shared = p->shared;
-    int rc;
-    Py_BEGIN_ALLOW_THREADS;
-    rc = launch_kernel(function, (unsigned)batch, grid_y, 1, threads, 1, 1, shared, (void *)(uintptr_t)stream,
-                       params, NULL);
-    Py_END_ALLOW_THREADS;
-    if (rc != 0) Py_RETURN_NOTIMPLEMENTED;  // the Python path makes this call and reports what it finds
-    ++launches;
-    return Py_NewRef(args[3]);
+    return launch_plan(&key, (unsigned)batch, values, args[3]);
+}
+
+// token_csr(req_to_token, req_pool_indices, seq_lens, kv_indptr, out, kv_start_idx, backend): the public
+// API's arguments, all positional.
+static PyObject *token_csr(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 7 || launch_kernel == NULL) Py_RETURN_NOTIMPLEMENTED;
+    PyObject *start_obj = args[5];
+    tensor_info table, pool, lens, indptr, out, start;
+    plan_key key;
+    memset(&key, 0, sizeof(key));
+    int64_t start_stride = 0;  // as the Python launcher passes it without a start
+    if (common_arguments(args, start_obj, args[6], OP_TOKEN_CSR, &table, &pool, &lens, &start, &start_stride, &key))
+        Py_RETURN_NOTIMPLEMENTED;
+    long device = (long)key.device;
+    int64_t batch = key.batch;
+    if (read_tensor(args[3], 1, &indptr) || indptr.dtype == 0 || indptr.device != device || indptr.size[0] < batch)
+        Py_RETURN_NOTIMPLEMENTED;
+    if (read_tensor(args[4], 1, &out) || out.dtype != 1 || out.stride[0] != 1 || out.device != device)
+        Py_RETURN_NOTIMPLEMENTED;
+    key.width = table.size[1] < out.size[0] ? table.size[1] : out.size[0];
+    key.indptr_dtype = indptr.dtype;
+    uint64_t values[MAX_PARAMS] = {
+        table.data, pool.data, lens.data, start_obj != Py_None ? start.data : table.data, indptr.data, out.data,
+        (uint64_t)pool.stride[0], (uint64_t)lens.stride[0], (uint64_t)start_stride, (uint64_t)indptr.stride[0],
+        (uint64_t)table.size[0], (uint64_t)table.size[1], (uint64_t)table.stride[0], (uint64_t)out.size[0]};
+    return launch_plan(&key, (unsigned)batch, values, args[4]);
 }
 
 static PyMethodDef methods[] = {
@@ -339,10 +404,14 @@ static PyMethodDef methods[] = {
     {"clear", clear, METH_NOARGS, "forget every plan and approval"},
     {"clear_plans", clear_plans, METH_NOARGS, "forget every plan, keep the approvals"},
     {"launch_count", launch_count, METH_NOARGS, "launches made since configure()"},
-    {"approve", approve, METH_VARARGS, "approve(device index, backend, on): the selector chose this launcher"},
+    {"approve", approve, METH_VARARGS, "approve(op, device index, backend, on): the selector chose this launcher"},
     {"context", context, METH_NOARGS, "the current context's handle, or None"},
     {"add_page_table_plan", add_page_table_plan, METH_VARARGS,
      "add_page_table_plan(key, context, function, grid_y, threads, shared, param_count)"},
+    {"add_token_csr_plan", add_token_csr_plan, METH_VARARGS,
+     "add_token_csr_plan(key, context, function, grid_y, threads, shared, param_count)"},
+    {"token_csr", (PyCFunction)(void (*)(void))token_csr, METH_FASTCALL,
+     "the public token-CSR call's arguments; returns out, or NotImplemented"},
     {"page_table", (PyCFunction)(void (*)(void))page_table, METH_FASTCALL,
      "the public page-table call's arguments; returns out, or NotImplemented"},
     {NULL, NULL, 0, NULL}};

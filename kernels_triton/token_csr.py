@@ -13,6 +13,7 @@ import triton.language as tl
 from kvdispatch import grid as launch_grid
 
 from . import launch as _launch
+from . import native
 
 RUNTIME_INTS = ("pool_stride", "lens_stride", "start_stride", "indptr_stride", "table_rows", "table_cols",
                 "table_row_stride", "out_len")
@@ -54,7 +55,7 @@ def _token_csr_kernel(
 token_csr_kernel = triton.jit(_token_csr_kernel, do_not_specialize=RUNTIME_INTS,
                               do_not_specialize_on_alignment=POINTERS)
 launcher = _launch.register(_launch.KernelLauncher(token_csr_kernel, CONSTEXPRS))
-_plans = _launch.plan_cache()
+_plans = _launch.plan_cache(on_clear=native.forget_plans)
 
 
 def constexprs_for(has_start: bool) -> dict:
@@ -68,6 +69,9 @@ def _build_plan(key, out, has_start, args):
     specialisation = (has_start,) + key[3:]
     warps = _launch.warps_for(out.device, geometry.threads)
     plan, launched = launcher.plan(key[0], specialisation, geometry.grid, constexprs_for(has_start), warps, args)
+    kernel = launcher.native_kernel(key[0], specialisation, len(POINTERS) + len(RUNTIME_INTS))
+    if kernel is not None:  # the compiled launcher takes this key's calls from now on
+        native.add_token_csr_plan(key, kernel, geometry.grid[1])
     return _plans.add(key, plan), launched
 
 
@@ -78,21 +82,29 @@ def build_token_indices(req_to_token, req_pool_indices, seq_lens, kv_indptr, out
     Untouched: every position of ``out`` no request writes; nothing lands outside ``[0, N)``.
     Arguments arrive validated by ``kvdispatch._validate``.
     """
+    key, args = plan_key_and_arguments(req_to_token, req_pool_indices, seq_lens, kv_indptr, out, kv_start_idx)
+    plan = _plans.get(key)
+    if plan is None:
+        plan, launched = _build_plan(key, out, kv_start_idx is not None, args)
+        if launched:
+            return out
+    plan(*args)
+    return out
+
+
+def plan_key_and_arguments(req_to_token, req_pool_indices, seq_lens, kv_indptr, out, kv_start_idx=None):
+    """The launch-plan key of a call and the kernel's runtime arguments (tensors in the pointer slots), as
+    ``native_launch.c`` computes them too. Key: device index, batch, min(C, N) (the geometry depends on
+    nothing else: ``kvdispatch.grid.token_csr_launch``), the dtypes of the pool, length, indptr and start
+    vectors (None: no start)."""
     has_start = kv_start_idx is not None
     rows, cols = req_to_token.shape
-    # The geometry depends on min(C, N) only (kvdispatch.grid.token_csr_launch), so plans are kept by it.
     key = (out.get_device(), req_pool_indices.shape[0], min(cols, out.shape[0]), req_pool_indices.dtype,
            seq_lens.dtype, kv_indptr.dtype, kv_start_idx.dtype if has_start else None)
     args = (req_to_token, req_pool_indices, seq_lens, kv_start_idx if has_start else req_to_token, kv_indptr,
             out, req_pool_indices.stride(0), seq_lens.stride(0), kv_start_idx.stride(0) if has_start else 0,
             kv_indptr.stride(0), rows, cols, req_to_token.stride(0), out.shape[0])
-    plan = _plans.get(key)
-    if plan is None:
-        plan, launched = _build_plan(key, out, has_start, args)
-        if launched:
-            return out
-    plan(*args)
-    return out
+    return key, args
 
 
 def specializations(index_types=("i32", "i64")):

@@ -1,8 +1,9 @@
 """The two public index builders. Validation, then one dispatch lookup, then one kernel launch.
 
-A page-table call the Triton backend has launched before (same device, selection and shapes) is taken
-whole by its compiled launcher (``dispatch.fast_page_table``): the same checks, in C. Whatever it does not
-take, first calls, every error and ``KVDISPATCH_DEBUG`` included, goes the Python way below.
+A call the Triton backend has launched before (same device, selection and shapes) is taken whole by its
+compiled launcher (``dispatch.fast_page_table``, ``dispatch.fast_token_csr``): the same checks, in C.
+Whatever it does not take, first calls, every error and ``KVDISPATCH_DEBUG`` included, goes the Python
+way below.
 """
 
 from __future__ import annotations
@@ -81,6 +82,11 @@ def create_flashinfer_kv_indices(req_to_token, req_pool_indices, seq_lens, kv_in
     Returns:
         ``out``.
     """
+    fast = dispatch.fast_token_csr
+    if fast is not None and not _debug.ENABLED:
+        result = fast(req_to_token, req_pool_indices, seq_lens, kv_indptr, out, kv_start_idx, backend)
+        if result is not NotImplemented:
+            return result
     device = check_token_csr_args(req_to_token, req_pool_indices, seq_lens, kv_indptr, out, kv_start_idx)
     if _debug.ENABLED:
         _debug.check_token_csr_data(req_to_token, req_pool_indices, seq_lens, kv_indptr, out, kv_start_idx)

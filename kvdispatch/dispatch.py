@@ -29,10 +29,11 @@ OP_FUNCTIONS = {"page_table": "build_page_table", "token_csr": "build_token_indi
 
 log = logging.getLogger("kvdispatch")
 
-# A backend's compiled entry for whole page-table calls (``kernels_triton/native.py`` sets it once built):
-# called with the public arguments, all positional, it launches and returns ``out``, or returns
-# NotImplemented and the path below (validation, selection, the backend's Python launcher) serves.
+# A backend's compiled entries for whole calls (``kernels_triton/native.py`` sets them once built): called
+# with the public arguments, all positional, they launch and return ``out``, or return NotImplemented and
+# the path below (validation, selection, the backend's Python launcher) serves.
 fast_page_table = None
+fast_token_csr = None
 
 
 class BackendUnavailableError(RuntimeError):

@@ -440,9 +440,13 @@ def test_gpu_token_csr_paths(launch_path, with_start):
         expected = out.clone()
         reference.build_token_indices(case.req_to_token, case.req_pool_indices, case.seq_lens, indptr, expected,
                                       case.kv_start_idx)
-        kernels_triton.build_token_indices(case.req_to_token, case.req_pool_indices, case.seq_lens, indptr, out,
-                                           case.kv_start_idx)
-        torch.testing.assert_close(out, expected, rtol=0, atol=0)
+        for call in range(2):  # the second call takes the plan (in C in native mode)
+            before = _native_launches()
+            out.fill_(POISON)
+            kvdispatch.create_flashinfer_kv_indices(case.req_to_token, case.req_pool_indices, case.seq_lens,
+                                                    indptr, out, kv_start_idx=case.kv_start_idx, backend="triton")
+            torch.testing.assert_close(out, expected, rtol=0, atol=0)
+            assert _native_launches() == before + (call if launch_path == "native" else 0)
 
 
 @needs_gpu

@@ -1,10 +1,13 @@
-"""The compiled host path of the page-table call (``kernels_triton/native_launch.c``), on CPU.
+"""The compiled host path of both index builders (``kernels_triton/native_launch.c``), on CPU.
 
 The extension is built here and pointed at stubs: a ``cuLaunchKernel`` that records what it is given, a
 ``cuCtxGetCurrent`` and a stream query, with CPU tensors as the launch device type (``is_cpu``, device
 index offset 1, so CPU is device 0). Each call is compared with what the Python path would launch
 (``page_table.plan_key_and_arguments``); every case it must not take returns NotImplemented without a
 launch. On a GPU, ``test_triton_launch.py`` runs the real thing.
+
+Most cases are page-table calls, whose checks are the larger set; the token-CSR entry shares the plan
+table, the launch and the tensor reads, and has its own packing and hand-back cases below.
 """
 
 from __future__ import annotations
@@ -18,13 +21,15 @@ pytest.importorskip("triton")
 
 import kvdispatch  # noqa: E402
 from conftest import DEVICE  # noqa: E402
-from kernels_triton import launch, native, page_table  # noqa: E402
+from kernels_triton import launch, native, page_table, token_csr  # noqa: E402
 from kvdispatch import _debug, dispatch  # noqa: E402
 
 CONTEXT = 0xC0FFEE
 FUNCTION = 0xF00D
 STREAM_BASE = 5000
 PARAMS = len(page_table.POINTERS) + len(page_table.RUNTIME_INTS) + 2  # + Triton's two scratch pointers
+CSR_PARAMS = len(token_csr.POINTERS) + len(token_csr.RUNTIME_INTS) + 2
+PAGE_TABLE, TOKEN_CSR = native.OPS["page_table"], native.OPS["token_csr"]
 LAUNCH = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, *[ctypes.c_uint] * 7, ctypes.c_void_p,
                           ctypes.POINTER(ctypes.c_void_p), ctypes.c_void_p)
 CONTEXT_QUERY = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.POINTER(ctypes.c_void_p))
@@ -35,13 +40,14 @@ class Stubs:
 
     def __init__(self):
         self.launches = []
+        self.count = PARAMS  # parameters of the registered kernel
         self.result = 0  # what the stub launch returns (nonzero: a failed launch)
         self.context = CONTEXT
         self.launch = LAUNCH(self._launch)
         self.current_context = CONTEXT_QUERY(self._current_context)
 
     def _launch(self, function, gx, gy, gz, bx, by, bz, shared, stream, params, extra):
-        values = [ctypes.cast(params[i], ctypes.POINTER(ctypes.c_uint64))[0] for i in range(PARAMS)]
+        values = [ctypes.cast(params[i], ctypes.POINTER(ctypes.c_uint64))[0] for i in range(self.count)]
         self.launches.append(dict(function=function, grid=(gx, gy, gz), block=(bx, by, bz), shared=shared,
                                   stream=stream, params=values, extra=extra))
         return self.result
@@ -117,7 +123,7 @@ def expected_params(call):
 @pytest.mark.parametrize("seed", range(40))
 def test_packs_what_the_python_path_launches(stubs, seed):
     call = random_call(seed)
-    stubs.module.approve(0, None, True)
+    stubs.module.approve(PAGE_TABLE, 0, None, True)
     grid_y = register(call)
     before = call[3].clone()
     assert stubs.module.page_table(*call) is call[3]
@@ -173,7 +179,7 @@ def _mutations():
 @pytest.mark.parametrize("name", list(_mutations()))
 def test_hands_back_what_it_must_not_take(stubs, name):
     call = random_call(100, page_size=64, with_start=False, options="")
-    stubs.module.approve(0, None, True)
+    stubs.module.approve(PAGE_TABLE, 0, None, True)
     register(call)
     _mutations()[name](call)
     assert stubs.module.page_table(*call) is NotImplemented
@@ -184,7 +190,7 @@ def test_hands_back_without_approval_plan_or_context(stubs):
     call = random_call(7)
     register(call)
     assert stubs.module.page_table(*call) is NotImplemented  # the selector never chose Triton here
-    stubs.module.approve(0, None, True)
+    stubs.module.approve(PAGE_TABLE, 0, None, True)
     stubs.context = CONTEXT + 1  # another device is current: the Python path switches devices
     assert stubs.module.page_table(*call) is NotImplemented
     stubs.context = CONTEXT
@@ -199,7 +205,7 @@ def test_hands_back_without_approval_plan_or_context(stubs):
 
 def test_a_failed_launch_is_handed_back(stubs):
     call = random_call(8)
-    stubs.module.approve(0, None, True)
+    stubs.module.approve(PAGE_TABLE, 0, None, True)
     register(call)
     stubs.result = 1  # CUDA_ERROR_INVALID_VALUE
     assert stubs.module.page_table(*call) is NotImplemented
@@ -226,7 +232,7 @@ def test_approvals_follow_the_selector_hooks(stubs):
 
 def test_plan_cache_clear_drops_the_c_plans(stubs):
     call = random_call(10)
-    stubs.module.approve(0, None, True)
+    stubs.module.approve(PAGE_TABLE, 0, None, True)
     register(call)
     launch.reset()  # what a change of KVDISPATCH_TRITON_LAUNCH needs
     assert stubs.module.page_table(*call) is NotImplemented
@@ -235,7 +241,7 @@ def test_plan_cache_clear_drops_the_c_plans(stubs):
 def test_public_api_goes_through_it_and_errors_do_not(stubs, monkeypatch):
     call = random_call(11, with_start=True, options="fill")
     table, pool, lens, out, page_size, start, offset, lens_out, fill, _ = call
-    stubs.module.approve(0, None, True)
+    stubs.module.approve(PAGE_TABLE, 0, None, True)
     register(call)
     monkeypatch.setattr(dispatch, "fast_page_table", stubs.module.page_table)
     kwargs = dict(page_size=page_size, kv_start_idx=start, seqlen_offset=offset, seq_lens_out=lens_out,
@@ -324,3 +330,84 @@ def test_builds_once_into_the_cache(tmp_path, monkeypatch):
     monkeypatch.setenv("CC", str(tmp_path / "no-such-compiler"))
     with pytest.raises(Exception):
         native.build(tmp_path / "elsewhere")
+
+
+def random_csr_call(seed, with_start=None):
+    """The public arguments of a random valid token-CSR call (strided and int64 vectors)."""
+    g = torch.Generator().manual_seed(seed)
+    rows, cols, batch, n = (int(torch.randint(lo, hi, (1,), generator=g)) for lo, hi in ((2, 30), (1, 5000),
+                                                                                        (1, 9), (1, 9000)))
+    table = torch.randint(0, 1 << 20, (rows, cols + 3), generator=g, dtype=torch.int32)[:, :cols]
+
+    def vector(low, high, length=batch):
+        dtype = (torch.int32, torch.int64)[int(torch.randint(2, (1,), generator=g))]
+        return torch.randint(low, high, (2 * length,), generator=g).to(dtype)[::2]
+
+    if with_start is None:
+        with_start = bool(torch.randint(2, (1,), generator=g))
+    start = vector(0, cols) if with_start else None
+    return [table, vector(-1, rows + 1), vector(-2, cols + 3), vector(-5, n, batch + 1),
+            torch.zeros(n, dtype=torch.int32), start, None]
+
+
+def register_csr(stubs, call, threads=128):
+    key, _ = token_csr.plan_key_and_arguments(*call[:6])
+    stubs.count = CSR_PARAMS
+    kernel = launch.NativeKernel(FUNCTION + 1, threads, 0, CSR_PARAMS, CONTEXT)
+    assert native.add_token_csr_plan((0,) + key[1:], kernel, 5)
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_token_csr_packs_what_the_python_path_launches(stubs, seed):
+    call = random_csr_call(seed)
+    stubs.module.approve(TOKEN_CSR, 0, None, True)
+    register_csr(stubs, call)
+    assert stubs.module.page_table(*random_call(seed)) is NotImplemented  # approved for the other op only
+    assert stubs.module.token_csr(*call) is call[4]
+    (launched,) = stubs.launches
+    _, args = token_csr.plan_key_and_arguments(*call[:6])
+    assert launched["params"] == [(a.data_ptr() if isinstance(a, torch.Tensor) else a) % 2**64
+                                  for a in args] + [0, 0]
+    assert launched["grid"] == (call[1].shape[0], 5, 1) and launched["function"] == FUNCTION + 1
+
+
+@pytest.mark.parametrize("name", ["indptr too short", "indptr float", "out 2-D", "out strided", "out int64",
+                                  "pool length", "start length", "start given (plan without)", "other out length",
+                                  "backend cupy", "not approved for token_csr"])
+def test_token_csr_hands_back_what_it_must_not_take(stubs, name):
+    call = random_csr_call(5, with_start=False)
+    batch = call[1].shape[0]
+    stubs.module.approve(TOKEN_CSR, 0, None, True)
+    register_csr(stubs, call)
+    out = call[4]
+    change = {
+        "indptr too short": (3, call[3][: batch - 1]),
+        "indptr float": (3, call[3].float()),
+        "out 2-D": (4, out[:, None]),
+        "out strided": (4, torch.zeros(2 * out.shape[0], dtype=torch.int32)[::2]),
+        "out int64": (4, out.long()),
+        "pool length": (1, torch.cat([call[1], call[1][:1]])),
+        "start length": (5, torch.zeros(batch + 1, dtype=torch.int32)),
+        "start given (plan without)": (5, torch.zeros(batch, dtype=torch.int32)),
+        "other out length": (4, torch.zeros(min(call[0].shape[1], out.shape[0]) - 1, dtype=torch.int32)),
+        "backend cupy": (6, "cupy"),
+        "not approved for token_csr": (6, "auto"),
+    }[name]
+    call[change[0]] = change[1]
+    if name == "other out length" and call[4].shape[0] == 0:
+        pytest.skip("drawn case too small")
+    assert stubs.module.token_csr(*call) is NotImplemented
+    assert stubs.launches == []
+
+
+def test_flashinfer_api_goes_through_it(stubs, monkeypatch):
+    call = random_csr_call(12, with_start=True)
+    stubs.module.approve(TOKEN_CSR, 0, None, True)
+    register_csr(stubs, call)
+    monkeypatch.setattr(dispatch, "fast_token_csr", stubs.module.token_csr)
+    table, pool, lens, indptr, out, start, _ = call
+    assert kvdispatch.create_flashinfer_kv_indices(table, pool, lens, indptr, out, kv_start_idx=start) is out
+    assert len(stubs.launches) == 1
+    with pytest.raises(TypeError, match="kv_indptr"):
+        kvdispatch.create_flashinfer_kv_indices(table, pool, lens, indptr.float(), out, kv_start_idx=start)
+    assert len(stubs.launches) == 1
