@@ -2,17 +2,18 @@
 
 The Python path of one public call costs about 1.6x ``x.add_(1)`` of host time on an H200 host: the
 checks, the selection lookup and the argument packing, then Triton's own C launcher. ``native_launch.c``
-does the checks, a plan lookup, the packing and ``cuLaunchKernel`` in one C function per op (0.9x ``add_``
-for the page table, measured with ``ci/perf_notes/native_launch.py``). It takes a call only when it is exactly a case the
-Python path has already launched: same device, selection, shape key and current context. For anything
-else it returns ``NotImplemented`` and the Python path runs, so errors, fallbacks and first calls are
-unchanged.
+does the checks, a plan lookup, the packing and ``cuLaunchKernel`` in one C function per op (0.9x
+``add_`` for the page table, measured with ``ci/perf_notes/native_launch.py``). It takes a call only when
+it is exactly a case the Python path has already launched: same device, selection, shape key and current
+context. For anything else it returns ``NotImplemented`` and the Python path runs, so errors, fallbacks
+and first calls are unchanged.
 
 It is built at first use, like Triton's own launcher, with the C compiler Triton needs (``CC``, else
 ``cc``, ``gcc`` or ``clang``) and Python's headers, into ``$KVDISPATCH_CACHE_DIR`` (default
 ``~/.cache/kvdispatch``), once per source and Python version. Where it cannot be built or loaded, or on
 anything but NVIDIA (where Triton's kernels take ``cuLaunchKernel``'s parameters as
-``launch.native_parameter_count`` checks), launches stay on the Python path. ``KVDISPATCH_TRITON_LAUNCH=native`` requires it.
+``launch.native_parameter_count`` checks), launches stay on the Python path.
+``KVDISPATCH_TRITON_LAUNCH=native`` requires it.
 """
 
 from __future__ import annotations

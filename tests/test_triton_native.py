@@ -313,7 +313,8 @@ def test_parameter_count_needs_the_plain_case():
         assert launch.native_parameter_count(compiled(**change), 17) is None, change
     hip = type("Target", (), {"backend": "hip", "warp_size": 64})()
     assert launch.native_parameter_count(compiled(target=hip), 17) is None
-    narrow = type("Compiled", (), {"metadata": Metadata(), "asm": {"ptx": entry.replace(".u64 k_param_3", ".u32 k_param_3")}})()
+    narrow_ptx = entry.replace(".u64 k_param_3", ".u32 k_param_3")
+    narrow = type("Compiled", (), {"metadata": Metadata(), "asm": {"ptx": narrow_ptx}})()
     assert launch.native_parameter_count(narrow, 17) is None
 
 
