@@ -412,3 +412,24 @@ def test_flashinfer_api_goes_through_it(stubs, monkeypatch):
     with pytest.raises(TypeError, match="kv_indptr"):
         kvdispatch.create_flashinfer_kv_indices(table, pool, lens, indptr.float(), out, kv_start_idx=start)
     assert len(stubs.launches) == 1
+
+
+def test_load_failure_leaves_launches_in_python(tmp_path, monkeypatch):
+    """Where the extension cannot be built (here: no such compiler) or CUDA is missing, ``load`` returns None
+    once, says why, and a required native mode raises with that reason; auto mode goes on in Python."""
+    monkeypatch.setattr(native, "_module", None)
+    monkeypatch.setattr(native, "_failure", None)
+    monkeypatch.setenv("CC", str(tmp_path / "no-such-compiler"))
+    monkeypatch.setenv(native.CACHE_ENV, str(tmp_path / "cache"))
+    assert native.load() is None
+    assert native.failure()
+    assert native.load() is None  # no second attempt
+    launcher = launch.KernelLauncher(page_table.page_table_kernel, page_table.CONSTEXPRS)
+    launcher.compiled[(0, "spec")] = object()
+    monkeypatch.setattr(launch, "native_parameter_count", lambda compiled, runtime_args: runtime_args + 2)
+    monkeypatch.setenv(launch.LAUNCH_ENV, "auto")
+    assert launcher.native_kernel(0, "spec", 17) is None
+    monkeypatch.setenv(launch.LAUNCH_ENV, "native")
+    launcher.native_kernels.clear()
+    with pytest.raises(RuntimeError, match="compiled launcher cannot launch"):
+        launcher.native_kernel(0, "spec", 17)
