@@ -67,7 +67,7 @@ def main() -> int:
         pages_options = (1024, 2048, 4096) if ps == 1 else (32, 64, 128)
         rows = [("api (as shipped)", graph_us(functools.partial(api, inputs, ps), inputs))]
         for pages in pages_options:
-            for warps in (2, 4, 8):
+            for warps in (1, 2, 4, 8):
                 rows.append((f"ours     pages={pages:<5} warps={warps}",
                              graph_us(functools.partial(ours, inputs, ps, pages, warps), inputs)))
                 rows.append((f"baseline pages={pages:<5} warps={warps}",
