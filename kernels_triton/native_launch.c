@@ -7,8 +7,9 @@
 // cuLaunchKernel and cuCtxGetCurrent in the product, stubs in the tests).
 //
 // page_table(...) and token_csr(...) return `out` after launching, or NotImplemented whenever anything is
-// not exactly the plain valid case they know (an unexpected type, a failed check, no plan, another current context, a
-// failed launch): the Python path then handles the call, errors included. It never raises for bad input.
+// not exactly the plain valid case they know (an unexpected type, a failed check, no plan, another current
+// context, a failed launch): the Python path then handles the call, errors included. Neither raises for bad
+// input.
 
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -171,6 +172,7 @@ static PyObject *store_plan(const plan_key *key, unsigned long long ctx, unsigne
         return PyErr_Format(PyExc_ValueError, "add_plan: %u parameters, expected %u to %d", param_count, args,
                             MAX_PARAMS);
     plan *p = find_slot(key);
+    if (p == NULL) Py_RETURN_FALSE;
     if (!p->used) {
         if (plan_count * 2 >= TABLE_SLOTS) Py_RETURN_FALSE;  // full: such calls stay on the Python path
         ++plan_count;
