@@ -409,11 +409,8 @@ def register(launcher: KernelLauncher) -> KernelLauncher:
 def reset(compiled: bool = False) -> None:
     """Forget the launch plans (after changing ``KVDISPATCH_TRITON_LAUNCH``); ``compiled=True`` also drops
     the cached compiled kernels (Triton keeps its own cache, so they come back without recompiling)."""
-    from . import native  # noqa: PLC0415
-
-    for cache in _plan_caches:
+    for cache in _plan_caches:  # each also drops the compiled launcher's copies (PlanCache.on_clear)
         cache.clear()
-    native.forget_plans()
     if compiled:
         for launcher in _launchers:
             launcher.compiled.clear()

@@ -134,12 +134,13 @@ def on_selected(device, op, backend) -> None:
 
 
 def on_deselected(device=None) -> None:
-    """Triton no longer serves ``device`` (None: any device): drop its approvals and every plan."""
+    """Triton no longer serves ``device`` (None: any device): drop its approvals. Its plans stay, as the
+    Python launchers' do: without an approval the C path does not take a call, and a later selection of
+    Triton makes them usable again."""
     for entry in [e for e in _approved if device is None or e[1] == device.index]:
         _approved.discard(entry)
         if _module is not None:
             _module.approve(OPS[entry[0]], entry[1], entry[2], False)
-    forget_plans()
 
 
 def current_context() -> int | None:
@@ -147,10 +148,11 @@ def current_context() -> int | None:
     return _module.context() if _module is not None else None
 
 
-def forget_plans() -> None:
-    """Drop the C path's plans (after ``KVDISPATCH_TRITON_LAUNCH`` changes); a no-op before it is built."""
+def forget_plans(op: str) -> None:
+    """Drop the C path's plans of ``op`` along with the Python launcher's (its plan cache calls this when it
+    forgets); a no-op before the extension is built."""
     if _module is not None:
-        _module.clear_plans()
+        _module.clear_plans(OPS[op])
 
 
 def add_page_table_plan(key: tuple, kernel, grid_y: int) -> bool:

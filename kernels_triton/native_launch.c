@@ -131,8 +131,21 @@ static PyObject *clear(PyObject *self, PyObject *unused) {
     Py_RETURN_NONE;
 }
 
-static PyObject *clear_plans(PyObject *self, PyObject *unused) {
+// clear_plans(op=-1): forget the plans of one op (each Python plan cache forgets its own), or of both.
+static PyObject *clear_plans(PyObject *self, PyObject *args) {
+    int op = -1;
+    if (!PyArg_ParseTuple(args, "|i", &op)) return NULL;
+    if (op < 0) {
+        clear_plans_only();
+        Py_RETURN_NONE;
+    }
+    static plan kept[TABLE_SLOTS / 2];  // the table is at most half full
+    int count = 0;
+    for (int i = 0; i < TABLE_SLOTS; ++i)
+        if (plans[i].used && plans[i].key.op != op) kept[count++] = plans[i];
     clear_plans_only();
+    for (int i = 0; i < count; ++i) *find_slot(&kept[i].key) = kept[i];  // reinserted: probe chains stay whole
+    plan_count = count;
     Py_RETURN_NONE;
 }
 
@@ -404,7 +417,8 @@ static PyMethodDef methods[] = {
     {"configure", configure, METH_VARARGS,
      "configure(launch address, context address, stream query, tensor type, int32, int64, device flag)"},
     {"clear", clear, METH_NOARGS, "forget every plan and approval"},
-    {"clear_plans", clear_plans, METH_NOARGS, "forget every plan, keep the approvals"},
+    {"clear_plans", clear_plans, METH_VARARGS,
+     "clear_plans(op=-1): forget one op's plans (-1: all), keep the approvals"},
     {"launch_count", launch_count, METH_NOARGS, "launches made since configure()"},
     {"approve", approve, METH_VARARGS, "approve(op, device index, backend, on): the selector chose this launcher"},
     {"context", context, METH_NOARGS, "the current context's handle, or None"},

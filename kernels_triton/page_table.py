@@ -8,6 +8,7 @@ found 16-byte aligned).
 
 from __future__ import annotations
 
+import functools
 import itertools
 
 import triton
@@ -157,7 +158,7 @@ def _write_pages(source, out_row, page, in_row, in_width, fill_value,
 page_table_kernel = triton.jit(_page_table_kernel, do_not_specialize=RUNTIME_INTS,
                                do_not_specialize_on_alignment=POINTERS)
 launcher = _launch.register(_launch.KernelLauncher(page_table_kernel, CONSTEXPRS))
-_plans = _launch.plan_cache(on_clear=native.forget_plans)
+_plans = _launch.plan_cache(on_clear=functools.partial(native.forget_plans, "page_table"))
 
 
 def page_shift(page_size: int) -> int:

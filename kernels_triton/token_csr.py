@@ -7,6 +7,8 @@ first token that lands in ``out``; a long row is spread over many programs.
 
 from __future__ import annotations
 
+import functools
+
 import triton
 import triton.language as tl
 
@@ -55,7 +57,7 @@ def _token_csr_kernel(
 token_csr_kernel = triton.jit(_token_csr_kernel, do_not_specialize=RUNTIME_INTS,
                               do_not_specialize_on_alignment=POINTERS)
 launcher = _launch.register(_launch.KernelLauncher(token_csr_kernel, CONSTEXPRS))
-_plans = _launch.plan_cache(on_clear=native.forget_plans)
+_plans = _launch.plan_cache(on_clear=functools.partial(native.forget_plans, "token_csr"))
 
 
 def constexprs_for(has_start: bool) -> dict:

@@ -432,6 +432,23 @@ def test_gpu_page_table_paths(launch_path, page_size, with_start):
 
 
 @needs_gpu
+def test_gpu_compiled_path_serves_again_after_a_reset(monkeypatch):
+    """kvdispatch.reset() forgets the selection, not the plans: once Triton is selected again, a repeated call
+    goes through C without a new plan."""
+    if native.load() is None:
+        pytest.skip(f"the compiled launcher is not available here: {native.failure()}")
+    monkeypatch.setenv(launch.LAUNCH_ENV, "native")
+    launch.reset()
+    case = make_case(5, 64, max_pages=20, device=DEVICE)
+    _page_table_matches(case)
+    kvdispatch.reset()
+    before = _native_launches()
+    _page_table_matches(case)
+    assert _native_launches() == before + 1
+    launch.reset()
+
+
+@needs_gpu
 @pytest.mark.parametrize("with_start", (False, True))
 def test_gpu_token_csr_paths(launch_path, with_start):
     for _ in range(3):

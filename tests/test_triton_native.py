@@ -228,6 +228,9 @@ def test_approvals_follow_the_selector_hooks(stubs):
     native.on_deselected(None)
     assert stubs.module.page_table(*call) is NotImplemented
     assert len(stubs.launches) == 1
+    native.on_selected(gpu, "page_table", None)  # selected again: the plan (kept, as Python's is) serves
+    assert stubs.module.page_table(*call) is call[3]
+    assert len(stubs.launches) == 2
 
 
 def test_plan_cache_clear_drops_the_c_plans(stubs):
@@ -236,6 +239,21 @@ def test_plan_cache_clear_drops_the_c_plans(stubs):
     register(call)
     launch.reset()  # what a change of KVDISPATCH_TRITON_LAUNCH needs
     assert stubs.module.page_table(*call) is NotImplemented
+
+
+def test_one_op_plan_cache_clear_keeps_the_other_ops_plans(stubs):
+    calls = [random_call(seed) for seed in range(13, 20)]
+    csr = random_csr_call(13)
+    stubs.module.approve(PAGE_TABLE, 0, None, True)
+    stubs.module.approve(TOKEN_CSR, 0, None, True)
+    for call in calls:
+        register(call)
+    register_csr(stubs, csr)
+    page_table._plans.clear()  # the page table's Python cache forgets (as past MAX_PLANS keys)
+    assert all(stubs.module.page_table(*call) is NotImplemented for call in calls)
+    assert stubs.module.token_csr(*csr) is csr[4]
+    token_csr._plans.clear()
+    assert stubs.module.token_csr(*csr) is NotImplemented
 
 
 def test_public_api_goes_through_it_and_errors_do_not(stubs, monkeypatch):
