@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import statistics
 
 import torch
 import triton
@@ -53,6 +54,26 @@ def graph_us(fn, inputs):
         return float("nan")
     graph = bench.capture(fn, 20)
     return bench.event_time_us(graph.replay, 20, 200)
+
+
+def interleaved_rounds(rows: dict, measure, rounds: int) -> dict:
+    """``{name: [one value per round]}``: every callable of ``rows`` (``{name: fn}``) measured with
+    ``measure(fn)`` once per round, the rounds interleaved so that drifts hit every row alike."""
+    results = {name: [] for name in rows}
+    for _ in range(rounds):
+        for name, fn in rows.items():
+            results[name].append(measure(fn))
+    return results
+
+
+def print_medians(results: dict, references: dict, width: int = 40, digits: int = 3) -> None:
+    """A line per row of ``results``: its median in µs, that median over each reference row's
+    (``references``: ``{label: row name}``), and the rounds."""
+    medians = {label: statistics.median(results[name]) for label, name in references.items()}
+    for name, values in results.items():
+        m = statistics.median(values)
+        ratios = "  ".join(f"/{label} {m / reference:5.3f}" for label, reference in medians.items())
+        print(f"  {name:{width}} {m:7.{digits}f} us  {ratios}  (rounds {' '.join(f'{v:.{digits}f}' for v in values)})")
 
 
 def main() -> int:

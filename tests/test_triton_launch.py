@@ -13,7 +13,7 @@ pytest.importorskip("triton")
 
 import kernels_triton  # noqa: E402
 import kvdispatch  # noqa: E402
-from kernels_triton import launch, native, page_table, token_csr  # noqa: E402
+from kernels_triton import launch, native, page_table  # noqa: E402
 from kvcases import POISON, make_case  # noqa: E402
 from kvdispatch import reference  # noqa: E402
 

@@ -9,7 +9,6 @@ geometry. Every variant is checked against the reference before it is timed; rou
 
 from __future__ import annotations
 
-import statistics
 import sys
 from pathlib import Path
 
@@ -22,7 +21,7 @@ sys.path.insert(0, str(ROOT / "ci"))
 import kvdispatch  # noqa: E402
 from kernels_cupy import build, launch as cupy_launch, runtime  # noqa: E402
 from kvdispatch import _baselines, bench  # noqa: E402
-from perf_probe import graph_us  # noqa: E402
+from perf_probe import graph_us, interleaved_rounds, print_medians  # noqa: E402
 
 SOURCES = {"shipped": build.source()}
 SOURCES.update({p.stem: p.read_text() for p in sorted((Path(__file__).parent / "cupy_variants").glob("*.cu"))})
@@ -56,15 +55,9 @@ def main() -> int:
                     "2d baseline": lambda: _baselines.grid_2d(*args, ps)}
         for name in SOURCES:
             variants[f"cupy {name}"] = lambda name=name: variant_call(name, inputs, ps)
-        results = {name: [] for name in variants}
-        for _ in range(rounds):
-            for name, fn in variants.items():
-                results[name].append(graph_us(fn, inputs))
-        tri = statistics.median(results["triton api"])
+        results = interleaved_rounds(variants, lambda fn: graph_us(fn, inputs), rounds)
         print(f"case {case.name}")
-        for name, values in results.items():
-            m = statistics.median(values)
-            print(f"  {name:40} {m:7.3f} us  /triton {m / tri:.3f}  (rounds {' '.join(f'{v:.3f}' for v in values)})")
+        print_medians(results, {"triton": "triton api"})
         del inputs
     return 0
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import ctypes
 import re
-import statistics
 import struct
 import sys
 from pathlib import Path
@@ -25,7 +24,7 @@ import kvdispatch  # noqa: E402
 from kernels_triton import page_table  # noqa: E402
 from kvdispatch import _baselines, _validate, bench, dispatch  # noqa: E402
 from host_cost import host_case, host_us  # noqa: E402
-from perf_probe import graph_us  # noqa: E402
+from perf_probe import graph_us, interleaved_rounds, print_medians  # noqa: E402
 
 
 
@@ -199,17 +198,9 @@ def gpu_section():
                                                                                     backend="cupy"),
             "cupy generic module (direct)": lambda: cupy_variant(inputs, ps, modules, ()),
         }
-        results = {name: [] for name in variants}
-        for _ in range(3):  # interleaved rounds
-            for name, fn in variants.items():
-                results[name].append(graph_us(fn, inputs))
-        base = statistics.median(results["2d baseline"])
-        tri = statistics.median(results["triton api (new kernel)"])
+        results = interleaved_rounds(variants, lambda fn: graph_us(fn, inputs), 3)
         print(f"case {case.name}")
-        for name, values in results.items():
-            m = statistics.median(values)
-            print(f"  {name:30} {m:7.3f} us  (rounds {' '.join(f'{v:.3f}' for v in values)})"
-                  f"  /baseline {m / base:.3f}  /triton {m / tri:.3f}")
+        print_medians(results, {"baseline": "2d baseline", "triton": "triton api (new kernel)"}, width=30)
         del inputs
 
 

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import ctypes
 import importlib.util
-import statistics
 import subprocess
 import sys
 import sysconfig
@@ -32,6 +31,7 @@ sys.path.insert(0, str(ROOT / "ci"))
 import kernels_triton.native  # noqa: E402
 import kvdispatch  # noqa: E402
 from host_cost import host_case, host_us  # noqa: E402
+from perf_probe import interleaved_rounds, print_medians  # noqa: E402
 from kernels_triton import launch  # noqa: E402
 from kernels_triton import page_table as triton_page_table  # noqa: E402
 from kvdispatch import _baselines, dispatch  # noqa: E402
@@ -127,16 +127,8 @@ def main() -> int:
             "raw stream query": lambda: torch._C._cuda_getCurrentRawStream(0)}
     if torch_native is not None:
         rows["C++: checks through ATen, launch"] = aten
-    results = {name: [] for name in rows}
-    for _ in range(3):
-        for name, fn in rows.items():
-            results[name].append(host_us(fn))
-    add = statistics.median(results["x.add_(1)"])
-    plain = statistics.median(results["plain launch, 2-D baseline"])
-    for name, values in results.items():
-        m = statistics.median(values)
-        print(f"  {name:42} {m:6.2f} us  /add_ {m / add:5.2f}  /plain {m / plain:5.2f}  "
-              f"(rounds {' '.join(f'{v:.2f}' for v in values)})")
+    results = interleaved_rounds(rows, host_us, 3)
+    print_medians(results, {"add_": "x.add_(1)", "plain": "plain launch, 2-D baseline"}, width=42, digits=2)
     return 0
 
 

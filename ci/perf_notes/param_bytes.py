@@ -10,7 +10,6 @@ parameters (kept: ``do_not_specialize``) next to the shipped API, 5 interleaved 
 from __future__ import annotations
 
 import functools
-import statistics
 import sys
 
 import torch
@@ -20,7 +19,7 @@ import triton.language as tl
 sys.path.insert(0, __file__.rsplit("/ci/", 1)[0] + "/ci")
 import kvdispatch  # noqa: E402
 from kvdispatch import _baselines, bench  # noqa: E402
-from perf_probe import graph_us  # noqa: E402
+from perf_probe import graph_us, interleaved_rounds, print_medians  # noqa: E402
 
 EXTRA = [f"x{i}" for i in range(12)]
 
@@ -54,15 +53,9 @@ def main() -> int:
                 "2d-grid (plain launch)": functools.partial(_baselines.grid_2d, *args, 64)}
         for extra, kernel in kernels.items():
             rows[f"2d-grid, strides + {extra} params runtime i64"] = functools.partial(padded, kernel, x, 64)
-        results = {name: [] for name in rows}
-        for _ in range(5):
-            for name, fn in rows.items():
-                results[name].append(graph_us(fn, x))
-        base = statistics.median(results["2d-grid (plain launch)"])
+        results = interleaved_rounds(rows, functools.partial(graph_us, inputs=x), 5)
         print(f"case {case.name}")
-        for name, values in results.items():
-            m = statistics.median(values)
-            print(f"  {name:44} {m:6.3f} us  /2d {m / base:5.3f}  (rounds {' '.join(f'{v:.3f}' for v in values)})")
+        print_medians(results, {"2d": "2d-grid (plain launch)"}, width=44)
     return 0
 
 
