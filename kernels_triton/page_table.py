@@ -66,12 +66,9 @@ def _page_table_kernel(
 
     # Page p is written iff p < W and its first token lies inside the request and inside the table row, on
     # a readable row: 0 <= pool < R (and start >= 0), p * PAGE_SIZE < L and p * PAGE_SIZE < C - start.
-    if HAS_START:
-        in_row, source = _row_with_start(table_ptr, pool, length, start, position, in_width, table_rows,
-                                         table_cols, table_row_stride, seqlen_offset)
-    elif WIDE_INDEXING:
-        in_row, source = _row_wide(table_ptr, pool, length, position, in_width, table_rows, table_cols,
-                                   table_row_stride, seqlen_offset)
+    if HAS_START or WIDE_INDEXING:
+        in_row, source = _row_64bit(table_ptr, pool, length, start if HAS_START else 0, position, in_width,
+                                    table_rows, table_cols, table_row_stride, seqlen_offset)
     else:
         in_row, source = _row_narrow(table_ptr, pool, length, position, in_width, table_rows, table_cols,
                                      table_row_stride, seqlen_offset)
@@ -116,20 +113,10 @@ def _row_narrow(table_ptr, pool, length, position, in_width, table_rows, table_c
 
 
 @triton.jit
-def _row_wide(table_ptr, pool, length, position, in_width, table_rows, table_cols, table_row_stride,
-              seqlen_offset):
-    """``(in_row, slot addresses)`` in 64-bit arithmetic throughout (tables of 2**31 rows or more, or rows
-    2**31 elements apart)."""
-    pool = pool.to(tl.int64)
-    readable = (pool >= 0) & (pool < table_rows)
-    limit = tl.where(readable, tl.minimum(length.to(tl.int64) + seqlen_offset, table_cols), 0)
-    return in_width & (position < limit), table_ptr + pool * table_row_stride + position
-
-
-@triton.jit
-def _row_with_start(table_ptr, pool, length, start, position, in_width, table_rows, table_cols,
-                    table_row_stride, seqlen_offset):
-    """``(in_row, slot addresses)`` of a row that starts at column ``start`` (64-bit arithmetic)."""
+def _row_64bit(table_ptr, pool, length, start, position, in_width, table_rows, table_cols, table_row_stride,
+               seqlen_offset):
+    """``(in_row, slot addresses)`` of a row that starts at column ``start`` (0 without one) in 64-bit
+    arithmetic throughout: rows with a start, and tables of 2**31 rows or more, or rows 2**31 apart."""
     pool = pool.to(tl.int64)
     readable = (pool >= 0) & (pool < table_rows) & (start >= 0)
     limit = tl.where(readable, tl.minimum(length.to(tl.int64) + seqlen_offset, table_cols - start), 0)
