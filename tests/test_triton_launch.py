@@ -433,8 +433,8 @@ def test_gpu_page_table_paths(launch_path, page_size, with_start):
 
 @needs_gpu
 def test_gpu_compiled_path_serves_again_after_a_reset(monkeypatch):
-    """kvdispatch.reset() forgets the selection, not the plans: once Triton is selected again, a repeated call
-    goes through C without a new plan."""
+    """kvdispatch.reset() forgets the selection, not the plans: the first call after it selects Triton again
+    (in Python), and the next one goes through C without a new plan."""
     if native.load() is None:
         pytest.skip(f"the compiled launcher is not available here: {native.failure()}")
     monkeypatch.setenv(launch.LAUNCH_ENV, "native")
@@ -442,9 +442,10 @@ def test_gpu_compiled_path_serves_again_after_a_reset(monkeypatch):
     case = make_case(5, 64, max_pages=20, device=DEVICE)
     _page_table_matches(case)
     kvdispatch.reset()
-    before = _native_launches()
+    before, plans = _native_launches(), len(page_table._plans)
     _page_table_matches(case)
-    assert _native_launches() == before + 1
+    _page_table_matches(case)
+    assert _native_launches() == before + 1 and len(page_table._plans) == plans
     launch.reset()
 
 
