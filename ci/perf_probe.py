@@ -76,19 +76,33 @@ def print_medians(results: dict, references: dict, width: int = 40, digits: int 
         print(f"  {name:{width}} {m:7.{digits}f} us  {ratios}  (rounds {' '.join(f'{v:.{digits}f}' for v in values)})")
 
 
+def time_case(title: str, rows: dict, measure, rounds: int, references: dict, width: int = 40) -> dict:
+    """``interleaved_rounds`` of ``rows``, printed under ``case {title}`` by ``print_medians``; returns them."""
+    results = interleaved_rounds(rows, measure, rounds)
+    print(f"case {title}")
+    print_medians(results, references, width)
+    return results
+
+
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--cases", default="1x131072x64,64x32768x64,256x32768x1")
-    cases = bench.parse_cases(parser.parse_args().cases)
+    parser.add_argument("--pages", help="pages per program to try, e.g. 64,256 (default: three around the shipped)")
+    parser.add_argument("--warps", default="1,2,4,8")
+    options = parser.parse_args()
+    cases = bench.parse_cases(options.cases)
+    warps_options = [int(w) for w in options.warps.split(",")]
     device = torch.device("cuda")
     bench._warm_up_clocks(device)
     for i, case in enumerate(cases):
         inputs = bench.make_inputs(case, device, i)
         ps = case.page_size
         pages_options = (1024, 2048, 4096) if ps == 1 else (32, 64, 128)
+        if options.pages:
+            pages_options = [int(p) for p in options.pages.split(",")]
         rows = [("api (as shipped)", graph_us(functools.partial(api, inputs, ps), inputs))]
         for pages in pages_options:
-            for warps in (1, 2, 4, 8):
+            for warps in warps_options:
                 rows.append((f"ours     pages={pages:<5} warps={warps}",
                              graph_us(functools.partial(ours, inputs, ps, pages, warps), inputs)))
                 rows.append((f"baseline pages={pages:<5} warps={warps}",

@@ -21,7 +21,7 @@ sys.path.insert(0, str(ROOT / "ci"))
 import kvdispatch  # noqa: E402
 from kernels_cupy import build, launch as cupy_launch, runtime  # noqa: E402
 from kvdispatch import _baselines, bench  # noqa: E402
-from perf_probe import graph_us, interleaved_rounds, print_medians  # noqa: E402
+from perf_probe import graph_us, time_case  # noqa: E402
 
 SOURCES = {"shipped": build.source()}
 SOURCES.update({p.stem: p.read_text() for p in sorted((Path(__file__).parent / "cupy_variants").glob("*.cu"))})
@@ -55,9 +55,7 @@ def main() -> int:
                     "2d baseline": lambda: _baselines.grid_2d(*args, ps)}
         for name in SOURCES:
             variants[f"cupy {name}"] = lambda name=name: variant_call(name, inputs, ps)
-        results = interleaved_rounds(variants, lambda fn: graph_us(fn, inputs), rounds)
-        print(f"case {case.name}")
-        print_medians(results, {"triton": "triton api"})
+        time_case(case.name, variants, lambda fn: graph_us(fn, inputs), rounds, {"triton": "triton api"})
         del inputs
     return 0
 

@@ -24,7 +24,7 @@ import kvdispatch  # noqa: E402
 from kernels_triton import page_table  # noqa: E402
 from kvdispatch import _baselines, _validate, bench, dispatch  # noqa: E402
 from host_cost import host_case, host_us  # noqa: E402
-from perf_probe import graph_us, interleaved_rounds, print_medians  # noqa: E402
+from perf_probe import graph_us, time_case  # noqa: E402
 
 
 
@@ -198,9 +198,8 @@ def gpu_section():
                                                                                     backend="cupy"),
             "cupy generic module (direct)": lambda: cupy_variant(inputs, ps, modules, ()),
         }
-        results = interleaved_rounds(variants, lambda fn: graph_us(fn, inputs), 3)
-        print(f"case {case.name}")
-        print_medians(results, {"baseline": "2d baseline", "triton": "triton api (new kernel)"}, width=30)
+        time_case(case.name, variants, lambda fn: graph_us(fn, inputs), 3,
+                  {"baseline": "2d baseline", "triton": "triton api (new kernel)"}, width=30)
         del inputs
 
 

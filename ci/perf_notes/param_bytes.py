@@ -19,7 +19,7 @@ import triton.language as tl
 sys.path.insert(0, __file__.rsplit("/ci/", 1)[0] + "/ci")
 import kvdispatch  # noqa: E402
 from kvdispatch import _baselines, bench  # noqa: E402
-from perf_probe import graph_us, interleaved_rounds, print_medians  # noqa: E402
+from perf_probe import graph_us, time_case  # noqa: E402
 
 EXTRA = [f"x{i}" for i in range(12)]
 
@@ -53,9 +53,8 @@ def main() -> int:
                 "2d-grid (plain launch)": functools.partial(_baselines.grid_2d, *args, 64)}
         for extra, kernel in kernels.items():
             rows[f"2d-grid, strides + {extra} params runtime i64"] = functools.partial(padded, kernel, x, 64)
-        results = interleaved_rounds(rows, functools.partial(graph_us, inputs=x), 5)
-        print(f"case {case.name}")
-        print_medians(results, {"2d": "2d-grid (plain launch)"}, width=44)
+        time_case(case.name, rows, functools.partial(graph_us, inputs=x), 5, {"2d": "2d-grid (plain launch)"},
+                  width=44)
     return 0
 
 
