@@ -29,9 +29,9 @@ def ours(inputs, page_size, pages, warps):
     constexprs["PAGES_PER_PROGRAM"] = pages
     grid = (inputs.req_pool_indices.shape[0], triton.cdiv(out.shape[1], pages))
     page_table.page_table_kernel[grid](
-        table, inputs.req_pool_indices, inputs.seq_lens, table, out, out, inputs.req_pool_indices.stride(0),
-        inputs.seq_lens.stride(0), 0, table.shape[0], table.shape[1], table.stride(0), out.shape[1],
-        out.stride(0), 0, 0, rows_aligned, **constexprs, num_warps=warps)
+        table, inputs.req_pool_indices, inputs.seq_lens, out, table, out, table.shape[0], table.shape[1],
+        table.stride(0), out.shape[1], out.stride(0), 0, rows_aligned, 0, inputs.req_pool_indices.stride(0),
+        inputs.seq_lens.stride(0), 0, **constexprs, num_warps=warps)
 
 
 def baseline(inputs, page_size, pages, warps):

@@ -379,11 +379,13 @@ static PyObject *page_table(PyObject *self, PyObject *const *args, Py_ssize_t na
     // Only page size 1 without a start gets 16-byte accesses, on 16-byte-aligned rows (as in Python).
     int aligned = page_size == 1 && start_obj == Py_None && out.stride[0] % 4 == 0 && table.stride[0] % 4 == 0 &&
                   out.data % 16 == 0 && table.data % 16 == 0;
+    // In the kernel's parameter order (page_table.POINTERS, then page_table.RUNTIME_INTS).
     uint64_t values[MAX_PARAMS] = {
-        table.data, pool.data, lens.data, start_obj != Py_None ? start.data : table.data, out.data,
-        lens_out_obj != Py_None ? lens_out.data : out.data, (uint64_t)pool.stride[0], (uint64_t)lens.stride[0],
-        (uint64_t)start_stride, (uint64_t)table.size[0], (uint64_t)table.size[1], (uint64_t)table.stride[0],
-        (uint64_t)out.size[1], (uint64_t)out.stride[0], (uint64_t)offset, (uint64_t)fill, (uint64_t)aligned};
+        table.data, pool.data, lens.data, out.data, start_obj != Py_None ? start.data : table.data,
+        lens_out_obj != Py_None ? lens_out.data : out.data, (uint64_t)table.size[0], (uint64_t)table.size[1],
+        (uint64_t)table.stride[0], (uint64_t)out.size[1], (uint64_t)out.stride[0], (uint64_t)offset,
+        (uint64_t)aligned, (uint64_t)fill, (uint64_t)pool.stride[0], (uint64_t)lens.stride[0],
+        (uint64_t)start_stride};
     return launch_plan(&key, (unsigned)batch, values, args[3]);
 }
 

@@ -19,18 +19,23 @@ from kvdispatch import grid as launch_grid
 from . import launch as _launch
 from . import native
 
-RUNTIME_INTS = ("pool_stride", "lens_stride", "start_stride", "table_rows", "table_cols", "table_row_stride",
-                "out_width", "out_row_stride", "seqlen_offset", "fill_value", "rows_aligned")
-POINTERS = ("table_ptr", "pool_ptr", "lens_ptr", "start_ptr", "out_ptr", "seq_lens_out_ptr")
+# The kernel's parameters are POINTERS then RUNTIME_INTS, what every call reads first and the index vectors'
+# strides (read only when they are not 1) last. With the strides ahead of the integers every call reads, the
+# kernel replayed 3% slower on the H200's page-64 cases (ci/perf_notes/ablation.py; our reading: one more
+# constant-cache line to fetch before the gather).
+POINTERS = ("table_ptr", "pool_ptr", "lens_ptr", "out_ptr", "start_ptr", "seq_lens_out_ptr")
+RUNTIME_INTS = ("table_rows", "table_cols", "table_row_stride", "out_width", "out_row_stride", "seqlen_offset",
+                "rows_aligned", "fill_value", "pool_stride", "lens_stride", "start_stride")
 CONSTEXPRS = ("PAGE_SIZE", "PAGE_SHIFT", "PAGES_PER_PROGRAM", "HAS_START", "HAS_SEQ_LENS_OUT", "HAS_FILL",
               "UNIT_STRIDES", "WIDE_INDEXING")
 WIDE = 2**31  # tables with this many rows, or rows this many elements apart, need 64-bit index arithmetic
 
 
 def _page_table_kernel(
-    table_ptr, pool_ptr, lens_ptr, start_ptr, out_ptr, seq_lens_out_ptr,
-    pool_stride: tl.int64, lens_stride: tl.int64, start_stride: tl.int64, table_rows: tl.int64, table_cols: tl.int64, table_row_stride: tl.int64,
-    out_width: tl.int64, out_row_stride: tl.int64, seqlen_offset: tl.int64, fill_value: tl.int64, rows_aligned: tl.int64,
+    table_ptr, pool_ptr, lens_ptr, out_ptr, start_ptr, seq_lens_out_ptr,
+    table_rows: tl.int64, table_cols: tl.int64, table_row_stride: tl.int64, out_width: tl.int64, out_row_stride: tl.int64,
+    seqlen_offset: tl.int64, rows_aligned: tl.int64, fill_value: tl.int64, pool_stride: tl.int64, lens_stride: tl.int64,
+    start_stride: tl.int64,
     PAGE_SIZE: tl.constexpr, PAGE_SHIFT: tl.constexpr, PAGES_PER_PROGRAM: tl.constexpr,
     HAS_START: tl.constexpr, HAS_SEQ_LENS_OUT: tl.constexpr, HAS_FILL: tl.constexpr, UNIT_STRIDES: tl.constexpr,
     WIDE_INDEXING: tl.constexpr,
@@ -222,9 +227,9 @@ def plan_key_and_arguments(req_to_token, req_pool_indices, seq_lens, out, page_s
     key = (out.get_device(), page_size, req_pool_indices.shape[0], width, req_pool_indices.dtype,
            seq_lens.dtype, kv_start_idx.dtype if has_start else None, has_seq_lens_out, has_fill, unit_strides,
            wide)
-    args = (req_to_token, req_pool_indices, seq_lens, kv_start_idx if has_start else req_to_token, out,
-            seq_lens_out if has_seq_lens_out else out, pool_stride, lens_stride, start_stride, rows, cols,
-            table_stride, width, out_stride, seqlen_offset, fill_value if has_fill else 0, int(aligned))
+    args = (req_to_token, req_pool_indices, seq_lens, out, kv_start_idx if has_start else req_to_token,
+            seq_lens_out if has_seq_lens_out else out, rows, cols, table_stride, width, out_stride, seqlen_offset,
+            int(aligned), fill_value if has_fill else 0, pool_stride, lens_stride, start_stride)
     return key, args
 
 
@@ -236,8 +241,8 @@ def specializations(page_sizes=(1, 16, 32, 64, 128, 96), index_types=("i32", "i6
     flags = [f for f in itertools.product((False, True), repeat=5) if not (f[0] and f[4])]
     for page_size, (has_start, has_seq_lens_out, has_fill, unit_strides, wide), index in itertools.product(
             page_sizes, flags, index_types):
-        signature = dict(table_ptr="*i32", pool_ptr=f"*{index}", lens_ptr=f"*{index}",
-                         start_ptr=f"*{index}" if has_start else "*i32", out_ptr="*i32", seq_lens_out_ptr="*i32")
+        signature = dict(table_ptr="*i32", pool_ptr=f"*{index}", lens_ptr=f"*{index}", out_ptr="*i32",
+                         start_ptr=f"*{index}" if has_start else "*i32", seq_lens_out_ptr="*i32")
         signature.update({name: "i64" for name in RUNTIME_INTS})
         constexprs = constexprs_for(page_size, has_start, has_seq_lens_out, has_fill, unit_strides, wide)
         signature.update({name: "constexpr" for name in constexprs})
