@@ -23,15 +23,13 @@ from kvdispatch import _baselines, bench
 
 
 def ours(inputs, page_size, pages, warps):
-    table, out = inputs.req_to_token, inputs.out
+    """The shipped kernel at ``pages`` pages per program and ``warps`` warps, no options."""
+    table, pool, lens, out = inputs.req_to_token, inputs.req_pool_indices, inputs.seq_lens, inputs.out
+    _, args = page_table.plan_key_and_arguments(table, pool, lens, out, page_size)
     constexprs = page_table.constexprs_for(page_size, False, False, False, True)
-    rows_aligned = int(page_size == 1 and table.stride(0) % 4 == 0 and out.stride(0) % 4 == 0)
     constexprs["PAGES_PER_PROGRAM"] = pages
-    grid = (inputs.req_pool_indices.shape[0], triton.cdiv(out.shape[1], pages))
-    page_table.page_table_kernel[grid](
-        table, inputs.req_pool_indices, inputs.seq_lens, out, table, out, table.shape[0], table.shape[1],
-        table.stride(0), out.shape[1], out.stride(0), 0, rows_aligned, 0, inputs.req_pool_indices.stride(0),
-        inputs.seq_lens.stride(0), 0, **constexprs, num_warps=warps)
+    grid = (pool.shape[0], triton.cdiv(out.shape[1], pages))
+    page_table.page_table_kernel[grid](*args, **constexprs, num_warps=warps)
 
 
 def baseline(inputs, page_size, pages, warps):

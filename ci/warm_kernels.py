@@ -31,11 +31,12 @@ def page_sizes():
 
 
 def page_table_options():
-    """(page size, with start, with seq_lens_out, with fill, pool dtype, lens dtype, start dtype)."""
-    for page, start, lens_out, fill, pool, lens, start_dtype in itertools.product(
-            page_sizes(), BOOLS, BOOLS, BOOLS, INDEX_DTYPES, INDEX_DTYPES, INDEX_DTYPES):
+    """(page size, with start, with seq_lens_out, with fill, with a seqlen_offset, pool dtype, lens dtype,
+    start dtype)."""
+    for page, start, lens_out, fill, offset, pool, lens, start_dtype in itertools.product(
+            page_sizes(), BOOLS, BOOLS, BOOLS, BOOLS, INDEX_DTYPES, INDEX_DTYPES, INDEX_DTYPES):
         if start or start_dtype == "int32":  # without a start its dtype is irrelevant: count it once
-            yield page, start, lens_out, fill, pool, lens, start_dtype
+            yield page, start, lens_out, fill, offset, pool, lens, start_dtype
 
 
 def token_csr_options():
@@ -58,11 +59,11 @@ def warm(task):
         return torch.tensor(values, dtype=getattr(torch, dtype), device=device)
 
     if op == "page_table":
-        page, start, lens_out, fill, pool, lens, start_dtype = options
+        page, start, lens_out, fill, offset, pool, lens, start_dtype = options
         out = torch.empty(2, 8, dtype=torch.int32, device=device)
         kvdispatch.create_flashmla_kv_indices(
             table, vector([1, 2], pool), vector([100, 250], lens), out, page_size=page,
-            kv_start_idx=vector([0, 3], start_dtype) if start else None,
+            kv_start_idx=vector([0, 3], start_dtype) if start else None, seqlen_offset=1 if offset else 0,
             seq_lens_out=torch.empty(2, dtype=torch.int32, device=device) if lens_out else None,
             fill_value=-1 if fill else None, backend=backend)
     else:

@@ -202,14 +202,10 @@ def native_parameter_count(compiled, runtime_args: int) -> int | None:
 _raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
 
 
-def _leading_pointers(compiled) -> int:
-    """How many of the kernel's first parameters are pointers (``*i32``...) in its signature."""
-    count = 0
-    for kind in compiled.src.signature.values():
-        if not (isinstance(kind, str) and kind.startswith("*")):
-            break
-        count += 1
-    return count
+def _pointer_positions(compiled) -> tuple[int, ...]:
+    """Positions of the kernel's pointer parameters (``*i32``...) in its signature."""
+    return tuple(i for i, kind in enumerate(compiled.src.signature.values())
+                 if isinstance(kind, str) and kind.startswith("*"))
 
 
 def fast_launcher(compiled, convention: FastConvention, grid, constexpr_values: tuple, device_index: int,
@@ -218,10 +214,10 @@ def fast_launcher(compiled, convention: FastConvention, grid, constexpr_values: 
     of ``device_index``; ``constexpr_values`` follow the runtime arguments where the convention wants them.
     Through ``compiled.run``, or through its C launch function when ``direct`` is given.
 
-    Tensors in the leading pointer parameters are passed as their addresses: every Triton launcher takes
-    an int there as it is, while for a tensor it calls ``data_ptr()`` and asks the driver about the
-    pointer (``cuPointerGetAttribute``), about a microsecond per pointer. The launchers validated the
-    tensors' device before.
+    Tensors in the pointer parameters are passed as their addresses: every Triton launcher takes an int
+    there as it is, while for a tensor it calls ``data_ptr()`` and asks the driver about the pointer
+    (``cuPointerGetAttribute``), about a microsecond per pointer. The launchers validated the tensors'
+    device before.
     """
     function, metadata = compiled.function, compiled.packed_metadata
     if direct is None:
@@ -230,19 +226,26 @@ def fast_launcher(compiled, convention: FastConvention, grid, constexpr_values: 
         run, extra = direct.launch, (direct.cooperative, direct.pdl, None, None, metadata, None, None, None)
     grid_x, grid_y = grid
     tail = constexpr_values if convention.with_constexprs else ()
-    pointers = _leading_pointers(compiled)
+    positions = _pointer_positions(compiled)
+    leading = positions == tuple(range(len(positions)))  # then a slice replaces them: cheaper
+    pointers = len(positions)
     address = torch.Tensor.data_ptr
     raw_stream = _raw_stream
     current_device = torch._C._cuda_getDevice
 
     def launch(*args):
-        addresses = [address(t) for t in args[:pointers]]
+        if leading:
+            values = [address(t) for t in args[:pointers]]
+            values += args[pointers:]
+        else:
+            values = list(args)
+            for i in positions:
+                values[i] = address(values[i])
         if current_device() != device_index:
             with torch.cuda.device(device_index):
-                run(grid_x, grid_y, 1, raw_stream(device_index), function, *extra, *addresses, *args[pointers:],
-                    *tail)
+                run(grid_x, grid_y, 1, raw_stream(device_index), function, *extra, *values, *tail)
             return
-        run(grid_x, grid_y, 1, raw_stream(device_index), function, *extra, *addresses, *args[pointers:], *tail)
+        run(grid_x, grid_y, 1, raw_stream(device_index), function, *extra, *values, *tail)
 
     return launch
 

@@ -158,10 +158,10 @@ def forget_plans(op: str) -> None:
 def add_page_table_plan(key: tuple, kernel, grid_y: int) -> bool:
     """Register the launch of one page-table call key (``page_table.plan_key_and_arguments``) with
     ``kernel`` (a ``launch.NativeKernel``); returns whether the C path took it."""
-    device, page_size, batch, width, pool_dtype, lens_dtype, start_dtype, seq_lens_out, fill, unit, wide = key
+    device, page_size, batch, width, pool_dtype, lens_dtype, start_dtype, *flags = key
     return _module.add_page_table_plan(
         (device, page_size, batch, width, DTYPE_CODES[pool_dtype], DTYPE_CODES[lens_dtype],
-         DTYPE_CODES[start_dtype], int(seq_lens_out), int(fill), int(unit), int(wide)),
+         DTYPE_CODES[start_dtype], *map(int, flags)),  # seq_lens_out, fill, unit strides, wide, offset
         kernel.context, kernel.function, grid_y, kernel.threads, kernel.shared, kernel.param_count)
 
 

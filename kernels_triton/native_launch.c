@@ -30,7 +30,7 @@ typedef int (*context_fn)(void **context);
 
 #define OP_PAGE_TABLE 0
 #define OP_TOKEN_CSR 1
-#define PAGE_TABLE_ARGS 17  // the kernels' runtime parameters (kernels_triton/page_table.py, token_csr.py)
+#define PAGE_TABLE_ARGS 18  // the kernels' runtime parameters (kernels_triton/page_table.py, token_csr.py)
 #define TOKEN_CSR_ARGS 14
 #define MAX_PARAMS 24
 #define TABLE_SLOTS 8192  // open addressing, at most half full (the Python plan caches hold 4096 keys each)
@@ -54,7 +54,7 @@ static unsigned char approved[2][MAX_DEVICES][3];  // [op][device][backend: None
 // fields an op does not have stay 0. Dtypes: 0 absent, 1 int32, 2 int64.
 typedef struct {
     int64_t op, device, page_size, batch, width, pool_dtype, lens_dtype, start_dtype, indptr_dtype, seq_lens_out,
-        fill, unit_strides, wide_indexing;
+        fill, unit_strides, wide_indexing, offset;
 } plan_key;
 
 typedef struct {
@@ -198,9 +198,9 @@ static PyObject *store_plan(const plan_key *key, unsigned long long ctx, unsigne
     Py_RETURN_TRUE;
 }
 
-// add_page_table_plan(key tuple of 11 ints, context, function, grid_y, threads, shared, param_count) -> added
+// add_page_table_plan(key tuple of 12 ints, context, function, grid_y, threads, shared, param_count) -> added
 // key: device, page size, batch, width, pool dtype, lens dtype, start dtype, seq_lens_out, fill, unit strides,
-// wide indexing, as page_table() computes it from its arguments.
+// wide indexing, offset not 0, as page_table() computes it from its arguments.
 // add_token_csr_plan(key tuple of 7 ints, ...) -> added
 // key: device, batch, min(table width, out length), pool dtype, lens dtype, indptr dtype, start dtype.
 static PyObject *add_plan(PyObject *args, int op) {
@@ -210,10 +210,10 @@ static PyObject *add_plan(PyObject *args, int op) {
     if (!PyArg_ParseTuple(args, "O!KKIIII", &PyTuple_Type, &key_tuple, &ctx, &function, &grid_y, &threads, &shared,
                           &param_count))
         return NULL;
-    Py_ssize_t size = op == OP_PAGE_TABLE ? 11 : 7;
+    Py_ssize_t size = op == OP_PAGE_TABLE ? 12 : 7;
     if (PyTuple_GET_SIZE(key_tuple) != size)
         return PyErr_Format(PyExc_ValueError, "add_plan: the key has %zd fields", size);
-    int64_t f[11];
+    int64_t f[12];
     for (Py_ssize_t i = 0; i < size; ++i) f[i] = PyLong_AsLongLong(PyTuple_GET_ITEM(key_tuple, i));
     if (PyErr_Occurred()) return NULL;
     plan_key key;
@@ -222,7 +222,7 @@ static PyObject *add_plan(PyObject *args, int op) {
     if (op == OP_PAGE_TABLE) {
         key.page_size = f[1], key.batch = f[2], key.width = f[3], key.pool_dtype = f[4], key.lens_dtype = f[5];
         key.start_dtype = f[6], key.seq_lens_out = f[7], key.fill = f[8], key.unit_strides = f[9];
-        key.wide_indexing = f[10];
+        key.wide_indexing = f[10], key.offset = f[11];
     } else {
         key.batch = f[1], key.width = f[2], key.pool_dtype = f[3], key.lens_dtype = f[4], key.indptr_dtype = f[5];
         key.start_dtype = f[6];
@@ -373,18 +373,29 @@ static PyObject *page_table(PyObject *self, PyObject *const *args, Py_ssize_t na
             Py_RETURN_NOTIMPLEMENTED;
         key.seq_lens_out = 1;
     }
-    key.page_size = page_size, key.width = out.size[1], key.fill = fill_obj != Py_None;
+    key.page_size = page_size, key.width = out.size[1], key.fill = fill_obj != Py_None, key.offset = offset != 0;
     key.unit_strides = pool.stride[0] == 1 && lens.stride[0] == 1 && start_stride == 1;
-    key.wide_indexing = start_obj == Py_None && (table.size[0] >= WIDE || table.stride[0] >= WIDE);
     // Only page size 1 without a start gets 16-byte accesses, on 16-byte-aligned rows (as in Python).
     int aligned = page_size == 1 && start_obj == Py_None && out.stride[0] % 4 == 0 && table.stride[0] % 4 == 0 &&
                   out.data % 16 == 0 && table.data % 16 == 0;
-    // In the kernel's parameter order (page_table.POINTERS, then page_table.RUNTIME_INTS).
+    // page_table.packed_words: 0 with a start; without one, wide indexing where a value does not fit.
+    uint64_t packed_table = 0, packed_out = 0;
+    if (start_obj == Py_None) {
+        key.wide_indexing = table.size[0] >= WIDE || table.stride[0] >= WIDE || out.size[1] >= WIDE ||
+                            out.stride[0] >= WIDE;
+        if (!key.wide_indexing) {
+            int64_t pages_in_row = (table.size[1] + page_size - 1) / page_size;
+            int64_t page_limit = out.size[1] < pages_in_row ? out.size[1] : pages_in_row;
+            packed_table = (uint64_t)table.size[0] | (uint64_t)table.stride[0] << 32;
+            packed_out = (uint64_t)page_limit | (uint64_t)aligned << 31 | (uint64_t)out.stride[0] << 32;
+        }
+    }
+    // In the kernel's parameter order (page_table.PARAMETERS).
     uint64_t values[MAX_PARAMS] = {
-        table.data, pool.data, lens.data, out.data, start_obj != Py_None ? start.data : table.data,
-        lens_out_obj != Py_None ? lens_out.data : out.data, (uint64_t)table.size[0], (uint64_t)table.size[1],
-        (uint64_t)table.stride[0], (uint64_t)out.size[1], (uint64_t)out.stride[0], (uint64_t)offset,
-        (uint64_t)aligned, (uint64_t)fill, (uint64_t)pool.stride[0], (uint64_t)lens.stride[0],
+        table.data, pool.data, lens.data, out.data, packed_table, packed_out, (uint64_t)offset, (uint64_t)fill,
+        (uint64_t)out.size[1], lens_out_obj != Py_None ? lens_out.data : out.data,
+        start_obj != Py_None ? start.data : table.data, (uint64_t)table.size[0], (uint64_t)table.size[1],
+        (uint64_t)table.stride[0], (uint64_t)out.stride[0], (uint64_t)pool.stride[0], (uint64_t)lens.stride[0],
         (uint64_t)start_stride};
     return launch_plan(&key, (unsigned)batch, values, args[3]);
 }

@@ -19,46 +19,50 @@ from kvdispatch import grid as launch_grid
 from . import launch as _launch
 from . import native
 
-# The kernel's parameters are POINTERS then RUNTIME_INTS, what every call reads first and the index vectors'
-# strides (read only when they are not 1) last. With the strides ahead of the integers every call reads, the
-# kernel replayed 3% slower on the H200's page-64 cases (ci/perf_notes/ablation.py; our reading: one more
-# constant-cache line to fetch before the gather).
-POINTERS = ("table_ptr", "pool_ptr", "lens_ptr", "out_ptr", "start_ptr", "seq_lens_out_ptr")
-RUNTIME_INTS = ("table_rows", "table_cols", "table_row_stride", "out_width", "out_row_stride", "seqlen_offset",
-                "rows_aligned", "fill_value", "pool_stride", "lens_stride", "start_stride")
+# The kernel's parameters, in the order it takes them. A call with no option (page size 1 included), whose
+# table and output sizes and strides are all below 2**31 (any real ones), reads only the first six: the
+# four pointers and two words that pack what it needs of the rest in 32-bit fields (``packed_words``):
+# 48 bytes, one 64-byte line of the constant bank. On the H200 each further line a page-64 kernel read
+# cost it 1.5-3% of its time, even a line needed only after the gather (ci/perf_notes/ablation.py).
+# The second line holds what the options read; the 64-bit path reads past it.
+PARAMETERS = ("table_ptr", "pool_ptr", "lens_ptr", "out_ptr", "packed_table", "packed_out",
+              "seqlen_offset", "fill_value", "out_width", "seq_lens_out_ptr", "start_ptr", "table_rows",
+              "table_cols", "table_row_stride", "out_row_stride", "pool_stride", "lens_stride", "start_stride")
+POINTERS = tuple(name for name in PARAMETERS if name.endswith("_ptr"))
+RUNTIME_INTS = tuple(name for name in PARAMETERS if not name.endswith("_ptr"))
 CONSTEXPRS = ("PAGE_SIZE", "PAGE_SHIFT", "PAGES_PER_PROGRAM", "HAS_START", "HAS_SEQ_LENS_OUT", "HAS_FILL",
-              "UNIT_STRIDES", "WIDE_INDEXING")
-WIDE = 2**31  # tables with this many rows, or rows this many elements apart, need 64-bit index arithmetic
+              "HAS_OFFSET", "UNIT_STRIDES", "WIDE_INDEXING")
+WIDE = 2**31  # a table or output this large in any dimension or stride needs 64-bit index arithmetic
 
 
 def _page_table_kernel(
-    table_ptr, pool_ptr, lens_ptr, out_ptr, start_ptr, seq_lens_out_ptr,
-    table_rows: tl.int64, table_cols: tl.int64, table_row_stride: tl.int64, out_width: tl.int64, out_row_stride: tl.int64,
-    seqlen_offset: tl.int64, rows_aligned: tl.int64, fill_value: tl.int64, pool_stride: tl.int64, lens_stride: tl.int64,
-    start_stride: tl.int64,
+    table_ptr, pool_ptr, lens_ptr, out_ptr, packed_table: tl.int64, packed_out: tl.int64,
+    seqlen_offset: tl.int64, fill_value: tl.int64, out_width: tl.int64, seq_lens_out_ptr, start_ptr,
+    table_rows: tl.int64, table_cols: tl.int64, table_row_stride: tl.int64, out_row_stride: tl.int64,
+    pool_stride: tl.int64, lens_stride: tl.int64, start_stride: tl.int64,
     PAGE_SIZE: tl.constexpr, PAGE_SHIFT: tl.constexpr, PAGES_PER_PROGRAM: tl.constexpr,
-    HAS_START: tl.constexpr, HAS_SEQ_LENS_OUT: tl.constexpr, HAS_FILL: tl.constexpr, UNIT_STRIDES: tl.constexpr,
-    WIDE_INDEXING: tl.constexpr,
+    HAS_START: tl.constexpr, HAS_SEQ_LENS_OUT: tl.constexpr, HAS_FILL: tl.constexpr, HAS_OFFSET: tl.constexpr,
+    UNIT_STRIDES: tl.constexpr, WIDE_INDEXING: tl.constexpr,
 ):
     """``out[b, p] = table[pool[b], start[b] + p * PAGE_SIZE] // PAGE_SIZE`` for the program's pages.
 
-    PAGE_SHIFT: log2(PAGE_SIZE) for powers of two, else -1. UNIT_STRIDES: the index vectors are contiguous
-    (the usual case), so their element addresses need no runtime multiply ahead of the row's loads.
-    WIDE_INDEXING: the table has ``WIDE`` rows or more, or a row stride of ``WIDE`` or more (never in
-    practice): pool indices and row offsets then take 64-bit arithmetic (rows with a start always do).
-    ``rows_aligned`` (a runtime flag, so that page 1 compiles once whatever the buffers): nonzero when the
-    launcher found the table and ``out`` rows 16-byte aligned; with PAGE_SIZE == 1 and no start, whole
-    blocks are then copied with 16-byte accesses.
+    PAGE_SHIFT: log2(PAGE_SIZE) for powers of two, else -1. HAS_OFFSET: ``seqlen_offset`` is not 0 (else
+    it is not read). UNIT_STRIDES: the index vectors are contiguous (the usual case), so their element
+    addresses need no runtime multiply ahead of the row's loads. WIDE_INDEXING: some size or stride is
+    ``WIDE`` or more (``packed_words``; never in practice): the row then takes 64-bit arithmetic and reads
+    the full-width parameters, as rows with a start always do; otherwise the kernel reads ``packed_table``
+    and ``packed_out`` in their place.
     """
     row = tl.program_id(0)
     first = tl.program_id(1) * PAGES_PER_PROGRAM
     page = tl.max_contiguous(tl.multiple_of(first + tl.arange(0, PAGES_PER_PROGRAM), PAGES_PER_PROGRAM),
                              PAGES_PER_PROGRAM)
-    # Known before the row's loads return: each page's first token inside the request, and the columns.
+    # Known before the row's loads return: each page's first token inside the request.
     position = page.to(tl.int64) * PAGE_SIZE
-    in_width = page < out_width
     if UNIT_STRIDES:
         pool_stride, lens_stride, start_stride = 1, 1, 1
+    if not HAS_OFFSET:
+        seqlen_offset = 0
     # Independent scalar loads, issued together; pool and length stay in their stored dtype.
     pool = tl.load(pool_ptr + row * pool_stride)
     length = tl.load(lens_ptr + row * lens_stride)
@@ -67,26 +71,35 @@ def _page_table_kernel(
     if HAS_SEQ_LENS_OUT:
         if first == 0:
             tl.store(seq_lens_out_ptr + row, (length.to(tl.int64) + seqlen_offset).to(tl.int32))
-    out_row = out_ptr + row.to(tl.int64) * out_row_stride
+    in_width = page < out_width  # read (from the second constant line) only where used
 
     # Page p is written iff p < W and its first token lies inside the request and inside the table row, on
     # a readable row: 0 <= pool < R (and start >= 0), p * PAGE_SIZE < L and p * PAGE_SIZE < C - start.
     if HAS_START or WIDE_INDEXING:
+        out_row = out_ptr + row.to(tl.int64) * out_row_stride
         in_row, source = _row_64bit(table_ptr, pool, length, start if HAS_START else 0, position, in_width,
                                     table_rows, table_cols, table_row_stride, seqlen_offset)
     else:
-        in_row, source = _row_narrow(table_ptr, pool, length, position, in_width, table_rows, table_cols,
-                                     table_row_stride, seqlen_offset)
+        row_stride32 = (packed_table >> 32).to(tl.uint32)
+        page_limit = (packed_out & 0x7FFFFFFF).to(tl.int32)
+        out_row = out_ptr + row.to(tl.int64) * (packed_out >> 32)
+        # Unsigned compares: negative indices are out of range too.
+        if pool.dtype == tl.int32:
+            readable = pool.to(tl.uint32, bitcast=True) < (packed_table & 0xFFFFFFFF).to(tl.uint32)
+        else:
+            readable = pool.to(tl.uint64, bitcast=True) < (packed_table & 0xFFFFFFFF).to(tl.uint64)
+        in_row, source = _row_narrow(table_ptr, pool, length, readable, page, position, page_limit, row_stride32,
+                                     seqlen_offset)
 
-    if PAGE_SIZE == 1 and not HAS_START:
+    if PAGE_SIZE == 1 and not HAS_START and not WIDE_INDEXING:
         # Whole blocks of a page-1 copy: no masks, so the 16-byte-aligned rows get 16-byte accesses.
-        pool64 = pool.to(tl.int64)
-        limit = tl.minimum(tl.minimum(length.to(tl.int64) + seqlen_offset, table_cols), out_width)
-        whole = (rows_aligned != 0) & (pool64 >= 0) & (pool64 < table_rows) & (first + PAGES_PER_PROGRAM <= limit)
+        limit = tl.minimum(length.to(tl.int64) + seqlen_offset, page_limit)
+        rows_aligned = (packed_out >> 31) & 1
+        whole = (rows_aligned != 0) & readable & (first + PAGES_PER_PROGRAM <= limit)
         if whole:
             # Streaming hints (table rows read once, evicted first; output stores marked .cs): 0.95x the
             # time of the same copy without them on the H200 (ci/perf_notes/page1_variants.py).
-            table_row = tl.multiple_of(table_ptr + pool64 * table_row_stride, 16)
+            table_row = tl.multiple_of(table_ptr + pool.to(tl.int64) * row_stride32.to(tl.int64), 16)
             values = tl.load(table_row + page, eviction_policy="evict_first")
             tl.store(tl.multiple_of(out_row, 16) + page, values, cache_modifier=".cs")
         else:
@@ -96,23 +109,19 @@ def _page_table_kernel(
 
 
 @triton.jit
-def _row_narrow(table_ptr, pool, length, position, in_width, table_rows, table_cols, table_row_stride,
-                seqlen_offset):
-    """``(in_row, slot addresses)`` when R < 2**31 and the row stride < 2**31 (any real table): a readable
+def _row_narrow(table_ptr, pool, length, readable, page, position, page_limit, row_stride32, seqlen_offset):
+    """``(in_row, slot addresses)`` when every size and stride is below 2**31 (``packed_words``): a readable
     pool index then fits in 32 bits, so the row offset is one widening multiply, and the range tests are
-    single compares. Everything not depending on the loaded pool index or length is computed first."""
-    in_table = in_width & (position < table_cols)
+    single compares. ``page_limit``: min(W, pages that start inside a table row). Everything not depending
+    on the loaded pool index or length is computed first."""
+    in_table = page < page_limit
     below = position - seqlen_offset  # inside the request iff below < length
     if length.dtype == tl.int32:  # exact: below >= -(2**31 - 1), and no int32 length reaches 2**31 - 1 + 1
         below = tl.minimum(below, 2**31 - 1).to(tl.int32)
-    if pool.dtype == tl.int32:
-        readable = pool.to(tl.uint32, bitcast=True) < table_rows.to(tl.uint32)
-    else:
-        readable = pool.to(tl.uint64, bitcast=True) < table_rows.to(tl.uint64)
     # Only dereferenced where readable, where the index and the stride are in [0, 2**31): an unsigned
     # 32 x 32 -> 64-bit multiply-add is exact there (and compiles to one instruction).
     index = pool.to(tl.int32).to(tl.uint32, bitcast=True)
-    row_offset = index.to(tl.uint64) * table_row_stride.to(tl.uint32).to(tl.uint64)
+    row_offset = index.to(tl.uint64) * row_stride32.to(tl.uint64)
     offset = (row_offset + position.to(tl.uint64, bitcast=True)).to(tl.int64, bitcast=True)
     return in_table & readable & (below < length), table_ptr + offset
 
@@ -159,26 +168,43 @@ def page_shift(page_size: int) -> int:
 
 
 def constexprs_for(page_size: int, has_start: bool, has_seq_lens_out: bool, has_fill: bool,
-                   unit_strides: bool = True, wide_indexing: bool = False) -> dict:
+                   unit_strides: bool = True, wide_indexing: bool = False, has_offset: bool = False) -> dict:
     """The constexpr arguments of one specialisation (pages per program from ``kvdispatch.grid``)."""
     return dict(PAGE_SIZE=page_size, PAGE_SHIFT=page_shift(page_size),
                 PAGES_PER_PROGRAM=launch_grid.items_per_program(launch_grid.PAGE_TABLE, page_size),
-                HAS_START=has_start, HAS_SEQ_LENS_OUT=has_seq_lens_out, HAS_FILL=has_fill,
+                HAS_START=has_start, HAS_SEQ_LENS_OUT=has_seq_lens_out, HAS_FILL=has_fill, HAS_OFFSET=has_offset,
                 UNIT_STRIDES=unit_strides, WIDE_INDEXING=wide_indexing)
+
+
+def packed_words(rows: int, table_stride: int, cols: int, width: int, out_stride: int, page_size: int,
+                 rows_aligned: bool) -> tuple[int, int] | None:
+    """The kernel's ``packed_table`` and ``packed_out``: what a call without a start needs of the sizes,
+    strides and flags, in 32-bit fields, so that its parameters fit one constant-cache line; None when
+    a value does not fit (``WIDE``: the kernel then takes 64-bit arithmetic and the full-width parameters).
+
+    packed_table: rows (bits 0-31) | table row stride (bits 32-63).
+    packed_out: page limit, min(W, pages that start inside a table row) (bits 0-30) | rows_aligned
+    (bit 31: the table and ``out`` rows are 16-byte aligned, for page 1's wide copy) | out row stride
+    (bits 32-63).
+    """
+    if rows >= WIDE or table_stride >= WIDE or width >= WIDE or out_stride >= WIDE:
+        return None
+    page_limit = min(width, -(-cols // page_size))
+    return rows | table_stride << 32, page_limit | int(rows_aligned) << 31 | out_stride << 32
 
 
 def _build_plan(key, out, args):
     """The launch plan of ``key`` (``plan_key_and_arguments``), launching ``args`` when it compiles."""
     _, page_size, batch, width = key[:4]
-    has_start, (has_seq_lens_out, has_fill, unit_strides, wide) = key[6] is not None, key[7:11]
-    geometry = launch_grid.page_table_launch(batch, width, page_size, writes_lengths=has_seq_lens_out)
+    has_start, flags = key[6] is not None, key[7:12]  # seq_lens_out, fill, unit strides, wide, offset
+    geometry = launch_grid.page_table_launch(batch, width, page_size, writes_lengths=flags[0])
     if geometry.grid[0] == 0:
         return _plans.add(key, _launch.nothing), False
-    constexprs = constexprs_for(page_size, has_start, has_seq_lens_out, has_fill, unit_strides, wide)
-    specialisation = (page_size, has_start, has_seq_lens_out, has_fill, unit_strides, wide) + key[4:7]
+    constexprs = constexprs_for(page_size, has_start, *flags)
+    specialisation = (page_size, has_start, *flags) + key[4:7]
     warps = _launch.warps_for(out.device, geometry.threads)
     plan, launched = launcher.plan(key[0], specialisation, geometry.grid, constexprs, warps, args)
-    kernel = launcher.native_kernel(key[0], specialisation, len(POINTERS) + len(RUNTIME_INTS))
+    kernel = launcher.native_kernel(key[0], specialisation, len(PARAMETERS))
     if kernel is not None:  # the compiled launcher takes this key's calls from now on
         native.add_page_table_plan(key, kernel, geometry.grid[1])
     return _plans.add(key, plan), launched
@@ -208,7 +234,7 @@ def plan_key_and_arguments(req_to_token, req_pool_indices, seq_lens, out, page_s
     """The launch-plan key of a call and the kernel's runtime arguments (tensors in the pointer slots),
     as ``native_launch.c`` computes them too. Key: device index, page size, batch, width, the dtypes of
     the pool, length and start vectors (None: no start), seq_lens_out given, fill_value given, unit strides,
-    wide indexing (no start, and ``WIDE`` rows or a row stride of ``WIDE`` or more).
+    wide indexing (no start, and no ``packed_words``), seqlen_offset not 0.
     """
     has_start = kv_start_idx is not None
     has_seq_lens_out = seq_lens_out is not None
@@ -223,13 +249,14 @@ def plan_key_and_arguments(req_to_token, req_pool_indices, seq_lens, out, page_s
     # per page); whether its rows allow them is a runtime argument, so buffers never add a compilation.
     aligned = (page_size == 1 and not has_start and out_stride % 4 == 0 and table_stride % 4 == 0
                and out.data_ptr() % 16 == 0 and req_to_token.data_ptr() % 16 == 0)
-    wide = not has_start and (rows >= WIDE or table_stride >= WIDE)
+    packed = (0, 0) if has_start else packed_words(rows, table_stride, cols, width, out_stride, page_size, aligned)
     key = (out.get_device(), page_size, req_pool_indices.shape[0], width, req_pool_indices.dtype,
            seq_lens.dtype, kv_start_idx.dtype if has_start else None, has_seq_lens_out, has_fill, unit_strides,
-           wide)
-    args = (req_to_token, req_pool_indices, seq_lens, out, kv_start_idx if has_start else req_to_token,
-            seq_lens_out if has_seq_lens_out else out, rows, cols, table_stride, width, out_stride, seqlen_offset,
-            int(aligned), fill_value if has_fill else 0, pool_stride, lens_stride, start_stride)
+           packed is None, seqlen_offset != 0)
+    args = (req_to_token, req_pool_indices, seq_lens, out, *(packed or (0, 0)), seqlen_offset,
+            fill_value if has_fill else 0, width, seq_lens_out if has_seq_lens_out else out,
+            kv_start_idx if has_start else req_to_token, rows, cols, table_stride, out_stride, pool_stride,
+            lens_stride, start_stride)
     return key, args
 
 
@@ -237,13 +264,11 @@ def specializations(page_sizes=(1, 16, 32, 64, 128, 96), index_types=("i32", "i6
     """Every specialisation the launcher can produce for ``page_sizes``: yields ``(signature, constexprs)``
     in the form ``triton.compiler.ASTSource`` takes (Triton >= 3.3), for each option combination and
     each index dtype (the same for the pool, length and start vectors)."""
-    # start, seq_lens_out, fill, unit strides, wide indexing (only without a start)
-    flags = [f for f in itertools.product((False, True), repeat=5) if not (f[0] and f[4])]
-    for page_size, (has_start, has_seq_lens_out, has_fill, unit_strides, wide), index in itertools.product(
-            page_sizes, flags, index_types):
-        signature = dict(table_ptr="*i32", pool_ptr=f"*{index}", lens_ptr=f"*{index}", out_ptr="*i32",
-                         start_ptr=f"*{index}" if has_start else "*i32", seq_lens_out_ptr="*i32")
-        signature.update({name: "i64" for name in RUNTIME_INTS})
-        constexprs = constexprs_for(page_size, has_start, has_seq_lens_out, has_fill, unit_strides, wide)
+    # start, seq_lens_out, fill, unit strides, wide indexing (only without a start), offset
+    flags = [f for f in itertools.product((False, True), repeat=6) if not (f[0] and f[4])]
+    for page_size, (has_start, *options), index in itertools.product(page_sizes, flags, index_types):
+        types = dict(pool_ptr=f"*{index}", lens_ptr=f"*{index}", start_ptr=f"*{index}" if has_start else "*i32")
+        signature = {name: types.get(name, "*i32" if name in POINTERS else "i64") for name in PARAMETERS}
+        constexprs = constexprs_for(page_size, has_start, *options)
         signature.update({name: "constexpr" for name in constexprs})
         yield signature, constexprs

@@ -63,7 +63,7 @@ def _strided(rows, cols, extra, fill, rng):
     return store[:, :cols]
 
 
-def _random_page_table_call(rng, page_size, with_start, with_seq_out, with_fill, index_dtype):
+def _random_page_table_call(rng, page_size, with_start, with_seq_out, with_fill, with_offset, index_dtype):
     batch = rng.randint(1, 4)
     rows = batch + rng.randint(0, 5)
     cols = rng.randint(1, 40) * page_size + rng.randint(0, page_size - 1)
@@ -76,7 +76,7 @@ def _random_page_table_call(rng, page_size, with_start, with_seq_out, with_fill,
     width = rng.randint(1, 40)
     out = _strided(batch + rng.randint(0, 2), width, rng.randint(0, 9), -7, rng)
     seq_out = torch.full((batch + 1,), -7, dtype=torch.int32, device=DEVICE) if with_seq_out else None
-    offset = rng.randint(-3, 3)
+    offset = rng.choice((-3, -2, -1, 1, 2, 3)) if with_offset else 0
     fill = rng.randint(-5, 5) if with_fill else None
     return (table, pool, lens, out, page_size, start, offset, seq_out, fill)
 
@@ -94,7 +94,7 @@ def _specialisation_keys(calls, module):
 
 
 @pytest.mark.parametrize("page_size", (1, 16, 96))
-@pytest.mark.parametrize("options", ((False, False, False, torch.int32), (True, True, True, torch.int64)))
+@pytest.mark.parametrize("options", ((False, False, False, False, torch.int32), (True, True, True, True, torch.int64)))
 def test_page_table_one_compile_per_specialisation(recorded, page_size, options):
     rng = random.Random(page_size * 7 + options[0])
     compiled_before = _triton_cache_size(page_table.page_table_kernel)

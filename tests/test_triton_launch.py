@@ -333,6 +333,44 @@ def test_tables_of_2_31_rows_take_the_64_bit_path(page_size, with_start):
     _api_matches_reference(table, pool, lens, page_size, 5, kv_start_idx=start, seqlen_offset=1, fill_value=-1)
 
 
+def test_packed_words_hold_32_bit_fields_or_nothing():
+    """The common path's two parameter words: rows | row stride << 32, and page limit | rows aligned << 31 |
+    out row stride << 32; None (the 64-bit path) as soon as one value reaches 2**31."""
+    top = page_table.WIDE - 1
+    packed_table, packed_out = page_table.packed_words(top, top - 1, 1000, 7, top, 16, True)
+    assert (packed_table & 0xFFFFFFFF, packed_table >> 32) == (top, top - 1)
+    assert (packed_out & 0x7FFFFFFF, packed_out >> 31 & 1, packed_out >> 32) == (7, 1, top)
+    # The page limit: the output's width, or the pages that start inside a table row (ceil(C / page)).
+    assert page_table.packed_words(5, 40, 1000, 100, 64, 16, False)[1] == 63 | 64 << 32
+    assert page_table.packed_words(5, 40, 1008, 100, 64, 16, False)[1] == 63 | 64 << 32
+    assert page_table.packed_words(5, 40, 1009, 100, 64, 16, False)[1] == 64 | 64 << 32
+    assert page_table.packed_words(5, 40, 0, 100, 64, 16, False)[1] == 0 | 64 << 32
+    for wide in ((top + 1, 1, 10, 10, 10), (1, top + 1, 10, 10, 10), (1, 1, 10, top + 1, 10),
+                 (1, 1, 10, 10, top + 1)):
+        assert page_table.packed_words(*wide, 1, False) is None, wide
+
+
+@pytest.mark.parametrize("page_size", (1, 64))
+def test_outputs_with_rows_2_31_apart_take_the_64_bit_path(page_size):
+    """An output row stride of 2**31 (one row: no memory behind the stride) does not fit the packed words:
+    the call takes the 64-bit path, and still writes only that row."""
+    case = make_case(1, page_size, max_pages=6, device=DEVICE)
+    width = 9
+    store = torch.full((width,), POISON, dtype=torch.int32, device=DEVICE)
+    out = store.as_strided((1, width), (2**31, 1))
+    key, _ = page_table.plan_key_and_arguments(case.req_to_token, case.req_pool_indices, case.seq_lens, out,
+                                               page_size)
+    assert key[10], "wide indexing"
+    expected = out.clone()
+    reference.build_page_table(case.req_to_token, case.req_pool_indices, case.seq_lens, expected, page_size,
+                               None, 1, None, -1)
+    for _ in range(2):  # the second call takes the launch plan (in C where available)
+        store.fill_(POISON)
+        kvdispatch.create_flashmla_kv_indices(case.req_to_token, case.req_pool_indices, case.seq_lens, out,
+                                              page_size=page_size, seqlen_offset=1, fill_value=-1, backend="triton")
+        assert torch.equal(out.cpu(), expected.cpu())
+
+
 @pytest.mark.parametrize("index_dtype", (torch.int32, torch.int64))
 @pytest.mark.parametrize("page_size", (1, 16, 64))
 def test_range_checks_of_the_32_bit_path(index_dtype, page_size):

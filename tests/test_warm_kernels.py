@@ -13,8 +13,8 @@ from test_fuzz import COMPILED_PAGE_SIZES  # noqa: E402
 def test_every_reachable_specialisation_once():
     page_table = list(warm_kernels.page_table_options())
     token_csr = list(warm_kernels.token_csr_options())
-    # page size x (no start: seq_lens_out, fill, 2 dtypes) + (start: the same, 3 dtypes)
-    assert len(page_table) == len(set(page_table)) == len(COMPILED_PAGE_SIZES) * (2 * 2 * 4 + 2 * 2 * 8)
+    # page size x (no start: seq_lens_out, fill, offset, 2 dtypes) + (start: the same, 3 dtypes)
+    assert len(page_table) == len(set(page_table)) == len(COMPILED_PAGE_SIZES) * (2 * 2 * 2 * 4 + 2 * 2 * 2 * 8)
     assert {o[0] for o in page_table} == set(COMPILED_PAGE_SIZES)
     assert len(token_csr) == len(set(token_csr)) == 8 + 16
 

@@ -27,16 +27,20 @@ from kvdispatch import _baselines, bench  # noqa: E402
 from perf_probe import ours, time_case  # noqa: E402
 
 
+@triton.jit
+def _program(pool_ptr, lens_ptr, PAGE_SHIFT: tl.constexpr, PAGES: tl.constexpr):
+    """What every variant starts with: its row, pages and their positions, and the row's pool index and length."""
+    row = tl.program_id(0)
+    first = tl.program_id(1) * PAGES
+    page = tl.max_contiguous(tl.multiple_of(first + tl.arange(0, PAGES), PAGES), PAGES)
+    return row, page, page.to(tl.int64) << PAGE_SHIFT, tl.load(pool_ptr + row), tl.load(lens_ptr + row)
+
+
 def _copy(table_ptr, pool_ptr, lens_ptr, out_ptr, table_rows: tl.int64, table_cols: tl.int64,
           table_row_stride: tl.int64, out_width: tl.int64, out_row_stride: tl.int64, seqlen_offset: tl.int64,
           PAGE_SHIFT: tl.constexpr, PAGES: tl.constexpr,
           CHECK_WIDTH: tl.constexpr, CHECK_COLS: tl.constexpr, CHECK_RANGE: tl.constexpr):
-    row = tl.program_id(0)
-    first = tl.program_id(1) * PAGES
-    page = tl.max_contiguous(tl.multiple_of(first + tl.arange(0, PAGES), PAGES), PAGES)
-    position = page.to(tl.int64) << PAGE_SHIFT
-    pool = tl.load(pool_ptr + row)
-    length = tl.load(lens_ptr + row)
+    row, page, position, pool, length = _program(pool_ptr, lens_ptr, PAGE_SHIFT, PAGES)
     out_row = out_ptr + row.to(tl.int64) * out_row_stride
     keep = page >= 0
     if CHECK_WIDTH:
@@ -69,6 +73,68 @@ def _copy_padded_after(table_ptr, pool_ptr, lens_ptr, out_ptr, {INTS}, {PAD}, PA
     copy_runtime(table_ptr, pool_ptr, lens_ptr, out_ptr, table_rows, table_cols, table_row_stride, out_width,
                  out_row_stride, seqlen_offset, PAGE_SHIFT, PAGES, CHECK_WIDTH, CHECK_COLS, CHECK_RANGE)
 """
+
+def _packed(table_ptr, pool_ptr, lens_ptr, out_ptr, rows_and_stride: tl.int64, limit_and_out_stride: tl.int64,
+            seqlen_offset: tl.int64, PAGE_SHIFT: tl.constexpr, PAGES: tl.constexpr, HAS_OFFSET: tl.constexpr):
+    """The copy with every test, its integers packed two 32-bit values to a parameter: rows | row stride << 32,
+    min(width, pages in a table row) | out row stride << 32. Without HAS_OFFSET it reads parameter bytes 0-47
+    only (one 64-byte line at 0x210-0x23f); with it, seqlen_offset at 48-55 too."""
+    row, page, position, pool, length = _program(pool_ptr, lens_ptr, PAGE_SHIFT, PAGES)
+    table_rows = (rows_and_stride & 0xFFFFFFFF).to(tl.uint32)
+    table_row_stride = (rows_and_stride >> 32).to(tl.uint32)
+    page_limit = (limit_and_out_stride & 0xFFFFFFFF).to(tl.int32)
+    out_row_stride = limit_and_out_stride >> 32
+    out_row = out_ptr + row.to(tl.int64) * out_row_stride
+    below = position
+    if HAS_OFFSET:
+        below = position - seqlen_offset
+    below = tl.minimum(below, 2**31 - 1).to(tl.int32)
+    keep = (page < page_limit) & (pool.to(tl.uint32, bitcast=True) < table_rows) & (below < length)
+    offset = pool.to(tl.uint32, bitcast=True).to(tl.uint64) * table_row_stride.to(tl.uint64) + position.to(tl.uint64, bitcast=True)
+    slots = tl.load(table_ptr + offset.to(tl.int64, bitcast=True), mask=keep, other=0)
+    tl.store(out_row + page, slots >> PAGE_SHIFT, mask=keep)
+
+
+packed = triton.jit(_packed, do_not_specialize=("rows_and_stride", "limit_and_out_stride", "seqlen_offset"),
+                    do_not_specialize_on_alignment=("table_ptr", "pool_ptr", "lens_ptr", "out_ptr"))
+
+
+def launch_packed(x, has_offset):
+    table, out = x.req_to_token, x.out
+    limit = min(out.shape[1], -(-table.shape[1] // 64))
+    grid = (x.req_pool_indices.shape[0], triton.cdiv(out.shape[1], 64))
+    packed[grid](table, x.req_pool_indices, x.seq_lens, out, table.shape[0] | table.stride(0) << 32,
+                 limit | out.stride(0) << 32, 0, PAGE_SHIFT=6, PAGES=64, HAS_OFFSET=has_offset, num_warps=2)
+
+
+def _narrow32(table_ptr, pool_ptr, lens_ptr, out_ptr, table_rows: tl.int32, table_row_stride: tl.int32,
+              page_limit: tl.int32, seqlen_offset: tl.int32, out_row_stride: tl.int64, PAGE_SHIFT: tl.constexpr,
+              PAGES: tl.constexpr):
+    """The packed kernel's tests with 32-bit integer parameters: bytes 0-47 hold what the gather needs
+    (pointers, rows, row stride, page limit, seqlen_offset); the output row stride, needed only for the
+    store, comes after them (bytes 48-55, the next line)."""
+    row, page, position, pool, length = _program(pool_ptr, lens_ptr, PAGE_SHIFT, PAGES)
+    below = tl.minimum(position - seqlen_offset, 2**31 - 1).to(tl.int32)
+    keep = ((page < page_limit) & (pool.to(tl.uint32, bitcast=True) < table_rows.to(tl.uint32, bitcast=True))
+            & (below < length))
+    offset = (pool.to(tl.uint32, bitcast=True).to(tl.uint64) * table_row_stride.to(tl.uint32, bitcast=True).to(tl.uint64)
+              + position.to(tl.uint64, bitcast=True))
+    slots = tl.load(table_ptr + offset.to(tl.int64, bitcast=True), mask=keep, other=0)
+    tl.store(out_ptr + row.to(tl.int64) * out_row_stride + page, slots >> PAGE_SHIFT, mask=keep)
+
+
+narrow32 = triton.jit(_narrow32, do_not_specialize=("table_rows", "table_row_stride", "page_limit", "seqlen_offset",
+                                                    "out_row_stride"),
+                      do_not_specialize_on_alignment=("table_ptr", "pool_ptr", "lens_ptr", "out_ptr"))
+
+
+def launch_narrow32(x):
+    table, out = x.req_to_token, x.out
+    limit = min(out.shape[1], -(-table.shape[1] // 64))
+    grid = (x.req_pool_indices.shape[0], triton.cdiv(out.shape[1], 64))
+    narrow32[grid](table, x.req_pool_indices, x.seq_lens, out, table.shape[0], table.stride(0), limit, 0,
+                   out.stride(0), PAGE_SHIFT=6, PAGES=64, num_warps=2)
+
 
 RUNTIME = ("table_rows", "table_cols", "table_row_stride", "out_width", "out_row_stride", "seqlen_offset")
 POINTERS = ("table_ptr", "pool_ptr", "lens_ptr", "out_ptr")
@@ -129,6 +195,9 @@ def main() -> int:
             "copy: all tests": functools.partial(launch_copy, copy_runtime, x, "wcr"),
             "copy, 13 params before ints": functools.partial(launch_copy, padded_before, x, "wcr", "before"),
             "copy, 13 params after ints": functools.partial(launch_copy, padded_after, x, "wcr", "after"),
+            "packed: one line": functools.partial(launch_packed, x, False),
+            "packed + seqlen_offset": functools.partial(launch_packed, x, True),
+            "32-bit: out stride in line 2": functools.partial(launch_narrow32, x),
             "copy: no width test": functools.partial(launch_copy, copy_runtime, x, "cr"),
             "copy: no column test": functools.partial(launch_copy, copy_runtime, x, "wr"),
             "copy: no pool-range test": functools.partial(launch_copy, copy_runtime, x, "wc"),
