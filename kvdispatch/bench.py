@@ -108,7 +108,8 @@ class Row:
     vs_torch: float | None = None
     gbps: float | None = None  # page 1 only: (bytes read + written) / time_us
     copy_fraction: float | None = None  # gbps / device copy bandwidth
-    host_vs_add: float | None = None  # API rows: host_us / host µs of x.add_(1)
+    host_vs_add: float | None = None  # API rows: host_us / add_host_us
+    add_host_us: float | None = None  # API rows: host µs of x.add_(1), measured in the same rounds
     host_vs_launch: float | None = None  # API rows: host_us / host_us of the 2-D baseline (its plain launch)
     note: str = ""
     time_rounds: list = field(default_factory=list)  # time_us of each round (time_us is their median)
@@ -382,8 +383,9 @@ def _recover(device: torch.device):
             pass
 
 
-def add_ratios(rows: list[Row], refs: References, copy_gbps: float | None):
-    """Fill the ratio and bandwidth columns of one case's rows."""
+def add_ratios(rows: list[Row], add_host_us: float | None, copy_gbps: float | None):
+    """Fill the ratio and bandwidth columns of one case's rows; ``add_host_us``: host µs of ``x.add_(1)``
+    measured in the same rounds as the rows (GPU runs only)."""
     base = {r.impl: r.time_us for r in rows if r.status == "ok" and r.time_us}
     host_of_2d = next((r.host_us for r in rows if r.impl == GRID_2D and r.status == "ok"), None)
     for r in rows:
@@ -396,7 +398,8 @@ def add_ratios(rows: list[Row], refs: References, copy_gbps: float | None):
             r.gbps = Case(r.batch, r.context, r.page_size).bytes_moved / r.time_us / 1e3
             r.copy_fraction = _ratio(r.gbps, copy_gbps)
         if r.impl.startswith(API_PREFIX) and r.timing != "wall-clock":
-            r.host_vs_add = _ratio(r.host_us, refs.add_host_us)
+            r.add_host_us = add_host_us
+            r.host_vs_add = _ratio(r.host_us, add_host_us)
             # A plain ``kernel[grid](...)`` of this op: the seed 2-D kernel, same case, same run.
             r.host_vs_launch = _ratio(r.host_us, host_of_2d)
 
@@ -548,6 +551,7 @@ def run(cases: list[Case], requested: list[str] | None, device: torch.device, re
         print(f"counting triton compilations across {COMPILE_WIDTHS} random widths ...", file=progress, flush=True)
         compilations = count_compilations(device, sorted({c.page_size for c in cases}), seed)
     refs = measure_references(device, reps)
+    add_one = functools.partial(torch.zeros(16, device=device).add_, 1)
     rows = []
     for i, case in enumerate(cases):
         try:
@@ -558,16 +562,21 @@ def run(cases: list[Case], requested: list[str] | None, device: torch.device, re
             print(f"[{i + 1}/{len(cases)}] {case.name}: inputs failed", file=progress, flush=True)
             _recover(device)
             continue
+        # x.add_(1) once per round too: host/add_ compares host times taken minutes apart otherwise, and the
+        # host's speed drifts over a run (by 1.8x within one run of the H200's host).
+        add_rounds = [host_time_us(add_one, device, reps.host_calls, reps.host_batches)] if gpu else []
         case_rows = []
         for impl in impls:
             if uses_interpreter(impl, device) and case.batch * case.context > INTERPRETER_MAX_TOKENS:
                 continue
             case_rows.append(measure(impl, case, x, device, reps))
         for _ in range(reps.rounds - 1):  # interleaved: slow drifts of the machine hit every row alike
+            if gpu:
+                add_rounds.append(host_time_us(add_one, device, reps.host_calls, reps.host_batches))
             for row in case_rows:
                 if row.status == "ok":
                     time_again(row, x, device, reps)
-        add_ratios(case_rows, refs, refs.copy_gbps)
+        add_ratios(case_rows, statistics.median(add_rounds) if add_rounds else None, refs.copy_gbps)
         rows += case_rows
         print(f"[{i + 1}/{len(cases)}] {case.name}: " + ", ".join(
             f"{r.impl} {_fmt(r.time_us)} µs" if r.status == "ok" else f"{r.impl} {r.status}" for r in case_rows),
@@ -618,7 +627,8 @@ def header(report: Report) -> list[str]:
              f"data: {report.data}",
              f"backends: {', '.join(report.backends) or 'none'}"]
     lines += [f"backend {b} unavailable: {why}" for b, why in report.unavailable.items()]
-    lines.append(f"host µs per call: x.add_(1) {_fmt(refs.add_host_us)}, plain Triton launch of a one-argument "
+    lines.append(f"host µs per call: x.add_(1) {_fmt(refs.add_host_us)} (host/add_ divides by the x.add_(1) timed "
+                 f"in each case's own rounds), plain Triton launch of a one-argument "
                  f"kernel {_fmt(refs.launch_host_us)}; that kernel (one load, one store) replays in {_fmt(refs.touch_kernel_us)} µs; "
                  f"device copy {_fmt(refs.copy_gbps, 'g')} GB/s (read + written)")
     return lines + refs.notes

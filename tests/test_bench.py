@@ -143,3 +143,16 @@ def test_rounds_are_interleaved_and_the_median_counts(monkeypatch):
         assert len(row.time_rounds) == 3
         assert row.time_us == row.host_us == pytest.approx(sorted(row.time_rounds)[1])
         assert row.time_us == pytest.approx(row.time_rounds[0] * 1.2)
+
+
+def test_host_cost_is_divided_by_the_cases_own_add():
+    """host/add_ of an API row uses the x.add_(1) timed in its case's rounds (passed to add_ratios), not
+    the run's first reference: the host's speed drifts during a run."""
+    case = bench.Case(1, 4096, 64)
+    rows = [bench.Row(case.name, 1, 4096, 64, case.width, impl, time_us=2.0, host_us=host, timing="cuda-graph")
+            for impl, host in (("api:triton", 6.0), (bench.GRID_2D, 20.0), (bench.PLAIN_TORCH, 100.0))]
+    bench.add_ratios(rows, 7.5, None)
+    api = rows[0]
+    assert api.add_host_us == 7.5 and api.host_vs_add == pytest.approx(0.8)
+    assert api.host_vs_launch == pytest.approx(0.3)
+    assert rows[1].host_vs_add is None and rows[2].add_host_us is None  # baselines carry no host ratio
