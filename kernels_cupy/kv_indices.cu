@@ -100,13 +100,15 @@ __device__ inline void kv_fill(int* __restrict__ dst, int n, int value) {
 // when KV_FILL is set. Rows >= B (= gridDim.x) and unwritten columns are left untouched.
 // seq_lens_out (KV_LENS_OUT): seq_lens + seqlen_offset, written by program 0 of each row.
 // Launched with width 0 it writes only seq_lens_out.
+// The parameters every specialised call reads come first (bytes 0-103: two 64-byte lines of the constant
+// bank), what only some read after them: on the H200, each further line a kernel reads before its gather
+// costs about 2% on the page-64 cases (ci/perf_notes/ablation.py, for the Triton kernel).
 extern "C" __global__ void kv_page_table(
-    const int* __restrict__ table, kv_i64 rows, kv_i64 cols, kv_i64 table_stride,
-    const void* __restrict__ req_pool_indices, kv_i64 pool_stride, const void* __restrict__ seq_lens,
-    kv_i64 lens_stride, const void* __restrict__ kv_start_idx, kv_i64 start_stride,
-    int* __restrict__ out, kv_i64 out_stride, kv_i64 width,
-    int* __restrict__ seq_lens_out, kv_i64 page_size_arg, kv_i64 items, kv_i64 seqlen_offset,
-    kv_i64 fill_value, kv_i64 flags) {
+    const int* __restrict__ table, const void* __restrict__ req_pool_indices, const void* __restrict__ seq_lens,
+    int* __restrict__ out, kv_i64 rows, kv_i64 cols, kv_i64 table_stride, kv_i64 out_stride, kv_i64 width,
+    kv_i64 items, kv_i64 seqlen_offset, kv_i64 pool_stride, kv_i64 lens_stride,
+    kv_i64 page_size_arg, const void* __restrict__ kv_start_idx, kv_i64 start_stride,
+    int* __restrict__ seq_lens_out, kv_i64 fill_value, kv_i64 flags) {
 #ifdef KV_PAGE_SIZE
     const int page_size = KV_PAGE_SIZE;  // a compile-time page size: divisions become shifts
 #else

@@ -67,10 +67,11 @@ def page_table_call(req_to_token, req_pool_indices, seq_lens, out, page_size, kv
     flags = (_wide(req_pool_indices, WIDE_POOL) | _wide(seq_lens, WIDE_LENS) | _wide(kv_start_idx, WIDE_START)
              | (FILL if fill_value is not None else 0) | (START if kv_start_idx is not None else 0)
              | (LENS_OUT if seq_lens_out is not None else 0))
-    args = _table_args(req_to_token) + (
-        req_pool_indices.data_ptr(), req_pool_indices.stride(0), seq_lens.data_ptr(), seq_lens.stride(0),
-        _ptr(kv_start_idx), _stride(kv_start_idx), out.data_ptr(), out.stride(0), width, _ptr(seq_lens_out),
-        page_size, launch.items_per_program, seqlen_offset, fill_value or 0, flags)
+    rows, cols = req_to_token.shape
+    args = (req_to_token.data_ptr(), req_pool_indices.data_ptr(), seq_lens.data_ptr(), out.data_ptr(), rows, cols,
+            req_to_token.stride(0), out.stride(0), width, launch.items_per_program, seqlen_offset,
+            req_pool_indices.stride(0), seq_lens.stride(0), page_size, _ptr(kv_start_idx), _stride(kv_start_idx),
+            _ptr(seq_lens_out), fill_value or 0, flags)
     defines = (("KV_PAGE_SIZE", page_size), ("KV_FLAGS", flags))
     return KernelCall(PAGE_TABLE_KERNEL, defines, launch.grid, launch.threads, args)
 
