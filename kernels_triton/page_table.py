@@ -187,10 +187,9 @@ def packed_words(rows: int, table_stride: int, cols: int, width: int, out_stride
     (bit 31: the table and ``out`` rows are 16-byte aligned, for page 1's wide copy) | out row stride
     (bits 32-63).
     """
-    if rows >= WIDE or table_stride >= WIDE or width >= WIDE or out_stride >= WIDE:
+    if (rows | table_stride | width | out_stride) >= WIDE:  # one of them is (none is negative)
         return None
-    page_limit = min(width, -(-cols // page_size))
-    return rows | table_stride << 32, page_limit | int(rows_aligned) << 31 | out_stride << 32
+    return rows | table_stride << 32, min(width, -(-cols // page_size)) | rows_aligned << 31 | out_stride << 32
 
 
 def _build_plan(key, out, args):
@@ -249,11 +248,12 @@ def plan_key_and_arguments(req_to_token, req_pool_indices, seq_lens, out, page_s
     # per page); whether its rows allow them is a runtime argument, so buffers never add a compilation.
     aligned = (page_size == 1 and not has_start and out_stride % 4 == 0 and table_stride % 4 == 0
                and out.data_ptr() % 16 == 0 and req_to_token.data_ptr() % 16 == 0)
-    packed = (0, 0) if has_start else packed_words(rows, table_stride, cols, width, out_stride, page_size, aligned)
+    packed = None if has_start else packed_words(rows, table_stride, cols, width, out_stride, page_size, aligned)
+    packed_table, packed_out = packed or (0, 0)
     key = (out.get_device(), page_size, req_pool_indices.shape[0], width, req_pool_indices.dtype,
            seq_lens.dtype, kv_start_idx.dtype if has_start else None, has_seq_lens_out, has_fill, unit_strides,
-           packed is None, seqlen_offset != 0)
-    args = (req_to_token, req_pool_indices, seq_lens, out, *(packed or (0, 0)), seqlen_offset,
+           packed is None and not has_start, seqlen_offset != 0)
+    args = (req_to_token, req_pool_indices, seq_lens, out, packed_table, packed_out, seqlen_offset,
             fill_value if has_fill else 0, width, seq_lens_out if has_seq_lens_out else out,
             kv_start_idx if has_start else req_to_token, rows, cols, table_stride, out_stride, pool_stride,
             lens_stride, start_stride)

@@ -351,16 +351,17 @@ def test_packed_words_hold_32_bit_fields_or_nothing():
 
 
 @pytest.mark.parametrize("page_size", (1, 64))
-def test_outputs_with_rows_2_31_apart_take_the_64_bit_path(page_size):
-    """An output row stride of 2**31 (one row: no memory behind the stride) does not fit the packed words:
-    the call takes the 64-bit path, and still writes only that row."""
+@pytest.mark.parametrize("out_stride", (2**31 - 1, 2**31))
+def test_output_row_strides_at_2_31(page_size, out_stride):
+    """An output row stride of 2**31 - 1 (one row: no memory behind the stride) still fits the packed words;
+    one of 2**31 does not, and the call takes the 64-bit path. Both write that row only, correctly."""
     case = make_case(1, page_size, max_pages=6, device=DEVICE)
     width = 9
     store = torch.full((width,), POISON, dtype=torch.int32, device=DEVICE)
-    out = store.as_strided((1, width), (2**31, 1))
+    out = store.as_strided((1, width), (out_stride, 1))
     key, _ = page_table.plan_key_and_arguments(case.req_to_token, case.req_pool_indices, case.seq_lens, out,
                                                page_size)
-    assert key[10], "wide indexing"
+    assert key[10] == (out_stride >= page_table.WIDE)  # wide indexing
     expected = out.clone()
     reference.build_page_table(case.req_to_token, case.req_pool_indices, case.seq_lens, expected, page_size,
                                None, 1, None, -1)

@@ -136,6 +136,37 @@ def test_packs_what_the_python_path_launches(stubs, seed):
     assert stubs.module.launch_count() == 1
 
 
+def _edge_call(kind, page_size):
+    """A valid call whose sizes or strides sit at the 2**31 edge of ``page_table.packed_words`` (no memory
+    behind them: one output row, or one expanded table row)."""
+    call = random_call(7, page_size=page_size, with_start=False, options="")
+    table, pool, lens, out = call[:4]
+    if kind.startswith("out stride"):
+        stride = page_table.WIDE - (1 if kind.endswith("below") else 0)
+        store = torch.zeros(out.shape[1], dtype=torch.int32)
+        call[3] = store.as_strided((1, out.shape[1]), (stride, 1))
+        call[1], call[2] = pool[:1], lens[:1]
+    else:  # table rows
+        rows = page_table.WIDE - (1 if kind.endswith("below") else 0)
+        call[0] = table[:1].expand(rows, table.shape[1])
+    return call
+
+
+@pytest.mark.parametrize("kind", ("out stride 2**31", "out stride below", "table rows 2**31", "table rows below"))
+@pytest.mark.parametrize("page_size", (1, 64))
+def test_packs_the_edges_of_the_32_bit_fields_as_python_does(stubs, kind, page_size):
+    """At 2**31 - 1 the values go into the packed words, at 2**31 the call is wide indexing: C decides and
+    packs as plan_key_and_arguments does (a different key would not find the registered plan)."""
+    call = _edge_call(kind, page_size)
+    key, _ = page_table.plan_key_and_arguments(*call[:9])
+    assert key[10] == ("below" not in kind)  # wide indexing
+    stubs.module.approve(PAGE_TABLE, 0, None, True)
+    register(call)
+    assert stubs.module.page_table(*call) is call[3]
+    (launched,) = stubs.launches
+    assert launched["params"] == expected_params(call)
+
+
 def _mutations():
     """(name, change to a valid call) pairs the C path must hand back to Python."""
     def at(i, value):
