@@ -41,9 +41,10 @@ def _empty(out):
 
 
 @triton.jit
-def _store(out, LANES: tl.constexpr):
-    i = tl.arange(0, LANES)
-    tl.store(out + i, i)
+def _store(out, out_stride, LANES: tl.constexpr):
+    """Program (b, k) writes out[b, k * LANES + i] = its column."""
+    i = tl.program_id(1) * LANES + tl.arange(0, LANES)
+    tl.store(out + tl.program_id(0) * out_stride + i, i)
 
 
 @triton.jit
@@ -53,7 +54,10 @@ def _load_store(x, out, LANES: tl.constexpr):
 
 
 @triton.jit
-def _chain2(table, pool, lens, out, stride, out_stride, LANES: tl.constexpr, LENGTH: tl.constexpr):
+def _chain2(table, pool, lens, out, stride, out_stride, LANES: tl.constexpr, LENGTH: tl.constexpr,
+            STEP: tl.constexpr = 64):
+    """The minimal page table of page 64; STEP: the slots read are STEP apart (64: one per page, as the
+    page table reads; 1: consecutive, the same work without the gather)."""
     b = tl.program_id(0)
     i = tl.program_id(1) * LANES + tl.arange(0, LANES)
     row = tl.load(pool + b)
@@ -61,7 +65,7 @@ def _chain2(table, pool, lens, out, stride, out_stride, LANES: tl.constexpr, LEN
         keep = i * 64 < tl.load(lens + b)
     else:
         keep = i >= 0
-    slots = tl.load(table + row * stride + i * 64, mask=keep)
+    slots = tl.load(table + row * stride + i * STEP, mask=keep)
     tl.store(out + b * out_stride + i, slots >> 6, mask=keep)
 
 
@@ -135,7 +139,7 @@ def rungs_batch1(x, k):
     rows = {
         "triton empty": lambda: _empty[(1,)](scratch, num_warps=2),
         "cuda   empty": lambda: cuda_launch(k["empty"], (1,), LANES, scratch),
-        "triton store": lambda: _store[(1,)](scratch, LANES=LANES, num_warps=2),
+        "triton store": lambda: _store[(1,)](scratch, 0, LANES=LANES, num_warps=2),
         "triton load-store": lambda: _load_store[(1,)](table, scratch, LANES=LANES, num_warps=2),
         "cuda   load-store": lambda: cuda_launch(k["load_store"], (1,), LANES, table, scratch),
         "triton chain2": checked(functools.partial(_chain2[(1, 1)], table, pool, lens, out, stride, out.stride(0),

@@ -16,31 +16,12 @@ from __future__ import annotations
 import sys
 
 import torch
-import triton
-import triton.language as tl
 
 sys.path.insert(0, __file__.rsplit("/ci/", 1)[0] + "/ci")
-from floor_ladder import _empty, replay_us  # noqa: E402
+from floor_ladder import LANES, _chain2, _empty, _store, replay_us  # noqa: E402
 from kvdispatch import bench  # noqa: E402
 from perf_probe import time_case  # noqa: E402
 
-LANES = 64
-
-
-@triton.jit
-def _store(out, out_stride, LANES: tl.constexpr):
-    i = tl.program_id(1) * LANES + tl.arange(0, LANES)
-    tl.store(out + tl.program_id(0) * out_stride + i, i)
-
-
-@triton.jit
-def _chain2(table, pool, lens, out, stride, out_stride, LANES: tl.constexpr, STEP: tl.constexpr):
-    b = tl.program_id(0)
-    i = tl.program_id(1) * LANES + tl.arange(0, LANES)
-    row = tl.load(pool + b)
-    keep = i * 64 < tl.load(lens + b)
-    slots = tl.load(table + row * stride + i * STEP, mask=keep)
-    tl.store(out + b * out_stride + i, slots >> 6, mask=keep)
 
 
 def main() -> int:
@@ -56,7 +37,7 @@ def main() -> int:
         for step, name in ((1, "dense"), (64, "strided")):
             rows[f"chain2 {name}, {programs} programs"] = (
                 lambda g=grid, s=step: _chain2[g](table, pool, lens, out, table.stride(0), out.stride(0),
-                                                  LANES=LANES, STEP=s, num_warps=2))
+                                                  LANES=LANES, LENGTH=True, STEP=s, num_warps=2))
     time_case("64x32768x64 inputs", rows, replay_us, 5, {"empty@1": "empty, 1 programs"}, width=30)
     return 0
 
