@@ -31,11 +31,11 @@ typedef int (*context_fn)(void **context);
 #define OP_PAGE_TABLE 0
 #define OP_TOKEN_CSR 1
 #define PAGE_TABLE_ARGS 18  // the kernels' runtime parameters (kernels_triton/page_table.py, token_csr.py)
-#define TOKEN_CSR_ARGS 14
+#define TOKEN_CSR_ARGS 16
 #define MAX_PARAMS 24
 #define TABLE_SLOTS 8192  // open addressing, at most half full (the Python plan caches hold 4096 keys each)
 #define MAX_PAGE_SIZE 4096
-#define WIDE ((int64_t)1 << 31)  // page_table.WIDE
+#define WIDE ((int64_t)1 << 31)  // page_table.WIDE, token_csr.WIDE
 
 // Configuration (configure()).
 static launch_fn launch_kernel = NULL;
@@ -201,8 +201,9 @@ static PyObject *store_plan(const plan_key *key, unsigned long long ctx, unsigne
 // add_page_table_plan(key tuple of 12 ints, context, function, grid_y, threads, shared, param_count) -> added
 // key: device, page size, batch, width, pool dtype, lens dtype, start dtype, seq_lens_out, fill, unit strides,
 // wide indexing, offset not 0, as page_table() computes it from its arguments.
-// add_token_csr_plan(key tuple of 7 ints, ...) -> added
-// key: device, batch, min(table width, out length), pool dtype, lens dtype, indptr dtype, start dtype.
+// add_token_csr_plan(key tuple of 9 ints, ...) -> added
+// key: device, batch, min(table width, out length), pool dtype, lens dtype, indptr dtype, start dtype, unit
+// strides, wide indexing.
 static PyObject *add_plan(PyObject *args, int op) {
     PyObject *key_tuple;
     unsigned long long ctx, function;
@@ -210,7 +211,7 @@ static PyObject *add_plan(PyObject *args, int op) {
     if (!PyArg_ParseTuple(args, "O!KKIIII", &PyTuple_Type, &key_tuple, &ctx, &function, &grid_y, &threads, &shared,
                           &param_count))
         return NULL;
-    Py_ssize_t size = op == OP_PAGE_TABLE ? 12 : 7;
+    Py_ssize_t size = op == OP_PAGE_TABLE ? 12 : 9;
     if (PyTuple_GET_SIZE(key_tuple) != size)
         return PyErr_Format(PyExc_ValueError, "add_plan: the key has %zd fields", size);
     int64_t f[12];
@@ -225,7 +226,7 @@ static PyObject *add_plan(PyObject *args, int op) {
         key.wide_indexing = f[10], key.offset = f[11];
     } else {
         key.batch = f[1], key.width = f[2], key.pool_dtype = f[3], key.lens_dtype = f[4], key.indptr_dtype = f[5];
-        key.start_dtype = f[6];
+        key.start_dtype = f[6], key.unit_strides = f[7], key.wide_indexing = f[8];
     }
     return store_plan(&key, ctx, function, grid_y, threads, shared, param_count,
                       op == OP_PAGE_TABLE ? PAGE_TABLE_ARGS : TOKEN_CSR_ARGS);
@@ -408,7 +409,7 @@ static PyObject *token_csr(PyObject *self, PyObject *const *args, Py_ssize_t nar
     tensor_info table, pool, lens, indptr, out, start;
     plan_key key;
     memset(&key, 0, sizeof(key));
-    int64_t start_stride = 0;  // as the Python launcher passes it without a start
+    int64_t start_stride = 1;  // as the Python launcher passes it without a start
     if (common_arguments(args, start_obj, args[6], OP_TOKEN_CSR, &table, &pool, &lens, &start, &start_stride, &key))
         Py_RETURN_NOTIMPLEMENTED;
     long device = (long)key.device;
@@ -419,10 +420,21 @@ static PyObject *token_csr(PyObject *self, PyObject *const *args, Py_ssize_t nar
         Py_RETURN_NOTIMPLEMENTED;
     key.width = table.size[1] < out.size[0] ? table.size[1] : out.size[0];
     key.indptr_dtype = indptr.dtype;
+    key.unit_strides = pool.stride[0] == 1 && lens.stride[0] == 1 && indptr.stride[0] == 1 && start_stride == 1;
+    // token_csr.packed_words: wide indexing where a value does not fit.
+    key.wide_indexing = table.size[0] >= WIDE || table.stride[0] >= WIDE || table.size[1] >= WIDE ||
+                        out.size[0] >= WIDE;
+    uint64_t packed_table = 0, packed_sizes = 0;
+    if (!key.wide_indexing) {
+        packed_table = (uint64_t)table.size[0] | (uint64_t)table.stride[0] << 32;
+        packed_sizes = (uint64_t)table.size[1] | (uint64_t)out.size[0] << 32;
+    }
+    // In the kernel's parameter order (token_csr.PARAMETERS).
     uint64_t values[MAX_PARAMS] = {
-        table.data, pool.data, lens.data, start_obj != Py_None ? start.data : table.data, indptr.data, out.data,
-        (uint64_t)pool.stride[0], (uint64_t)lens.stride[0], (uint64_t)start_stride, (uint64_t)indptr.stride[0],
-        (uint64_t)table.size[0], (uint64_t)table.size[1], (uint64_t)table.stride[0], (uint64_t)out.size[0]};
+        table.data, pool.data, lens.data, indptr.data, out.data, packed_table, packed_sizes,
+        start_obj != Py_None ? start.data : table.data, (uint64_t)table.size[0], (uint64_t)table.size[1],
+        (uint64_t)table.stride[0], (uint64_t)out.size[0], (uint64_t)pool.stride[0], (uint64_t)lens.stride[0],
+        (uint64_t)indptr.stride[0], (uint64_t)start_stride};
     return launch_plan(&key, (unsigned)batch, values, args[4]);
 }
 

@@ -80,6 +80,8 @@ def _page_table_kernel(
         in_row, source = _row_64bit(table_ptr, pool, length, start if HAS_START else 0, position, in_width,
                                     table_rows, table_cols, table_row_stride, seqlen_offset)
     else:
+        # Already 64-bit when compiled (the annotation); the interpreter types a small int as 32-bit.
+        packed_table, packed_out = packed_table.to(tl.int64), packed_out.to(tl.int64)
         row_stride32 = (packed_table >> 32).to(tl.uint32)
         page_limit = (packed_out & 0x7FFFFFFF).to(tl.int32)
         out_row = out_ptr + row.to(tl.int64) * (packed_out >> 32)

@@ -8,6 +8,7 @@ first token that lands in ``out``; a long row is spread over many programs.
 from __future__ import annotations
 
 import functools
+import itertools
 
 import triton
 import triton.language as tl
@@ -17,20 +18,42 @@ from kvdispatch import grid as launch_grid
 from . import launch as _launch
 from . import native
 
-RUNTIME_INTS = ("pool_stride", "lens_stride", "start_stride", "indptr_stride", "table_rows", "table_cols",
-                "table_row_stride", "out_len")
-POINTERS = ("table_ptr", "pool_ptr", "lens_ptr", "start_ptr", "indptr_ptr", "out_ptr")
-CONSTEXPRS = ("TOKENS_PER_PROGRAM", "HAS_START")
+# The kernel's parameters, in the order it takes them. A call whose index vectors are contiguous and whose
+# table and output sizes and strides are all below 2**31 (any real ones) reads only the first eight (the
+# start pointer only with a start): the five pointers every call needs, two words that pack the sizes in
+# 32-bit fields (``packed_words``) and the start pointer, 64 bytes, one line of the constant bank. Each
+# further line read cost the page-table kernel 1.5-3% on the H200 (ci/perf_notes/ablation.py); this kernel
+# read two and replayed 2-6% slower than a one-line copy (ci/perf_notes/csr_layout.py).
+PARAMETERS = ("table_ptr", "pool_ptr", "lens_ptr", "indptr_ptr", "out_ptr", "packed_table", "packed_sizes",
+              "start_ptr", "table_rows", "table_cols", "table_row_stride", "out_len", "pool_stride", "lens_stride",
+              "indptr_stride", "start_stride")
+POINTERS = tuple(name for name in PARAMETERS if name.endswith("_ptr"))
+RUNTIME_INTS = tuple(name for name in PARAMETERS if not name.endswith("_ptr"))
+CONSTEXPRS = ("TOKENS_PER_PROGRAM", "HAS_START", "UNIT_STRIDES", "WIDE_INDEXING")
+WIDE = 2**31  # a size or stride this large does not fit ``packed_words``'s 32-bit fields
 
 
 def _token_csr_kernel(
-    table_ptr, pool_ptr, lens_ptr, start_ptr, indptr_ptr, out_ptr,
-    pool_stride: tl.int64, lens_stride: tl.int64, start_stride: tl.int64, indptr_stride: tl.int64,
+    table_ptr, pool_ptr, lens_ptr, indptr_ptr, out_ptr, packed_table: tl.int64, packed_sizes: tl.int64, start_ptr,
     table_rows: tl.int64, table_cols: tl.int64, table_row_stride: tl.int64, out_len: tl.int64,
-    TOKENS_PER_PROGRAM: tl.constexpr, HAS_START: tl.constexpr,
+    pool_stride: tl.int64, lens_stride: tl.int64, indptr_stride: tl.int64, start_stride: tl.int64,
+    TOKENS_PER_PROGRAM: tl.constexpr, HAS_START: tl.constexpr, UNIT_STRIDES: tl.constexpr,
+    WIDE_INDEXING: tl.constexpr,
 ):
     """``out[indptr[b] + j] = table[pool[b], start[b] + j]`` for the program's tokens ``j`` below
-    ``min(lens[b], C - start[b])`` whose target lies in ``[0, out_len)``; the others are masked."""
+    ``min(lens[b], C - start[b])`` whose target lies in ``[0, out_len)``; the others are masked.
+
+    UNIT_STRIDES: the index vectors are contiguous (their strides are not read). WIDE_INDEXING: some size
+    or stride is ``WIDE`` or more (``packed_words``), so the full-width parameters are read; otherwise
+    ``packed_table`` and ``packed_sizes`` stand in for them.
+    """
+    if UNIT_STRIDES:
+        pool_stride, lens_stride, indptr_stride, start_stride = 1, 1, 1, 1
+    if not WIDE_INDEXING:
+        # Already 64-bit when compiled (the annotation); the interpreter types a small int as 32-bit.
+        packed_table, packed_sizes = packed_table.to(tl.int64), packed_sizes.to(tl.int64)
+        table_rows, table_row_stride = packed_table & 0xFFFFFFFF, packed_table >> 32
+        table_cols, out_len = packed_sizes & 0xFFFFFFFF, packed_sizes >> 32
     row = tl.program_id(0)
     pool = tl.load(pool_ptr + row * pool_stride).to(tl.int64)
     length = tl.load(lens_ptr + row * lens_stride).to(tl.int64)
@@ -60,18 +83,32 @@ launcher = _launch.register(_launch.KernelLauncher(token_csr_kernel, CONSTEXPRS)
 _plans = _launch.plan_cache(on_clear=functools.partial(native.forget_plans, "token_csr"))
 
 
-def constexprs_for(has_start: bool) -> dict:
-    return dict(TOKENS_PER_PROGRAM=launch_grid.items_per_program(launch_grid.TOKEN_CSR), HAS_START=has_start)
+def constexprs_for(has_start: bool, unit_strides: bool = True, wide_indexing: bool = False) -> dict:
+    """The constexpr arguments of one specialisation (tokens per program from ``kvdispatch.grid``)."""
+    return dict(TOKENS_PER_PROGRAM=launch_grid.items_per_program(launch_grid.TOKEN_CSR), HAS_START=has_start,
+                UNIT_STRIDES=unit_strides, WIDE_INDEXING=wide_indexing)
 
 
-def _build_plan(key, out, has_start, args):
-    geometry = launch_grid.token_csr_launch(key[1], table_width=args[11], out_len=args[13])
+def packed_words(rows: int, table_stride: int, cols: int, out_len: int) -> tuple[int, int] | None:
+    """The kernel's ``packed_table`` (rows | table row stride << 32) and ``packed_sizes`` (cols | out_len
+    << 32), so that a call's parameters fit one constant-cache line; None when a value is ``WIDE`` or more
+    (the kernel then reads the full-width parameters)."""
+    if (rows | table_stride | cols | out_len) >= WIDE:  # one of them is (none is negative)
+        return None
+    return rows | table_stride << 32, cols | out_len << 32
+
+
+def _build_plan(key, out, args):
+    """The launch plan of ``key`` (``plan_key_and_arguments``), launching ``args`` when it compiles."""
+    geometry = launch_grid.token_csr_launch(key[1], table_width=args[9], out_len=args[11])
     if geometry.grid[0] == 0:
         return _plans.add(key, _launch.nothing), False
+    has_start, unit_strides, wide_indexing = key[6] is not None, key[7], key[8]
     specialisation = (has_start,) + key[3:]
     warps = _launch.warps_for(out.device, geometry.threads)
-    plan, launched = launcher.plan(key[0], specialisation, geometry.grid, constexprs_for(has_start), warps, args)
-    kernel = launcher.native_kernel(key[0], specialisation, len(POINTERS) + len(RUNTIME_INTS))
+    constexprs = constexprs_for(has_start, unit_strides, wide_indexing)
+    plan, launched = launcher.plan(key[0], specialisation, geometry.grid, constexprs, warps, args)
+    kernel = launcher.native_kernel(key[0], specialisation, len(PARAMETERS))
     if kernel is not None:  # the compiled launcher takes this key's calls from now on
         native.add_token_csr_plan(key, kernel, geometry.grid[1])
     return _plans.add(key, plan), launched
@@ -87,7 +124,7 @@ def build_token_indices(req_to_token, req_pool_indices, seq_lens, kv_indptr, out
     key, args = plan_key_and_arguments(req_to_token, req_pool_indices, seq_lens, kv_indptr, out, kv_start_idx)
     plan = _plans.get(key)
     if plan is None:
-        plan, launched = _build_plan(key, out, kv_start_idx is not None, args)
+        plan, launched = _build_plan(key, out, args)
         if launched:
             return out
     plan(*args)
@@ -98,26 +135,32 @@ def plan_key_and_arguments(req_to_token, req_pool_indices, seq_lens, kv_indptr, 
     """The launch-plan key of a call and the kernel's runtime arguments (tensors in the pointer slots), as
     ``native_launch.c`` computes them too. Key: device index, batch, min(C, N) (the geometry depends on
     nothing else: ``kvdispatch.grid.token_csr_launch``), the dtypes of the pool, length, indptr and start
-    vectors (None: no start)."""
+    vectors (None: no start), unit strides, wide indexing (no ``packed_words``)."""
     has_start = kv_start_idx is not None
     rows, cols = req_to_token.shape
-    key = (out.get_device(), req_pool_indices.shape[0], min(cols, out.shape[0]), req_pool_indices.dtype,
-           seq_lens.dtype, kv_indptr.dtype, kv_start_idx.dtype if has_start else None)
-    args = (req_to_token, req_pool_indices, seq_lens, kv_start_idx if has_start else req_to_token, kv_indptr,
-            out, req_pool_indices.stride(0), seq_lens.stride(0), kv_start_idx.stride(0) if has_start else 0,
-            kv_indptr.stride(0), rows, cols, req_to_token.stride(0), out.shape[0])
+    table_stride, out_len = req_to_token.stride(0), out.shape[0]
+    pool_stride, lens_stride, indptr_stride = req_pool_indices.stride(0), seq_lens.stride(0), kv_indptr.stride(0)
+    start_stride = kv_start_idx.stride(0) if has_start else 1
+    unit_strides = pool_stride == 1 and lens_stride == 1 and indptr_stride == 1 and start_stride == 1
+    packed = packed_words(rows, table_stride, cols, out_len)
+    packed_table, packed_sizes = packed or (0, 0)
+    key = (out.get_device(), req_pool_indices.shape[0], min(cols, out_len), req_pool_indices.dtype, seq_lens.dtype,
+           kv_indptr.dtype, kv_start_idx.dtype if has_start else None, unit_strides, packed is None)
+    args = (req_to_token, req_pool_indices, seq_lens, kv_indptr, out, packed_table, packed_sizes,
+            kv_start_idx if has_start else req_to_token, rows, cols, table_stride, out_len, pool_stride, lens_stride,
+            indptr_stride, start_stride)
     return key, args
 
 
 def specializations(index_types=("i32", "i64")):
     """Every specialisation the launcher can produce: yields ``(signature, constexprs)`` for
-    ``triton.compiler.ASTSource`` (Triton >= 3.3), per start option and index dtype."""
-    for has_start in (False, True):
+    ``triton.compiler.ASTSource`` (Triton >= 3.3), per start option, unit strides, wide indexing and index
+    dtype (the same for the pool, length, indptr and start vectors)."""
+    for has_start, unit_strides, wide_indexing in itertools.product((False, True), repeat=3):
         for index in index_types:
-            signature = dict(table_ptr="*i32", pool_ptr=f"*{index}", lens_ptr=f"*{index}",
-                             start_ptr=f"*{index}" if has_start else "*i32", indptr_ptr=f"*{index}",
-                             out_ptr="*i32")
-            signature.update({name: "i64" for name in RUNTIME_INTS})
-            constexprs = constexprs_for(has_start)
+            types = dict(pool_ptr=f"*{index}", lens_ptr=f"*{index}", indptr_ptr=f"*{index}",
+                         start_ptr=f"*{index}" if has_start else "*i32")
+            signature = {name: types.get(name, "*i32" if name in POINTERS else "i64") for name in PARAMETERS}
+            constexprs = constexprs_for(has_start, unit_strides, wide_indexing)
             signature.update({name: "constexpr" for name in constexprs})
             yield signature, constexprs

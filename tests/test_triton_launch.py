@@ -13,7 +13,7 @@ pytest.importorskip("triton")
 
 import kernels_triton  # noqa: E402
 import kvdispatch  # noqa: E402
-from kernels_triton import launch, native, page_table  # noqa: E402
+from kernels_triton import launch, native, page_table, token_csr  # noqa: E402
 from kvcases import POISON, make_case  # noqa: E402
 from kvdispatch import reference  # noqa: E402
 
@@ -333,6 +333,17 @@ def test_tables_of_2_31_rows_take_the_64_bit_path(page_size, with_start):
     _api_matches_reference(table, pool, lens, page_size, 5, kv_start_idx=start, seqlen_offset=1, fill_value=-1)
 
 
+@pytest.mark.parametrize("page_size", (1, 64))
+def test_tables_of_one_expanded_row_take_the_packed_path(page_size):
+    """Rows that are one expanded row (stride 0) pack into words below 2**31, which the interpreter passes as
+    int32 scalars whatever the annotation: the kernel widens them before taking their fields apart."""
+    cols = 3 * page_size + 5
+    table = (torch.arange(cols, dtype=torch.int32, device=DEVICE) * 7 - 20).expand(6, cols)
+    pool = torch.tensor([5, 0, 6, -1], device=DEVICE)
+    lens = torch.tensor([cols, 2 * page_size, cols, cols], device=DEVICE)
+    _api_matches_reference(table, pool, lens, page_size, 5, fill_value=-1)
+
+
 def test_packed_words_hold_32_bit_fields_or_nothing():
     """The common path's two parameter words: rows | row stride << 32, and page limit | rows aligned << 31 |
     out row stride << 32; None (the 64-bit path) as soon as one value reaches 2**31."""
@@ -348,6 +359,47 @@ def test_packed_words_hold_32_bit_fields_or_nothing():
     for wide in ((top + 1, 1, 10, 10, 10), (1, top + 1, 10, 10, 10), (1, 1, 10, top + 1, 10),
                  (1, 1, 10, 10, top + 1)):
         assert page_table.packed_words(*wide, 1, False) is None, wide
+
+
+def test_csr_packed_words_hold_32_bit_fields_or_nothing():
+    """The token CSR's two parameter words: rows | row stride << 32 and cols | out length << 32; None (the
+    full-width parameters) as soon as one value reaches 2**31."""
+    top = token_csr.WIDE - 1
+    packed_table, packed_sizes = token_csr.packed_words(top, top - 1, 5, top - 2)
+    assert (packed_table & 0xFFFFFFFF, packed_table >> 32) == (top, top - 1)
+    assert (packed_sizes & 0xFFFFFFFF, packed_sizes >> 32) == (5, top - 2)
+    assert token_csr.packed_words(0, 0, 0, 0) == (0, 0)
+    for wide in ((top + 1, 1, 1, 1), (1, top + 1, 1, 1), (1, 1, top + 1, 1), (1, 1, 1, top + 1)):
+        assert token_csr.packed_words(*wide) is None, wide
+
+
+@pytest.mark.parametrize("with_start", (False, True))
+@pytest.mark.parametrize("edge", ("rows 2**31 - 1", "rows 2**31 + 5", "row stride 2**31 - 1", "row stride 2**31"))
+def test_csr_tables_at_the_2_31_edge(edge, with_start):
+    """Tables at the edge of the packed words (no memory behind them: one row expanded to 2**31 +- a few
+    rows, or one row with a huge row stride): below it the call takes the packed words, at it the
+    full-width parameters; int64 pool indices past 2**31 are read, the ones past the table are not."""
+    cols = 300
+    row = torch.arange(cols, dtype=torch.int32, device=DEVICE) * 7 - 20
+    size = 2**31 - 1 if edge.endswith("- 1") else 2**31 + (5 if edge.startswith("rows") else 0)
+    if edge.startswith("rows"):
+        table = row.expand(size, cols)
+        pool = torch.tensor([size - 1, size, 3, -1, 2**32 + 1, 2**31 - 2], dtype=torch.int64, device=DEVICE)
+    else:
+        table = row.as_strided((1, cols), (size, 1))
+        pool = torch.tensor([0, 1, 0, -1, 2**32, 0], dtype=torch.int64, device=DEVICE)
+    lens = torch.tensor([cols, 40, 17, cols, cols, 290], device=DEVICE)
+    start = torch.tensor([0, 5, 1, 0, 0, 12], device=DEVICE) if with_start else None
+    indptr = torch.tensor([0, 300, 340, 357, 657, 957], device=DEVICE)
+    out = torch.full((1200,), POISON, dtype=torch.int32, device=DEVICE)
+    key, _ = token_csr.plan_key_and_arguments(table, pool, lens, indptr, out, start)
+    assert key[8] == (size >= token_csr.WIDE)  # wide indexing
+    expected = out.clone()
+    reference.build_token_indices(table, pool, lens, indptr, expected, start)
+    for _ in range(2):  # the second call takes the launch plan (in C where available)
+        out.fill_(POISON)
+        kvdispatch.create_flashinfer_kv_indices(table, pool, lens, indptr, out, kv_start_idx=start, backend="triton")
+        assert torch.equal(out.cpu(), expected.cpu())
 
 
 @pytest.mark.parametrize("page_size", (1, 64))

@@ -421,6 +421,29 @@ def test_token_csr_packs_what_the_python_path_launches(stubs, seed):
     assert launched["grid"] == (call[1].shape[0], 5, 1) and launched["function"] == FUNCTION + 1
 
 
+@pytest.mark.parametrize("edge", ("rows 2**31", "rows below", "row stride 2**31", "row stride below"))
+@pytest.mark.parametrize("contiguous", (False, True))
+def test_token_csr_packs_the_edges_as_python_does(stubs, edge, contiguous):
+    """At 2**31 - 1 table rows or row stride the values go into the packed words, at 2**31 the call is wide
+    indexing (no memory behind either: one row expanded, or one row); contiguous index vectors are unit
+    strides. C decides and packs as plan_key_and_arguments does (a different key would not find the plan)."""
+    call = random_csr_call(3, with_start=True)
+    if contiguous:
+        call[1:4], call[5] = [v.contiguous() for v in call[1:4]], call[5].contiguous()
+    table = call[0][:1]
+    size = token_csr.WIDE - (1 if edge.endswith("below") else 0)
+    call[0] = table.expand(size, table.shape[1]) if edge.startswith("rows") else table.as_strided(table.shape, (size, 1))
+    key, _ = token_csr.plan_key_and_arguments(*call[:6])
+    assert key[7:] == (contiguous, "below" not in edge)  # unit strides, wide indexing
+    stubs.module.approve(TOKEN_CSR, 0, None, True)
+    register_csr(stubs, call)
+    assert stubs.module.token_csr(*call) is call[4]
+    (launched,) = stubs.launches
+    _, args = token_csr.plan_key_and_arguments(*call[:6])
+    assert launched["params"] == [(a.data_ptr() if isinstance(a, torch.Tensor) else a) % 2**64
+                                  for a in args] + [0, 0]
+
+
 @pytest.mark.parametrize("name", ["indptr too short", "indptr float", "out 2-D", "out strided", "out int64",
                                   "pool length", "start length", "start given (plan without)", "other out length",
                                   "backend cupy", "not approved for token_csr"])
