@@ -82,6 +82,20 @@ def time_case(title: str, rows: dict, measure, rounds: int, references: dict, wi
     return results
 
 
+def experiment_setup(default_cases: str, add_arguments=None):
+    """The shared start of the experiment scripts: ``--cases`` and ``--rounds`` (plus what ``add_arguments``
+    adds to the parser) parsed, the GPU's clocks warmed up; returns ``(options, device, cases)``."""
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--cases", default=default_cases)
+    parser.add_argument("--rounds", type=int, default=5)
+    if add_arguments:
+        add_arguments(parser)
+    options = parser.parse_args()
+    device = torch.device("cuda")
+    bench._warm_up_clocks(device)
+    return options, device, bench.parse_cases(options.cases)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--cases", default="1x131072x64,64x32768x64,256x32768x1")

@@ -22,7 +22,6 @@ producer corrects, and the output is checked against the reference (nan if wrong
 
 from __future__ import annotations
 
-import argparse
 import functools
 import sys
 
@@ -31,7 +30,7 @@ import triton
 import triton.language as tl
 
 sys.path.insert(0, __file__.rsplit("/ci/", 1)[0] + "/ci")
-from perf_probe import api, graph_us, time_case  # noqa: E402
+from perf_probe import api, experiment_setup, graph_us, time_case  # noqa: E402
 from kernels_triton import page_table  # noqa: E402
 from kvdispatch import bench  # noqa: E402
 from kvdispatch import grid as launch_grid  # noqa: E402
@@ -96,13 +95,9 @@ def checked_graph_us(fn, inputs, source):
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--cases", default="1x4096x64,1x131072x64,8x131072x64,64x32768x64,1x131072x1,256x32768x1")
-    parser.add_argument("--rounds", type=int, default=5)
-    options = parser.parse_args()
-    device = torch.device("cuda")
-    bench._warm_up_clocks(device)
-    for i, case in enumerate(bench.parse_cases(options.cases)):
+    options, device, cases = experiment_setup("1x4096x64,1x131072x64,8x131072x64,64x32768x64,1x131072x1,"
+                                              "256x32768x1")
+    for i, case in enumerate(cases):
         x = bench.make_inputs(case, device, i)
         ps = case.page_size
         source = x.req_pool_indices.clone()
@@ -134,7 +129,6 @@ def main() -> int:
             return measure(fn)
 
         time_case(case.name, rows, measured, options.rounds, {"api": "api", "producer": "producer alone"}, width=24)
-        del x
     return 0
 
 

@@ -11,14 +11,11 @@ medians, ratios to the API as shipped.
 
 from __future__ import annotations
 
-import argparse
 import functools
 import sys
 
-import torch
-
 sys.path.insert(0, __file__.rsplit("/ci/", 1)[0] + "/ci")
-from perf_probe import api, graph_us, ours, time_case  # noqa: E402
+from perf_probe import api, experiment_setup, graph_us, ours, time_case  # noqa: E402
 from kvdispatch import bench  # noqa: E402
 from kvdispatch import grid as launch_grid  # noqa: E402
 
@@ -27,17 +24,14 @@ CASES = ("1x4096x64,1x32768x64,1x131072x64,2x131072x64,4x131072x64,8x131072x64,1
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--cases", default=CASES)
-    parser.add_argument("--factors", default="1,2,4,8", help="pages per program, as multiples of the shipped")
-    parser.add_argument("--warps", default="1,2,4")
-    parser.add_argument("--rounds", type=int, default=5)
-    options = parser.parse_args()
+    def more(parser):
+        parser.add_argument("--factors", default="1,2,4,8", help="pages per program, as multiples of the shipped")
+        parser.add_argument("--warps", default="1,2,4")
+
+    options, device, cases = experiment_setup(CASES, more)
     factors = [int(f) for f in options.factors.split(",")]
     warps_options = [int(w) for w in options.warps.split(",")]
-    device = torch.device("cuda")
-    bench._warm_up_clocks(device)
-    for i, case in enumerate(bench.parse_cases(options.cases)):
+    for i, case in enumerate(cases):
         inputs = bench.make_inputs(case, device, i)
         ps = case.page_size
         shipped = launch_grid.items_per_program(launch_grid.PAGE_TABLE, ps)
