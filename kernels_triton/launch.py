@@ -40,6 +40,9 @@ LAUNCH_MODES = ("auto", "native", "direct", "fast", "plain")
 # Launch plans are kept per shape; engines use a handful of (batch, width) pairs, but a caller that
 # varies them freely must not grow the cache without bound.
 MAX_PLANS = 4096
+# A size or stride this large does not fit the 32-bit fields the kernels pack their parameters into
+# (``page_table.packed_words``, ``token_csr.packed_words``): such a call reads the full-width ones.
+WIDE = 2**31
 
 # CompiledKernel.run parameters ahead of the kernel arguments, as Triton >= 3.0 names them (3.6 hides
 # the last four inside ``*args``; 3.8 names them).
@@ -227,20 +230,14 @@ def fast_launcher(compiled, convention: FastConvention, grid, constexpr_values: 
     grid_x, grid_y = grid
     tail = constexpr_values if convention.with_constexprs else ()
     positions = _pointer_positions(compiled)
-    leading = positions == tuple(range(len(positions)))  # then a slice replaces them: cheaper
-    pointers = len(positions)
     address = torch.Tensor.data_ptr
     raw_stream = _raw_stream
     current_device = torch._C._cuda_getDevice
 
     def launch(*args):
-        if leading:
-            values = [address(t) for t in args[:pointers]]
-            values += args[pointers:]
-        else:
-            values = list(args)
-            for i in positions:
-                values[i] = address(values[i])
+        values = list(args)
+        for i in positions:
+            values[i] = address(values[i])
         if current_device() != device_index:
             with torch.cuda.device(device_index):
                 run(grid_x, grid_y, 1, raw_stream(device_index), function, *extra, *values, *tail)

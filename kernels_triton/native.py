@@ -168,8 +168,8 @@ def add_page_table_plan(key: tuple, kernel, grid_y: int) -> bool:
 def add_token_csr_plan(key: tuple, kernel, grid_y: int) -> bool:
     """Register the launch of one token-CSR call key (``token_csr.plan_key_and_arguments``) with
     ``kernel`` (a ``launch.NativeKernel``); returns whether the C path took it."""
-    device, batch, span, pool_dtype, lens_dtype, indptr_dtype, start_dtype, unit_strides, wide_indexing = key
+    device, batch, span, pool_dtype, lens_dtype, indptr_dtype, start_dtype, *flags = key
     return _module.add_token_csr_plan(
         (device, batch, span, DTYPE_CODES[pool_dtype], DTYPE_CODES[lens_dtype], DTYPE_CODES[indptr_dtype],
-         DTYPE_CODES[start_dtype], int(unit_strides), int(wide_indexing)),
+         DTYPE_CODES[start_dtype], *map(int, flags)),  # unit strides, wide indexing
         kernel.context, kernel.function, grid_y, kernel.threads, kernel.shared, kernel.param_count)

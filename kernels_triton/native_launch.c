@@ -35,7 +35,7 @@ typedef int (*context_fn)(void **context);
 #define MAX_PARAMS 24
 #define TABLE_SLOTS 8192  // open addressing, at most half full (the Python plan caches hold 4096 keys each)
 #define MAX_PAGE_SIZE 4096
-#define WIDE ((int64_t)1 << 31)  // page_table.WIDE, token_csr.WIDE
+#define WIDE ((int64_t)1 << 31)  // launch.WIDE
 
 // Configuration (configure()).
 static launch_fn launch_kernel = NULL;

@@ -32,7 +32,7 @@ POINTERS = tuple(name for name in PARAMETERS if name.endswith("_ptr"))
 RUNTIME_INTS = tuple(name for name in PARAMETERS if not name.endswith("_ptr"))
 CONSTEXPRS = ("PAGE_SIZE", "PAGE_SHIFT", "PAGES_PER_PROGRAM", "HAS_START", "HAS_SEQ_LENS_OUT", "HAS_FILL",
               "HAS_OFFSET", "UNIT_STRIDES", "WIDE_INDEXING")
-WIDE = 2**31  # a table or output this large in any dimension or stride needs 64-bit index arithmetic
+WIDE = _launch.WIDE
 
 
 def _page_table_kernel(

@@ -30,7 +30,7 @@ PARAMETERS = ("table_ptr", "pool_ptr", "lens_ptr", "indptr_ptr", "out_ptr", "pac
 POINTERS = tuple(name for name in PARAMETERS if name.endswith("_ptr"))
 RUNTIME_INTS = tuple(name for name in PARAMETERS if not name.endswith("_ptr"))
 CONSTEXPRS = ("TOKENS_PER_PROGRAM", "HAS_START", "UNIT_STRIDES", "WIDE_INDEXING")
-WIDE = 2**31  # a size or stride this large does not fit ``packed_words``'s 32-bit fields
+WIDE = _launch.WIDE
 
 
 def _token_csr_kernel(
