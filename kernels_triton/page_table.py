@@ -125,7 +125,11 @@ def _row_narrow(table_ptr, pool, length, readable, page, position, page_limit, r
     index = pool.to(tl.int32).to(tl.uint32, bitcast=True)
     row_offset = index.to(tl.uint64) * row_stride32.to(tl.uint64)
     offset = (row_offset + position.to(tl.uint64, bitcast=True)).to(tl.int64, bitcast=True)
-    return in_table & readable & (below < length), table_ptr + offset
+    # An unreadable row's limit is below every ``below``; masks combine blocks only (Triton 3.9's interpreter
+    # takes no mask made from a scalar and a block).
+    floor = -(2**31) if length.dtype == tl.int32 else -(2**63)
+    limit = tl.where(readable, length, floor)
+    return in_table & (below < limit), table_ptr + offset
 
 
 @triton.jit
