@@ -2,7 +2,7 @@
 //
 // Every scalar parameter is 64-bit, so a launcher can pass plain integers (CuPy passes a Python int
 // as int64) and pointers as integers too.
-// One source for NVRTC, hipRTC, nvcc, hipcc and the host build (host_shim.h): no #include, builtin
+// One source for NVRTC, hipRTC, nvcc, hipcc and the host build (tests/cuda_host_shim.h): no #include, builtin
 // types only, no intrinsics, no shared memory or barriers, nothing that assumes a warp width.
 // Grid (from kvdispatch.grid): blockIdx.x = request, blockIdx.y = program of the row; a program owns
 // `items` consecutive pages/tokens of its row and its blockDim.x threads stride over them.

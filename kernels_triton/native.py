@@ -9,11 +9,14 @@ context. For anything else it returns ``NotImplemented`` and the Python path run
 and first calls are unchanged.
 
 It is built at first use, like Triton's own launcher, with the C compiler Triton needs (``CC``, else
-``cc``, ``gcc`` or ``clang``) and Python's headers, into ``$KVDISPATCH_CACHE_DIR`` (default
-``~/.cache/kvdispatch``), once per source and Python version. Where it cannot be built or loaded, or on
-anything but NVIDIA (where Triton's kernels take ``cuLaunchKernel``'s parameters as
-``launch.native_parameter_count`` checks), launches stay on the Python path.
-``KVDISPATCH_TRITON_LAUNCH=native`` requires it.
+``cc``, ``gcc`` or ``clang``) and Python's headers, once per source and Python version, into the build
+cache (``kvdispatch._build_cache``: ``$KVDISPATCH_CACHE_DIR``, default ``$XDG_CACHE_HOME/kvdispatch`` or
+``~/.cache/kvdispatch``), which must be private to the current user. A cache directory or library that another user could have written (or a
+symbolic link) is refused and never loaded: one warning is logged, ``failure()`` says why, and launches
+stay on the Python path. Where it cannot be built or loaded otherwise, or on anything but NVIDIA (where
+Triton's kernels take ``cuLaunchKernel``'s parameters as ``launch.native_parameter_count`` checks),
+launches stay on the Python path too (one info line). ``KVDISPATCH_TRITON_LAUNCH=native`` requires it
+and raises with the reason.
 """
 
 from __future__ import annotations
@@ -27,15 +30,15 @@ import shutil
 import subprocess
 import sys
 import sysconfig
-import tempfile
 import threading
 from pathlib import Path
 
 import torch
 
+from kvdispatch import _build_cache
+
 SOURCE = Path(__file__).with_name("native_launch.c")
 MODULE_NAME = "kvdispatch_native_launch"
-CACHE_ENV = "KVDISPATCH_CACHE_DIR"
 DTYPE_CODES = {None: 0, torch.int32: 1, torch.int64: 2}
 OPS = {"page_table": 0, "token_csr": 1}  # native_launch.c's OP_PAGE_TABLE, OP_TOKEN_CSR
 
@@ -46,13 +49,6 @@ _failure: str | None = None  # why the module is not available, once that is kno
 _approved: set[tuple[str, int, str | None]] = set()  # (op, device index, requested backend) resolved to Triton
 
 
-def cache_dir() -> Path:
-    configured = os.environ.get(CACHE_ENV)
-    if configured:
-        return Path(configured)
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "kvdispatch"
-
-
 def compiler() -> str | None:
     """The C compiler to build with: ``CC``, else the first of cc, gcc, clang on the PATH."""
     configured = os.environ.get("CC")
@@ -61,27 +57,30 @@ def compiler() -> str | None:
     return next((found for name in ("cc", "gcc", "clang") if (found := shutil.which(name))), None)
 
 
+def library_name() -> str:
+    """The file name of the extension built from this source for this Python."""
+    suffix = sysconfig.get_config_var("EXT_SUFFIX") or ".so"
+    digest = hashlib.sha256(SOURCE.read_bytes() + sys.version.encode() + suffix.encode()).hexdigest()[:16]
+    return f"{MODULE_NAME}-{digest}{suffix}"
+
+
 def build(directory: Path | None = None):
-    """Compile (unless already cached) and import the extension; raises on any failure."""
+    """Compile (unless already cached) and import the extension from ``directory`` (default: the build
+    cache); raises on any failure, ``_build_cache.UntrustedPathError`` where the directory or the file is
+    not private to the current user."""
     cc = compiler()
     if cc is None:
         raise RuntimeError("no C compiler found (set CC, or install cc, gcc or clang)")
-    source = SOURCE.read_bytes()
-    suffix = sysconfig.get_config_var("EXT_SUFFIX") or ".so"
-    digest = hashlib.sha256(source + sys.version.encode() + suffix.encode()).hexdigest()[:16]
-    directory = Path(directory) if directory is not None else cache_dir()
-    target = directory / f"{MODULE_NAME}-{digest}{suffix}"
-    if not target.exists():
-        directory.mkdir(parents=True, exist_ok=True)
-        # Built under a temporary name, then renamed: ranks that build at once never load a partial file.
-        with tempfile.TemporaryDirectory(dir=directory) as scratch:
-            partial = Path(scratch) / target.name
-            command = [cc, "-O2", "-shared", "-fPIC", f"-I{sysconfig.get_paths()['include']}", str(SOURCE), "-o",
-                       str(partial)]
-            result = subprocess.run(command, capture_output=True, text=True)
-            if result.returncode != 0:
-                raise RuntimeError(f"{' '.join(command)} failed: {result.stderr.strip()[-600:]}")
-            os.replace(partial, target)
+
+    def compile_to(partial: Path) -> None:
+        command = [cc, "-O2", "-shared", "-fPIC", f"-I{sysconfig.get_paths()['include']}", str(SOURCE), "-o",
+                   str(partial)]
+        result = subprocess.run(command, capture_output=True, text=True)
+        if result.returncode != 0:
+            raise RuntimeError(f"{' '.join(command)} failed: {result.stderr.strip()[-600:]}")
+
+    target = _build_cache.build(directory if directory is not None else _build_cache.root(), library_name(),
+                                compile_to)
     spec = importlib.util.spec_from_file_location(MODULE_NAME, target)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -115,8 +114,9 @@ def load():
                 _module = module
             except Exception as exc:  # any failure: the Python path serves
                 _failure = f"{type(exc).__name__}: {exc}"
-                log.info("kvdispatch: the compiled launcher is not available (%s); launches stay in Python",
-                         _failure)
+                refused = isinstance(exc, _build_cache.UntrustedPathError)
+                log.log(logging.WARNING if refused else logging.INFO,
+                        "kvdispatch: the compiled launcher is not available (%s); launches stay in Python", _failure)
     return _module
 
 

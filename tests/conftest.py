@@ -54,17 +54,17 @@ def _fresh_selection():
 def page_table(backend, *args, **kwargs):
     """Call the page-table builder of ``backend`` (``cupy-host``: the CUDA source built for the host)."""
     if backend == "cupy-host":
-        from kernels_cupy import host
+        import cuda_host
 
-        return host.create_flashmla_kv_indices(*args, **kwargs)
+        return cuda_host.create_flashmla_kv_indices(*args, **kwargs)
     return kvdispatch.create_flashmla_kv_indices(*args, backend=None if backend == os.environ.get(
         "KVDISPATCH_BACKEND") else backend, **kwargs)
 
 
 def token_csr(backend, *args, **kwargs):
     if backend == "cupy-host":
-        from kernels_cupy import host
+        import cuda_host
 
-        return host.create_flashinfer_kv_indices(*args, **kwargs)
+        return cuda_host.create_flashinfer_kv_indices(*args, **kwargs)
     return kvdispatch.create_flashinfer_kv_indices(*args, backend=None if backend == os.environ.get(
         "KVDISPATCH_BACKEND") else backend, **kwargs)

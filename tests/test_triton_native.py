@@ -22,7 +22,7 @@ pytest.importorskip("triton")
 import kvdispatch  # noqa: E402
 from conftest import DEVICE  # noqa: E402
 from kernels_triton import launch, native, page_table, token_csr  # noqa: E402
-from kvdispatch import _debug, dispatch  # noqa: E402
+from kvdispatch import _build_cache, _debug, dispatch  # noqa: E402
 
 CONTEXT = 0xC0FFEE
 FUNCTION = 0xF00D
@@ -492,7 +492,7 @@ def test_load_failure_leaves_launches_in_python(tmp_path, monkeypatch):
     monkeypatch.setattr(native, "_module", None)
     monkeypatch.setattr(native, "_failure", None)
     monkeypatch.setenv("CC", str(tmp_path / "no-such-compiler"))
-    monkeypatch.setenv(native.CACHE_ENV, str(tmp_path / "cache"))
+    monkeypatch.setenv(_build_cache.CACHE_ENV, str(tmp_path / "cache"))
     assert native.load() is None
     assert native.failure()
     assert native.load() is None  # no second attempt

@@ -2,7 +2,7 @@
 // every thread of every block one after another. That is exact for these kernels because their
 // threads never communicate (no shared memory, no barriers, no warp operations).
 //
-// Usage (one translation unit):  #include "host_shim.h"  #include "kv_indices.cu"  KV_HOST_EXPORT(kernel)
+// Usage (one translation unit):  #include "cuda_host_shim.h"  #include "kv_indices.cu"  KV_HOST_EXPORT(kernel)
 // exports `void host_<kernel>(unsigned grid_x, unsigned grid_y, unsigned threads, void** args)`,
 // where args[i] points at the i-th kernel argument, as with cuLaunchKernel.
 #pragma once

@@ -1,9 +1,9 @@
-"""kv_indices.cu built for the host with g++ (through host_shim.h) and run on CPU tensors.
+"""kv_indices.cu built for the host with g++ (through cuda_host_shim.h) and run on CPU tensors.
 
 This is how CI without a GPU tests the CUDA/HIP source itself: the same kernels, the same launch
 geometry and arguments as the CuPy launcher (``kernels_cupy.launch``), every thread run in turn.
-The shared library is built once per source hash into ``$KVDISPATCH_HOST_BUILD_DIR`` (default: a
-``kvdispatch-host-build`` folder in the temp dir) and loaded with ctypes.
+The shared library is built once per source hash into the ``cuda-host`` directory of the build cache
+(``kvdispatch._build_cache``: private to the current user, refused otherwise) and loaded with ctypes.
 """
 
 from __future__ import annotations
@@ -14,19 +14,19 @@ import hashlib
 import os
 import shutil
 import subprocess
-import tempfile
 from pathlib import Path
 
+from kernels_cupy import build
+from kernels_cupy.launch import KernelCall, page_table_call, token_csr_call
+from kvdispatch import _build_cache
 from kvdispatch._validate import check_page_table_args, check_token_csr_args
 
-from . import build
-from .launch import KernelCall, page_table_call, token_csr_call
-
-SHIM_PATH = Path(__file__).with_name("host_shim.h")
+SHIM_PATH = Path(__file__).with_name("cuda_host_shim.h")
 
 
-def _build_dir() -> Path:
-    return Path(os.environ.get("KVDISPATCH_HOST_BUILD_DIR") or Path(tempfile.gettempdir()) / "kvdispatch-host-build")
+def build_dir() -> Path:
+    """The private directory the host builds live in (created 0700 where missing)."""
+    return _build_cache.private_dir(_build_cache.root() / "cuda-host")
 
 
 @functools.lru_cache(maxsize=None)
@@ -37,21 +37,18 @@ def library(defines: tuple = ()) -> ctypes.CDLL:
             + f'#include "{SHIM_PATH}"\n#include "{build.SOURCE_PATH}"\n'
             + "".join(f"KV_HOST_EXPORT({name})\n" for name in build.KERNELS))
     digest = hashlib.sha256((unit + build.source() + SHIM_PATH.read_text()).encode()).hexdigest()[:16]
-    target = _build_dir() / f"kv_indices_{digest}.so"
-    if not target.exists():
-        compiler = shutil.which(os.environ.get("CXX", "g++")) or shutil.which("g++")
-        if compiler is None:
-            raise RuntimeError("the host build of kv_indices.cu needs a C++ compiler (g++ or $CXX)")
-        target.parent.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
-            cpp, so = Path(tmp) / "kv_indices_host.cpp", Path(tmp) / target.name
-            cpp.write_text(unit)
-            done = subprocess.run([compiler, "-x", "c++", build.STD_FLAG, "-O2", "-shared", "-fPIC", "-Wall",
-                                   "-Wno-unknown-pragmas", "-o", str(so), str(cpp)], capture_output=True, text=True)
-            if done.returncode != 0:
-                raise RuntimeError(f"host build of kv_indices.cu failed:\n{done.stdout}{done.stderr}")
-            os.replace(so, target)  # atomic: concurrent builders leave one complete file
-    lib = ctypes.CDLL(str(target))
+    compiler = shutil.which(os.environ.get("CXX", "g++")) or shutil.which("g++")
+    if compiler is None:
+        raise RuntimeError("the host build of kv_indices.cu needs a C++ compiler (g++ or $CXX)")
+
+    def compile_to(partial: Path) -> None:
+        done = subprocess.run([compiler, "-x", "c++", build.STD_FLAG, "-O2", "-shared", "-fPIC", "-Wall",
+                               "-Wno-unknown-pragmas", "-o", str(partial), "-"], input=unit, capture_output=True,
+                              text=True)
+        if done.returncode != 0:
+            raise RuntimeError(f"host build of kv_indices.cu failed:\n{done.stdout}{done.stderr}")
+
+    lib = ctypes.CDLL(str(_build_cache.build(build_dir(), f"kv_indices_{digest}.so", compile_to)))
     for name in build.KERNELS:
         getattr(lib, f"host_{name}").argtypes = [ctypes.c_uint, ctypes.c_uint, ctypes.c_uint,
                                                  ctypes.POINTER(ctypes.c_void_p)]

@@ -1,0 +1,277 @@
+"""The build cache (``kvdispatch._build_cache``) loads only what no other user could have written.
+
+A planted library is a real shared object whose constructor creates a marker file when it is loaded: each
+refusal below checks that the marker is absent, so the planted code never ran. Files and directories of
+another user are made with ``chown`` (root only; skipped otherwise).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import multiprocessing
+import os
+import stat
+import subprocess
+from pathlib import Path
+
+import pytest
+import torch
+
+pytest.importorskip("triton")
+
+import cuda_host  # noqa: E402
+from conftest import page_table  # noqa: E402
+from kvcases import make_case  # noqa: E402
+from kernels_triton import launch, native  # noqa: E402
+from kernels_triton import page_table as triton_page_table  # noqa: E402
+from kvdispatch import _build_cache, reference  # noqa: E402
+from kvdispatch._build_cache import UntrustedPathError  # noqa: E402
+
+OTHER_USER = 65534  # nobody
+MARKER_ENV = "PLANTED_LIBRARY_MARKER"
+PLANTED_SOURCE = f"""
+#include <stdio.h>
+#include <stdlib.h>
+__attribute__((constructor)) static void planted(void) {{
+    const char *marker = getenv("{MARKER_ENV}");
+    FILE *file = marker ? fopen(marker, "w") : NULL;
+    if (file) fclose(file);
+}}
+"""
+
+
+@pytest.fixture(scope="module")
+def planted_library(tmp_path_factory):
+    """A shared object that creates ``$PLANTED_LIBRARY_MARKER`` when it is loaded."""
+    if native.compiler() is None:
+        pytest.skip("no C compiler")
+    folder = tmp_path_factory.mktemp("planted")
+    (folder / "planted.c").write_text(PLANTED_SOURCE)
+    subprocess.run([native.compiler(), "-shared", "-fPIC", "-o", str(folder / "planted.so"),
+                    str(folder / "planted.c")], check=True)
+    return folder / "planted.so"
+
+
+@pytest.fixture
+def marker(tmp_path, monkeypatch):
+    path = tmp_path / "planted-library-ran"
+    monkeypatch.setenv(MARKER_ENV, str(path))
+    return path
+
+
+@pytest.fixture
+def plant(planted_library):
+    """``plant(directory)``: the planted library under the compiled launcher's name in ``directory``."""
+
+    def plant(directory: Path) -> Path:
+        target = directory / native.library_name()
+        target.write_bytes(planted_library.read_bytes())
+        target.chmod(0o700)
+        return target
+
+    return plant
+
+
+def give_away(path: Path) -> None:
+    if os.geteuid() != 0:
+        pytest.skip("giving a file to another user needs root")
+    os.lchown(path, OTHER_USER, OTHER_USER)
+
+
+def private(path: Path) -> Path:
+    path.mkdir(mode=0o700)
+    return path
+
+
+def test_a_planted_library_runs_when_loaded(planted_library, marker):
+    """The marker works: loading the planted library directly runs its constructor."""
+    ctypes.CDLL(str(planted_library))
+    assert marker.exists()
+
+
+@pytest.mark.parametrize("mode", (0o770, 0o707, 0o1777))
+def test_writable_cache_is_refused(tmp_path, plant, marker, mode):
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    cache.chmod(mode)
+    plant(cache)
+    with pytest.raises(UntrustedPathError, match=f"{cache} is writable by group or others"):
+        native.build(cache)
+    assert not marker.exists()
+
+
+def test_writable_library_is_refused(tmp_path, plant, marker):
+    library = plant(private(tmp_path / "cache"))
+    library.chmod(0o775)
+    with pytest.raises(UntrustedPathError, match=f"{library} is writable by group or others"):
+        native.build(library.parent)
+    assert not marker.exists()
+
+
+@pytest.mark.parametrize("owned_by_other", ("cache", "parent", "library"))
+def test_files_of_another_user_are_refused(tmp_path, plant, marker, owned_by_other):
+    parent = tmp_path / "parent"
+    parent.mkdir(mode=0o755)
+    cache = private(parent / "cache")
+    library = plant(cache)
+    refused = {"cache": cache, "parent": parent, "library": library}[owned_by_other]
+    give_away(refused)
+    with pytest.raises(UntrustedPathError, match=f"{refused} .*owned by uid {OTHER_USER}"):
+        native.build(cache)
+    assert not marker.exists()
+
+
+@pytest.mark.parametrize("link", ("cache", "library"))
+def test_symbolic_links_are_refused(tmp_path, plant, marker, link):
+    """The linked directory and library are private and ours: only the link is refused."""
+    real = private(tmp_path / "real")
+    planted = plant(real)
+    if link == "cache":
+        cache = tmp_path / "link"
+        cache.symlink_to(real)
+        refused = cache
+    else:
+        cache = private(tmp_path / "cache")
+        refused = cache / planted.name
+        refused.symlink_to(planted)
+    with pytest.raises(UntrustedPathError, match=f"{refused} is a symbolic link"):
+        native.build(cache)
+    assert not marker.exists()
+
+
+def test_symbolic_link_above_the_cache_is_resolved(tmp_path):
+    real = private(tmp_path / "real")
+    (tmp_path / "alias").symlink_to(real)
+    assert _build_cache.private_dir(tmp_path / "alias" / "cache") == real / "cache"
+
+
+def test_writable_parent_is_refused_unless_sticky(tmp_path):
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o777)
+    with pytest.raises(UntrustedPathError, match=f"{shared} .*writable by group or others and not sticky"):
+        _build_cache.private_dir(shared / "mine")
+    assert not (shared / "mine").exists()
+    shared.chmod(0o1777)  # as /tmp: others cannot rename or remove what is ours
+    assert stat.S_IMODE((_build_cache.private_dir(shared / "mine")).stat().st_mode) == 0o700
+
+
+def test_the_cache_is_created_private(tmp_path, monkeypatch):
+    if native.compiler() is None:
+        pytest.skip("no C compiler")
+    monkeypatch.setenv(_build_cache.CACHE_ENV, str(tmp_path / "a" / "b"))
+    module = native.build()
+    for directory in (tmp_path / "a", tmp_path / "a" / "b"):
+        status = directory.lstat()
+        assert stat.S_ISDIR(status.st_mode) and stat.S_IMODE(status.st_mode) == 0o700
+        assert status.st_uid == os.geteuid()
+    library = tmp_path / "a" / "b" / native.library_name()
+    assert [p.name for p in library.parent.iterdir()] == [library.name]
+    assert stat.S_IMODE(library.stat().st_mode) == 0o700 and library.stat().st_uid == os.geteuid()
+    assert Path(module.__file__) == library and callable(module.page_table)
+
+
+def test_default_root(tmp_path, monkeypatch):
+    monkeypatch.delenv(_build_cache.CACHE_ENV, raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert _build_cache.root() == tmp_path / "xdg" / "kvdispatch"
+    monkeypatch.delenv("XDG_CACHE_HOME")
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    assert _build_cache.root() == tmp_path / "home" / ".cache" / "kvdispatch"
+
+
+def test_a_failed_build_leaves_nothing(tmp_path, monkeypatch):
+    compiler = tmp_path / "cc"
+    compiler.write_text('#!/bin/sh\nfor a; do out="$a"; done\necho partial > "$out"\nexit 1\n')
+    compiler.chmod(0o700)
+    monkeypatch.setenv("CC", str(compiler))
+    cache = tmp_path / "cache"
+    with pytest.raises(RuntimeError, match="failed"):
+        native.build(cache)
+    assert list(cache.iterdir()) == []
+
+
+def test_refusal_logs_one_warning_and_python_serves(tmp_path, plant, marker, monkeypatch, caplog):
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    cache.chmod(0o777)
+    plant(cache)
+    monkeypatch.setattr(native, "_module", None)
+    monkeypatch.setattr(native, "_failure", None)
+    monkeypatch.setenv(_build_cache.CACHE_ENV, str(cache))
+    caplog.set_level(logging.INFO, logger="kvdispatch")
+    assert native.load() is None
+    assert native.load() is None  # no second attempt
+    reason = f"UntrustedPathError: {cache} is writable by group or others"
+    assert native.failure().startswith(reason)
+    records = [r for r in caplog.records if r.name == "kvdispatch"]
+    assert len(records) == 1 and records[0].levelno == logging.WARNING and reason in records[0].getMessage()
+    assert not marker.exists()
+
+    launcher = launch.KernelLauncher(triton_page_table.page_table_kernel, triton_page_table.CONSTEXPRS)
+    launcher.compiled[(0, "spec")] = object()
+    monkeypatch.setattr(launch, "native_parameter_count", lambda compiled, runtime_args: runtime_args + 2)
+    monkeypatch.setenv(launch.LAUNCH_ENV, "native")
+    with pytest.raises(RuntimeError, match=f"compiled launcher cannot launch this kernel \\({reason}"):
+        launcher.native_kernel(0, "spec", 17)
+
+    case = make_case(5, 16, with_start=True)
+    out = case.page_table_out()
+    expected = out.clone()
+    reference.build_page_table(case.req_to_token, case.req_pool_indices, case.seq_lens, expected, case.page_size,
+                               case.kv_start_idx)
+    page_table("torch", case.req_to_token, case.req_pool_indices, case.seq_lens, out, page_size=case.page_size,
+               kv_start_idx=case.kv_start_idx)
+    torch.testing.assert_close(out, expected, rtol=0, atol=0)
+
+
+def test_host_build_dir_is_private(tmp_path, monkeypatch):
+    monkeypatch.setenv(_build_cache.CACHE_ENV, str(tmp_path / "cache"))
+    directory = cuda_host.build_dir()
+    assert directory == tmp_path / "cache" / "cuda-host"
+    assert stat.S_IMODE(directory.stat().st_mode) == 0o700
+    directory.chmod(0o777)
+    with pytest.raises(UntrustedPathError, match=f"{directory} is writable by group or others"):
+        cuda_host.build_dir()
+
+
+RANKS = 8
+
+
+def build_as_a_rank(cache: Path, results) -> None:
+    try:
+        module = native.build(cache)
+        results.put((module.__file__, callable(module.page_table) and callable(module.token_csr)))
+    except Exception as exc:  # reported by the test
+        results.put((repr(exc), False))
+
+
+def test_ranks_building_at_once_each_load_the_one_complete_library(tmp_path, monkeypatch):
+    """Eight processes on an empty cache: every one compiles (the compiler waits until all eight have
+    started), every one loads the library, and one file is left. The ranks are forked: spawned ones
+    would each import torch again, seconds apiece."""
+    if native.compiler() is None:
+        pytest.skip("no C compiler")
+    started = tmp_path / "started"
+    started.mkdir()
+    compiler = tmp_path / "cc"
+    compiler.write_text(f'#!/bin/sh\n: > "{started}/$$"\n'
+                        f'for _ in $(seq 600); do [ "$(ls "{started}" | wc -l)" -ge {RANKS} ] && break; sleep 0.05; '
+                        f'done\nexec "{native.compiler()}" "$@"\n')
+    compiler.chmod(0o700)
+    monkeypatch.setenv("CC", str(compiler))
+    cache = tmp_path / "cache"
+    context = multiprocessing.get_context("fork")
+    results = context.Queue()
+    ranks = [context.Process(target=build_as_a_rank, args=(cache, results)) for _ in range(RANKS)]
+    for rank in ranks:
+        rank.start()
+    loaded = [results.get(timeout=120) for _ in ranks]
+    for rank in ranks:
+        rank.join(timeout=30)
+    library = cache / native.library_name()
+    assert loaded == [(str(library), True)] * RANKS
+    assert [rank.exitcode for rank in ranks] == [0] * RANKS
+    assert len(list(started.iterdir())) == RANKS
+    assert [p.name for p in cache.iterdir()] == [library.name]
