@@ -10,14 +10,18 @@ What an engine does, in miniature:
   the same buffers; on CPU it is called eagerly (the torch backend serves CPU tensors).
 
 Run: ``python3 examples/decode_loop.py --steps 20`` (``--check`` verifies every table against the
-loop's own bookkeeping; ``--page-size``, ``--batch``, ``--backend`` as named).
+loop's own bookkeeping; ``--page-size``, ``--batch``, ``--backend`` as named). An error is one line on
+stderr, exit status 2 for a backend that cannot run here and 1 for a failed check; ``--verbose`` prints the
+traceback too.
 """
 
 from __future__ import annotations
 
 import argparse
 import random
+import sys
 import time
+import traceback
 
 import torch
 
@@ -59,8 +63,16 @@ class Pool:
         del self.length[rid], self.target[rid]
 
 
-def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+class Failure(Exception):
+    """An error reported in one line, with the exit status."""
+
+    def __init__(self, message, status):
+        super().__init__(message)
+        self.status = status
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="decode_loop.py", description=__doc__.split("\n")[0])
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--batch", type=int, default=8, help="batch slots (the captured batch size)")
     parser.add_argument("--page-size", type=int, default=16)
@@ -68,7 +80,21 @@ def main(argv=None):
     parser.add_argument("--backend", default=None, help="triton | cupy | torch (default: auto)")
     parser.add_argument("--check", action="store_true", help="verify each table against the pool")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--verbose", action="store_true", help="on an error, print the traceback too")
     args = parser.parse_args(argv)
+    try:
+        run(args)
+    except Exception as exc:
+        if args.verbose:
+            traceback.print_exc()
+        status = exc.status if isinstance(exc, Failure) else 1
+        message = str(exc) if isinstance(exc, Failure) else f"{type(exc).__name__}: {exc}"
+        print(f"{parser.prog}: error: {message}", file=sys.stderr)
+        return status
+    return 0
+
+
+def run(args):
 
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     page, bs = args.page_size, args.batch
@@ -87,17 +113,25 @@ def main(argv=None):
         kvdispatch.create_flashmla_kv_indices(pool.req_to_token, req_pool_indices, seq_lens, block_table,
                                               page_size=page, fill_value=-1, backend=args.backend)
 
+    def first_build():
+        # Backend selection (and compilation): a backend that cannot run here fails in this call.
+        try:
+            build()
+        except (ValueError, kvdispatch.BackendUnavailableError) as exc:
+            raise Failure(str(exc), 2) from exc
+
     if device.type == "cuda":
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
-            build()  # warm-up: backend selection, compilation
+            first_build()  # warm-up before capture
         torch.cuda.current_stream().wait_stream(side)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
             build()
         rebuild = graph.replay
     else:
+        first_build()
         rebuild = build
     print(f"device {device}, backend {args.backend or kvdispatch.select_backend(device)}, page {page}, "
           f"batch {bs}, table {tuple(block_table.shape)}, {'CUDA graph' if device.type == 'cuda' else 'eager'}")
@@ -134,10 +168,11 @@ def main(argv=None):
             for i, rid in enumerate(slots):
                 pages = pool.pages[rid] if rid is not None else []
                 expected = pages + [-1] * (width - len(pages))
-                assert table[i].tolist() == expected, f"step {step}, slot {i}: block table mismatch"
+                if table[i].tolist() != expected:
+                    raise Failure(f"step {step}, slot {i}: the block table does not match the pool", 1)
     if args.check:
         print(f"checked {args.steps} steps: every block table matches the pool")
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -1,17 +1,16 @@
-"""Comparison kernels for ``kvdispatch bench`` (not part of the API; valid, full-length data only).
+"""Triton comparison kernels for ``kvdispatch bench`` (not part of the API; valid, full-length data only).
 
 * ``naive_loop``: one program per request, looping over its row ``4096 // page_size`` pages at a time.
 * ``grid_2d``: the seed design, written for kvdispatch: a 2-D grid ``(batch, blocks)``, each program
   ``4096 // page_size`` pages, runtime strides, plain masked loads.
-* ``plain_torch``: the few PyTorch ops an engine would write.
 * ``touch``: a trivial one-element kernel, the reference for a plain ``kernel[grid](...)`` launch.
 
-Import this module only after ``TRITON_INTERPRET`` has its final value: ``triton.jit`` reads it.
+Import this module only after ``TRITON_INTERPRET`` has its final value: ``triton.jit`` reads it. The
+plain-PyTorch baseline is ``bench.plain_torch``: it runs where Triton is not installed.
 """
 
 from __future__ import annotations
 
-import torch
 import triton
 import triton.language as tl
 
@@ -66,14 +65,6 @@ def grid_2d(req_to_token, req_pool_indices, seq_lens, out, page_size):
     grid = (req_pool_indices.shape[0], triton.cdiv(out.shape[1], step))
     _grid_2d_kernel[grid](req_to_token, req_pool_indices, seq_lens, out, req_to_token.stride(0), out.stride(0),
                           PAGE=page_size, STEP=step)
-
-
-def plain_torch(req_to_token, req_pool_indices, seq_lens, out, page_size):
-    pages = torch.arange(out.shape[1], device=out.device)
-    slots = req_to_token[req_pool_indices[:, None].long(), pages * page_size]
-    valid = pages < (seq_lens[:, None] + page_size - 1) // page_size
-    rows = out[: req_pool_indices.shape[0]]
-    rows.copy_(torch.where(valid, slots // page_size, rows))
 
 
 def touch(x):

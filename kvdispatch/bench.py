@@ -5,16 +5,16 @@ Per case ``(batch, context, page)`` and implementation: correctness against ``kv
 host time per eager call, ratios to the naive loop, the 2-D grid baseline and plain PyTorch, and for
 page-1 cases the bandwidth against a device-to-device copy. Once per run: host cost of ``x.add_(1)`` and
 of a plain Triton launch, the copy bandwidth, and Triton compilations across random widths.
+What cannot run on the device is skipped, each with its reason; ``LEGEND`` explains the columns.
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import dataclasses
 import functools
 import importlib
-import json
+import importlib.util
 import math
 import statistics
 import sys
@@ -40,6 +40,36 @@ INTERPRETER_MAX_TOKENS = 32768
 COMPILE_WIDTHS = 100
 COMPILE_GIVE_UP = 5  # stop the width sweep of a page size after this many compilations
 COPY_BYTES = 1 << 29  # each way, for the device copy bandwidth
+
+LEGEND = """\
+Columns (one row per case and implementation; a column with nothing measured
+is left out; the lines above the table name what was skipped and why):
+  case         BATCHxCONTEXTxPAGE: requests, tokens per request, page size;
+               every row full length, on shuffled physical pages
+  impl         api:<backend>  kvdispatch.create_flashmla_kv_indices with
+                              backend=<backend> (triton, cupy or torch)
+               naive-loop     Triton kernel: one program per request, looping
+                              over its pages
+               2d-grid        Triton kernel on a (request, page block) grid,
+                              after SGLang's design
+               plain-torch    the few PyTorch ops an engine would write
+  status       ok; WRONG: differs from kvdispatch.reference (fails the run);
+               error: see note
+  µs/call      time per call, the median over interleaved rounds: on a GPU,
+               CUDA-graph replay; on CPU, wall clock
+  host µs      host time per eager call (GPU; on CPU it is µs/call)
+  /naive       µs/call divided by naive-loop's on the same case (< 1: faster)
+  /2d          µs/call divided by 2d-grid's on the same case
+  /torch       µs/call divided by plain-torch's on the same case
+  GB/s         page-1 cases: bytes read and written per call / µs/call
+  /copy        GB/s divided by a device-to-device copy's GB/s (GPU)
+  host/add_    api rows: host µs divided by the host µs of x.add_(1) timed
+               in the same case's rounds (GPU)
+  host/launch  api rows: host µs divided by the 2d-grid row's host µs, a
+               plain kernel[grid](...) launch of this op (GPU)
+  note         why a row is WRONG or an error; how it was timed when not by
+               CUDA-graph replay
+"""
 
 
 @dataclass(frozen=True)
@@ -150,7 +180,7 @@ class Report:
     timing: str
     data: str
     backends: list[str]
-    unavailable: dict[str, str]
+    skipped: dict[str, str]  # what was not measured (a backend, baselines, cases, counts) -> why
     references: References
     compilations: list[Compilations]
     rows: list[Row]
@@ -284,13 +314,24 @@ def implementations(backends: list[str], device: torch.device) -> list[str]:
     return names + [PLAIN_TORCH]
 
 
+def plain_torch(req_to_token, req_pool_indices, seq_lens, out, page_size):
+    """The page table in the few PyTorch ops an engine would write (valid, full-length data only)."""
+    pages = torch.arange(out.shape[1], device=out.device)
+    slots = req_to_token[req_pool_indices[:, None].long(), pages * page_size]
+    valid = pages < (seq_lens[:, None] + page_size - 1) // page_size
+    rows = out[: req_pool_indices.shape[0]]
+    rows.copy_(torch.where(valid, slots // page_size, rows))
+
+
 def bind(impl: str, x: Inputs, page_size: int):
     """A no-argument callable that builds ``x.out`` with ``impl``."""
     args = (x.req_to_token, x.req_pool_indices, x.seq_lens, x.out)
     if impl.startswith(API_PREFIX):
         return functools.partial(kvdispatch.create_flashmla_kv_indices, *args, page_size=page_size,
                                  backend=impl[len(API_PREFIX):])
-    function = {NAIVE: "naive_loop", GRID_2D: "grid_2d", PLAIN_TORCH: "plain_torch"}[impl]
+    if impl == PLAIN_TORCH:
+        return functools.partial(plain_torch, *args, page_size)
+    function = {NAIVE: "naive_loop", GRID_2D: "grid_2d"}[impl]
     return functools.partial(getattr(_baselines(), function), *args, page_size)
 
 
@@ -425,8 +466,6 @@ def measure_references(device: torch.device, reps: Reps) -> References:
     x = torch.zeros(16, device=device)
     refs.add_host_us = host_time_us(functools.partial(x.add_, 1), device, reps.host_calls, reps.host_batches)
     if device.type != "cuda":
-        refs.notes.append("GPU timings need a GPU: this is a CPU-only run, every time is CPU wall clock "
-                          "(host ratios and the copy bandwidth are measured on a GPU only)")
         return refs
     _warm_up_clocks(device)
     if triton_runs_on(device):
@@ -528,14 +567,37 @@ def count_compilations(device: torch.device, page_sizes, seed: int) -> list[Comp
 
 
 def resolve_backends(requested: list[str] | None, device: torch.device) -> tuple[list[str], dict[str, str]]:
-    """Backends to run (available and requested) and the unavailable requested ones with the reason."""
+    """Backends to time and the skipped ones with the reason.
+
+    ``requested`` None: every backend that can serve ``device``; the others are skipped. A requested
+    backend that cannot serve ``device`` raises ``dispatch.BackendUnavailableError`` with the reason.
+    """
     usable, rejected = dispatch.selector.candidates(kvdispatch.probe(device), device)
     if requested is None:
-        return usable, {}
-    unknown = [b for b in requested if b not in dispatch.BACKENDS]
-    if unknown:
-        raise SystemExit(f"kvdispatch bench: unknown backend(s) {unknown}; choose from {dispatch.BACKENDS}")
-    return [b for b in requested if b in usable], {b: rejected[b] for b in requested if b not in usable}
+        return usable, rejected
+    for name in requested:
+        if name not in usable:
+            raise dispatch.BackendUnavailableError(f"backend {name!r} cannot run on {device}: {rejected[name]}")
+    return list(requested), {}
+
+
+def skipped_measurements(backends: list[str], device: torch.device, cases: list[Case]) -> dict[str, str]:
+    """What this run leaves out besides whole backends, with the reason."""
+    skipped = {}
+    triton_reason = kvdispatch.probe(device).reason("triton")
+    if triton_reason is not None:
+        skipped[f"{NAIVE} and {GRID_2D} (Triton baselines)"] = triton_reason
+    elif device.type == "cpu":
+        too_big = [c.name for c in cases if c.batch * c.context > INTERPRETER_MAX_TOKENS]
+        if too_big:
+            impls = ", ".join(i for i in implementations(backends, device) if uses_interpreter(i, device))
+            skipped[f"{impls} on {', '.join(too_big)}"] = (
+                f"the Triton interpreter runs only cases of at most {INTERPRETER_MAX_TOKENS} tokens")
+    if device.type != "cuda":
+        skipped["host cost, copy bandwidth, Triton compilations"] = "measured on a GPU only"
+    elif "triton" not in backends:
+        skipped["Triton compilations across random widths"] = "the triton backend is not timed"
+    return skipped
 
 
 def run(cases: list[Case], requested: list[str] | None, device: torch.device, reps: Reps, seed: int = 0,
@@ -544,7 +606,8 @@ def run(cases: list[Case], requested: list[str] | None, device: torch.device, re
     progress = progress or sys.stderr
     info = kvdispatch.probe(device)
     gpu = device.type == "cuda"
-    backends, unavailable = resolve_backends(requested, device)
+    backends, skipped = resolve_backends(requested, device)
+    skipped.update(skipped_measurements(backends, device, cases))
     impls = implementations(backends, device)
     compilations = []
     if gpu and "triton" in backends:
@@ -584,7 +647,7 @@ def run(cases: list[Case], requested: list[str] | None, device: torch.device, re
         del x
     return Report(str(device), info.name, gpu, "cuda-graph replay" if gpu else "wall-clock (CPU)",
                   "seq_lens = context for every row (all rows full length); width = ceil(context / page); "
-                  "shuffled physical pages", backends, unavailable, refs, compilations, rows)
+                  "shuffled physical pages", backends, skipped, refs, compilations, rows)
 
 
 # ---------------------------------------------------------------------------------------------- output
@@ -605,49 +668,63 @@ def _fmt(value, kind="t") -> str:
     if kind == "x":
         return f"{value:.2f}x"
     if kind == "g":
-        return f"{value:.0f}" if value >= 10 else f"{value:.2f}"
+        return f"{value:.0f}" if value >= 10 else f"{value:.3g}"
     return f"{value:.2f}" if value < 100 else f"{value:.0f}"
 
 
+def shown_columns(rows: list[Row]) -> list[tuple[str, str, str]]:
+    """``COLUMNS`` less those with nothing measured in ``rows``, and less ``host µs`` where it repeats
+    ``µs/call`` (wall-clock timing: the host time is the time)."""
+    def shown(attribute):
+        if attribute == "host_us" and all(r.host_us is None or r.host_us == r.time_us for r in rows):
+            return False
+        return any(_fmt(getattr(r, attribute), "s") != "" for r in rows)
+
+    return [c for c in COLUMNS if c[1] in ("case", "impl", "status") or shown(c[1])]
+
+
 def table(rows: list[Row], markdown: bool) -> str:
-    cells = [[h for h, _, _ in COLUMNS]] + [[_fmt(getattr(r, a), k) for _, a, k in COLUMNS] for r in rows]
+    columns = shown_columns(rows)
+    cells = [[h for h, _, _ in columns]] + [[_fmt(getattr(r, a), k) for _, a, k in columns] for r in rows]
     if markdown:
         lines = ["| " + " | ".join(c) + " |" for c in cells]
-        lines.insert(1, "|" + "|".join("---" if k == "s" else "---:" for _, _, k in COLUMNS) + "|")
+        lines.insert(1, "|" + "|".join("---" if k == "s" else "---:" for _, _, k in columns) + "|")
         return "\n".join(lines)
-    widths = [max(len(c[i]) for c in cells) for i in range(len(COLUMNS))]
+    widths = [max(len(c[i]) for c in cells) for i in range(len(columns))]
     return "\n".join("  ".join(c.ljust(w) if k == "s" else c.rjust(w)
-                               for c, w, (_, _, k) in zip(cell, widths, COLUMNS)).rstrip() for cell in cells)
+                               for c, w, (_, _, k) in zip(cell, widths, columns)).rstrip() for cell in cells)
 
 
 def header(report: Report) -> list[str]:
-    """What ran where, and the once-per-run references."""
+    """What ran where, what was skipped and why, and the once-per-run references."""
     refs = report.references
+    timed = list(dict.fromkeys(r.impl for r in report.rows if r.impl != "inputs"))
     lines = [f"device: {report.device} ({report.device_name}); timing: {report.timing}",
              f"data: {report.data}",
-             f"backends: {', '.join(report.backends) or 'none'}"]
-    lines += [f"backend {b} unavailable: {why}" for b, why in report.unavailable.items()]
-    lines.append(f"host µs per call: x.add_(1) {_fmt(refs.add_host_us)} (host/add_ divides by the x.add_(1) timed "
-                 f"in each case's own rounds), plain Triton launch of a one-argument "
-                 f"kernel {_fmt(refs.launch_host_us)}; that kernel (one load, one store) replays in {_fmt(refs.touch_kernel_us)} µs; "
-                 f"device copy {_fmt(refs.copy_gbps, 'g')} GB/s (read + written)")
-    return lines + refs.notes
+             f"timed: {', '.join(timed) or 'nothing'}"]
+    lines += [f"skipped {what}: {why}" for what, why in report.skipped.items()]
+    references = [f"x.add_(1) {_fmt(refs.add_host_us)} host µs per call"
+                  + (" (host/add_ divides by the x.add_(1) timed in each case's own rounds)" if report.gpu else "")]
+    if refs.launch_host_us is not None:
+        references.append(f"a plain Triton launch of a one-argument kernel {_fmt(refs.launch_host_us)} host µs")
+    if refs.touch_kernel_us is not None:
+        references.append(f"that kernel (one load, one store) replays in {_fmt(refs.touch_kernel_us)} µs")
+    if refs.copy_gbps is not None:
+        references.append(f"device copy {_fmt(refs.copy_gbps, 'g')} GB/s (read + written)")
+    return lines + ["references: " + "; ".join(references)] + refs.notes
 
 
 def footer(report: Report) -> list[str]:
-    """Host-cost targets, compilation counts, failures."""
+    """Host cost of each backend through the API, compilation counts, failures."""
     lines = []
     for backend in report.backends:
         api = [r for r in report.rows if r.impl == API_PREFIX + backend and r.host_vs_add is not None]
         if api:
             to_add = statistics.median(r.host_vs_add for r in api)
             to_launch = [r.host_vs_launch for r in api if r.host_vs_launch is not None]
-            lines.append(f"host cost of {backend} through the API (median over cases): {to_add:.2f}x add_ "
-                         f"(target <= 1.0), " + (f"{statistics.median(to_launch):.2f}x a plain kernel[grid](...) launch of "
-                                                 "the 2-D baseline (target <= 0.4)"
-                                                 if to_launch else "plain launch n/a"))
-    if not report.compilations:
-        lines.append("triton compilations across random widths: n/a (needs a GPU and the triton backend)")
+            lines.append(f"host cost of {backend} through the API (median over cases): {to_add:.2f}x x.add_(1)"
+                         + (f", {statistics.median(to_launch):.2f}x a plain kernel[grid](...) launch of the "
+                            f"{GRID_2D} baseline" if to_launch else ""))
     for c in report.compilations:
         counts = ", ".join(f"{k}: {v}" for k, v in c.per_kernel.items()) or "none new"
         verdict = "n/a" if c.method == "n/a" else "ok" if c.ok and not c.note else "CHECK"
@@ -712,38 +789,45 @@ def parse_cases(text: str) -> list[Case]:
     return [Case.parse(c.strip()) for c in text.split(",") if c.strip()]
 
 
+def parse_backends(text: str) -> list[str]:
+    names = list(dict.fromkeys(b.strip().lower() for b in text.split(",") if b.strip()))
+    unknown = [b for b in names if b not in dispatch.BACKENDS]
+    if unknown or not names:
+        raise argparse.ArgumentTypeError(f"unknown backend {', '.join(map(repr, unknown)) or repr(text)}; "
+                                         f"choose from {', '.join(dispatch.BACKENDS)}")
+    return names
+
+
+def plot_path(text: str) -> str:
+    if importlib.util.find_spec("matplotlib") is None:
+        raise argparse.ArgumentTypeError('needs matplotlib: pip install "kvdispatch[bench]"')
+    return text
+
+
 def add_arguments(parser: argparse.ArgumentParser):
+    """The options of ``kvdispatch bench`` (``--device`` is the command line's, shared with ``demo``)."""
     parser.add_argument("--quick", action="store_true", help="a few cases, fewer repetitions")
     parser.add_argument("--cases", type=parse_cases,
                         help='comma-separated BATCHxCONTEXTxPAGE, e.g. "1x131072x64,64x32768x64"')
-    parser.add_argument("--backends", help="comma-separated subset of triton,cupy,torch (default: all available)")
+    parser.add_argument("--backends", type=parse_backends,
+                        help="comma-separated subset of triton,cupy,torch (default: every one that can run on "
+                             "the device; asking for one that cannot is an error)")
     parser.add_argument("--json", metavar="PATH", help="write the results as JSON")
-    parser.add_argument("--plot", metavar="PATH", help="write a PNG (log-scale µs per case and backend)")
+    parser.add_argument("--plot", metavar="PATH", type=plot_path,
+                        help="write a PNG (log-scale µs per case and backend; needs matplotlib)")
     parser.add_argument("--markdown", action="store_true", help="print the table as markdown")
-    parser.add_argument("--device", help="torch device (default: the current GPU, else CPU)")
     parser.add_argument("--seed", type=int, default=0, help="random seed of the page pools")
 
 
-def main(args) -> int:
-    if args.plot:
-        try:
-            import matplotlib  # noqa: F401
-        except ImportError:
-            print('kvdispatch bench: --plot needs matplotlib: pip install "kvdispatch[bench]"', file=sys.stderr)
-            return 2
-    device = torch.device(kvdispatch.probe(args.device).device)
-    gpu = device.type == "cuda"
-    cases = args.cases or parse_cases(",".join((GPU_QUICK_CASES if args.quick else GPU_CASES) if gpu
-                                               else (CPU_QUICK_CASES if args.quick else CPU_CASES)))
-    requested = [b.strip().lower() for b in args.backends.split(",") if b.strip()] if args.backends else None
-    with torch.cuda.device(device) if gpu else contextlib.nullcontext():
-        report = run(cases, requested, device, QUICK_REPS if args.quick else Reps(), args.seed)
+def default_cases(device: torch.device, quick: bool) -> list[Case]:
+    if device.type == "cuda":
+        names = GPU_QUICK_CASES if quick else GPU_CASES
+    else:
+        names = CPU_QUICK_CASES if quick else CPU_CASES
+    return [Case.parse(name) for name in names]
+
+
+def print_report(report: Report, markdown: bool) -> None:
     print("\n".join(header(report)), end="\n\n")
-    print(table(report.rows, args.markdown), end="\n\n")
+    print(table(report.rows, markdown), end="\n\n")
     print("\n".join(footer(report)))
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(to_json(report), f, indent=2)
-    if args.plot:
-        plot(report, args.plot)
-    return 1 if report.wrong else 0

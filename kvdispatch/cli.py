@@ -1,20 +1,72 @@
-"""The ``kvdispatch`` command: ``demo``, ``info`` and ``bench``."""
+"""The ``kvdispatch`` command: ``demo``, ``info`` and ``bench``.
+
+An error ends the command with one line on stderr, ``kvdispatch: error: ...``, and exit status 2 for a
+command line that cannot run here (bad arguments, a device or backend this machine lacks) or 1 for a
+failed check or an unexpected failure; ``--verbose`` prints the traceback first.
+"""
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import json
 import sys
+import traceback
+
+import torch
 
 from . import bench as bench_command
+from . import dispatch
+
+PROG = "kvdispatch"
+
+
+class UsageError(Exception):
+    """The command line cannot run here: bad arguments, or a device or backend this machine lacks."""
+
+
+class CheckFailed(Exception):
+    """A result did not match the reference."""
+
+
+EXIT_STATUS = {UsageError: 2, dispatch.BackendUnavailableError: 2, CheckFailed: 1}
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):
+        raise UsageError(f"{message} (see {self.prog} --help)")
+
+
+def parse_device(text: str) -> torch.device:
+    """``--device``: a torch device this machine has."""
+    try:
+        device = torch.device(text)
+    except (RuntimeError, ValueError):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a torch device (e.g. cpu, cuda, cuda:1)") from None
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            built = torch.version.cuda or torch.version.hip
+            why = (f"this PyTorch ({torch.__version__}) is built without CUDA or ROCm" if not built
+                   else "PyTorch sees no GPU (driver, CUDA_VISIBLE_DEVICES / HIP_VISIBLE_DEVICES)")
+            raise argparse.ArgumentTypeError(f"{text}: no GPU here: {why}")
+        count = torch.cuda.device_count()
+        if device.index is not None and device.index >= count:
+            raise argparse.ArgumentTypeError(f"{text}: this machine has {count} GPU(s), cuda:0 to cuda:{count - 1}")
+    return device
 
 
 def _demo(args) -> int:
-    import torch
-
     import kvdispatch
 
-    device = torch.device(args.device) if args.device else None
-    device = kvdispatch.probe(device).device
+    device = kvdispatch.probe(args.device).device
+    try:
+        requested = dispatch.requested_backend()
+    except ValueError as exc:  # KVDISPATCH_BACKEND names no backend
+        raise UsageError(str(exc)) from exc
+    try:
+        backend = kvdispatch.select_backend(device)
+    except dispatch.BackendUnavailableError as exc:
+        raise UsageError(f"KVDISPATCH_BACKEND={requested}: {exc}") from exc
     generator = torch.Generator().manual_seed(0)
     page_size, batch, pages_per_request = 4, 3, 5
     # A pool of shuffled physical pages: each request's tokens live in whole pages scattered in the pool.
@@ -27,7 +79,7 @@ def _demo(args) -> int:
     out = torch.full((batch, pages_per_request), -7, dtype=torch.int32)
     tensors = [t.to(device) for t in (req_to_token, req_pool_indices, seq_lens, out)]
     kvdispatch.create_flashmla_kv_indices(*tensors, page_size=page_size, fill_value=-1)
-    print(f"device {device}: backend {kvdispatch.select_backend(device)}")
+    print(f"device {device}: backend {backend}")
     print(f"seq_lens {seq_lens.tolist()}, page_size {page_size}")
     print("page table (fill_value -1):")
     for row in tensors[3].cpu().tolist():
@@ -35,8 +87,7 @@ def _demo(args) -> int:
     expected = torch.where(torch.arange(pages_per_request) < (seq_lens[:, None] + page_size - 1) // page_size,
                            pages, torch.tensor(-1))
     if not torch.equal(tensors[3].cpu(), expected.to(torch.int32)):
-        print("MISMATCH against the physical pages", file=sys.stderr)
-        return 1
+        raise CheckFailed(f"the page table built by backend {backend} does not match the physical pages")
     print("matches the physical pages of each request")
     return 0
 
@@ -47,27 +98,81 @@ def _info(args) -> int:
     return report(as_json=args.json)
 
 
+def _bench(args) -> int:
+    import kvdispatch
+
+    device = torch.device(kvdispatch.probe(args.device).device)
+    gpu = device.type == "cuda"
+    cases = args.cases or bench_command.default_cases(device, args.quick)
+    reps = bench_command.QUICK_REPS if args.quick else bench_command.Reps()
+    with torch.cuda.device(device) if gpu else contextlib.nullcontext():
+        report = bench_command.run(cases, args.backends, device, reps, args.seed)
+    bench_command.print_report(report, args.markdown)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(bench_command.to_json(report), f, indent=2)
+    if args.plot:
+        bench_command.plot(report, args.plot)
+    if report.wrong:
+        raise CheckFailed(f"{len(report.wrong)} wrong result(s): {'; '.join(report.wrong)}")
+    return 0
+
+
+def _add_common(parser: argparse.ArgumentParser, top_level: bool):
+    # On the top level and on every command, so that it may stand before or after the command's name.
+    parser.add_argument("-v", "--verbose", action="store_true", default=False if top_level else argparse.SUPPRESS,
+                        help="on an error, print the traceback too")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="kvdispatch", description="KV-cache index tables for LLM decode.")
+    parser = _Parser(prog=PROG, description="KV-cache index tables for LLM decode.")
+    _add_common(parser, top_level=True)
     commands = parser.add_subparsers(dest="command", required=True)
 
     demo = commands.add_parser("demo", help="build a small page table on the default device and print it")
-    demo.add_argument("--device", help="torch device (default: the current GPU, else CPU)")
+    demo.add_argument("--device", type=parse_device, help="torch device (default: the current GPU, else CPU)")
     demo.set_defaults(run=_demo)
 
     info = commands.add_parser("info", help="versions, devices, and the backend chosen for each")
     info.add_argument("--json", action="store_true", help="print JSON")
     info.set_defaults(run=_info)
 
-    bench = commands.add_parser("bench", help="time every backend against the naive loop and plain PyTorch")
+    bench = commands.add_parser(
+        "bench", help="time every backend against the naive loop and plain PyTorch",
+        description="Time the page-table build of every backend that can run on the device, through\n"
+                    "the public API, against baselines. Every result is checked against\n"
+                    "kvdispatch.reference; a wrong one fails the run (exit status 1).",
+        epilog=bench_command.LEGEND, formatter_class=argparse.RawDescriptionHelpFormatter)
     bench_command.add_arguments(bench)
-    bench.set_defaults(run=bench_command.main)
+    bench.add_argument("--device", type=parse_device, help="torch device (default: the current GPU, else CPU)")
+    bench.set_defaults(run=_bench)
+    for command in (demo, info, bench):
+        _add_common(command, top_level=False)
     return parser
 
 
+def _one_line(exc: BaseException) -> str:
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    return lines[0] if lines else type(exc).__name__
+
+
 def main(argv=None) -> int:
-    args = build_parser().parse_args(argv)
-    return args.run(args)
+    args = None
+    try:
+        args = build_parser().parse_args(argv)
+        return args.run(args)
+    except Exception as exc:
+        status = next((code for kind, code in EXIT_STATUS.items() if isinstance(exc, kind)), None)
+        if getattr(args, "verbose", False):
+            traceback.print_exc()
+        if status is None:  # not an error the command expects: name its type
+            status, message = 1, f"{type(exc).__name__}: {_one_line(exc)}"
+            if not getattr(args, "verbose", False):
+                message += " (--verbose prints the traceback)"
+        else:
+            message = _one_line(exc)
+        print(f"{PROG}: error: {message}", file=sys.stderr)
+        return status
 
 
 if __name__ == "__main__":

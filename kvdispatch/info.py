@@ -81,8 +81,9 @@ def report(as_json: bool = False) -> int:
     for name, version in data["versions"].items():
         print(f"  {name:<12} {version or '-'}")
     print("environment:")
+    width = max(map(len, data["env"]))
     for name, value in data["env"].items():
-        print(f"  {name:<22} {value if value is not None else '(unset)'}")
+        print(f"  {name:<{width}} {value if value is not None else '(unset)'}")
     for entry in data["devices"]:
         print(f"device {entry['device']}: {entry['name']}")
         print(f"  vendor {entry['vendor']}, arch {entry['arch']}, family {entry['family']}, "

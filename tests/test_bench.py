@@ -1,10 +1,14 @@
-"""``kvdispatch bench`` on its CPU path: quick tiny runs, JSON, markdown, and failing on a wrong result.
+"""The ``kvdispatch`` command line on its CPU path: ``bench`` (quick tiny runs, JSON, markdown, skipped
+backends, failing on a wrong result), errors as one line with their exit status, and the example's errors.
 
-The GPU path (CUDA-graph replay, host-cost ratios, compilation counts) runs on a GPU machine only.
+The GPU path of the bench (CUDA-graph replay, host-cost ratios, compilation counts) runs on a GPU machine only.
 """
 
 import importlib.util
 import json
+import os
+import pathlib
+import subprocess
 import sys
 import types
 
@@ -14,6 +18,7 @@ import torch
 from kvdispatch import bench, cli, dispatch, reference
 
 TINY = "1x256x16,2x128x1"
+ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 
 def _run(capsys, tmp_path, *extra):
@@ -21,6 +26,19 @@ def _run(capsys, tmp_path, *extra):
     rc = cli.main(["bench", "--quick", "--device", "cpu", "--cases", TINY, "--json", str(path), *extra])
     out, err = capsys.readouterr()
     return rc, json.loads(path.read_text()), out, err
+
+
+def _error_lines(err):
+    """stderr of a command that failed: exactly one line, ``kvdispatch: error: ...`` (or the example's)."""
+    lines = err.splitlines()
+    assert len(lines) == 1 and ": error: " in lines[0], err
+    return lines
+
+
+def _no_interpreter(monkeypatch):
+    """CPU tensors without Triton's interpreter, as a user's machine has them (conftest turns it on)."""
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    dispatch.reset()
 
 
 def _rows(data, impl):
@@ -45,7 +63,7 @@ def test_quick_json(capsys, tmp_path):
         assert all(r["vs_naive"] > 0 and r["vs_2d"] > 0 for r in _rows(data, "api:torch"))
     page1 = [r for r in data["rows"] if r["page_size"] == 1]
     assert all(r["gbps"] > 0 for r in page1)
-    assert "GPU timings need a GPU" in out
+    assert "skipped host cost, copy bandwidth, Triton compilations: measured on a GPU only" in out
     assert "all results correct" in out
     assert "[1/2] 1x256x16" in err and "[2/2] 2x128x1" in err
 
@@ -74,12 +92,14 @@ def test_wrong_result_fails_the_run(capsys, tmp_path, monkeypatch):
         out[-1, -1] += 1
 
     _fake_torch_backend(monkeypatch, off_by_one)
-    rc, data, out, _ = _run(capsys, tmp_path, "--backends", "torch")
+    rc, data, out, err = _run(capsys, tmp_path, "--backends", "torch")
     assert rc == 1
     assert [r["status"] for r in _rows(data, "api:torch")] == ["WRONG", "WRONG"]
     assert all(r["status"] == "ok" for r in _rows(data, bench.PLAIN_TORCH))  # the run went on
     assert "FAILED: 2 wrong result(s)" in out
     assert "entries differ" in out
+    # stderr: the progress lines, then the error
+    assert err.splitlines()[-1] == "kvdispatch: error: 2 wrong result(s): 1x256x16 api:torch; 2x128x1 api:torch"
 
 
 def test_backend_error_is_reported_not_fatal(capsys, tmp_path, monkeypatch):
@@ -87,20 +107,28 @@ def test_backend_error_is_reported_not_fatal(capsys, tmp_path, monkeypatch):
         raise RuntimeError("launch failed")
 
     _fake_torch_backend(monkeypatch, broken)
-    rc, data, out, _ = _run(capsys, tmp_path, "--backends", "torch,cupy")
+    rc, data, out, _ = _run(capsys, tmp_path, "--backends", "torch")
     assert rc == 0
     assert [r["status"] for r in _rows(data, "api:torch")] == ["error", "error"]
     assert "RuntimeError: launch failed" in out
-    assert "cupy" in data["unavailable"] and "backend cupy unavailable" in out
 
 
 def test_case_parsing():
     assert bench.parse_cases("1x131072x64, 256x32768x1") == [bench.Case(1, 131072, 64), bench.Case(256, 32768, 1)]
     assert bench.Case(1, 131072, 64).width == 2048 and bench.Case(2, 100, 64).width == 2
-    with pytest.raises(SystemExit):
-        cli.main(["bench", "--cases", "1x2"])
-    with pytest.raises(SystemExit):
-        cli.main(["bench", "--cases", "1x4096x64", "--backends", "vulkan"])
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["bench", "--cases", "1x2"], "argument --cases: a case is BATCHxCONTEXTxPAGE"),
+    (["bench", "--cases", "1x4096x64", "--backends", "vulkan"], "unknown backend 'vulkan'"),
+    (["bench", "--device", "nonsense"], "'nonsense' is not a torch device"),
+    ([], "the following arguments are required: command"),
+])
+def test_usage_errors_are_one_line_exit_2(capsys, argv, says):
+    assert cli.main(argv) == 2
+    out, err = capsys.readouterr()
+    [line] = _error_lines(err)
+    assert says in line and out == ""
 
 
 def test_inputs_match_the_reference():
@@ -156,3 +184,152 @@ def test_host_cost_is_divided_by_the_cases_own_add():
     assert api.add_host_us == 7.5 and api.host_vs_add == pytest.approx(0.8)
     assert api.host_vs_launch == pytest.approx(0.3)
     assert rows[1].host_vs_add is None and rows[2].add_host_us is None  # baselines carry no host ratio
+
+
+# -- what a new user meets: skipped backends, the legend, one-line errors ------------------------------------
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU default device")
+def test_cpu_bench_names_what_it_skipped_and_why(capsys, tmp_path, monkeypatch):
+    _no_interpreter(monkeypatch)
+    rc, data, out, _ = _run(capsys, tmp_path, "--markdown")
+    assert rc == 0 and data["backends"] == ["torch"]
+    reason = "CPU tensors run Triton kernels only in its interpreter (TRITON_INTERPRET=1)"
+    assert f"skipped triton: {reason}" in out.splitlines()
+    assert f"skipped naive-loop and 2d-grid (Triton baselines): {reason}" in out.splitlines()
+    assert any(line.startswith("skipped cupy: C") for line in out.splitlines())
+    assert data["skipped"]["triton"] == reason
+    assert {r["impl"] for r in data["rows"]} == {"api:torch", bench.PLAIN_TORCH}
+    assert "all results correct" in out
+
+
+def _markdown_columns(out):
+    lines = [line.strip("|").split("|") for line in out.splitlines() if line.startswith("|")]
+    head, body = [c.strip() for c in lines[0]], [[c.strip() for c in row] for row in lines[2:]]
+    return {name: [row[i] for row in body] for i, name in enumerate(head)}
+
+
+@pytest.mark.parametrize("interpreter", [False, True], ids=["no-interpreter", "interpreter"])
+def test_no_column_is_empty(capsys, tmp_path, monkeypatch, interpreter):
+    if not interpreter:
+        _no_interpreter(monkeypatch)
+    rc, data, out, _ = _run(capsys, tmp_path, "--markdown")
+    assert rc == 0
+    columns = _markdown_columns(out)
+    for name, cells in columns.items():
+        assert any(cell not in ("", "-") for cell in cells), f"column {name} is empty"
+    assert "host µs" not in columns  # wall clock: the host time is the time
+    assert ("/naive" in columns) == ("triton" in data["backends"])
+
+
+def test_shown_columns_leave_out_what_nothing_measured():
+    rows = [bench.Row("1x64x16", 1, 64, 16, 4, "api:torch", time_us=2.0, host_us=3.0, vs_torch=1.5),
+            bench.Row("1x64x16", 1, 64, 16, 4, bench.PLAIN_TORCH, status="error", note="RuntimeError: x")]
+    assert [h for h, _, _ in bench.shown_columns(rows)] == ["case", "impl", "status", "µs/call", "host µs",
+                                                            "/torch", "note"]
+
+
+def test_gpu_report_prints_measured_ratios_only():
+    """A GPU run's header and footer (built here from made-up measurements): references and host-cost ratios,
+    no thresholds."""
+    case = bench.Case(1, 4096, 64)
+    rows = [bench.Row(case.name, 1, 4096, 64, case.width, impl, time_us=2.0, host_us=host, timing="cuda-graph")
+            for impl, host in (("api:triton", 6.0), (bench.GRID_2D, 20.0), (bench.PLAIN_TORCH, 100.0))]
+    bench.add_ratios(rows, 7.5, 4000.0)
+    refs = bench.References(add_host_us=7.0, launch_host_us=15.0, touch_kernel_us=0.9, copy_gbps=4100.0)
+    compilations = [bench.Compilations(64, 100, {"page_table": 1}, method="compile_count")]
+    report = bench.Report("cuda:0", "GPU", True, "cuda-graph replay", "data", ["triton"], {}, refs,
+                          compilations, rows)
+    text = "\n".join(bench.header(report) + bench.footer(report))
+    assert "references: x.add_(1) 7.00 host µs per call" in text and "device copy 4100 GB/s" in text
+    assert "host cost of triton through the API (median over cases): 0.80x x.add_(1), 0.30x a plain " \
+           "kernel[grid](...) launch of the 2d-grid baseline" in text
+    assert "triton compilations, page 64, 100 random widths: page_table: 1 [ok]" in text
+    assert "target" not in text and "<=" not in text
+    assert "host µs" in [h for h, _, _ in bench.shown_columns(rows)]
+
+
+def test_help_prints_the_legend(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        cli.main(["bench", "--help"])
+    assert exit_.value.code == 0
+    out = capsys.readouterr().out
+    assert bench.LEGEND.strip() in out
+    for name, _, _ in bench.COLUMNS:  # the legend explains every column
+        assert f"  {name} " in bench.LEGEND
+
+
+def test_unavailable_backend_is_an_error(capsys, monkeypatch):
+    _no_interpreter(monkeypatch)
+    assert cli.main(["bench", "--device", "cpu", "--backends", "torch,triton"]) == 2
+    out, err = capsys.readouterr()
+    assert _error_lines(err) == ["kvdispatch: error: backend 'triton' cannot run on cpu: CPU tensors run Triton "
+                                 "kernels only in its interpreter (TRITON_INTERPRET=1)"]
+    assert out == ""  # nothing ran
+    assert cli.main(["bench", "--device", "cpu", "--backends", "cupy"]) == 2
+    assert "backend 'cupy' cannot run on cpu: " in _error_lines(capsys.readouterr().err)[0]
+
+
+def test_unavailable_backend_from_the_shell():
+    """``python -m kvdispatch`` as a user runs it: no Triton interpreter, no traceback."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT)] + [p for p in [env.get("PYTHONPATH")] if p])
+    proc = subprocess.run([sys.executable, "-m", "kvdispatch", "bench", "--device", "cpu", "--backends", "triton"],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2
+    assert proc.stdout == ""
+    assert _error_lines(proc.stderr)[0].startswith("kvdispatch: error: backend 'triton' cannot run on cpu")
+
+
+def test_gpu_device_this_machine_lacks(capsys):
+    missing = f"cuda:{torch.cuda.device_count()}" if torch.cuda.is_available() else "cuda"
+    for command in ("bench", "demo"):
+        assert cli.main([command, "--device", missing]) == 2
+        [line] = _error_lines(capsys.readouterr().err)
+        assert line.startswith(f"kvdispatch: error: argument --device: {missing}: ")
+
+
+def test_demo_with_a_forced_backend_that_cannot_serve(capsys, monkeypatch):
+    monkeypatch.setenv("KVDISPATCH_BACKEND", "cupy")
+    assert cli.main(["demo", "--device", "cpu"]) == 2
+    out, err = capsys.readouterr()
+    [line] = _error_lines(err)
+    assert line.startswith("kvdispatch: error: KVDISPATCH_BACKEND=cupy: backend 'cupy' cannot serve cpu")
+    assert out == ""
+
+
+@pytest.mark.parametrize("argv", [["--verbose", "demo", "--device", "cpu"], ["demo", "--device", "cpu", "-v"]])
+def test_verbose_prints_the_traceback(capsys, monkeypatch, argv):
+    monkeypatch.setenv("KVDISPATCH_BACKEND", "cupy")
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("Traceback (most recent call last):")
+    assert "BackendUnavailableError" in err
+    assert err.splitlines()[-1].startswith("kvdispatch: error: KVDISPATCH_BACKEND=cupy: ")
+
+
+def test_unexpected_failure_exits_1_naming_its_type(capsys, monkeypatch):
+    def broken(*args, **kwargs):
+        raise RuntimeError("device lost\nsecond line")
+
+    monkeypatch.setattr(bench, "run", broken)
+    assert cli.main(["bench", "--device", "cpu", "--quick"]) == 1
+    assert _error_lines(capsys.readouterr().err) == [
+        "kvdispatch: error: RuntimeError: device lost (--verbose prints the traceback)"]
+
+
+def _decode_loop():
+    spec = importlib.util.spec_from_file_location("decode_loop_example", ROOT / "examples" / "decode_loop.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_example_with_an_unknown_backend(capsys):
+    example = _decode_loop()
+    assert example.main(["--backend", "bogus", "--steps", "1"]) == 2
+    out, err = capsys.readouterr()
+    assert _error_lines(err) == ["decode_loop.py: error: backend must be one of auto, triton, cupy, torch; "
+                                 "got 'bogus'"]
+    assert example.main(["--backend", "bogus", "--steps", "1", "--verbose"]) == 2
+    assert capsys.readouterr().err.startswith("Traceback (most recent call last):")
