@@ -102,7 +102,7 @@ __device__ inline void kv_fill(int* __restrict__ dst, int n, int value) {
 // Launched with width 0 it writes only seq_lens_out.
 // The parameters every specialised call reads come first (bytes 0-103: two 64-byte lines of the constant
 // bank), what only some read after them: on the H200, each further line a kernel reads before its gather
-// costs about 2% on the page-64 cases (ci/perf_notes/ablation.py, for the Triton kernel).
+// costs about 2% on the page-64 cases (benchmarks/ablation.py, for the Triton kernel).
 extern "C" __global__ void kv_page_table(
     const int* __restrict__ table, const void* __restrict__ req_pool_indices, const void* __restrict__ seq_lens,
     int* __restrict__ out, kv_i64 rows, kv_i64 cols, kv_i64 table_stride, kv_i64 out_stride, kv_i64 width,

@@ -3,7 +3,7 @@
 The Python path of one public call costs about 1.6x ``x.add_(1)`` of host time on an H200 host: the
 checks, the selection lookup and the argument packing, then Triton's own C launcher. ``native_launch.c``
 does the checks, a plan lookup, the packing and ``cuLaunchKernel`` in one C function per op (0.9x
-``add_`` for the page table, measured with ``ci/perf_notes/native_launch.py``). It takes a call only when
+``add_`` for the page table, measured with ``benchmarks/native_launch.py``). It takes a call only when
 it is exactly a case the Python path has already launched: same device, selection, shape key and current
 context. For anything else it returns ``NotImplemented`` and the Python path runs, so errors, fallbacks
 and first calls are unchanged.

@@ -23,7 +23,7 @@ from . import native
 # table and output sizes and strides are all below 2**31 (any real ones), reads only the first six: the
 # four pointers and two words that pack what it needs of the rest in 32-bit fields (``packed_words``):
 # 48 bytes, one 64-byte line of the constant bank. On the H200 each further line a page-64 kernel read
-# cost it 1.5-3% of its time, even a line needed only after the gather (ci/perf_notes/ablation.py).
+# cost it 1.5-3% of its time, even a line needed only after the gather (benchmarks/ablation.py).
 # The second line holds what the options read; the 64-bit path reads past it.
 PARAMETERS = ("table_ptr", "pool_ptr", "lens_ptr", "out_ptr", "packed_table", "packed_out",
               "seqlen_offset", "fill_value", "out_width", "seq_lens_out_ptr", "start_ptr", "table_rows",
@@ -100,7 +100,7 @@ def _page_table_kernel(
         whole = (rows_aligned != 0) & readable & (first + PAGES_PER_PROGRAM <= limit)
         if whole:
             # Streaming hints (table rows read once, evicted first; output stores marked .cs): 0.95x the
-            # time of the same copy without them on the H200 (ci/perf_notes/page1_variants.py).
+            # time of the same copy without them on the H200 (benchmarks/page1_variants.py).
             table_row = tl.multiple_of(table_ptr + pool.to(tl.int64) * row_stride32.to(tl.int64), 16)
             values = tl.load(table_row + page, eviction_policy="evict_first")
             tl.store(tl.multiple_of(out_row, 16) + page, values, cache_modifier=".cs")

@@ -22,8 +22,8 @@ from . import native
 # table and output sizes and strides are all below 2**31 (any real ones) reads only the first eight (the
 # start pointer only with a start): the five pointers every call needs, two words that pack the sizes in
 # 32-bit fields (``packed_words``) and the start pointer, 64 bytes, one line of the constant bank. Each
-# further line read cost the page-table kernel 1.5-3% on the H200 (ci/perf_notes/ablation.py); this kernel
-# read two and replayed 2-6% slower than a one-line copy (ci/perf_notes/csr_layout.py).
+# further line read cost the page-table kernel 1.5-3% on the H200 (benchmarks/ablation.py); this kernel
+# read two and replayed 2-6% slower than a one-line copy (benchmarks/csr_layout.py).
 PARAMETERS = ("table_ptr", "pool_ptr", "lens_ptr", "indptr_ptr", "out_ptr", "packed_table", "packed_sizes",
               "start_ptr", "table_rows", "table_cols", "table_row_stride", "out_len", "pool_stride", "lens_stride",
               "indptr_stride", "start_stride")

@@ -65,7 +65,7 @@ def items_per_program(kind: str, page_size: int = 1) -> int:
 def threads_per_program(items: int) -> int:
     """Threads for a program owning ``items`` items: 8 items (two 16-byte accesses) per thread, 64..256.
 
-    Measured on an H200 (ci/perf_probe.py): 1024 tokens per program copy 4% faster with 128 threads than
+    Measured on an H200 (benchmarks/perf_probe.py): 1024 tokens per program copy 4% faster with 128 threads than
     with 256, whose threads each issue a single 16-byte access.
     """
     return _clamp(items // 8, _MIN_THREADS, _MAX_THREADS)

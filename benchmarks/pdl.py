@@ -17,23 +17,21 @@ start launching), launched through Triton's own ``launch_pdl`` option. Rows, eac
 Before timing, each row runs once with ``req_pool_indices`` first set to a wrong permutation that only the
 producer corrects, and the output is checked against the reference (nan if wrong).
 
-    PYTHONPATH=. python3 ci/perf_notes/pdl.py [--cases ...]
+    PYTHONPATH=. python3 benchmarks/pdl.py [--cases ...]
 """
 
 from __future__ import annotations
 
 import functools
-import sys
 
 import torch
 import triton
 import triton.language as tl
 
-sys.path.insert(0, __file__.rsplit("/ci/", 1)[0] + "/ci")
-from perf_probe import api, experiment_setup, graph_us, time_case  # noqa: E402
-from kernels_triton import page_table  # noqa: E402
-from kvdispatch import bench  # noqa: E402
-from kvdispatch import grid as launch_grid  # noqa: E402
+from kernels_triton import page_table
+from kvdispatch import bench
+from kvdispatch import grid as launch_grid
+from perf_probe import api, experiment_setup, graph_us, time_case
 
 _page_table = triton.jit(page_table._page_table_kernel)
 

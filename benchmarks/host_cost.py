@@ -1,6 +1,6 @@
 """Where the host time of one public-API call goes, on a GPU: each layer timed alone, same run.
 
-    PYTHONPATH=. python3 ci/host_cost.py [--backend triton]
+    PYTHONPATH=. python3 benchmarks/host_cost.py [--backend triton]
 """
 
 from __future__ import annotations
@@ -9,13 +9,15 @@ import argparse
 import statistics
 import sys
 import time
+from pathlib import Path
 
 import torch
 
-sys.path.insert(0, __file__.rsplit("/ci/", 1)[0] + "/tests")
+# The test suite's case builder (tests/ is a folder of modules, not a package).
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 import kvdispatch  # noqa: E402
-from kvdispatch import _debug, _validate, dispatch  # noqa: E402
 from kvcases import make_case  # noqa: E402
+from kvdispatch import _debug, _validate, dispatch  # noqa: E402
 
 
 def host_us(fn, calls=2000, batches=7):

@@ -1,39 +1,31 @@
-"""Host µs of each layer under one Triton launch, same run (session 2): is a launch below
-``CompiledKernel.run`` worth it?
+"""Host µs of each layer under one Triton launch of the page table, same run: a plain launch, the
+public API, validation alone, ``CompiledKernel.run`` with the arguments given as ints, and Triton 3.6's C
+``launch`` function called directly (what ``KVDISPATCH_TRITON_LAUNCH=direct`` does). Is a launch below
+``CompiledKernel.run`` worth it? Two passes, the host-cost case of ``host_cost.py``.
 
-    PYTHONPATH=. python3 ci/perf_notes/launch_layers.py
+    PYTHONPATH=. python3 benchmarks/launch_layers.py
 """
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import torch
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "tests"))
-sys.path.insert(0, str(ROOT / "ci"))
-import kvdispatch  # noqa: E402
-from host_cost import host_us  # noqa: E402
-from kernels_triton import page_table  # noqa: E402
-from kvcases import make_case  # noqa: E402
-from kvdispatch import _baselines, _validate  # noqa: E402
+import kvdispatch
+from host_cost import host_case, host_us
+from kernels_triton import page_table
+from kvdispatch import _baselines, _validate
 
 
 def main() -> int:
-    case = make_case(64, 64, max_pages=512, device="cuda")
-    out = case.page_table_out()
-    args = (case.req_to_token, case.req_pool_indices, case.seq_lens, out)
+    args, _ = host_case("triton")
+    out = args[3]
     api = kvdispatch.create_flashmla_kv_indices
-    api(*args, page_size=64, backend="triton")
     _baselines.grid_2d(*args, 64)
     x = torch.zeros(16, device="cuda")
     _baselines.touch(x)
     compiled = next(iter(page_table.launcher.compiled.values()))
-    table, pool, lens = case.req_to_token, case.req_pool_indices, case.seq_lens
-    ints = (table.data_ptr(), pool.data_ptr(), lens.data_ptr(), table.data_ptr(), out.data_ptr(), out.data_ptr(),
-            1, 1, 1, table.shape[0], table.shape[1], table.stride(0), out.shape[1], out.stride(0), 0, 0, 0)
+    _, run_args = page_table.plan_key_and_arguments(*args, 64)
+    ints = tuple(a.data_ptr() if isinstance(a, torch.Tensor) else a for a in run_args)
     constexprs = page_table.constexprs_for(64, False, False, False, True)
     tail = tuple(constexprs[n] for n in page_table.CONSTEXPRS)
     grid = kvdispatch.grid.page_table_launch(64, out.shape[1], 64).grid

@@ -5,7 +5,7 @@ accesses; the row's last block masked) with one change. Checked against the refe
 CUDA-graph replay (20 calls per graph), in interleaved rounds next to the public API; GB/s counts bytes
 read and written. An eager device copy of 512 MiB each way (what the bench measures) is the ceiling.
 
-    PYTHONPATH=. python3 ci/perf_notes/page1_variants.py [rounds]
+    PYTHONPATH=. python3 benchmarks/page1_variants.py [rounds]
 """
 
 from __future__ import annotations
@@ -18,10 +18,9 @@ import torch
 import triton
 import triton.language as tl
 
-sys.path.insert(0, __file__.rsplit("/ci/", 1)[0] + "/ci")
-import kvdispatch  # noqa: E402
-from kvdispatch import bench  # noqa: E402
-from perf_probe import graph_us  # noqa: E402
+import kvdispatch
+from kvdispatch import bench
+from perf_probe import graph_us
 
 
 @triton.jit

@@ -7,10 +7,10 @@ native_launch.c) against what bounds it, in interleaved rounds:
 * ``native_launch_torch.cpp``: the same checks with the tensors read through ATen instead of their Python
   attributes (what linking against torch would buy), where a torch extension builds.
 
-Session 3 wrote this to decide whether to build the compiled path (its C then did what
-native_launch.c does now); each variant is checked against what the public API writes.
+Written to decide whether to build the compiled path (its first version, at 47b76d6, did in its own C
+what kernels_triton/native_launch.c does now); each variant is checked against what the public API writes.
 
-    PYTHONPATH=. python3 ci/perf_notes/native_launch.py
+    PYTHONPATH=. python3 benchmarks/native_launch.py
 """
 
 from __future__ import annotations
@@ -18,23 +18,19 @@ from __future__ import annotations
 import ctypes
 import importlib.util
 import subprocess
-import sys
 import sysconfig
 import tempfile
 from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "tests"))
-sys.path.insert(0, str(ROOT / "ci"))
-import kernels_triton.native  # noqa: E402
-import kvdispatch  # noqa: E402
-from host_cost import host_case, host_us  # noqa: E402
-from perf_probe import interleaved_rounds, print_medians  # noqa: E402
-from kernels_triton import launch  # noqa: E402
-from kernels_triton import page_table as triton_page_table  # noqa: E402
-from kvdispatch import _baselines, dispatch  # noqa: E402
+import kernels_triton.native
+import kvdispatch
+from host_cost import host_case, host_us
+from kernels_triton import launch
+from kernels_triton import page_table as triton_page_table
+from kvdispatch import _baselines, dispatch
+from perf_probe import interleaved_rounds, print_medians
 
 
 def build_module():
@@ -80,12 +76,12 @@ def main() -> int:
     x = torch.zeros(16, device="cuda")
 
     compiled = next(iter(triton_page_table.launcher.compiled.values()))
-    params = launch.native_parameter_count(compiled, 17)
+    params = launch.native_parameter_count(compiled, len(triton_page_table.PARAMETERS))
     threads, shared = 32 * compiled.metadata.num_warps, compiled.metadata.shared
     geometry = kvdispatch.grid.page_table_launch(64, out.shape[1], 64)
-    table, pool, lens = args[:3]
-    ints = [table.data_ptr(), pool.data_ptr(), lens.data_ptr(), table.data_ptr(), out.data_ptr(), out.data_ptr(),
-            1, 1, 1, table.shape[0], table.shape[1], table.stride(0), out.shape[1], out.stride(0), 0, 0, 0, 0, 0]
+    _, run_args = triton_page_table.plan_key_and_arguments(*args, 64)
+    # The kernel's parameters, then Triton's two scratch pointers (null: it needs no scratch memory).
+    ints = [a.data_ptr() if isinstance(a, torch.Tensor) else a for a in run_args] + [0, 0]
     print(f"params {params}, threads {threads}, shared {shared}, grid {geometry.grid}")
 
     def raw():
@@ -108,7 +104,7 @@ def main() -> int:
         items = kvdispatch.grid.items_per_program(kvdispatch.grid.PAGE_TABLE, 64)
 
         def aten():
-            return torch_native.page_table(compiled.function, threads, shared, items, params, *args)
+            return torch_native.page_table(compiled.function, threads, shared, items, params, 64, *args)
 
         variants.append(("aten", aten))
     for name, fn in variants:

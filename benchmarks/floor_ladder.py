@@ -15,22 +15,20 @@ PyTorch's stream as ``kernels_cupy`` does), next to the shipped API and the 2-D 
 and the minimal page table on the 64x32768x64 grid (64 x 8 programs). CUDA-graph replay (20 calls per
 graph), 5 interleaved rounds, medians.
 
-    PYTHONPATH=. python3 ci/perf_notes/floor_ladder.py
+    PYTHONPATH=. python3 benchmarks/floor_ladder.py
 """
 
 from __future__ import annotations
 
 import functools
-import sys
 
 import torch
 import triton
 import triton.language as tl
 
-sys.path.insert(0, __file__.rsplit("/ci/", 1)[0] + "/ci")
-import kvdispatch  # noqa: E402
-from kvdispatch import _baselines, bench  # noqa: E402
-from perf_probe import time_case  # noqa: E402
+import kvdispatch
+from kvdispatch import _baselines, bench
+from perf_probe import time_case
 
 LANES = 64
 

@@ -6,22 +6,20 @@ later round, with the SM clock at 1980 MHz throughout (nvidia-smi every 100 ms).
 calls again and again after a burst of copies and prints the time per call against the time since the
 burst, for an empty kernel, the API and the 2-D baseline; then the same after a pause with the GPU idle.
 
-    PYTHONPATH=. python3 ci/perf_notes/busy_state.py
+    PYTHONPATH=. python3 benchmarks/busy_state.py
 """
 
 from __future__ import annotations
 
 import functools
 import statistics
-import sys
 import time
 
 import torch
 
-sys.path.insert(0, __file__.rsplit("/ci/", 1)[0] + "/ci")
-import kvdispatch  # noqa: E402
-from floor_ladder import _empty  # noqa: E402
-from kvdispatch import _baselines, bench  # noqa: E402
+import kvdispatch
+from floor_ladder import _empty
+from kvdispatch import _baselines, bench
 
 CALLS = 20
 

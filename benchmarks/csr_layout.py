@@ -1,7 +1,7 @@
-"""Experiment: does the token-CSR kernel gain, as the page table did (NOTES.md, session 5), from reading one
+"""Experiment: does the token-CSR kernel gain, as the page table did (``ablation.py``), from reading one
 64-byte line of parameters instead of two?
 
-    shipped API   kernels_triton/token_csr.py. Until session 6 it took six pointers, then eight 64-bit sizes
+    shipped API   kernels_triton/token_csr.py. Before 3d7007b it took six pointers, then eight 64-bit sizes
                   and strides (parameter bytes 0-111; a call without a start read all but start_stride: two
                   lines); since, it reads one line as the packed row does (this script then checks that the
                   two read alike)
@@ -12,23 +12,21 @@ Inputs: the bench's shuffled page pools at page size 1 (every row full length, r
 ``kv_indptr`` the rows' running offsets. CUDA-graph replay (20 calls per graph), 5 interleaved rounds,
 outputs checked against the reference first.
 
-    PYTHONPATH=. python3 ci/perf_notes/csr_layout.py [--cases 1x4096x1,...]
+    PYTHONPATH=. python3 benchmarks/csr_layout.py [--cases 1x4096x1,...]
 """
 
 from __future__ import annotations
 
 import functools
-import sys
 
 import torch
 import triton
 import triton.language as tl
 
-sys.path.insert(0, __file__.rsplit("/ci/", 1)[0] + "/ci")
-from perf_probe import experiment_setup, time_case  # noqa: E402
-import kvdispatch  # noqa: E402
-from kvdispatch import bench, reference  # noqa: E402
-from kvdispatch import grid as launch_grid  # noqa: E402
+import kvdispatch
+from kvdispatch import bench, reference
+from kvdispatch import grid as launch_grid
+from perf_probe import experiment_setup, time_case
 
 
 def _packed_csr(table_ptr, pool_ptr, lens_ptr, indptr_ptr, out_ptr, packed_table, packed_sizes,

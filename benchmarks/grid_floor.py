@@ -8,20 +8,16 @@ rungs at 1 program), rung by rung on grids of 1, 64 and 512 programs of 64 lanes
 
 CUDA-graph replay (20 calls per graph), 5 interleaved rounds, medians.
 
-    PYTHONPATH=. python3 ci/perf_notes/grid_floor.py
+    PYTHONPATH=. python3 benchmarks/grid_floor.py
 """
 
 from __future__ import annotations
 
-import sys
-
 import torch
 
-sys.path.insert(0, __file__.rsplit("/ci/", 1)[0] + "/ci")
-from floor_ladder import LANES, _chain2, _empty, _store, replay_us  # noqa: E402
-from kvdispatch import bench  # noqa: E402
-from perf_probe import time_case  # noqa: E402
-
+from floor_ladder import LANES, _chain2, _empty, _store, replay_us
+from kvdispatch import bench
+from perf_probe import time_case
 
 
 def main() -> int:

@@ -4,22 +4,20 @@ The shipped page-table kernel takes 19 eight-byte parameters (152 bytes); the 2-
 a plain launch, about 56 bytes. This times the baseline's kernel with 0, 6 and 12 extra unused 8-byte
 parameters (kept: ``do_not_specialize``) next to the shipped API, 5 interleaved rounds, CUDA-graph replay.
 
-    PYTHONPATH=. python3 ci/perf_notes/param_bytes.py
+    PYTHONPATH=. python3 benchmarks/param_bytes.py
 """
 
 from __future__ import annotations
 
 import functools
-import sys
 
 import torch
 import triton
 import triton.language as tl
 
-sys.path.insert(0, __file__.rsplit("/ci/", 1)[0] + "/ci")
-import kvdispatch  # noqa: E402
-from kvdispatch import _baselines, bench  # noqa: E402
-from perf_probe import graph_us, time_case  # noqa: E402
+import kvdispatch
+from kvdispatch import _baselines, bench
+from perf_probe import graph_us, time_case
 
 EXTRA = [f"x{i}" for i in range(12)]
 

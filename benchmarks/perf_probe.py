@@ -2,7 +2,7 @@
 next to the 2-D-grid baseline at the same settings, CUDA-graph replay, one run. Each variant's output is
 checked against the reference before it is timed.
 
-    PYTHONPATH=. python3 ci/perf_probe.py [--cases 1x131072x64,64x32768x64,256x32768x1]
+    PYTHONPATH=. python3 benchmarks/perf_probe.py [--cases 1x131072x64,64x32768x64,256x32768x1]
 
 It launches the kernels directly (``kernel[grid](...)``) to vary what the launcher fixes; graph replay
 makes the host launch path irrelevant to the times.

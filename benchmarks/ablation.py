@@ -8,23 +8,21 @@ shipped kernel's), and with and without Triton's specialisation of its integer a
 alignments; next to the shipped kernel, the API, the 2-D baseline and the minimal kernel. CUDA-graph
 replay, 5 interleaved rounds, medians.
 
-    PYTHONPATH=. python3 ci/perf_notes/ablation.py
+    PYTHONPATH=. python3 benchmarks/ablation.py
 """
 
 from __future__ import annotations
 
 import functools
-import sys
 
 import torch
 import triton
 import triton.language as tl
 
-sys.path.insert(0, __file__.rsplit("/ci/", 1)[0] + "/ci")
-import kvdispatch  # noqa: E402
-from floor_ladder import _chain2, checked, replay_us  # noqa: E402
-from kvdispatch import _baselines, bench  # noqa: E402
-from perf_probe import ours, time_case  # noqa: E402
+import kvdispatch
+from floor_ladder import _chain2, checked, replay_us
+from kvdispatch import _baselines, bench
+from perf_probe import ours, time_case
 
 
 @triton.jit

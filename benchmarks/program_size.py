@@ -6,18 +6,16 @@ Each row is ``perf_probe.ours`` (the shipped kernel launched directly at that pr
 output checked against the reference first); CUDA-graph replay, 20 calls per graph, interleaved rounds,
 medians, ratios to the API as shipped.
 
-    PYTHONPATH=. python3 ci/perf_notes/program_size.py [--cases ...] [--factors 1,2,4,8] [--warps 1,2,4]
+    PYTHONPATH=. python3 benchmarks/program_size.py [--cases ...] [--factors 1,2,4,8] [--warps 1,2,4]
 """
 
 from __future__ import annotations
 
 import functools
-import sys
 
-sys.path.insert(0, __file__.rsplit("/ci/", 1)[0] + "/ci")
-from perf_probe import api, experiment_setup, graph_us, ours, time_case  # noqa: E402
-from kvdispatch import bench  # noqa: E402
-from kvdispatch import grid as launch_grid  # noqa: E402
+from kvdispatch import bench
+from kvdispatch import grid as launch_grid
+from perf_probe import api, experiment_setup, graph_us, ours, time_case
 
 CASES = ("1x4096x64,1x32768x64,1x131072x64,2x131072x64,4x131072x64,8x131072x64,16x65536x64,32x32768x64,"
          "64x32768x64,64x8192x64,128x16384x64,256x8192x64,64x32768x16")
