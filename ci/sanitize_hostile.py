@@ -4,11 +4,13 @@ Meant for the GPU lane under the sanitizer (a clean exit there means no out-of-b
 
     compute-sanitizer --tool memcheck --error-exitcode 1 python3 ci/sanitize_hostile.py
 
-Hostile cases: pool indices outside the table (past the end, negative, int32 extremes, 2**40 as int64), lengths
-past the table, negative and zero lengths, kv_start_idx past the table or negative, CSR kv_indptr past ``out``
-or negative; with and without fill_value; page sizes 1, 16, 64, 96; int32 and int64 index vectors. Every tensor
-is its own exact-size allocation (PyTorch's caching allocator is turned off below, before torch is imported),
-so an access one element past any of them is reported by memcheck.
+Hostile cases: pool indices outside the table (past the end, negative, int32 and int64 extremes, 2**40), lengths
+past the table, negative and zero lengths, lengths at the int64 extremes with seqlen_offset at the int32 ones (the
+sum must not wrap), kv_start_idx past the table, negative or at the int64 extremes, CSR kv_indptr past ``out``,
+negative or at the int64 extremes (rows whose offsets would wrap back into ``out``, reading from a start next to
+the end of the table); with and without fill_value; page sizes 1, 16, 64, 96; int32 and int64 index vectors.
+Every tensor is its own exact-size allocation (PyTorch's caching allocator is turned off below, before torch is
+imported), so an access one element past any of them is reported by memcheck.
 
 Prints ``N cases, M mismatches`` and exits 1 on any mismatch or error. Without a GPU it runs on CPU tensors
 (torch, and Triton where TRITON_INTERPRET=1), which checks the script itself. ``--device`` overrides.
@@ -17,6 +19,7 @@ Prints ``N cases, M mismatches`` and exits 1 on any mismatch or error. Without a
 from __future__ import annotations
 
 import argparse
+import itertools
 import os
 import sys
 import traceback
@@ -28,12 +31,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 
 import kvdispatch  # noqa: E402
-from kvdispatch import reference  # noqa: E402
+from kvdispatch import grid, reference  # noqa: E402
 
 PAGE_SIZES = (1, 16, 64, 96)
 FILL_VALUES = (None, -1)
 BATCH = 6
 POISON = -123456789
+I64_MIN, I64_MAX = -(2**63), 2**63 - 1
+I32_MIN, I32_MAX = -(2**31), 2**31 - 1
+# seqlen_offset for the cases that spoil a length (the others take 1): L = seq_lens + seqlen_offset is exact.
+LENGTH_OFFSETS = (1, -1, I32_MAX, I32_MIN)
 
 
 def hostile_requests(rows, cols, wide):
@@ -49,7 +56,11 @@ def hostile_requests(rows, cols, wide):
     ]
     if wide:
         cases += [("pool-2**40", 2**40, None, None), ("start-2**40", None, None, 2**40),
-                  ("length-2**40", None, 2**40, None)]
+                  ("length-2**40", None, 2**40, None), ("pool-int64-max", I64_MAX, None, None),
+                  ("pool-int64-min", I64_MIN, None, None), ("start-int64-max", None, 50, I64_MAX),
+                  ("start-int64-min", None, 50, I64_MIN), ("length-int64-max", None, I64_MAX, None),
+                  ("length-int64-min", None, I64_MIN, None), ("length-2**62", None, 2**62, None),
+                  ("length-int64-min-plus-1", None, I64_MIN + 1, None)]
     return cases
 
 
@@ -85,6 +96,21 @@ def csr_layouts(data, cols, dtype, device, g):
     negative = starts.clone()
     negative[0] = -3  # row 0 starts at 0, so a negative start overlaps only its own entries
     yield "indptr-negative", negative, total
+    if dtype == torch.int64:  # rows that land wholly outside out, from offsets that must not wrap
+        extreme = starts.clone()
+        extreme[0], extreme[1], extreme[2] = I64_MIN, I64_MIN + 3, I64_MIN + total
+        extreme[3], extreme[BATCH - 1] = -(2**62), I64_MAX
+        yield "indptr-int64-extremes", extreme, total
+
+
+def long_row_indptrs(dtype, total):
+    """kv_indptr values for one row as long as ``out``: before it by less than its length, just past it, and
+    at the extremes (from ``-2**63 + k`` a row's offsets wrap back into ``out`` unless computed exactly)."""
+    values = [-1, -(total - 1), total - 1, total, I32_MIN, I32_MAX]
+    if dtype == torch.int64:
+        values += [I64_MIN, I64_MIN + 1, I64_MIN + 5, I64_MIN + total - 1, I64_MIN + total, -(2**62), 2**62,
+                   I64_MAX, I64_MAX - total]
+    return values
 
 
 def run(device, backends, verbose):
@@ -98,56 +124,77 @@ def run(device, backends, verbose):
             bad = (got.cpu() != expected).nonzero()
             print(f"MISMATCH {what}: {bad.shape[0]} entries differ, first at {bad[0].tolist()}", flush=True)
 
+    def page_table_case(what, data, cpu, page_size, with_start, seqlen_offset, fill_value):
+        nonlocal cases, mismatches
+        cases += 1
+        width = 5
+        out = torch.full((BATCH, width), POISON, dtype=torch.int32, device=device)
+        seq_out = torch.full((BATCH,), POISON, dtype=torch.int32, device=device)
+        expected = torch.full((BATCH, width), POISON, dtype=torch.int32)
+        expected_seq = seq_out.cpu().clone()  # .cpu() of a CPU tensor is no copy
+        start, start_cpu = (data["start"], cpu["start"]) if with_start else (None, None)
+        reference.build_page_table(cpu["table"], cpu["pool"], cpu["lens"], expected, page_size, start_cpu,
+                                   seqlen_offset, expected_seq, fill_value)
+        try:
+            kvdispatch.create_flashmla_kv_indices(
+                data["table"], data["pool"], data["lens"], out, page_size=page_size, kv_start_idx=start,
+                seqlen_offset=seqlen_offset, seq_lens_out=seq_out, fill_value=fill_value, backend=backend)
+            check(what, out, expected)
+            check(what + " seq_lens_out", seq_out, expected_seq)
+        except Exception:
+            mismatches += 1
+            print(f"ERROR {what}:\n{traceback.format_exc()}", flush=True)
+        if verbose:
+            print("ran", what, flush=True)
+
+    def token_csr_case(what, data, cpu, indptr, total, with_start):
+        nonlocal cases, mismatches
+        cases += 1
+        flat = torch.full((total,), POISON, dtype=torch.int32, device=device)
+        expected = flat.cpu().clone()
+        start, start_cpu = (data["start"], cpu["start"]) if with_start else (None, None)
+        reference.build_token_indices(cpu["table"], cpu["pool"], cpu["lens"], indptr, expected, start_cpu)
+        try:
+            kvdispatch.create_flashinfer_kv_indices(data["table"], data["pool"], data["lens"],
+                                                    indptr.to(data["pool"].dtype).to(device), flat,
+                                                    kv_start_idx=start, backend=backend)
+            check(what, flat, expected)
+        except Exception:
+            mismatches += 1
+            print(f"ERROR {what}:\n{traceback.format_exc()}", flush=True)
+        if verbose:
+            print("ran", what, flush=True)
+
     for backend in backends:
         for page_size in PAGE_SIZES:
             for dtype in (torch.int32, torch.int64):
                 for spoil in hostile_requests(BATCH + 3, 5 * page_size + 7, dtype == torch.int64):
                     data, rows, cols = make(page_size, dtype, device, g, spoil)
                     cpu = {k: v.cpu() for k, v in data.items()}
-                    for fill_value in FILL_VALUES:
-                        for with_start in (False, True):
-                            what = (f"{backend} page_table page={page_size} {str(dtype)[6:]} {spoil[0]} "
-                                    f"fill={fill_value} start={with_start}")
-                            cases += 1
-                            width = 5
-                            out = torch.full((BATCH, width), POISON, dtype=torch.int32, device=device)
-                            seq_out = torch.full((BATCH,), POISON, dtype=torch.int32, device=device)
-                            expected = torch.full((BATCH, width), POISON, dtype=torch.int32)
-                            expected_seq = seq_out.cpu().clone()  # .cpu() of a CPU tensor is no copy
-                            start, start_cpu = (data["start"], cpu["start"]) if with_start else (None, None)
-                            reference.build_page_table(cpu["table"], cpu["pool"], cpu["lens"], expected, page_size,
-                                                       start_cpu, 1, expected_seq, fill_value)
-                            try:
-                                kvdispatch.create_flashmla_kv_indices(
-                                    data["table"], data["pool"], data["lens"], out, page_size=page_size,
-                                    kv_start_idx=start, seqlen_offset=1, seq_lens_out=seq_out,
-                                    fill_value=fill_value, backend=backend)
-                                check(what, out, expected)
-                                check(what + " seq_lens_out", seq_out, expected_seq)
-                            except Exception:
-                                mismatches += 1
-                                print(f"ERROR {what}:\n{traceback.format_exc()}", flush=True)
-                            if verbose:
-                                print("ran", what, flush=True)
+                    offsets = LENGTH_OFFSETS if spoil[0].startswith("length") else (1,)
+                    for seqlen_offset, fill_value, with_start in itertools.product(offsets, FILL_VALUES,
+                                                                                    (False, True)):
+                        page_table_case(f"{backend} page_table page={page_size} {str(dtype)[6:]} {spoil[0]} "
+                                        f"offset={seqlen_offset} fill={fill_value} start={with_start}",
+                                        data, cpu, page_size, with_start, seqlen_offset, fill_value)
                     if page_size != 16:
                         continue  # the CSR op has no page size: one table shape is enough
                     for layout, indptr, total in csr_layouts(data, cols, dtype, device, g):
                         for with_start in (False, True):
-                            what = f"{backend} token_csr {str(dtype)[6:]} {spoil[0]} {layout} start={with_start}"
-                            cases += 1
-                            flat = torch.full((total,), POISON, dtype=torch.int32, device=device)
-                            expected = flat.cpu().clone()
-                            start, start_cpu = (data["start"], cpu["start"]) if with_start else (None, None)
-                            reference.build_token_indices(cpu["table"], cpu["pool"], cpu["lens"], indptr, expected,
-                                                          start_cpu)
-                            try:
-                                kvdispatch.create_flashinfer_kv_indices(
-                                    data["table"], data["pool"], data["lens"], indptr.to(dtype).to(device), flat,
-                                    kv_start_idx=start, backend=backend)
-                                check(what, flat, expected)
-                            except Exception:
-                                mismatches += 1
-                                print(f"ERROR {what}:\n{traceback.format_exc()}", flush=True)
+                            token_csr_case(f"{backend} token_csr {str(dtype)[6:]} {spoil[0]} {layout} "
+                                           f"start={with_start}", data, cpu, indptr, total, with_start)
+        # One row longer than a program, read from the last column of the last table row, at every
+        # kv_indptr extreme: a wrapped offset would read past the table and write into out.
+        total = grid.items_per_program(grid.TOKEN_CSR) + 300
+        for dtype in (torch.int32, torch.int64):
+            for value in long_row_indptrs(dtype, total):
+                cpu = dict(table=torch.randint(0, I32_MAX, (3, total), generator=g, dtype=torch.int32),
+                           pool=torch.tensor([2], dtype=dtype), lens=torch.tensor([I32_MAX], dtype=dtype),
+                           start=torch.tensor([total - 1], dtype=dtype))
+                data = {k: v.to(device) for k, v in cpu.items()}
+                for with_start in (False, True):
+                    token_csr_case(f"{backend} token_csr long row {str(dtype)[6:]} indptr={value} "
+                                   f"start={with_start}", data, cpu, torch.tensor([value, 0]), total, with_start)
         if device.type == "cuda":
             torch.cuda.synchronize(device)  # surfaces a device-side fault here, under this backend's name
         print(f"backend {backend}: done", flush=True)

@@ -36,6 +36,15 @@ struct alignas(16) kv_vec4 {
 __device__ inline kv_i64 kv_min(kv_i64 a, kv_i64 b) { return a < b ? a : b; }
 __device__ inline kv_i64 kv_max(kv_i64 a, kv_i64 b) { return a > b ? a : b; }
 
+// a + b without signed overflow: the exact sum, or the int64 bound it passes. A length that saturates is
+// still decided as the exact one (no table comes near either bound).
+__device__ inline kv_i64 kv_add_saturated(kv_i64 a, kv_i64 b) {
+    const kv_i64 most = 0x7FFFFFFFFFFFFFFFLL, least = -most - 1;
+    if (b > 0 && a > most - b) return most;
+    if (b < 0 && a < least - b) return least;
+    return a + b;
+}
+
 __device__ inline kv_i64 kv_load_index(const void* base, kv_i64 i, int wide) {
     return wide ? ((const kv_i64*)base)[i] : (kv_i64)((const int*)base)[i];
 }
@@ -98,7 +107,8 @@ __device__ inline void kv_fill(int* __restrict__ dst, int n, int value) {
 // out[b, p] = table[pool_b, start_b + p * page_size] // page_size for p < pages_b, where pages_b is
 // min(ceil(L_b / page_size), pages the table row can give, width); fill_value on [pages_b, width)
 // when KV_FILL is set. Rows >= B (= gridDim.x) and unwritten columns are left untouched.
-// seq_lens_out (KV_LENS_OUT): seq_lens + seqlen_offset, written by program 0 of each row.
+// seq_lens_out (KV_LENS_OUT): seq_lens + seqlen_offset (the low 32 bits of the exact sum), written by
+// program 0 of each row.
 // Launched with width 0 it writes only seq_lens_out.
 // The parameters every specialised call reads come first (bytes 0-103: two 64-byte lines of the constant
 // bank), what only some read after them: on the H200, each further line a kernel reads before its gather
@@ -118,10 +128,12 @@ extern "C" __global__ void kv_page_table(
     const kv_i64 first = (kv_i64)blockIdx.y * items;
     // Independent loads, issued before any of them is used.
     const kv_i64 pool = kv_load_index(req_pool_indices, b * pool_stride, KV_HAS(KV_WIDE_POOL));
-    const kv_i64 length = kv_load_index(seq_lens, b * lens_stride, KV_HAS(KV_WIDE_LENS)) + seqlen_offset;
+    const kv_i64 seq_len = kv_load_index(seq_lens, b * lens_stride, KV_HAS(KV_WIDE_LENS));
     const kv_i64 start =
         KV_HAS(KV_START) ? kv_load_index(kv_start_idx, b * start_stride, KV_HAS(KV_WIDE_START)) : 0;
-    if (KV_HAS(KV_LENS_OUT) && blockIdx.y == 0 && threadIdx.x == 0) seq_lens_out[b] = (int)length;
+    if (KV_HAS(KV_LENS_OUT) && blockIdx.y == 0 && threadIdx.x == 0)
+        seq_lens_out[b] = (int)((kv_u64)seq_len + (kv_u64)seqlen_offset);  // unsigned: wraps, never overflows
+    const kv_i64 length = kv_add_saturated(seq_len, seqlen_offset);
 
     const kv_i64 last = kv_min(first + items, width);
     const bool readable = pool >= 0 && pool < rows && start >= 0 && start < cols;

@@ -77,8 +77,9 @@ def _page_table_kernel(
     # a readable row: 0 <= pool < R (and start >= 0), p * PAGE_SIZE < L and p * PAGE_SIZE < C - start.
     if HAS_START or WIDE_INDEXING:
         out_row = out_ptr + row.to(tl.int64) * out_row_stride
-        in_row, source = _row_64bit(table_ptr, pool, length, start if HAS_START else 0, position, in_width,
-                                    table_rows, table_cols, table_row_stride, seqlen_offset)
+        in_row, source = _row_64bit(table_ptr, pool, _request_length(length, seqlen_offset, HAS_OFFSET),
+                                    start if HAS_START else 0, position, in_width, table_rows, table_cols,
+                                    table_row_stride)
     else:
         # Already 64-bit when compiled (the annotation); the interpreter types a small int as 32-bit.
         packed_table, packed_out = packed_table.to(tl.int64), packed_out.to(tl.int64)
@@ -95,7 +96,7 @@ def _page_table_kernel(
 
     if PAGE_SIZE == 1 and not HAS_START and not WIDE_INDEXING:
         # Whole blocks of a page-1 copy: no masks, so the 16-byte-aligned rows get 16-byte accesses.
-        limit = tl.minimum(length.to(tl.int64) + seqlen_offset, page_limit)
+        limit = tl.minimum(_request_length(length, seqlen_offset, HAS_OFFSET), page_limit)
         rows_aligned = (packed_out >> 31) & 1
         whole = (rows_aligned != 0) & readable & (first + PAGES_PER_PROGRAM <= limit)
         if whole:
@@ -133,13 +134,26 @@ def _row_narrow(table_ptr, pool, length, readable, page, position, page_limit, r
 
 
 @triton.jit
-def _row_64bit(table_ptr, pool, length, start, position, in_width, table_rows, table_cols, table_row_stride,
-               seqlen_offset):
+def _request_length(length, seqlen_offset, HAS_OFFSET: tl.constexpr):
+    """``seq_lens[b] + seqlen_offset`` in int64, exact wherever it decides a page: with an offset (32-bit),
+    an int64 length is first clamped into [-2**62, 2**62], which no table comes near, so the sum cannot
+    wrap. An int32 length, or no offset, needs no clamp."""
+    if HAS_OFFSET:
+        if length.dtype == tl.int64:
+            length = tl.minimum(tl.maximum(length, -(2**62)), 2**62)
+    return length.to(tl.int64) + seqlen_offset
+
+
+@triton.jit
+def _row_64bit(table_ptr, pool, request_length, start, position, in_width, table_rows, table_cols,
+               table_row_stride):
     """``(in_row, slot addresses)`` of a row that starts at column ``start`` (0 without one) in 64-bit
-    arithmetic throughout: rows with a start, and tables of 2**31 rows or more, or rows 2**31 apart."""
+    arithmetic throughout: rows with a start, and tables of 2**31 rows or more, or rows 2**31 apart.
+    ``request_length``: ``_request_length``. ``table_cols - start`` only counts where readable (then
+    ``0 <= start``), and a slot address is only dereferenced under ``in_row``."""
     pool = pool.to(tl.int64)
     readable = (pool >= 0) & (pool < table_rows) & (start >= 0)
-    limit = tl.where(readable, tl.minimum(length.to(tl.int64) + seqlen_offset, table_cols - start), 0)
+    limit = tl.where(readable, tl.minimum(request_length, table_cols - start), 0)
     return in_width & (position < limit), table_ptr + pool * table_row_stride + start + position
 
 

@@ -57,7 +57,12 @@ def _token_csr_kernel(
     row = tl.program_id(0)
     pool = tl.load(pool_ptr + row * pool_stride).to(tl.int64)
     length = tl.load(lens_ptr + row * lens_stride).to(tl.int64)
-    target_start = tl.load(indptr_ptr + row * indptr_stride).to(tl.int64)
+    target_start = tl.load(indptr_ptr + row * indptr_stride)
+    if target_start.dtype == tl.int64:
+        # A row starting beyond +-2**62 lands wholly outside out, and so does one starting at the bound:
+        # clamped, the offsets below cannot wrap (sizes stay far below 2**62).
+        target_start = tl.minimum(tl.maximum(target_start, -(2**62)), 2**62)
+    target_start = target_start.to(tl.int64)
     if HAS_START:
         start = tl.load(start_ptr + row * start_stride).to(tl.int64)
     else:

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import os
 
+from .reference import BOUND
+
 
 def _from_env() -> bool:
     return os.environ.get("KVDISPATCH_DEBUG", "0") not in ("", "0")
@@ -34,23 +36,31 @@ def _first_bad(mask):
 
 
 def _check_rows(req_to_token, req_pool_indices, seq_lens, kv_start_idx, lengths_offset):
+    """Raise on the first request whose row reads outside the table; else return its lengths, int64 ``[B]``
+    on the host, clamped like ``kvdispatch.reference`` so that no comparison here wraps (messages show the
+    exact values)."""
     rows, cols = req_to_token.shape
     pool = req_pool_indices.long().cpu()
-    lengths = seq_lens.long().cpu() + lengths_offset
+    requested = seq_lens.long().cpu()
+    lengths = requested.clamp(-BOUND, BOUND) + lengths_offset
     start = kv_start_idx.long().cpu() if kv_start_idx is not None else None
+
+    def exact_length(b):
+        return int(requested[b]) + lengths_offset
+
     b = _first_bad((pool < 0) | (pool >= rows))
     if b is not None:
         raise ValueError(f"request {b}: req_pool_indices[{b}] = {int(pool[b])} is outside [0, {rows})")
     b = _first_bad(lengths < 0)
     if b is not None:
-        raise ValueError(f"request {b}: length {int(lengths[b])} (seq_lens + seqlen_offset) is negative")
-    first = start if start is not None else lengths * 0
+        raise ValueError(f"request {b}: length {exact_length(b)} (seq_lens + seqlen_offset) is negative")
+    first = start.clamp(-BOUND, BOUND) if start is not None else lengths * 0
     b = _first_bad((lengths > 0) & ((first < 0) | (first >= cols)))
     if b is not None:
-        raise ValueError(f"request {b}: kv_start_idx[{b}] = {int(first[b])} is outside the table's [0, {cols})")
-    b = _first_bad((lengths > 0) & (first + lengths > cols))  # an empty row reads nothing
+        raise ValueError(f"request {b}: kv_start_idx[{b}] = {int(start[b])} is outside the table's [0, {cols})")
+    b = _first_bad((lengths > 0) & (lengths > cols - first))  # an empty row reads nothing
     if b is not None:
-        raise ValueError(f"request {b}: start {int(first[b])} + length {int(lengths[b])} runs past the "
+        raise ValueError(f"request {b}: start {int(first[b])} + length {exact_length(b)} runs past the "
                          f"table's {cols} columns")
     return lengths
 
@@ -62,8 +72,9 @@ def check_page_table_data(req_to_token, req_pool_indices, seq_lens, kv_start_idx
 def check_token_csr_data(req_to_token, req_pool_indices, seq_lens, kv_indptr, out, kv_start_idx):
     lengths = _check_rows(req_to_token, req_pool_indices, seq_lens, kv_start_idx, 0)
     begin = kv_indptr[: lengths.shape[0]].long().cpu()
+    clamped = begin.clamp(-BOUND, BOUND)
     total = out.shape[0]
-    b = _first_bad((lengths > 0) & ((begin < 0) | (begin + lengths > total)))  # an empty row writes nothing
+    b = _first_bad((lengths > 0) & ((clamped < 0) | (lengths > total - clamped)))  # an empty row writes nothing
     if b is not None:
-        raise ValueError(f"request {b}: kv_indptr[{b}] = {int(begin[b])} with length {int(lengths[b])} "
+        raise ValueError(f"request {b}: kv_indptr[{b}] = {int(begin[b])} with length {int(seq_lens[b])} "
                          f"writes outside out's {total} entries")

@@ -32,7 +32,8 @@ def create_flashmla_kv_indices(req_to_token, req_pool_indices, seq_lens, out, *,
         page_size: int in ``[1, 4096]``.
         kv_start_idx: optional int32/int64 ``[B]`` first token position per request.
         seqlen_offset: int added to every length (e.g. the draft tokens in target-verify).
-        seq_lens_out: optional int32 ``[>= B]``; receives ``seq_lens + seqlen_offset`` in the same launch.
+        seq_lens_out: optional int32 ``[>= B]``; receives ``seq_lens + seqlen_offset`` (the low 32 bits of
+            the exact sum) in the same launch.
         fill_value: optional int; when given, columns ``[pages_b, W)`` of each row are set to it.
         backend: ``"triton"``, ``"cupy"``, ``"torch"``, ``"auto"`` or None (auto, or ``KVDISPATCH_BACKEND``).
 

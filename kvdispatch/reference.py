@@ -1,36 +1,56 @@
 """The PyTorch backend: the semantic source of truth that every other backend is tested against.
 
-Vectorised over requests and pages (no Python loop, no host sync). It allocates temporaries through
-PyTorch's caching allocator, which CUDA-graph capture routes to the graph's private pool.
-Arguments arrive validated (see ``kvdispatch._validate``).
+Vectorised over requests, pages and output positions (no Python loop, no host sync). It allocates
+temporaries through PyTorch's caching allocator, which CUDA-graph capture routes to the graph's private
+pool. Arguments arrive validated (see ``kvdispatch._validate``).
+
+Integers are exact for every int32/int64 value: an int64 length or CSR pointer is first clamped into
+``[-BOUND, BOUND]``, which changes no result (no table, output or page count comes near ``BOUND``) and
+leaves room for the sums below, so nothing wraps.
 """
 
 from __future__ import annotations
 
 import torch
 
+BOUND = 2**62
+
 
 def _row_spans(req_to_token, req_pool_indices, seq_lens, kv_start_idx, lengths_offset):
-    """Per request: clamped pool row, start position, and the number of readable positions.
+    """Per request: clamped pool row, clamped start position, length and the number of readable positions.
 
     A row is readable when its pool index is in ``[0, R)`` and its start in ``[0, C)``; then it can
-    read ``C - start`` positions. Everything is int64, shape ``[B]``.
+    read ``C - start`` positions, else none. ``lengths`` is ``seq_lens + lengths_offset`` (a 32-bit
+    offset) with ``seq_lens`` clamped into ``[-BOUND, BOUND]``. Everything is int64, shape ``[B]``.
     """
     rows, cols = req_to_token.shape
     pool = req_pool_indices.long()
-    lengths = seq_lens.long() + lengths_offset
+    lengths = seq_lens.long().clamp(-BOUND, BOUND) + lengths_offset
     start = kv_start_idx.long() if kv_start_idx is not None else torch.zeros_like(pool)
     readable = (pool >= 0) & (pool < rows) & (start >= 0) & (start < cols)
-    room = torch.where(readable, cols - start, torch.zeros_like(start))
-    return pool.clamp(0, max(rows - 1, 0)), start.clamp(0, max(cols - 1, 0)), lengths, room
+    start = start.clamp(0, max(cols - 1, 0))
+    room = torch.where(readable, cols - start, 0)
+    return pool.clamp(0, max(rows - 1, 0)), start, lengths, room
+
+
+def _low_32_bits_of_sum(values, offset):
+    """``values + offset`` (int64 ``[B]`` and a 32-bit int) cast to int32 as C does: the low 32 bits of
+    the exact sum, computed from the operands' low 32 bits so that nothing overflows."""
+    return ((values.long() & 0xFFFFFFFF) + (offset & 0xFFFFFFFF)).to(torch.int32)
 
 
 def build_page_table(req_to_token, req_pool_indices, seq_lens, out, page_size, kv_start_idx=None,
                      seqlen_offset=0, seq_lens_out=None, fill_value=None):
-    """Paged block table; semantics of ``kvdispatch.create_flashmla_kv_indices``."""
+    """Paged block table; semantics of ``kvdispatch.create_flashmla_kv_indices``.
+
+    ``out``: int32 ``[>= B, W]``. Row ``b`` gets ``pages_b = min(ceil(L_b / page_size), pages that start
+    inside the readable table row, W)`` pages (0 when ``L_b <= 0`` or the row is unreadable), then
+    ``fill_value`` up to ``W`` when given. Untouched: rows ``>= B``; without ``fill_value``, the columns
+    past each row's pages. ``seq_lens_out[:B]`` (int32) gets the low 32 bits of ``seq_lens + seqlen_offset``.
+    """
     batch, width = req_pool_indices.shape[0], out.shape[1]
     if seq_lens_out is not None and batch:
-        seq_lens_out[:batch] = (seq_lens[:batch].long() + seqlen_offset).to(torch.int32)
+        seq_lens_out[:batch] = _low_32_bits_of_sum(seq_lens[:batch], seqlen_offset)
     if batch == 0 or width == 0:
         return out
     pool, start, lengths, room = _row_spans(req_to_token, req_pool_indices, seq_lens, kv_start_idx, seqlen_offset)
@@ -40,11 +60,13 @@ def build_page_table(req_to_token, req_pool_indices, seq_lens, out, page_size, k
     pages = torch.minimum(wanted, available).clamp(max=width)  # [B]
 
     page = torch.arange(width, device=out.device)
-    positions = start[:, None] + page[None, :] * page_size  # [B, W]
-    written = page[None, :] < pages[:, None]
-    positions = torch.where(written, positions, torch.zeros_like(positions))
-    slots = req_to_token[pool[:, None], positions]
-    values = torch.div(slots, page_size, rounding_mode="floor").to(torch.int32)
+    written = page[None, :] < pages[:, None]  # [B, W]
+    if req_to_token.numel():
+        positions = torch.where(written, start[:, None] + page[None, :] * page_size, 0)
+        slots = req_to_token[pool[:, None], positions]
+        values = torch.div(slots, page_size, rounding_mode="floor").to(torch.int32)
+    else:  # an empty table: every row is empty
+        values = torch.zeros(written.shape, dtype=torch.int32, device=out.device)
     rows = out[:batch]
     if fill_value is None:
         rows.copy_(torch.where(written, values, rows))
@@ -54,24 +76,44 @@ def build_page_table(req_to_token, req_pool_indices, seq_lens, out, page_size, k
 
 
 def build_token_indices(req_to_token, req_pool_indices, seq_lens, kv_indptr, out, kv_start_idx=None):
-    """Token-level CSR indices; semantics of ``kvdispatch.create_flashinfer_kv_indices``."""
+    """Token-level CSR indices; semantics of ``kvdispatch.create_flashinfer_kv_indices``.
+
+    ``out``: ``[N]``. Request ``b`` has ``count_b = min(seq_lens[b], C - start_b)`` tokens (0 when
+    ``seq_lens[b] <= 0`` or its row is unreadable) and writes ``out[kv_indptr[b] + j] =
+    req_to_token[req_pool_indices[b], start_b + j]`` for its tokens ``j`` whose target lies in ``[0, N)``:
+    the target range ``[lo_b, hi_b) = [kv_indptr[b], kv_indptr[b] + count_b) ∩ [0, N)``. Untouched: every
+    position no request writes.
+
+    Memory and time O(N + B): each output position finds the request that writes it, rather than each
+    request expanding its tokens. Marking at each ``lo_b`` the farthest ``hi_b`` of the ranges starting
+    there, a running maximum gives for every position ``t`` the farthest end of the ranges starting at
+    or before ``t``; ``t`` is written iff that end lies past it, by the request owning that end.
+
+    Where ranges overlap (bad ``kv_indptr``: valid CSR rows are disjoint), each covered position is
+    written once, with the value of one of the requests covering it (the one whose range reaches
+    farthest); the GPU backends may write any of them there.
+    """
     batch, total = req_pool_indices.shape[0], out.shape[0]
-    span = min(req_to_token.shape[1], total)
-    if batch == 0 or span == 0:
+    if batch == 0 or total == 0 or req_to_token.numel() == 0:
         return out
     pool, start, lengths, room = _row_spans(req_to_token, req_pool_indices, seq_lens, kv_start_idx, 0)
     count = torch.minimum(lengths.clamp(min=0), room)  # [B]
+    begin = kv_indptr[:batch].long().clamp(-BOUND, BOUND)  # beyond it, a row lands outside out either way
+    lo, hi = begin.clamp(0, total), (begin + count).clamp(0, total)
+    lo = torch.where(lo < hi, lo, total)  # empty rows mark the spare entry [N], past every position
 
-    # A row writes at most ``span`` entries, from its first token that lands at or after out[0].
-    begin = kv_indptr[:batch].long()
-    token = (-begin).clamp(min=0)[:, None] + torch.arange(span, device=out.device)[None, :]  # [B, span]
-    target = begin[:, None] + token
-    written = (token < count[:, None]) & (target < total)
-    positions = torch.where(written, start[:, None] + token, torch.zeros_like(target))
-    slots = req_to_token[pool[:, None], positions]
-    # Positions that are not written go to a scratch slot past the end, so no value is ever
-    # written back over a real one.
-    staged = torch.cat([out, out.new_zeros(1)])
-    staged.index_put_((torch.where(written, target, torch.full_like(target, total)),), slots)
-    out.copy_(staged[:total])
+    # Per start position: the farthest end of the ranges starting there, and a request with that range.
+    farthest_end = torch.full((total + 1,), -1, dtype=torch.long, device=out.device)
+    farthest_end.scatter_reduce_(0, lo, hi, "amax")
+    requests = torch.arange(batch, device=out.device)
+    owner_at = torch.full((total + 1,), -1, dtype=torch.long, device=out.device)
+    owner_at.scatter_reduce_(0, lo, torch.where(hi == farthest_end[lo], requests, -1), "amax")
+    # For each position t: the farthest end of the ranges starting at or before t, and where that range starts.
+    reach, reach_start = torch.cummax(farthest_end[:total], 0)
+    position = torch.arange(total, device=out.device)
+    written = reach > position
+    owner = torch.where(written, owner_at[reach_start], 0)
+    token = torch.where(written, position - begin[owner], 0)
+    slots = req_to_token[pool[owner], start[owner] + token]
+    out.copy_(torch.where(written, slots.to(out.dtype), out))
     return out

@@ -87,6 +87,22 @@ def make_case(batch, page_size, *, max_pages=6, index_dtype=torch.int32, with_st
     )
 
 
+def assert_same(actual, expected, what):
+    """``actual`` (any device) equals ``expected`` (CPU) exactly; else an error naming the first difference."""
+    actual = actual.cpu()
+    if not torch.equal(actual, expected):
+        bad = (actual != expected).nonzero()
+        first = tuple(bad[0].tolist())
+        raise AssertionError(f"{what}: {bad.shape[0]} entries differ; first at {first}: "
+                             f"got {int(actual[first])}, expected {int(expected[first])}"
+                             f"{' (POISON: never written)' if int(actual[first]) == POISON else ''}")
+
+
+def wrap_int32(value: int) -> int:
+    """The low 32 bits of ``value`` as a signed int32 (what ``seq_lens_out`` holds of an exact sum)."""
+    return (value + 2**31) % 2**32 - 2**31
+
+
 def loop_page_table(case: Case, out: torch.Tensor, seq_lens_out=None) -> torch.Tensor:
     """The contract written as a plain loop (independent of kvdispatch.reference)."""
     table = case.req_to_token.cpu().tolist()
@@ -96,7 +112,7 @@ def loop_page_table(case: Case, out: torch.Tensor, seq_lens_out=None) -> torch.T
         pool = int(case.req_pool_indices[b])
         length = int(case.seq_lens[b]) + case.seqlen_offset
         if seq_lens_out is not None:
-            seq_lens_out[b] = length
+            seq_lens_out[b] = wrap_int32(length)
         start = int(case.kv_start_idx[b]) if case.kv_start_idx is not None else 0
         pages = 0 if length <= 0 else (length + case.page_size - 1) // case.page_size
         for p in range(case.width):

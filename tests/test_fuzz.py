@@ -25,7 +25,7 @@ from hypothesis import strategies as st
 
 from conftest import BACKENDS, DEVICE, page_table, token_csr
 from kvdispatch import grid, reference
-from kvcases import POISON, Case, loop_page_table, loop_token_csr
+from kvcases import POISON, Case, assert_same, loop_page_table, loop_token_csr, wrap_int32
 
 PROFILE = os.environ.get("KVDISPATCH_FUZZ_PROFILE", "ci")
 if PROFILE not in ("ci", "long"):
@@ -45,6 +45,7 @@ def fuzz_settings(backend):
 
 
 I32_MIN, I32_MAX = -(2**31), 2**31 - 1
+I64_MIN, I64_MAX = -(2**63), 2**63 - 1
 DTYPES = (torch.int32, torch.int64)
 # Triton and CuPy compiled for a GPU: one specialisation per page size, so a fixed list with non-powers of two.
 COMPILED_PAGE_SIZES = (1, 2, 3, 16, 64, 96, 100, 1000, 4096)
@@ -83,16 +84,16 @@ class Spec:
 
 def _request_values(draw, batch, rows, cols, typical_len, margin, wide_pool, wide_len, wide_start, with_start):
     def pool():
-        bad = [-1, rows, rows + 3, I32_MIN, I32_MAX] + ([2**40, -(2**40)] if wide_pool else [])
+        bad = [-1, rows, rows + 3, I32_MIN, I32_MAX] + ([2**40, -(2**40), I64_MIN, I64_MAX] if wide_pool else [])
         return draw(st.one_of(st.integers(0, rows - 1), st.integers(0, rows - 1), st.sampled_from(bad)))
 
     def length():
         bad = [0, -1, -typical_len - 1, cols, cols + 1, 3 * cols + 7, I32_MIN, I32_MAX]
-        bad += [2**40, -(2**40)] if wide_len else []
+        bad += [2**40, -(2**40), I64_MIN, I64_MIN + 1, I64_MAX] if wide_len else []
         return draw(st.one_of(st.integers(1, typical_len), st.integers(1, typical_len), st.sampled_from(bad)))
 
     def start():
-        bad = [cols, cols + 1, -1, -2, I32_MIN, I32_MAX] + ([2**40] if wide_start else [])
+        bad = [cols, cols + 1, -1, -2, I32_MIN, I32_MAX] + ([2**40, I64_MIN, I64_MAX] if wide_start else [])
         return draw(st.one_of(st.integers(0, margin), st.integers(0, margin), st.sampled_from(bad)))
 
     pools = [pool() for _ in range(batch)]
@@ -151,7 +152,7 @@ def token_csr_specs(draw, backend):
     indptr.append(position)
     out_len = draw(st.one_of(st.integers(position, position + 5), st.integers(0, position + 5)))
     bad = [out_len - 2, out_len, out_len + 1000, -4, I32_MIN, I32_MAX]
-    bad += [2**40, -(2**40)] if dtypes[3] == torch.int64 else []
+    bad += [2**40, -(2**40), I64_MIN, I64_MIN + out_len, I64_MAX] if dtypes[3] == torch.int64 else []
     for b in range(batch):
         if draw(st.integers(0, 5)) == 0:
             indptr[b] = draw(st.sampled_from(bad))
@@ -295,16 +296,6 @@ def run_backend(backend, built: Built, spec: Spec):
     assert result is built.out
 
 
-def _assert_same(actual, expected, what):
-    actual = actual.cpu()
-    if not torch.equal(actual, expected):
-        bad = (actual != expected).nonzero()
-        first = tuple(bad[0].tolist())
-        raise AssertionError(f"{what}: {bad.shape[0]} entries differ; first at {first}: "
-                             f"got {int(actual[first])}, expected {int(expected[first])}"
-                             f"{' (POISON: never written)' if int(actual[first]) == POISON else ''}")
-
-
 def check(backend, spec: Spec):
     built = build(spec, DEVICE)
     expected_store, expected_seq = expected_of(built, spec)
@@ -312,9 +303,9 @@ def check(backend, spec: Spec):
     actual_store = built.out_store.cpu()
     if spec.op == "token_csr":
         expected_store = settle_csr_overlaps(spec, built.cpu["table"], actual_store, expected_store)
-    _assert_same(actual_store, expected_store, f"{backend} {spec.op} output (whole allocation)")
+    assert_same(actual_store, expected_store, f"{backend} {spec.op} output (whole allocation)")
     if built.seq_lens_out is not None:
-        _assert_same(built.seq_lens_out, expected_seq, f"{backend} seq_lens_out")
+        assert_same(built.seq_lens_out, expected_seq, f"{backend} seq_lens_out")
     # The inputs are read-only.
     case = built.case
     for name, tensor in dict(table=case.req_to_token, pool=case.req_pool_indices, lens=case.seq_lens,
@@ -351,10 +342,6 @@ def test_token_csr_matches_reference(backend):
     fuzz(backend, "token_csr", token_csr_specs(backend), TOKEN_CSR_REGRESSIONS)
 
 
-def _wrap_int32(value):
-    return (value + 2**31) % 2**32 - 2**31
-
-
 @fuzz_settings("reference")
 @given(spec=page_table_specs("torch"))
 def test_reference_page_table_matches_loop(spec):
@@ -364,15 +351,15 @@ def test_reference_page_table_matches_loop(spec):
     store_before = built.out_store.clone()
     reference.build_page_table(case.req_to_token, case.req_pool_indices, case.seq_lens, built.out, spec.page_size,
                                case.kv_start_idx, spec.seqlen_offset, built.seq_lens_out, spec.fill_value)
-    _assert_same(built.out, expected, "reference page table vs loop")
+    assert_same(built.out, expected, "reference page table vs loop")
     row0, col0, _, _ = spec.out_layout
     store_before[row0:, col0: col0 + spec.width] = expected
-    _assert_same(built.out_store, store_before, "reference page table: outside out")
+    assert_same(built.out_store, store_before, "reference page table: outside out")
     if built.seq_lens_out is not None:
         want = torch.full_like(built.seq_lens_out, POISON)
-        want[: spec.batch] = torch.tensor([_wrap_int32(n + spec.seqlen_offset) for n in spec.lengths],
+        want[: spec.batch] = torch.tensor([wrap_int32(n + spec.seqlen_offset) for n in spec.lengths],
                                           dtype=torch.int64).to(torch.int32)
-        _assert_same(built.seq_lens_out, want, "reference seq_lens_out")
+        assert_same(built.seq_lens_out, want, "reference seq_lens_out")
 
 
 @fuzz_settings("reference")
@@ -389,7 +376,7 @@ def test_reference_token_csr_matches_loop(spec):
     reference.build_token_indices(case.req_to_token, case.req_pool_indices, case.seq_lens, built.indptr, built.out,
                                   case.kv_start_idx)
     store = settle_csr_overlaps(spec, case.req_to_token, built.out_store, store)
-    _assert_same(built.out_store, store, "reference token CSR vs loop (whole allocation)")
+    assert_same(built.out_store, store, "reference token CSR vs loop (whole allocation)")
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -419,4 +406,4 @@ def test_noncontiguous_index_vectors(backend, op):
     except ValueError as exc:
         assert "contiguous" in str(exc) or "stride" in str(exc), exc
         return
-    _assert_same(built.out_store, expected_store, f"{backend} {op} with strided index vectors")
+    assert_same(built.out_store, expected_store, f"{backend} {op} with strided index vectors")
