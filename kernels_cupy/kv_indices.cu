@@ -4,8 +4,9 @@
 // as int64) and pointers as integers too.
 // One source for NVRTC, hipRTC, nvcc, hipcc and the host build (tests/cuda_host_shim.h): no #include, builtin
 // types only, no intrinsics, no shared memory or barriers, nothing that assumes a warp width.
-// Grid (from kvdispatch.grid): blockIdx.x = request, blockIdx.y = program of the row; a program owns
-// `items` consecutive pages/tokens of its row and its blockDim.x threads stride over them.
+// Grid (from kvdispatch.grid): blockIdx.x = request, blockIdx.y = program of the row (plus blockIdx.z *
+// gridDim.y on a grid folded into its third dimension, KV_FOLDED_GRID); a program owns `items` consecutive
+// pages/tokens of its row and its blockDim.x threads stride over them.
 
 typedef long long kv_i64;
 typedef unsigned long long kv_u64;
@@ -23,6 +24,7 @@ struct alignas(16) kv_vec4 {
 #define KV_FILL 16        // page table: write fill_value into columns [pages, width)
 #define KV_START 32       // kv_start_idx is given (else every start is 0)
 #define KV_LENS_OUT 64    // page table: seq_lens_out is given
+#define KV_FOLDED_GRID 128  // a row's programs span gridDim.y * gridDim.z blocks (kvdispatch.grid)
 
 // A launcher may compile one specialisation: -DKV_FLAGS=<flags> (and -DKV_PAGE_SIZE=<page size>) turn
 // the runtime `flags` (and `page_size`) into constants, so the dtype branches and the divisions fold
@@ -43,6 +45,12 @@ __device__ inline kv_i64 kv_add_saturated(kv_i64 a, kv_i64 b) {
     if (b > 0 && a > most - b) return most;
     if (b < 0 && a < least - b) return least;
     return a + b;
+}
+
+// The block's program index within its row. Without KV_FOLDED_GRID (a constant in a specialised build) it
+// is blockIdx.y alone, so the usual launch runs no extra instruction.
+__device__ inline kv_i64 kv_row_program(bool folded) {
+    return folded ? (kv_i64)blockIdx.y + (kv_i64)blockIdx.z * gridDim.y : (kv_i64)blockIdx.y;
 }
 
 __device__ inline kv_i64 kv_load_index(const void* base, kv_i64 i, int wide) {
@@ -125,13 +133,14 @@ extern "C" __global__ void kv_page_table(
     const int page_size = (int)page_size_arg;
 #endif
     const kv_i64 b = blockIdx.x;
-    const kv_i64 first = (kv_i64)blockIdx.y * items;
+    const kv_i64 program = kv_row_program(KV_HAS(KV_FOLDED_GRID));
+    const kv_i64 first = program * items;
     // Independent loads, issued before any of them is used.
     const kv_i64 pool = kv_load_index(req_pool_indices, b * pool_stride, KV_HAS(KV_WIDE_POOL));
     const kv_i64 seq_len = kv_load_index(seq_lens, b * lens_stride, KV_HAS(KV_WIDE_LENS));
     const kv_i64 start =
         KV_HAS(KV_START) ? kv_load_index(kv_start_idx, b * start_stride, KV_HAS(KV_WIDE_START)) : 0;
-    if (KV_HAS(KV_LENS_OUT) && blockIdx.y == 0 && threadIdx.x == 0)
+    if (KV_HAS(KV_LENS_OUT) && program == 0 && threadIdx.x == 0)
         seq_lens_out[b] = (int)((kv_u64)seq_len + (kv_u64)seqlen_offset);  // unsigned: wraps, never overflows
     const kv_i64 length = kv_add_saturated(seq_len, seqlen_offset);
 
@@ -186,7 +195,7 @@ extern "C" __global__ void kv_token_csr(
     const void* __restrict__ kv_indptr, kv_i64 indptr_stride, int* __restrict__ out, kv_i64 out_len,
     kv_i64 items, kv_i64 flags) {
     const kv_i64 b = blockIdx.x;
-    const kv_i64 first = (kv_i64)blockIdx.y * items;
+    const kv_i64 first = kv_row_program(KV_HAS(KV_FOLDED_GRID)) * items;
     const kv_i64 pool = kv_load_index(req_pool_indices, b * pool_stride, KV_HAS(KV_WIDE_POOL));
     const kv_i64 length = kv_load_index(seq_lens, b * lens_stride, KV_HAS(KV_WIDE_LENS));
     const kv_i64 start =

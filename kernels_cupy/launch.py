@@ -24,7 +24,7 @@ from kvdispatch import grid
 from .build import PAGE_TABLE_KERNEL, TOKEN_CSR_KERNEL
 
 # Flag bits; the same values as the KV_* macros in kv_indices.cu.
-WIDE_POOL, WIDE_LENS, WIDE_START, WIDE_INDPTR, FILL, START, LENS_OUT = 1, 2, 4, 8, 16, 32, 64
+WIDE_POOL, WIDE_LENS, WIDE_START, WIDE_INDPTR, FILL, START, LENS_OUT, FOLDED_GRID = 1, 2, 4, 8, 16, 32, 64, 128
 
 # The geometry depends on a few ints only; caching it keeps the helper off the per-call path.
 _page_table_launch = functools.lru_cache(maxsize=4096)(grid.page_table_launch)
@@ -34,7 +34,7 @@ _token_csr_launch = functools.lru_cache(maxsize=4096)(grid.token_csr_launch)
 class KernelCall(NamedTuple):
     kernel: str
     defines: tuple  # ((macro, value), ...): the compile-time specialisation, e.g. KV_PAGE_SIZE and KV_FLAGS
-    grid: tuple
+    grid: tuple  # (x, y, z): kvdispatch.grid.Launch.grid
     threads: int
     args: tuple
 
@@ -49,6 +49,10 @@ def _stride(t: torch.Tensor | None) -> int:
 
 def _wide(t: torch.Tensor | None, bit: int) -> int:
     return bit if t is not None and t.dtype == torch.int64 else 0
+
+
+def _folded(launch: grid.Launch) -> int:
+    return FOLDED_GRID if launch.folded else 0
 
 
 def _table_args(req_to_token):
@@ -66,7 +70,7 @@ def page_table_call(req_to_token, req_pool_indices, seq_lens, out, page_size, kv
         return None
     flags = (_wide(req_pool_indices, WIDE_POOL) | _wide(seq_lens, WIDE_LENS) | _wide(kv_start_idx, WIDE_START)
              | (FILL if fill_value is not None else 0) | (START if kv_start_idx is not None else 0)
-             | (LENS_OUT if seq_lens_out is not None else 0))
+             | (LENS_OUT if seq_lens_out is not None else 0) | _folded(launch))
     rows, cols = req_to_token.shape
     args = (req_to_token.data_ptr(), req_pool_indices.data_ptr(), seq_lens.data_ptr(), out.data_ptr(), rows, cols,
             req_to_token.stride(0), out.stride(0), width, launch.items_per_program, seqlen_offset,
@@ -84,7 +88,7 @@ def token_csr_call(req_to_token, req_pool_indices, seq_lens, kv_indptr, out, kv_
     if launch.grid[0] == 0:
         return None
     flags = (_wide(req_pool_indices, WIDE_POOL) | _wide(seq_lens, WIDE_LENS) | _wide(kv_start_idx, WIDE_START)
-             | _wide(kv_indptr, WIDE_INDPTR) | (START if kv_start_idx is not None else 0))
+             | _wide(kv_indptr, WIDE_INDPTR) | (START if kv_start_idx is not None else 0) | _folded(launch))
     args = _table_args(req_to_token) + (
         req_pool_indices.data_ptr(), req_pool_indices.stride(0), seq_lens.data_ptr(), seq_lens.stride(0),
         _ptr(kv_start_idx), _stride(kv_start_idx), kv_indptr.data_ptr(), kv_indptr.stride(0), out.data_ptr(), total,

@@ -1,4 +1,4 @@
-"""Triton kernels (2-D grid) and their launchers.
+"""Triton kernels (on the grid of ``kvdispatch.grid``) and their launchers.
 
 ``build_page_table`` and ``build_token_indices`` take the arguments of ``kvdispatch.reference`` (already
 validated) and launch one kernel on the tensors' device and current stream. Importing this package

@@ -34,6 +34,8 @@ import threading
 from dataclasses import dataclass
 
 import torch
+import triton
+import triton.language as tl
 
 LAUNCH_ENV = "KVDISPATCH_TRITON_LAUNCH"
 LAUNCH_MODES = ("auto", "native", "direct", "fast", "plain")
@@ -61,6 +63,17 @@ _FORWARDING_SOURCE = (
     "self.launch(gridX,gridY,gridZ,stream,function,self.launch_cooperative_grid,self.launch_pdl,global_scratch,"
     "profile_scratch,*args)",
 )
+
+
+@triton.jit
+def program_in_row(FOLDED_GRID: tl.constexpr):
+    """The program's index among its row's programs: ``program_id(1)`` (int32) or, on a grid folded into
+    its third dimension (``kvdispatch.grid``), ``program_id(1) + program_id(2) * num_programs(1)`` in int64
+    (it can pass 2**31). A compile-time choice, so the usual grid runs the code it always ran."""
+    program = tl.program_id(1)
+    if FOLDED_GRID:
+        program = program.to(tl.int64) + tl.program_id(2).to(tl.int64) * tl.num_programs(1)
+    return program
 
 
 def launch_mode() -> str:
@@ -213,8 +226,9 @@ def _pointer_positions(compiled) -> tuple[int, ...]:
 
 def fast_launcher(compiled, convention: FastConvention, grid, constexpr_values: tuple, device_index: int,
                   direct: DirectLaunch | None = None):
-    """A function ``launch(*runtime_args)`` that starts ``compiled`` on ``grid`` on the current stream
-    of ``device_index``; ``constexpr_values`` follow the runtime arguments where the convention wants them.
+    """A function ``launch(*runtime_args)`` that starts ``compiled`` on ``grid`` (``(x, y, z)``, as
+    ``kvdispatch.grid.Launch.grid``) on the current stream of ``device_index``; ``constexpr_values`` follow
+    the runtime arguments where the convention wants them.
     Through ``compiled.run``, or through its C launch function when ``direct`` is given.
 
     Tensors in the pointer parameters are passed as their addresses: every Triton launcher takes an int
@@ -227,7 +241,7 @@ def fast_launcher(compiled, convention: FastConvention, grid, constexpr_values: 
         run, extra = compiled.run, (metadata, None, None, None)
     else:  # what run.__call__ passes: its flags, no scratch buffers, then its own arguments
         run, extra = direct.launch, (direct.cooperative, direct.pdl, None, None, metadata, None, None, None)
-    grid_x, grid_y = grid
+    grid_x, grid_y, grid_z = grid
     tail = constexpr_values if convention.with_constexprs else ()
     positions = _pointer_positions(compiled)
     address = torch.Tensor.data_ptr
@@ -240,9 +254,9 @@ def fast_launcher(compiled, convention: FastConvention, grid, constexpr_values: 
             values[i] = address(values[i])
         if current_device() != device_index:
             with torch.cuda.device(device_index):
-                run(grid_x, grid_y, 1, raw_stream(device_index), function, *extra, *values, *tail)
+                run(grid_x, grid_y, grid_z, raw_stream(device_index), function, *extra, *values, *tail)
             return
-        run(grid_x, grid_y, 1, raw_stream(device_index), function, *extra, *values, *tail)
+        run(grid_x, grid_y, grid_z, raw_stream(device_index), function, *extra, *values, *tail)
 
     return launch
 

@@ -155,21 +155,25 @@ def forget_plans(op: str) -> None:
         _module.clear_plans(OPS[op])
 
 
-def add_page_table_plan(key: tuple, kernel, grid_y: int) -> bool:
+def add_page_table_plan(key: tuple, kernel, grid: tuple) -> bool:
     """Register the launch of one page-table call key (``page_table.plan_key_and_arguments``) with
-    ``kernel`` (a ``launch.NativeKernel``); returns whether the C path took it."""
+    ``kernel`` (a ``launch.NativeKernel``) on ``grid`` (``kvdispatch.grid.Launch.grid``; its first entry
+    is the batch, read from each call); returns whether the C path took it."""
     device, page_size, batch, width, pool_dtype, lens_dtype, start_dtype, *flags = key
+    _, grid_y, grid_z = grid
     return _module.add_page_table_plan(
         (device, page_size, batch, width, DTYPE_CODES[pool_dtype], DTYPE_CODES[lens_dtype],
          DTYPE_CODES[start_dtype], *map(int, flags)),  # seq_lens_out, fill, unit strides, wide, offset
-        kernel.context, kernel.function, grid_y, kernel.threads, kernel.shared, kernel.param_count)
+        kernel.context, kernel.function, grid_y, grid_z, kernel.threads, kernel.shared, kernel.param_count)
 
 
-def add_token_csr_plan(key: tuple, kernel, grid_y: int) -> bool:
+def add_token_csr_plan(key: tuple, kernel, grid: tuple) -> bool:
     """Register the launch of one token-CSR call key (``token_csr.plan_key_and_arguments``) with
-    ``kernel`` (a ``launch.NativeKernel``); returns whether the C path took it."""
+    ``kernel`` (a ``launch.NativeKernel``) on ``grid``, as ``add_page_table_plan``; returns whether the C
+    path took it."""
     device, batch, span, pool_dtype, lens_dtype, indptr_dtype, start_dtype, *flags = key
+    _, grid_y, grid_z = grid
     return _module.add_token_csr_plan(
         (device, batch, span, DTYPE_CODES[pool_dtype], DTYPE_CODES[lens_dtype], DTYPE_CODES[indptr_dtype],
          DTYPE_CODES[start_dtype], *map(int, flags)),  # unit strides, wide indexing
-        kernel.context, kernel.function, grid_y, kernel.threads, kernel.shared, kernel.param_count)
+        kernel.context, kernel.function, grid_y, grid_z, kernel.threads, kernel.shared, kernel.param_count)

@@ -62,7 +62,7 @@ typedef struct {
     plan_key key;
     void *context;
     uint64_t function;
-    unsigned grid_y, threads, shared, param_count;
+    unsigned grid_y, grid_z, threads, shared, param_count;  // grid: (batch, grid_y, grid_z), kvdispatch.grid
 } plan;
 
 static plan plans[TABLE_SLOTS];
@@ -180,7 +180,8 @@ static PyObject *context(PyObject *self, PyObject *unused) {
 }
 
 static PyObject *store_plan(const plan_key *key, unsigned long long ctx, unsigned long long function,
-                            unsigned grid_y, unsigned threads, unsigned shared, unsigned param_count, unsigned args) {
+                            unsigned grid_y, unsigned grid_z, unsigned threads, unsigned shared, unsigned param_count,
+                            unsigned args) {
     if (param_count < args || param_count > MAX_PARAMS)
         return PyErr_Format(PyExc_ValueError, "add_plan: %u parameters, expected %u to %d", param_count, args,
                             MAX_PARAMS);
@@ -194,11 +195,12 @@ static PyObject *store_plan(const plan_key *key, unsigned long long ctx, unsigne
     p->key = *key;
     p->context = (void *)(uintptr_t)ctx;
     p->function = function;
-    p->grid_y = grid_y, p->threads = threads, p->shared = shared, p->param_count = param_count;
+    p->grid_y = grid_y, p->grid_z = grid_z, p->threads = threads, p->shared = shared, p->param_count = param_count;
     Py_RETURN_TRUE;
 }
 
-// add_page_table_plan(key tuple of 12 ints, context, function, grid_y, threads, shared, param_count) -> added
+// add_page_table_plan(key tuple of 12 ints, context, function, grid_y, grid_z, threads, shared, param_count)
+//   -> added
 // key: device, page size, batch, width, pool dtype, lens dtype, start dtype, seq_lens_out, fill, unit strides,
 // wide indexing, offset not 0, as page_table() computes it from its arguments.
 // add_token_csr_plan(key tuple of 9 ints, ...) -> added
@@ -207,9 +209,9 @@ static PyObject *store_plan(const plan_key *key, unsigned long long ctx, unsigne
 static PyObject *add_plan(PyObject *args, int op) {
     PyObject *key_tuple;
     unsigned long long ctx, function;
-    unsigned grid_y, threads, shared, param_count;
-    if (!PyArg_ParseTuple(args, "O!KKIIII", &PyTuple_Type, &key_tuple, &ctx, &function, &grid_y, &threads, &shared,
-                          &param_count))
+    unsigned grid_y, grid_z, threads, shared, param_count;
+    if (!PyArg_ParseTuple(args, "O!KKIIIII", &PyTuple_Type, &key_tuple, &ctx, &function, &grid_y, &grid_z, &threads,
+                          &shared, &param_count))
         return NULL;
     Py_ssize_t size = op == OP_PAGE_TABLE ? 12 : 9;
     if (PyTuple_GET_SIZE(key_tuple) != size)
@@ -228,7 +230,7 @@ static PyObject *add_plan(PyObject *args, int op) {
         key.batch = f[1], key.width = f[2], key.pool_dtype = f[3], key.lens_dtype = f[4], key.indptr_dtype = f[5];
         key.start_dtype = f[6], key.unit_strides = f[7], key.wide_indexing = f[8];
     }
-    return store_plan(&key, ctx, function, grid_y, threads, shared, param_count,
+    return store_plan(&key, ctx, function, grid_y, grid_z, threads, shared, param_count,
                       op == OP_PAGE_TABLE ? PAGE_TABLE_ARGS : TOKEN_CSR_ARGS);
 }
 
@@ -313,10 +315,11 @@ static PyObject *launch_plan(const plan_key *key, unsigned grid_x, uint64_t *val
     void *params[MAX_PARAMS];
     for (unsigned i = 0; i < p->param_count; ++i) params[i] = &values[i];
     void *function = (void *)(uintptr_t)p->function;
-    unsigned grid_y = p->grid_y, threads = p->threads, shared = p->shared;
+    unsigned grid_y = p->grid_y, grid_z = p->grid_z, threads = p->threads, shared = p->shared;
     int rc;
     Py_BEGIN_ALLOW_THREADS;
-    rc = launch_kernel(function, grid_x, grid_y, 1, threads, 1, 1, shared, (void *)(uintptr_t)stream, params, NULL);
+    rc = launch_kernel(function, grid_x, grid_y, grid_z, threads, 1, 1, shared, (void *)(uintptr_t)stream, params,
+                       NULL);
     Py_END_ALLOW_THREADS;
     if (rc != 0) Py_RETURN_NOTIMPLEMENTED;  // the Python path makes this call and reports what it finds
     ++launches;
@@ -448,9 +451,9 @@ static PyMethodDef methods[] = {
     {"approve", approve, METH_VARARGS, "approve(op, device index, backend, on): the selector chose this launcher"},
     {"context", context, METH_NOARGS, "the current context's handle, or None"},
     {"add_page_table_plan", add_page_table_plan, METH_VARARGS,
-     "add_page_table_plan(key, context, function, grid_y, threads, shared, param_count)"},
+     "add_page_table_plan(key, context, function, grid_y, grid_z, threads, shared, param_count)"},
     {"add_token_csr_plan", add_token_csr_plan, METH_VARARGS,
-     "add_token_csr_plan(key, context, function, grid_y, threads, shared, param_count)"},
+     "add_token_csr_plan(key, context, function, grid_y, grid_z, threads, shared, param_count)"},
     {"token_csr", (PyCFunction)(void (*)(void))token_csr, METH_FASTCALL,
      "the public token-CSR call's arguments; returns out, or NotImplemented"},
     {"page_table", (PyCFunction)(void (*)(void))page_table, METH_FASTCALL,

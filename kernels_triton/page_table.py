@@ -1,4 +1,4 @@
-"""Paged block table (FlashMLA-style) on the 2-D grid ``(batch, programs_per_row)``.
+"""Paged block table (FlashMLA-style) on the grid ``(batch, programs_per_row)`` of ``kvdispatch.grid``.
 
 Program ``(b, k)`` owns pages ``[k * PAGES_PER_PROGRAM, (k + 1) * PAGES_PER_PROGRAM)`` of row ``b`` of
 ``out``. It loads the row's pool index, length and start together, gathers one slot per page in one
@@ -31,7 +31,7 @@ PARAMETERS = ("table_ptr", "pool_ptr", "lens_ptr", "out_ptr", "packed_table", "p
 POINTERS = tuple(name for name in PARAMETERS if name.endswith("_ptr"))
 RUNTIME_INTS = tuple(name for name in PARAMETERS if not name.endswith("_ptr"))
 CONSTEXPRS = ("PAGE_SIZE", "PAGE_SHIFT", "PAGES_PER_PROGRAM", "HAS_START", "HAS_SEQ_LENS_OUT", "HAS_FILL",
-              "HAS_OFFSET", "UNIT_STRIDES", "WIDE_INDEXING")
+              "HAS_OFFSET", "UNIT_STRIDES", "WIDE_INDEXING", "FOLDED_GRID")
 WIDE = _launch.WIDE
 
 
@@ -42,7 +42,7 @@ def _page_table_kernel(
     pool_stride: tl.int64, lens_stride: tl.int64, start_stride: tl.int64,
     PAGE_SIZE: tl.constexpr, PAGE_SHIFT: tl.constexpr, PAGES_PER_PROGRAM: tl.constexpr,
     HAS_START: tl.constexpr, HAS_SEQ_LENS_OUT: tl.constexpr, HAS_FILL: tl.constexpr, HAS_OFFSET: tl.constexpr,
-    UNIT_STRIDES: tl.constexpr, WIDE_INDEXING: tl.constexpr,
+    UNIT_STRIDES: tl.constexpr, WIDE_INDEXING: tl.constexpr, FOLDED_GRID: tl.constexpr,
 ):
     """``out[b, p] = table[pool[b], start[b] + p * PAGE_SIZE] // PAGE_SIZE`` for the program's pages.
 
@@ -51,10 +51,11 @@ def _page_table_kernel(
     addresses need no runtime multiply ahead of the row's loads. WIDE_INDEXING: some size or stride is
     ``WIDE`` or more (``packed_words``; never in practice): the row then takes 64-bit arithmetic and reads
     the full-width parameters, as rows with a start always do; otherwise the kernel reads ``packed_table``
-    and ``packed_out`` in their place.
+    and ``packed_out`` in their place. FOLDED_GRID: the row's programs span the grid's second and third
+    dimensions (``launch.program_in_row``).
     """
     row = tl.program_id(0)
-    first = tl.program_id(1) * PAGES_PER_PROGRAM
+    first = _launch.program_in_row(FOLDED_GRID) * PAGES_PER_PROGRAM
     page = tl.max_contiguous(tl.multiple_of(first + tl.arange(0, PAGES_PER_PROGRAM), PAGES_PER_PROGRAM),
                              PAGES_PER_PROGRAM)
     # Known before the row's loads return: each page's first token inside the request.
@@ -188,12 +189,13 @@ def page_shift(page_size: int) -> int:
 
 
 def constexprs_for(page_size: int, has_start: bool, has_seq_lens_out: bool, has_fill: bool,
-                   unit_strides: bool = True, wide_indexing: bool = False, has_offset: bool = False) -> dict:
+                   unit_strides: bool = True, wide_indexing: bool = False, has_offset: bool = False,
+                   folded_grid: bool = False) -> dict:
     """The constexpr arguments of one specialisation (pages per program from ``kvdispatch.grid``)."""
     return dict(PAGE_SIZE=page_size, PAGE_SHIFT=page_shift(page_size),
                 PAGES_PER_PROGRAM=launch_grid.items_per_program(launch_grid.PAGE_TABLE, page_size),
                 HAS_START=has_start, HAS_SEQ_LENS_OUT=has_seq_lens_out, HAS_FILL=has_fill, HAS_OFFSET=has_offset,
-                UNIT_STRIDES=unit_strides, WIDE_INDEXING=wide_indexing)
+                UNIT_STRIDES=unit_strides, WIDE_INDEXING=wide_indexing, FOLDED_GRID=folded_grid)
 
 
 def packed_words(rows: int, table_stride: int, cols: int, width: int, out_stride: int, page_size: int,
@@ -219,13 +221,13 @@ def _build_plan(key, out, args):
     geometry = launch_grid.page_table_launch(batch, width, page_size, writes_lengths=flags[0])
     if geometry.grid[0] == 0:
         return _plans.add(key, _launch.nothing), False
-    constexprs = constexprs_for(page_size, has_start, *flags)
-    specialisation = (page_size, has_start, *flags) + key[4:7]
+    constexprs = constexprs_for(page_size, has_start, *flags, folded_grid=geometry.folded)
+    specialisation = (page_size, has_start, *flags, geometry.folded) + key[4:7]
     warps = _launch.warps_for(out.device, geometry.threads)
     plan, launched = launcher.plan(key[0], specialisation, geometry.grid, constexprs, warps, args)
     kernel = launcher.native_kernel(key[0], specialisation, len(PARAMETERS))
     if kernel is not None:  # the compiled launcher takes this key's calls from now on
-        native.add_page_table_plan(key, kernel, geometry.grid[1])
+        native.add_page_table_plan(key, kernel, geometry.grid)
     return _plans.add(key, plan), launched
 
 
@@ -282,10 +284,10 @@ def plan_key_and_arguments(req_to_token, req_pool_indices, seq_lens, out, page_s
 
 def specializations(page_sizes=(1, 16, 32, 64, 128, 96), index_types=("i32", "i64")):
     """Every specialisation the launcher can produce for ``page_sizes``: yields ``(signature, constexprs)``
-    in the form ``triton.compiler.ASTSource`` takes (Triton >= 3.3), for each option combination and
-    each index dtype (the same for the pool, length and start vectors)."""
-    # start, seq_lens_out, fill, unit strides, wide indexing (only without a start), offset
-    flags = [f for f in itertools.product((False, True), repeat=6) if not (f[0] and f[4])]
+    in the form ``triton.compiler.ASTSource`` takes (Triton >= 3.3), for each option combination, grid
+    form and index dtype (the same for the pool, length and start vectors)."""
+    # start, seq_lens_out, fill, unit strides, wide indexing (only without a start), offset, folded grid
+    flags = [f for f in itertools.product((False, True), repeat=7) if not (f[0] and f[4])]
     for page_size, (has_start, *options), index in itertools.product(page_sizes, flags, index_types):
         types = dict(pool_ptr=f"*{index}", lens_ptr=f"*{index}", start_ptr=f"*{index}" if has_start else "*i32")
         signature = {name: types.get(name, "*i32" if name in POINTERS else "i64") for name in PARAMETERS}

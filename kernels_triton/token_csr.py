@@ -1,4 +1,4 @@
-"""Token-level CSR indices (FlashInfer-style) on the 2-D grid ``(batch, programs_per_row)``.
+"""Token-level CSR indices (FlashInfer-style) on the grid ``(batch, programs_per_row)`` of ``kvdispatch.grid``.
 
 Program ``(b, k)`` copies tokens ``j`` in ``skip_b + [k * TOKENS_PER_PROGRAM, (k + 1) * TOKENS_PER_PROGRAM)``
 of request ``b``'s table row to ``out[kv_indptr[b] + j]``, where ``skip_b = max(0, -kv_indptr[b])`` is the
@@ -29,7 +29,7 @@ PARAMETERS = ("table_ptr", "pool_ptr", "lens_ptr", "indptr_ptr", "out_ptr", "pac
               "indptr_stride", "start_stride")
 POINTERS = tuple(name for name in PARAMETERS if name.endswith("_ptr"))
 RUNTIME_INTS = tuple(name for name in PARAMETERS if not name.endswith("_ptr"))
-CONSTEXPRS = ("TOKENS_PER_PROGRAM", "HAS_START", "UNIT_STRIDES", "WIDE_INDEXING")
+CONSTEXPRS = ("TOKENS_PER_PROGRAM", "HAS_START", "UNIT_STRIDES", "WIDE_INDEXING", "FOLDED_GRID")
 WIDE = _launch.WIDE
 
 
@@ -38,14 +38,15 @@ def _token_csr_kernel(
     table_rows: tl.int64, table_cols: tl.int64, table_row_stride: tl.int64, out_len: tl.int64,
     pool_stride: tl.int64, lens_stride: tl.int64, indptr_stride: tl.int64, start_stride: tl.int64,
     TOKENS_PER_PROGRAM: tl.constexpr, HAS_START: tl.constexpr, UNIT_STRIDES: tl.constexpr,
-    WIDE_INDEXING: tl.constexpr,
+    WIDE_INDEXING: tl.constexpr, FOLDED_GRID: tl.constexpr,
 ):
     """``out[indptr[b] + j] = table[pool[b], start[b] + j]`` for the program's tokens ``j`` below
     ``min(lens[b], C - start[b])`` whose target lies in ``[0, out_len)``; the others are masked.
 
     UNIT_STRIDES: the index vectors are contiguous (their strides are not read). WIDE_INDEXING: some size
     or stride is ``WIDE`` or more (``packed_words``), so the full-width parameters are read; otherwise
-    ``packed_table`` and ``packed_sizes`` stand in for them.
+    ``packed_table`` and ``packed_sizes`` stand in for them. FOLDED_GRID: the row's programs span the
+    grid's second and third dimensions (``launch.program_in_row``).
     """
     if UNIT_STRIDES:
         pool_stride, lens_stride, indptr_stride, start_stride = 1, 1, 1, 1
@@ -74,7 +75,7 @@ def _token_csr_kernel(
     # grid gives a row, so the row's programs start counting at ``skip``, not at token 0.
     skip = tl.maximum(-target_start, 0)
     end = tl.minimum(count, out_len - target_start)
-    first = skip + tl.program_id(1) * TOKENS_PER_PROGRAM
+    first = skip + _launch.program_in_row(FOLDED_GRID) * TOKENS_PER_PROGRAM
     if first < end:
         token = first + tl.arange(0, TOKENS_PER_PROGRAM)
         copied = token < end
@@ -88,10 +89,11 @@ launcher = _launch.register(_launch.KernelLauncher(token_csr_kernel, CONSTEXPRS)
 _plans = _launch.plan_cache(on_clear=functools.partial(native.forget_plans, "token_csr"))
 
 
-def constexprs_for(has_start: bool, unit_strides: bool = True, wide_indexing: bool = False) -> dict:
+def constexprs_for(has_start: bool, unit_strides: bool = True, wide_indexing: bool = False,
+                   folded_grid: bool = False) -> dict:
     """The constexpr arguments of one specialisation (tokens per program from ``kvdispatch.grid``)."""
     return dict(TOKENS_PER_PROGRAM=launch_grid.items_per_program(launch_grid.TOKEN_CSR), HAS_START=has_start,
-                UNIT_STRIDES=unit_strides, WIDE_INDEXING=wide_indexing)
+                UNIT_STRIDES=unit_strides, WIDE_INDEXING=wide_indexing, FOLDED_GRID=folded_grid)
 
 
 def packed_words(rows: int, table_stride: int, cols: int, out_len: int) -> tuple[int, int] | None:
@@ -109,13 +111,13 @@ def _build_plan(key, out, args):
     if geometry.grid[0] == 0:
         return _plans.add(key, _launch.nothing), False
     has_start, unit_strides, wide_indexing = key[6] is not None, key[7], key[8]
-    specialisation = (has_start,) + key[3:]
+    specialisation = (has_start, geometry.folded) + key[3:]
     warps = _launch.warps_for(out.device, geometry.threads)
-    constexprs = constexprs_for(has_start, unit_strides, wide_indexing)
+    constexprs = constexprs_for(has_start, unit_strides, wide_indexing, geometry.folded)
     plan, launched = launcher.plan(key[0], specialisation, geometry.grid, constexprs, warps, args)
     kernel = launcher.native_kernel(key[0], specialisation, len(PARAMETERS))
     if kernel is not None:  # the compiled launcher takes this key's calls from now on
-        native.add_token_csr_plan(key, kernel, geometry.grid[1])
+        native.add_token_csr_plan(key, kernel, geometry.grid)
     return _plans.add(key, plan), launched
 
 
@@ -159,13 +161,13 @@ def plan_key_and_arguments(req_to_token, req_pool_indices, seq_lens, kv_indptr, 
 
 def specializations(index_types=("i32", "i64")):
     """Every specialisation the launcher can produce: yields ``(signature, constexprs)`` for
-    ``triton.compiler.ASTSource`` (Triton >= 3.3), per start option, unit strides, wide indexing and index
-    dtype (the same for the pool, length, indptr and start vectors)."""
-    for has_start, unit_strides, wide_indexing in itertools.product((False, True), repeat=3):
+    ``triton.compiler.ASTSource`` (Triton >= 3.3), per start option, unit strides, wide indexing, grid form
+    and index dtype (the same for the pool, length, indptr and start vectors)."""
+    for has_start, unit_strides, wide_indexing, folded_grid in itertools.product((False, True), repeat=4):
         for index in index_types:
             types = dict(pool_ptr=f"*{index}", lens_ptr=f"*{index}", indptr_ptr=f"*{index}",
                          start_ptr=f"*{index}" if has_start else "*i32")
             signature = {name: types.get(name, "*i32" if name in POINTERS else "i64") for name in PARAMETERS}
-            constexprs = constexprs_for(has_start, unit_strides, wide_indexing)
+            constexprs = constexprs_for(has_start, unit_strides, wide_indexing, folded_grid)
             signature.update({name: "constexpr" for name in constexprs})
             yield signature, constexprs

@@ -4,7 +4,8 @@ Auto order: Triton, then CuPy, then torch, each where the probe says it can serv
 ``KVDISPATCH_BACKEND`` (read at first selection per device; ``reset()`` forgets) forces one; ``backend=``
 per call wins over it. A forced backend that cannot serve raises with the reason; in auto mode a backend
 that raises at compile or launch is disabled for that device with one warning and the next one serves,
-unless ``KVDISPATCH_STRICT=1``. The hot path is one dict lookup per call.
+unless ``KVDISPATCH_STRICT=1``; a call beyond the GPU grid limits (``grid.GridLimitError``) is that call's
+error and disables nothing. The hot path is one dict lookup per call.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from dataclasses import dataclass
 import torch
 
 from . import _debug, devices
+from .grid import GridLimitError
 
 BACKENDS = ("triton", "cupy", "torch")
 # CPU tensors: the reference first; the Triton interpreter (TRITON_INTERPRET=1) only when asked for.
@@ -209,6 +211,8 @@ def call(device, op, backend, *args):
     name, function = selector.resolve(device, op, backend)
     try:
         return function(*args)
+    except GridLimitError:  # this call's arguments are beyond what a GPU grid takes: its own error
+        raise
     except Exception as exc:
         if name == "torch" or requested_backend(backend) != "auto" or strict():
             raise

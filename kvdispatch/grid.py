@@ -1,11 +1,20 @@
 """Launch geometry shared by every GPU backend (pure Python: no torch, triton or cupy import).
 
-Both kernels run on a 2-D grid ``(batch, programs_per_row)``. Program ``(b, k)`` owns the items
+Both kernels run on a grid ``(batch, programs_per_row)``. Program ``(b, k)`` owns the items
 ``[k * items_per_program, (k + 1) * items_per_program)`` of row ``b``; programs past a row's length exit
 at once. ``items_per_program`` depends only on the kernel kind and the page size, never on the batch or
 the width, so a compiled kernel is reused for every shape (one compilation per page size and option set).
-The grid's second dimension depends only on the buffer width, so a CUDA graph captured with fixed buffers
-stays valid whatever the lengths are at replay.
+The programs per row depend only on the buffer width, so a CUDA graph captured with fixed buffers stays
+valid whatever the lengths are at replay.
+
+Every grid is a 3-tuple within the limits of every supported vendor (``MAX_GRID_*``): a row of up to
+``MAX_GRID_Y`` programs is ``(batch, programs, 1)``; a wider one is folded into the third dimension,
+``(batch, MAX_GRID_Y, ceil(programs / MAX_GRID_Y))``, and its program index is ``y + z * MAX_GRID_Y``
+(``Launch.folded``: the kernels compute that sum only in a specialisation of their own, so ordinary
+calls run unchanged code; the blocks of the last slice past the row's programs write nothing). A batch
+above ``max_batch`` rows (2**32 - 1 threads in the first dimension on AMD: 16,777,215 requests at 256
+threads per program, 67,108,863 at 64), or a row too wide even folded, raises ``GridLimitError`` (a
+``ValueError``) before anything is launched or written.
 """
 
 from __future__ import annotations
@@ -28,19 +37,40 @@ _TOKENS_PER_PROGRAM = 2048
 _MIN_THREADS = 64
 _MAX_THREADS = 256
 
+# Grid limits that hold on every supported vendor (blocks per dimension; the kernels' blocks are 1-D):
+#   NVIDIA (CUDA): (2**31 - 1, 65535, 65535) blocks.
+#   AMD (HIP): (2**31 - 1) blocks in each dimension, and blocks x threads per block at most 2**32 - 1 in each
+#   (a launch past that fails with hipErrorInvalidConfiguration), which binds the first dimension only.
+MAX_GRID_X = 2**31 - 1
+MAX_GRID_Y = 65535
+MAX_GRID_Z = 65535
+MAX_GRID_X_THREADS = 2**32 - 1
+
+
+class GridLimitError(ValueError):
+    """The call needs a grid beyond ``MAX_GRID_*``: an error of that call (raised before any launch),
+    never a reason to take a backend out of selection."""
+
 
 @dataclass(frozen=True)
 class Launch:
     """Launch geometry of one kernel call.
 
-    grid: ``(batch, programs_per_row)``; either may be 0 (then nothing is launched).
+    grid: ``(batch, programs_y, programs_z)``: ``(0, 0, 0)`` when there is nothing to launch; otherwise
+    every entry is at least 1 and within ``MAX_GRID_*``, and a row's program ``k`` is block
+    ``(b, k % programs_y, k // programs_y)``.
     items_per_program: pages (page table) or tokens (CSR) owned by one program; a power of two.
     threads: suggested threads per program (a multiple of 64), 8 items per thread at most per pass.
     """
 
-    grid: tuple[int, int]
+    grid: tuple[int, int, int]
     items_per_program: int
     threads: int
+
+    @property
+    def folded(self) -> bool:
+        """The row's programs span the third dimension: the kernel must add ``z * programs_y``."""
+        return self.grid[2] > 1
 
 
 def _pow2_floor(n: int) -> int:
@@ -71,15 +101,37 @@ def threads_per_program(items: int) -> int:
     return _clamp(items // 8, _MIN_THREADS, _MAX_THREADS)
 
 
+def max_batch(threads: int) -> int:
+    """The most rows (requests) one launch of ``threads``-thread programs can take on every vendor."""
+    return min(MAX_GRID_X, MAX_GRID_X_THREADS // threads)
+
+
+def _launch(batch: int, span: int, items: int, span_name: str) -> Launch:
+    """The ``Launch`` of ``batch`` rows of ``span`` items each, ``items`` per program; raises
+    ``GridLimitError`` when that does not fit ``MAX_GRID_*`` (``span_name``: the argument that sets ``span``)."""
+    threads = threads_per_program(items)
+    programs = -(-span // items)
+    if batch <= 0 or programs <= 0:
+        return Launch((0, 0, 0), items, threads)
+    rows = max_batch(threads)
+    if batch > rows:
+        raise GridLimitError(f"batch (req_pool_indices.shape[0]) must be at most {rows} for one launch (the GPU "
+                             f"grid's first dimension takes one request per block), got {batch}")
+    slices = -(-programs // MAX_GRID_Y)
+    if slices > MAX_GRID_Z:
+        raise GridLimitError(f"{span_name} must be at most {MAX_GRID_Y * MAX_GRID_Z * items} (the GPU grid's "
+                             f"other two dimensions take {items} per block), got {span}")
+    return Launch((batch, min(programs, MAX_GRID_Y), slices), items, threads)
+
+
 def page_table_launch(batch: int, width: int, page_size: int, writes_lengths: bool = False) -> Launch:
     """Geometry of the page-table kernel for ``batch`` rows of an output ``width`` pages wide.
 
     writes_lengths: the call also writes ``seq_lens_out``, which a zero-width table still needs: each
     row then gets one program.
     """
-    items = items_per_program(PAGE_TABLE, page_size)
-    programs = -(-max(width, 1 if writes_lengths else 0) // items) if batch > 0 else 0
-    return Launch((batch if programs else 0, programs), items, threads_per_program(items))
+    span = max(width, 1 if writes_lengths else 0)
+    return _launch(batch, span, items_per_program(PAGE_TABLE, page_size), "the page-table width (out.shape[1])")
 
 
 def token_csr_launch(batch: int, table_width: int, out_len: int) -> Launch:
@@ -88,7 +140,5 @@ def token_csr_launch(batch: int, table_width: int, out_len: int) -> Launch:
     A row copies at most ``min(table_width, out_len)`` tokens (it can read no more than one table row
     and write no more than the whole output), so that bounds the programs per row without a sync.
     """
-    items = items_per_program(TOKEN_CSR)
-    span = min(table_width, out_len)
-    programs = -(-span // items) if batch > 0 else 0
-    return Launch((batch if programs else 0, programs), items, threads_per_program(items))
+    return _launch(batch, min(table_width, out_len), items_per_program(TOKEN_CSR),
+                   "min(req_to_token.shape[1], out.shape[0])")

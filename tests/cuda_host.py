@@ -50,7 +50,7 @@ def library(defines: tuple = ()) -> ctypes.CDLL:
 
     lib = ctypes.CDLL(str(_build_cache.build(build_dir(), f"kv_indices_{digest}.so", compile_to)))
     for name in build.KERNELS:
-        getattr(lib, f"host_{name}").argtypes = [ctypes.c_uint, ctypes.c_uint, ctypes.c_uint,
+        getattr(lib, f"host_{name}").argtypes = [ctypes.c_uint, ctypes.c_uint, ctypes.c_uint, ctypes.c_uint,
                                                  ctypes.POINTER(ctypes.c_void_p)]
     return lib
 
@@ -63,7 +63,7 @@ def run(call: KernelCall | None, specialised: bool = False) -> None:
     values = [ctypes.c_uint64(a & 0xFFFF_FFFF_FFFF_FFFF) for a in call.args]  # every parameter is 8 bytes
     pointers = (ctypes.c_void_p * len(values))(*[ctypes.cast(ctypes.byref(v), ctypes.c_void_p) for v in values])
     lib = library(call.defines if specialised else ())
-    getattr(lib, f"host_{call.kernel}")(call.grid[0], call.grid[1], call.threads, pointers)
+    getattr(lib, f"host_{call.kernel}")(*call.grid, call.threads, pointers)
 
 
 def create_flashmla_kv_indices(req_to_token, req_pool_indices, seq_lens, out, *, page_size, kv_start_idx=None,

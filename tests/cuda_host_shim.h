@@ -3,8 +3,8 @@
 // threads never communicate (no shared memory, no barriers, no warp operations).
 //
 // Usage (one translation unit):  #include "cuda_host_shim.h"  #include "kv_indices.cu"  KV_HOST_EXPORT(kernel)
-// exports `void host_<kernel>(unsigned grid_x, unsigned grid_y, unsigned threads, void** args)`,
-// where args[i] points at the i-th kernel argument, as with cuLaunchKernel.
+// exports `void host_<kernel>(unsigned grid_x, unsigned grid_y, unsigned grid_z, unsigned threads,
+// void** args)`, where args[i] points at the i-th kernel argument, as with cuLaunchKernel.
 #pragma once
 
 #include <cstddef>
@@ -29,21 +29,24 @@ void invoke(void (*kernel)(Args...), void** args, std::index_sequence<I...>) {
 }
 
 template <typename... Args>
-void launch(void (*kernel)(Args...), unsigned grid_x, unsigned grid_y, unsigned threads, void** args) {
-    gridDim = {grid_x, grid_y, 1};
+void launch(void (*kernel)(Args...), unsigned grid_x, unsigned grid_y, unsigned grid_z, unsigned threads,
+            void** args) {
+    gridDim = {grid_x, grid_y, grid_z};
     blockDim = {threads, 1, 1};
-    for (unsigned y = 0; y < grid_y; ++y)
-        for (unsigned x = 0; x < grid_x; ++x)
-            for (unsigned t = 0; t < threads; ++t) {
-                blockIdx = {x, y, 0};
-                threadIdx = {t, 0, 0};
-                invoke(kernel, args, std::index_sequence_for<Args...>{});
-            }
+    for (unsigned z = 0; z < grid_z; ++z)
+        for (unsigned y = 0; y < grid_y; ++y)
+            for (unsigned x = 0; x < grid_x; ++x)
+                for (unsigned t = 0; t < threads; ++t) {
+                    blockIdx = {x, y, z};
+                    threadIdx = {t, 0, 0};
+                    invoke(kernel, args, std::index_sequence_for<Args...>{});
+                }
 }
 
 }  // namespace kv_host
 
-#define KV_HOST_EXPORT(kernel)                                                                  \
-    extern "C" void host_##kernel(unsigned grid_x, unsigned grid_y, unsigned threads, void** args) { \
-        kv_host::launch(kernel, grid_x, grid_y, threads, args);                                  \
+#define KV_HOST_EXPORT(kernel)                                                                          \
+    extern "C" void host_##kernel(unsigned grid_x, unsigned grid_y, unsigned grid_z, unsigned threads,  \
+                                  void** args) {                                                        \
+        kv_host::launch(kernel, grid_x, grid_y, grid_z, threads, args);                                 \
     }

@@ -68,6 +68,16 @@ def test_page_table_options(backend, page_size, index_dtype, with_start, option)
     _check_page_table(backend, case, with_seq_out=option == "offset")
 
 
+def _check_token_csr(backend, case, indptr, out):
+    """One token-CSR call of ``backend`` on ``case`` into the poisoned ``out``, against the torch reference."""
+    expected = out.clone()
+    reference.build_token_indices(case.req_to_token, case.req_pool_indices, case.seq_lens, indptr, expected,
+                                  case.kv_start_idx)
+    assert token_csr(backend, case.req_to_token, case.req_pool_indices, case.seq_lens, indptr, out,
+                     kv_start_idx=case.kv_start_idx) is out
+    torch.testing.assert_close(out.cpu(), expected.cpu(), rtol=0, atol=0)
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("batch", BATCHES)
 @pytest.mark.parametrize("with_start", (False, True))
@@ -76,13 +86,7 @@ def test_token_csr(backend, batch, with_start):
     pages = 2 if batch > 37 else tokens_per_program // 64 + 3
     case = make_case(batch, 64, max_pages=pages, device=DEVICE, with_start=with_start,
                      index_dtype=torch.int64 if with_start else torch.int32, strided_table=batch % 2 == 1)
-    indptr, out = case.csr()
-    expected = out.clone()
-    reference.build_token_indices(case.req_to_token, case.req_pool_indices, case.seq_lens, indptr, expected,
-                                  case.kv_start_idx)
-    assert token_csr(backend, case.req_to_token, case.req_pool_indices, case.seq_lens, indptr, out,
-                     kv_start_idx=case.kv_start_idx) is out
-    torch.testing.assert_close(out.cpu(), expected.cpu(), rtol=0, atol=0)
+    _check_token_csr(backend, case, *case.csr())
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

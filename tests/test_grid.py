@@ -26,19 +26,19 @@ def test_page_table_grid_covers_every_page_and_no_more():
     for _ in range(2000):
         batch, width, page_size = rng.randint(0, 600), rng.randint(0, 140000), rng.randint(1, 4096)
         launch = grid.page_table_launch(batch, width, page_size)
-        rows, programs = launch.grid
+        rows, programs, slices = launch.grid
         if batch == 0 or width == 0:
-            assert rows * programs == 0
+            assert launch.grid == (0, 0, 0)
             continue
-        assert rows == batch
+        assert rows == batch and slices == 1
         assert programs * launch.items_per_program >= width  # every page of the widest row is owned
         assert (programs - 1) * launch.items_per_program < width  # no program beyond what it can use
 
 
 def test_zero_width_tables_that_write_lengths_get_one_program_per_row():
-    assert grid.page_table_launch(5, 0, 64).grid == (0, 0)
-    assert grid.page_table_launch(5, 0, 64, writes_lengths=True).grid == (5, 1)
-    assert grid.page_table_launch(0, 0, 64, writes_lengths=True).grid == (0, 0)
+    assert grid.page_table_launch(5, 0, 64).grid == (0, 0, 0)
+    assert grid.page_table_launch(5, 0, 64, writes_lengths=True).grid == (5, 1, 1)
+    assert grid.page_table_launch(0, 0, 64, writes_lengths=True).grid == (0, 0, 0)
     assert grid.page_table_launch(5, 70, 64, writes_lengths=True) == grid.page_table_launch(5, 70, 64)
 
 
@@ -48,13 +48,82 @@ def test_token_csr_grid_covers_the_longest_possible_row():
         batch, cols, total = rng.randint(0, 600), rng.randint(0, 200000), rng.randint(0, 10**7)
         launch = grid.token_csr_launch(batch, cols, total)
         span = min(cols, total)
-        rows, programs = launch.grid
+        rows, programs, slices = launch.grid
         if batch == 0 or span == 0:
-            assert rows * programs == 0
+            assert launch.grid == (0, 0, 0)
             continue
-        assert rows == batch
+        assert rows == batch and slices == 1
         assert programs * launch.items_per_program >= span
         assert (programs - 1) * launch.items_per_program < span
+
+
+def _launch_with_programs(kind, batch, programs, items):
+    """The launch of ``kind`` whose rows need exactly ``programs`` programs of ``items`` items."""
+    span = programs * items
+    if kind == grid.PAGE_TABLE:
+        return grid.page_table_launch(batch, span, 64)
+    return grid.token_csr_launch(batch, span, span + 5)
+
+
+@pytest.mark.parametrize("kind", grid.KINDS)
+@pytest.mark.parametrize("programs,expected", [
+    (1, (1, 1)), (65535, (65535, 1)), (65536, (65535, 2)), (2 * 65535, (65535, 2)), (2 * 65535 + 1, (65535, 3)),
+    (65535 * 65535, (65535, 65535))])
+def test_rows_past_the_second_dimension_fold_into_the_third(kind, programs, expected):
+    items = grid.items_per_program(kind, 64)
+    launch = _launch_with_programs(kind, 3, programs, items)
+    assert launch.grid == (3,) + expected
+    assert launch.folded == (expected[1] > 1)
+    assert all(1 <= n <= limit for n, limit in zip(launch.grid, (grid.MAX_GRID_X, grid.MAX_GRID_Y, grid.MAX_GRID_Z)))
+
+
+@pytest.mark.parametrize("kind", grid.KINDS)
+def test_a_row_too_wide_even_folded_is_a_value_error(kind):
+    items = grid.items_per_program(kind, 64)
+    most = grid.MAX_GRID_Y * grid.MAX_GRID_Z * items
+    assert _launch_with_programs(kind, 1, grid.MAX_GRID_Y * grid.MAX_GRID_Z, items).grid[1:] == (65535, 65535)
+    with pytest.raises(grid.GridLimitError, match=f"must be at most {most}.*got {most + 1}"):
+        if kind == grid.PAGE_TABLE:
+            grid.page_table_launch(1, most + 1, 64)
+        else:
+            grid.token_csr_launch(1, most + 1, most + 5)
+    assert issubclass(grid.GridLimitError, ValueError)
+    # Nothing to launch is never an error.
+    assert grid.page_table_launch(0, most + 1, 64).grid == (0, 0, 0)
+
+
+def test_folded_programs_cover_each_row_once():
+    rng = random.Random(2)
+    for _ in range(300):
+        programs = rng.choice([rng.randint(1, 10**6), rng.randint(65530, 65540), rng.randint(1, 65535 * 65535)])
+        launch = _launch_with_programs(grid.TOKEN_CSR, 1, programs, grid.items_per_program(grid.TOKEN_CSR))
+        _, width, slices = launch.grid
+        # Program k is block (k % width, k // width); the last slice's blocks past the row exit at once.
+        assert width * slices >= programs > width * (slices - 1)
+        assert width == min(programs, grid.MAX_GRID_Y)
+
+
+@pytest.mark.parametrize("page_size", (1, 64, 4096))
+def test_batch_limit(page_size):
+    """Within CUDA's 2**31 - 1 blocks and HIP's 2**32 - 1 threads in the first dimension; above: a clear
+    ValueError naming the batch, whatever the width."""
+    launch = grid.page_table_launch(1, 1, page_size)
+    most = grid.max_batch(launch.threads)
+    assert most == min(2**31 - 1, (2**32 - 1) // launch.threads)
+    assert grid.page_table_launch(most, 1, page_size).grid == (most, 1, 1)
+    assert grid.token_csr_launch(grid.max_batch(256), 7, 7).grid == (grid.max_batch(256), 1, 1)
+    for batch in (most + 1, 2**31 - 1, 2**31):
+        with pytest.raises(grid.GridLimitError, match=rf"batch \(req_pool_indices.shape\[0\]\) must be at most "
+                                                       rf"{most} .*got {batch}"):
+            grid.page_table_launch(batch, 1, page_size)
+        with pytest.raises(grid.GridLimitError, match=f"got {batch}"):
+            grid.token_csr_launch(batch, 1, 1)
+    assert grid.page_table_launch(2**31, 0, page_size).grid == (0, 0, 0)
+
+
+def test_grid_limits_are_the_vendors():
+    assert (grid.MAX_GRID_X, grid.MAX_GRID_Y, grid.MAX_GRID_Z) == (2**31 - 1, 65535, 65535)
+    assert grid.MAX_GRID_X_THREADS == 2**32 - 1
 
 
 def test_bad_page_sizes_and_kinds():

@@ -84,7 +84,10 @@ def test_specialisations_cover_every_option():
     specs = list(crosscompile.specializations())
     page_sizes = {s.constexprs["PAGE_SIZE"] for s in specs if "PAGE_SIZE" in s.constexprs}
     assert page_sizes == set(crosscompile.PAGE_SIZES)
-    flags = {tuple(s.constexprs[k] for k in ("HAS_START", "HAS_SEQ_LENS_OUT", "HAS_FILL", "UNIT_STRIDES"))
+    flags = {tuple(s.constexprs[k] for k in ("HAS_START", "HAS_SEQ_LENS_OUT", "HAS_FILL", "UNIT_STRIDES",
+                                            "FOLDED_GRID"))
              for s in specs if "PAGE_SIZE" in s.constexprs}
-    assert len(flags) == 16  # every combination
-    assert {s.constexprs["HAS_START"] for s in specs if "TOKENS_PER_PROGRAM" in s.constexprs} == {False, True}
+    assert len(flags) == 32  # every combination
+    csr_flags = {(s.constexprs["HAS_START"], s.constexprs["FOLDED_GRID"]) for s in specs
+                 if "TOKENS_PER_PROGRAM" in s.constexprs}
+    assert len(csr_flags) == 4

@@ -176,23 +176,23 @@ def fake_device(monkeypatch):
 @pytest.mark.parametrize("with_constexprs", (True, False))
 def test_fast_launcher_call(fake_device, make_run, with_constexprs):
     run = make_run()
-    fast = launch.fast_launcher(FakeCompiled(run), launch.FastConvention(with_constexprs), (5, 6), (128,), 3)
+    fast = launch.fast_launcher(FakeCompiled(run), launch.FastConvention(with_constexprs), (5, 6, 7), (128,), 3)
     tensor = torch.arange(3, dtype=torch.int32)
     fast(tensor, 42)
     # Pointer parameters travel as addresses, so Triton's launcher skips its per-pointer driver query.
     tail = (tensor.data_ptr(), 42, 128) if with_constexprs else (tensor.data_ptr(), 42)
-    assert run.calls == [(5, 6, 1, 77, 1234, ("metadata",), None, None, None) + tail]
+    assert run.calls == [(5, 6, 7, 77, 1234, ("metadata",), None, None, None) + tail]
 
 
 def test_direct_launcher_call(fake_device):
     run = ForwardingLauncher36()
     direct = launch.direct_launch(FakeCompiled(run))
-    fast = launch.fast_launcher(FakeCompiled(run), launch.FastConvention(True), (5, 6), (128,), 3, direct)
+    fast = launch.fast_launcher(FakeCompiled(run), launch.FastConvention(True), (5, 6, 7), (128,), 3, direct)
     tensor = torch.arange(3, dtype=torch.int32)
     fast(tensor, 42)
     # Exactly what run.__call__ would have passed its C function, without the Python frame.
     via_run = ForwardingLauncher36()
-    via_run(5, 6, 1, 77, 1234, ("metadata",), None, None, None, tensor.data_ptr(), 42, 128)
+    via_run(5, 6, 7, 77, 1234, ("metadata",), None, None, None, tensor.data_ptr(), 42, 128)
     assert run.launch_calls == via_run.launch_calls and not run.calls
 
 
@@ -203,7 +203,7 @@ def test_fast_launcher_makes_the_device_current(fake_device):
         def __call__(self, *args):
             seen.append((fake_device["device"], args[3]))
 
-    fast = launch.fast_launcher(FakeCompiled(Run()), launch.FastConvention(True), (1, 1), (128,), 1)
+    fast = launch.fast_launcher(FakeCompiled(Run()), launch.FastConvention(True), (1, 1, 1), (128,), 1)
     fast(torch.zeros(1), 1)
     assert seen == [(1, 75)] and fake_device["device"] == 3
 
@@ -230,20 +230,20 @@ def test_plan_compiles_once_then_uses_the_chosen_path(fake_device, monkeypatch, 
     run = Launcher38()  # no direct path: auto means fast
     kernel = FakeKernel(run)
     launcher = launch.KernelLauncher(kernel, CONSTEXPR_NAMES)
-    plan, launched = launcher.plan(3, ("spec",), (2, 4), {"BLOCK": 128}, 4, ("t", 9))
+    plan, launched = launcher.plan(3, ("spec",), (2, 4, 1), {"BLOCK": 128}, 4, ("t", 9))
     assert launched and len(kernel.plain_calls) == 1 and not run.calls
     t = torch.zeros(2)
     plan(t, 10)
-    again, launched = launcher.plan(3, ("spec",), (2, 8), {"BLOCK": 128}, 4, (t, 11))
+    again, launched = launcher.plan(3, ("spec",), (2, 8, 3), {"BLOCK": 128}, 4, (t, 11))
     assert not launched
     again(t, 11)
     if mode == "plain":
         assert len(kernel.plain_calls) == 3 and not run.calls
-        assert kernel.plain_calls[2] == ((2, 8), (t, 11), {"BLOCK": 128, "num_warps": 4})
+        assert kernel.plain_calls[2] == ((2, 8, 3), (t, 11), {"BLOCK": 128, "num_warps": 4})
     else:
         assert len(kernel.plain_calls) == 1
         address = t.data_ptr()
-        assert [c[:3] + c[-3:] for c in run.calls] == [(2, 4, 1, address, 10, 128), (2, 8, 1, address, 11, 128)]
+        assert [c[:3] + c[-3:] for c in run.calls] == [(2, 4, 1, address, 10, 128), (2, 8, 3, address, 11, 128)]
     assert launcher.compile_count == 1
 
 
@@ -252,8 +252,8 @@ def test_plan_takes_the_direct_path_where_it_is_detected(fake_device, monkeypatc
     monkeypatch.setenv(launch.LAUNCH_ENV, mode)
     run = ForwardingLauncher36()
     launcher = launch.KernelLauncher(FakeKernel(run), CONSTEXPR_NAMES)
-    launcher.plan(3, ("spec",), (2, 4), {"BLOCK": 128}, 4, ("t", 9))
-    plan, launched = launcher.plan(3, ("spec",), (2, 4), {"BLOCK": 128}, 4, ("t", 9))
+    launcher.plan(3, ("spec",), (2, 4, 1), {"BLOCK": 128}, 4, ("t", 9))
+    plan, launched = launcher.plan(3, ("spec",), (2, 4, 1), {"BLOCK": 128}, 4, ("t", 9))
     t = torch.zeros(2)
     plan(t, 10)
     address = t.data_ptr()
@@ -265,18 +265,18 @@ def test_direct_mode_raises_without_a_direct_path(fake_device, monkeypatch):
     monkeypatch.setenv(launch.LAUNCH_ENV, "direct")
     launcher = launch.KernelLauncher(FakeKernel(Launcher38()), CONSTEXPR_NAMES)
     with pytest.raises(RuntimeError, match="direct"):
-        launcher.plan(0, ("spec",), (1, 1), {"BLOCK": 128}, 4, ("t", 1))
+        launcher.plan(0, ("spec",), (1, 1, 1), {"BLOCK": 128}, 4, ("t", 1))
 
 
 def test_unknown_convention_auto_is_plain_fast_raises(fake_device, monkeypatch):
     launcher = launch.KernelLauncher(FakeKernel(launcher_2x), CONSTEXPR_NAMES)
     monkeypatch.setenv(launch.LAUNCH_ENV, "auto")
-    plan, _ = launcher.plan(0, ("spec",), (1, 1), {"BLOCK": 128}, 4, ("t", 1))
+    plan, _ = launcher.plan(0, ("spec",), (1, 1, 1), {"BLOCK": 128}, 4, ("t", 1))
     plan("t", 2)
     assert len(launcher.kernel.plain_calls) == 2
     monkeypatch.setenv(launch.LAUNCH_ENV, "fast")
     with pytest.raises(RuntimeError, match="fast"):
-        launcher.plan(0, ("spec",), (1, 1), {"BLOCK": 128}, 4, ("t", 1))
+        launcher.plan(0, ("spec",), (1, 1, 1), {"BLOCK": 128}, 4, ("t", 1))
 
 
 def test_launch_mode_rejects_unknown_values(monkeypatch):

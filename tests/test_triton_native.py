@@ -107,12 +107,13 @@ def random_call(seed, page_size=None, with_start=None, options=None):
 
 
 def register(call, threads=128, shared=16):
-    """Register ``call``'s plan as the Triton launcher would (CPU is device 0 here); returns its grid_y."""
+    """Register ``call``'s plan as the Triton launcher would (CPU is device 0 here), on a folded grid (each
+    call's batch replaces its first entry); returns that grid."""
     key, _ = page_table.plan_key_and_arguments(*call[:9])
-    grid_y = 7
+    grid = (0, 7, 3)
     kernel = launch.NativeKernel(FUNCTION, threads, shared, PARAMS, CONTEXT)
-    assert native.add_page_table_plan((0,) + key[1:], kernel, grid_y)
-    return grid_y
+    assert native.add_page_table_plan((0,) + key[1:], kernel, grid)
+    return grid
 
 
 def expected_params(call):
@@ -124,12 +125,12 @@ def expected_params(call):
 def test_packs_what_the_python_path_launches(stubs, seed):
     call = random_call(seed)
     stubs.module.approve(PAGE_TABLE, 0, None, True)
-    grid_y = register(call)
+    grid = register(call)
     before = call[3].clone()
     assert stubs.module.page_table(*call) is call[3]
     (launched,) = stubs.launches
     assert launched["params"] == expected_params(call)
-    assert launched["grid"] == (call[1].shape[0], grid_y, 1)
+    assert launched["grid"] == (call[1].shape[0],) + grid[1:]
     assert launched["block"] == (128, 1, 1) and launched["shared"] == 16
     assert launched["function"] == FUNCTION and launched["stream"] == STREAM_BASE + 0 and not launched["extra"]
     assert torch.equal(call[3], before)  # the stub launched nothing: C itself writes no tensor
@@ -404,7 +405,7 @@ def register_csr(stubs, call, threads=128):
     key, _ = token_csr.plan_key_and_arguments(*call[:6])
     stubs.count = CSR_PARAMS
     kernel = launch.NativeKernel(FUNCTION + 1, threads, 0, CSR_PARAMS, CONTEXT)
-    assert native.add_token_csr_plan((0,) + key[1:], kernel, 5)
+    assert native.add_token_csr_plan((0,) + key[1:], kernel, (0, 5, 1))
 
 
 @pytest.mark.parametrize("seed", range(20))
