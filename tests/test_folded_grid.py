@@ -72,7 +72,7 @@ def backend(request, monkeypatch):
     through the build specialised for each call."""
     if request.param != "cupy-host-specialised":
         return request.param
-    from kernels_cupy import host
+    import cuda_host as host
 
     for name in ("create_flashmla_kv_indices", "create_flashinfer_kv_indices"):
         monkeypatch.setattr(host, name, functools.partial(getattr(host, name), specialised=True))
