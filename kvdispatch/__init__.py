@@ -1,11 +1,12 @@
 """kvdispatch: KV-cache index tables for LLM decode, on the fastest backend the device has.
 
-``import kvdispatch`` touches no device: the probe runs at first use, once per device.
+``import kvdispatch`` touches no device: the probe runs at first use, once per device. It registers every
+public builder as a PyTorch custom op, ``torch.ops.kvdispatch.<public name>`` (``kvdispatch.ops``).
 """
 
 from __future__ import annotations
 
-from . import grid
+from . import grid, ops  # ops: torch.ops.kvdispatch.<public name>, registered without touching a device
 from .api import create_flashinfer_kv_indices, create_flashmla_kv_indices
 from .dispatch import BackendUnavailableError, available_backends, reset, select_backend
 from .devices import DeviceInfo, probe

@@ -3,13 +3,19 @@
 A call the Triton backend has launched before (same device, selection and shapes) is taken whole by its
 compiled launcher (``dispatch.fast_page_table``, ``dispatch.fast_token_csr``): the same checks, in C.
 Whatever it does not take, first calls, every error and ``KVDISPATCH_DEBUG`` included, goes the Python
-way below.
+way below. While ``torch.compile`` (or ``torch.export``) traces, a call becomes the op of the same name in
+``torch.ops.kvdispatch`` (registered by ``kvdispatch.ops``), for the backend request of that trace.
 """
 
 from __future__ import annotations
 
+import torch
+
 from . import _debug, dispatch
 from ._validate import check_page_table_args, check_token_csr_args
+
+# Dynamo reads this as a constant True while tracing; in eager mode it is one call returning False.
+_compiling = torch.compiler.is_compiling
 
 
 def create_flashmla_kv_indices(req_to_token, req_pool_indices, seq_lens, out, *, page_size,
@@ -45,6 +51,9 @@ def create_flashmla_kv_indices(req_to_token, req_pool_indices, seq_lens, out, *,
     Returns:
         ``out``.
     """
+    if _compiling():
+        return _page_table_in_graph(req_to_token, req_pool_indices, seq_lens, out, page_size, kv_start_idx,
+                                    seqlen_offset, seq_lens_out, fill_value, backend)
     fast = dispatch.fast_page_table
     if fast is not None and not _debug.ENABLED:
         result = fast(req_to_token, req_pool_indices, seq_lens, out, page_size, kv_start_idx, seqlen_offset,
@@ -83,6 +92,8 @@ def create_flashinfer_kv_indices(req_to_token, req_pool_indices, seq_lens, kv_in
     Returns:
         ``out``.
     """
+    if _compiling():
+        return _token_csr_in_graph(req_to_token, req_pool_indices, seq_lens, kv_indptr, out, kv_start_idx, backend)
     fast = dispatch.fast_token_csr
     if fast is not None and not _debug.ENABLED:
         result = fast(req_to_token, req_pool_indices, seq_lens, kv_indptr, out, kv_start_idx, backend)
@@ -93,4 +104,38 @@ def create_flashinfer_kv_indices(req_to_token, req_pool_indices, seq_lens, kv_in
         _debug.check_token_csr_data(req_to_token, req_pool_indices, seq_lens, kv_indptr, out, kv_start_idx)
     dispatch.call(device, "token_csr", backend, req_to_token, req_pool_indices, seq_lens, kv_indptr, out,
                   kv_start_idx)
+    return out
+
+
+def _requested_backend(backend, generation):
+    """The backend request a graph is traced for. Dynamo calls it while tracing and keeps the result as a
+    constant, so ``KVDISPATCH_BACKEND`` is read then and not guarded on.
+
+    ``generation`` is ``dispatch.generation``: passing it makes Dynamo guard on it, so a graph traced
+    before ``kvdispatch.reset()`` is not reused after it.
+    """
+    return dispatch.requested_backend(backend)
+
+
+# What ``torch.compiler.assume_constant_result`` does, without the import of ``torch._dynamo`` that it starts
+# (about a second, more than the rest of ``import kvdispatch`` after torch); tests/test_compile.py checks that
+# the two agree.
+_requested_backend._dynamo_marked_constant = True
+
+
+def _page_table_in_graph(req_to_token, req_pool_indices, seq_lens, out, page_size, kv_start_idx, seqlen_offset,
+                         seq_lens_out, fill_value, backend):
+    """``create_flashmla_kv_indices`` while tracing: the custom op, for the trace's backend request."""
+    torch.ops.kvdispatch.create_flashmla_kv_indices(
+        req_to_token, req_pool_indices, seq_lens, out, page_size=page_size, kv_start_idx=kv_start_idx,
+        seqlen_offset=seqlen_offset, seq_lens_out=seq_lens_out, fill_value=fill_value,
+        backend=_requested_backend(backend, dispatch.generation))
+    return out
+
+
+def _token_csr_in_graph(req_to_token, req_pool_indices, seq_lens, kv_indptr, out, kv_start_idx, backend):
+    """``create_flashinfer_kv_indices`` while tracing: the custom op, for the trace's backend request."""
+    torch.ops.kvdispatch.create_flashinfer_kv_indices(
+        req_to_token, req_pool_indices, seq_lens, kv_indptr, out, kv_start_idx=kv_start_idx,
+        backend=_requested_backend(backend, dispatch.generation))
     return out

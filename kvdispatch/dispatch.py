@@ -37,6 +37,10 @@ log = logging.getLogger("kvdispatch")
 fast_page_table = None
 fast_token_csr = None
 
+# Bumped by ``reset()``. Code traced by ``torch.compile`` reads it (``kvdispatch.ops``), so Dynamo guards
+# on it and traces again after a reset instead of reusing a graph built for the old selection.
+generation = 0
+
 
 class BackendUnavailableError(RuntimeError):
     """A backend that was asked for by name cannot serve the device."""
@@ -222,7 +226,10 @@ def call(device, op, backend, *args):
 
 def reset() -> None:
     """Forget every selection, disabled backend and probed device, and re-read ``KVDISPATCH_DEBUG``
-    (tests; after changing environment variables)."""
+    (tests; after changing environment variables). Functions compiled with ``torch.compile`` trace again
+    at their next call."""
+    global generation
+    generation += 1
     selector.reset()
     devices.clear_cache()
     _debug.refresh()

@@ -1,0 +1,79 @@
+"""The public builders as PyTorch custom ops: ``torch.ops.kvdispatch.<public name>``.
+
+``torch.compile`` cannot trace into a backend (the compiled C launcher, CuPy, Triton's Python launcher), so
+while tracing, the public functions call these ops instead (``kvdispatch.api``): the graph holds one opaque
+op per call, its declared mutated outputs (``out``, ``seq_lens_out``) let AOTAutograd functionalise it and
+Inductor write in place, and Inductor's CUDA graphs (``mode="reduce-overhead"``) capture the launch.
+
+Each op takes the public function's arguments, with the same keyword options, plus ``backend`` as a string;
+it mutates its outputs and returns nothing (``PAGE_TABLE_SCHEMA``, ``TOKEN_CSR_SCHEMA``).
+
+* Real kernel, on every device: the eager call with ``backend=<the op's backend>``, i.e. its checks, its
+  dispatch and its compiled fast path. (An eager call routes to the op only while
+  ``torch.compiler.is_compiling()``; a kernel runs when a compiled graph runs, after its compilation.)
+* Fake kernel: the same argument checks on the tensors' metadata, so a bad argument fails at trace time
+  with the eager error. The integer options are ``int`` (not ``SymInt``) in the schema: Dynamo specialises
+  on their values, and a new value traces again, as a new page size compiles a new Triton kernel.
+* ``backend`` is the backend *request*, fixed when the graph is traced: ``backend=`` if given, else
+  ``KVDISPATCH_BACKEND`` as read then, else ``"auto"`` (which selects at the op's first run per device, as
+  eager calls do). Dynamo guards on ``backend=`` and on ``dispatch.generation``, which ``kvdispatch.reset()``
+  bumps: after a reset (how a changed ``KVDISPATCH_BACKEND`` takes effect, eager or compiled) a compiled
+  function traces again instead of reusing its graph.
+
+Registration defines the schemas and registers Python kernels; no device is touched at import.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from . import api
+from ._validate import check_page_table_args, check_token_csr_args
+
+NAMESPACE = "kvdispatch"
+PAGE_TABLE_SCHEMA = (
+    "create_flashmla_kv_indices(Tensor req_to_token, Tensor req_pool_indices, Tensor seq_lens, Tensor(a!) out, *, "
+    "int page_size, Tensor? kv_start_idx=None, int seqlen_offset=0, Tensor(b!)? seq_lens_out=None, "
+    "int? fill_value=None, str backend=\"auto\") -> ()")
+TOKEN_CSR_SCHEMA = (
+    "create_flashinfer_kv_indices(Tensor req_to_token, Tensor req_pool_indices, Tensor seq_lens, Tensor kv_indptr, "
+    "Tensor(a!) out, *, Tensor? kv_start_idx=None, str backend=\"auto\") -> ()")
+
+# Kept alive for the life of the process: dropping a Library removes its ops.
+_library = torch.library.Library(NAMESPACE, "FRAGMENT")
+
+
+def _page_table_kernel(req_to_token, req_pool_indices, seq_lens, out, *, page_size, kv_start_idx=None,
+                       seqlen_offset=0, seq_lens_out=None, fill_value=None, backend="auto"):
+    """The page-table op on real tensors: the eager call, which fills ``out`` (and ``seq_lens_out``)."""
+    api.create_flashmla_kv_indices(req_to_token, req_pool_indices, seq_lens, out, page_size=page_size,
+                                   kv_start_idx=kv_start_idx, seqlen_offset=seqlen_offset,
+                                   seq_lens_out=seq_lens_out, fill_value=fill_value, backend=backend)
+
+
+def _token_csr_kernel(req_to_token, req_pool_indices, seq_lens, kv_indptr, out, *, kv_start_idx=None,
+                      backend="auto"):
+    """The token-CSR op on real tensors: the eager call, which fills ``out``."""
+    api.create_flashinfer_kv_indices(req_to_token, req_pool_indices, seq_lens, kv_indptr, out,
+                                     kv_start_idx=kv_start_idx, backend=backend)
+
+
+def _page_table_fake(req_to_token, req_pool_indices, seq_lens, out, *, page_size, kv_start_idx=None,
+                     seqlen_offset=0, seq_lens_out=None, fill_value=None, backend="auto"):
+    """Metadata only: the argument checks; nothing to allocate, since the op returns nothing."""
+    check_page_table_args(req_to_token, req_pool_indices, seq_lens, out, page_size, kv_start_idx, seqlen_offset,
+                          seq_lens_out, fill_value)
+
+
+def _token_csr_fake(req_to_token, req_pool_indices, seq_lens, kv_indptr, out, *, kv_start_idx=None,
+                    backend="auto"):
+    """Metadata only: the argument checks."""
+    check_token_csr_args(req_to_token, req_pool_indices, seq_lens, kv_indptr, out, kv_start_idx)
+
+
+for _schema, _kernel, _fake in ((PAGE_TABLE_SCHEMA, _page_table_kernel, _page_table_fake),
+                                (TOKEN_CSR_SCHEMA, _token_csr_kernel, _token_csr_fake)):
+    _name = _schema[: _schema.index("(")]
+    _library.define(_schema)
+    _library.impl(_name, _kernel, "CompositeExplicitAutograd")
+    torch.library.register_fake(f"{NAMESPACE}::{_name}", _fake, lib=_library)
