@@ -275,3 +275,44 @@ def test_ranks_building_at_once_each_load_the_one_complete_library(tmp_path, mon
     assert [rank.exitcode for rank in ranks] == [0] * RANKS
     assert len(list(started.iterdir())) == RANKS
     assert [p.name for p in cache.iterdir()] == [library.name]
+
+
+RANK_SCRIPT = """
+import sys, torch, kvdispatch
+from kernels_triton import native
+rank = int(sys.argv[1])
+device = torch.device("cuda", rank % torch.cuda.device_count())
+torch.cuda.set_device(device)
+table = torch.arange(4 * 4096, dtype=torch.int32, device=device).view(4, 4096)
+pool = torch.tensor([3, 1], dtype=torch.int32, device=device)
+lens = torch.tensor([4096, 100], dtype=torch.int32, device=device)
+out = torch.full((2, 64), -7, dtype=torch.int32, device=device)
+for _ in range(3):  # the first call plans in Python, the later ones take the compiled launcher
+    kvdispatch.create_flashmla_kv_indices(table, pool, lens, out, page_size=64, backend="triton")
+torch.cuda.synchronize()
+expected = torch.full((2, 64), -7, dtype=torch.int32)
+expected[0] = torch.arange(64) + 3 * 64
+expected[1, :2] = torch.tensor([64, 65])
+assert torch.equal(out.cpu(), expected), out
+assert native.load() is not None, native.failure()
+print(native.load().__file__)
+"""
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_eight_engine_ranks_on_the_gpus_share_one_new_cache(tmp_path):
+    """Eight processes, spread over every visible GPU as an engine's ranks are, make their first calls at
+    once on an empty cache: each builds or finds the compiled launcher, loads the one complete library and
+    gets correct tables through it."""
+    cache = tmp_path / "cache"
+    env = {**os.environ, "KVDISPATCH_CACHE_DIR": str(cache), "PYTHONPATH": os.pathsep.join(
+        filter(None, [str(Path(__file__).resolve().parents[1]), os.environ.get("PYTHONPATH")]))}
+    env.pop("KVDISPATCH_BACKEND", None)
+    ranks = [subprocess.Popen(["python3", "-c", RANK_SCRIPT, str(rank)], env=env, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for rank in range(RANKS)]
+    results = [rank.communicate(timeout=300) for rank in ranks]
+    assert [rank.returncode for rank in ranks] == [0] * RANKS, [err[-2000:] for _, err in results]
+    library = cache / native.library_name()
+    assert {out.strip() for out, _ in results} == {str(library)}
+    assert [p.name for p in cache.iterdir()] == [library.name]
