@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Everything a GPU machine can prove in one call (the H200 through `device`, or any NVIDIA/AMD box):
-# info, the full bench, the gpu lane (suite per backend, graph replay, sanitizer, bench --quick).
+# info, the full bench, the gpu lane (suite per backend, graph replay, sanitizer, bench --quick), or the
+# lane's suites and memcheck as concurrent processes (suites).
 # Logs and results go to $OUT (default .out/). Usage: bash ci/gpu_check.sh [steps...]
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -16,6 +17,21 @@ for step in $steps; do
     bench) timeout "${BENCH_TIMEOUT:-300}" python3 -m kvdispatch bench --json "$OUT/bench.json" --markdown \
              --plot "$OUT/bench.png" > "$OUT/bench.md" 2> "$OUT/bench.err" ;;
     quick) timeout 120 python3 -m kvdispatch bench --quick > "$OUT/bench-quick.txt" 2>&1 ;;
+    suites) # The lane's checks at once: the suite per forced backend, the suite with nothing forced, and memcheck
+           # over the hostile set per backend, as concurrent processes (one GPU serves them all).
+           pids=()
+           for b in ${BACKENDS:-torch triton cupy}; do
+             KVDISPATCH_BACKEND=$b timeout "${SUITE_TIMEOUT:-540}" python3 -m pytest -q -p no:cacheprovider tests \
+               > "$OUT/suite-$b.log" 2>&1 & pids+=($!)
+             timeout "${SUITE_TIMEOUT:-540}" compute-sanitizer --tool memcheck --error-exitcode 1 \
+               python3 ci/sanitize_hostile.py --backend "$b" > "$OUT/memcheck-$b.log" 2>&1 & pids+=($!)
+           done
+           timeout "${SUITE_TIMEOUT:-540}" python3 -m pytest -q -p no:cacheprovider tests > "$OUT/suite-auto.log" 2>&1 &
+           pids+=($!)
+           status=0
+           for pid in "${pids[@]}"; do wait "$pid" || status=1; done
+           tail -n 2 "$OUT"/suite-*.log "$OUT"/memcheck-*.log
+           (exit $status) ;;
     lane)  timeout "${LANE_TIMEOUT:-540}" bash ci/run-lane "gpu-${VENDOR:-nvidia}" > "$OUT/lane.log" 2>&1 ;;
     fuzz)  # The long profile: FUZZ_EXAMPLES (10,000) examples per backend and op. One process per op (and
            # per shard: FUZZ_SHARDS processes with different Hypothesis seeds share the examples) runs the
