@@ -2,9 +2,15 @@
 
 Auto order: Triton, then CuPy, then torch, each where the probe says it can serve the device.
 ``KVDISPATCH_BACKEND`` (read at first selection per device; ``reset()`` forgets) forces one; ``backend=``
-per call wins over it. A forced backend that cannot serve raises with the reason; in auto mode a backend
-that raises at compile or launch is disabled for that device with one warning and the next one serves,
-unless ``KVDISPATCH_STRICT=1``. The hot path is one dict lookup per call.
+per call wins over it. A forced backend that cannot serve raises with the reason.
+
+Failures, in auto mode: a backend that fails before it has served any call on a device (its module does
+not import, its kernels do not compile or do not run there) is taken out of auto selection for that
+device, with one warning, and the next one serves that call and the later ones, unless
+``KVDISPATCH_STRICT=1`` (then the failure raises). Once a backend has served a call on a device, a
+failing call (a launch these arguments make fail, a grid too large for them, ...) raises for that call
+only and the backend stays selected. A forced backend's failures always raise. The hot path is one dict
+lookup per call, plus one attribute test while a selected backend has not served yet.
 """
 
 from __future__ import annotations
@@ -103,17 +109,31 @@ class _Selector:
         self._chosen: dict[tuple, object] = {}
         self._disabled: dict[torch.device, dict[str, str]] = {}
         self._announced: set[torch.device] = set()
+        self._served: set[tuple] = set()  # (device, backend) pairs that have served a call
+        self.untried: set[tuple] = set()  # (device, backend) pairs selected that have not served yet
 
     def reset(self):
         with self._lock:
             self._chosen.clear()
             self._disabled.clear()
             self._announced.clear()
+            self._served.clear()
+            self.untried.clear()
             for backend in REGISTRY.values():
                 backend.notify("on_deselected", None)
 
     def disabled(self, device) -> dict[str, str]:
         return dict(self._disabled.get(device, {}))
+
+    def has_served(self, device, name) -> bool:
+        """Whether backend ``name`` has served a call on ``device`` (since the last ``reset``)."""
+        return (device, name) in self._served
+
+    def served(self, device, name) -> None:
+        """Record that ``name`` served a call on ``device``: from now on its failures are the calls' own."""
+        with self._lock:
+            self._served.add((device, name))
+            self.untried.discard((device, name))
 
     def candidates(self, info, device) -> tuple[list[str], dict[str, str]]:
         """Auto order of usable backends, and the rejected ones with their reasons."""
@@ -180,11 +200,13 @@ class _Selector:
                     self.fail(device, name, exc)
                     continue
                 impl = self._chosen[key] = (name, function)
+                if (device, name) not in self._served:
+                    self.untried.add((device, name))
                 REGISTRY[name].notify("on_selected", device, op, backend)
         return impl
 
     def fail(self, device, name, exc):
-        """Record that ``name`` raised on ``device``; in auto mode it is skipped from now on.
+        """Take ``name`` out of auto selection for ``device``, after it raised ``exc`` there.
 
         Idempotent: threads that raced into the same failing backend give one warning between them.
         """
@@ -205,15 +227,20 @@ selector = _Selector()
 
 
 def call(device, op, backend, *args):
-    """Run ``op`` on the selected backend; in auto mode fall back past a backend that raises."""
+    """Run ``op`` on the selected backend; in auto mode fall back past a backend that raises before it
+    has served any call on ``device``."""
     name, function = selector.resolve(device, op, backend)
     try:
-        return function(*args)
+        result = function(*args)
     except Exception as exc:
-        if name == "torch" or requested_backend(backend) != "auto" or strict():
+        if (name == "torch" or selector.has_served(device, name) or requested_backend(backend) != "auto"
+                or strict()):
             raise
         selector.fail(device, name, exc)
         return call(device, op, backend, *args)
+    if selector.untried and (device, name) in selector.untried:  # empty once each selected one has served
+        selector.served(device, name)
+    return result
 
 
 def reset() -> None:

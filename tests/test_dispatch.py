@@ -1,4 +1,4 @@
-"""Selection policy, the env override, caching, logging and fallback after a launch failure.
+"""Selection policy, the env override, caching, logging, and what a backend's failure does.
 
 Simulated GPUs (tests/simdevices.py) test the policy through ``select_backend``, ``available_backends`` and
 ``dispatch.selector``; the fallback and caching paths run real calls on CPU tensors with fake backend
@@ -201,13 +201,18 @@ def test_backend_argument_wins_over_env(monkeypatch):
 # ---------------------------------------------------------------- launch failures and fallback
 
 
-@pytest.fixture
-def failing_first(monkeypatch):
-    """On CPU, auto order puts a fake 'triton' that fails at launch ahead of torch."""
+def _fake_triton_first(monkeypatch, fail=None):
+    """On CPU, auto order puts a fake 'triton' (failing with ``fail``, if given) ahead of torch."""
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     monkeypatch.setattr(devices, "_module_present", lambda name: True)
     monkeypatch.setattr(dispatch, "CPU_ORDER", ("triton", "torch", "cupy"))
-    return FakeBackend(monkeypatch, "triton", fail=RuntimeError("injected launch failure"))
+    return FakeBackend(monkeypatch, "triton", fail=fail)
+
+
+@pytest.fixture
+def failing_first(monkeypatch):
+    """On CPU, auto order puts a fake 'triton' that fails at launch ahead of torch."""
+    return _fake_triton_first(monkeypatch, RuntimeError("injected launch failure"))
 
 
 @pytest.mark.parametrize("fill_value", [None, -1])
@@ -259,6 +264,63 @@ def test_strict_turns_fallback_into_an_error(failing_first, monkeypatch):
     with pytest.warns(RuntimeWarning, match="injected launch failure"):
         out, expected = _page_table_call()
     assert torch.equal(out, expected)
+
+
+def test_a_backend_that_has_served_stays_selected_when_a_call_fails(monkeypatch):
+    """After its first success on a device, a backend's failure is that call's error, for either op: no
+    warning, no fallback, and the next call goes to it again."""
+    fake = _fake_triton_first(monkeypatch)
+    out, expected = _page_table_call()
+    assert torch.equal(out, expected) and fake.calls == {"page_table": 1}
+    fake.fail = RuntimeError("grid too large for these arguments")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for _ in range(2):
+            with pytest.raises(RuntimeError, match="grid too large"):
+                _page_table_call()
+            with pytest.raises(RuntimeError, match="grid too large"):
+                _token_csr_call()  # served by the page table only: the device has seen it serve
+    assert not dispatch.selector.disabled(CPU)
+    assert kvdispatch.select_backend("cpu") == "triton" and dispatch.selector.has_served(CPU, "triton")
+    fake.fail = None
+    out, expected = _token_csr_call()
+    assert torch.equal(out, expected) and fake.calls == {"page_table": 3, "token_csr": 3}
+
+
+def test_having_served_one_device_does_not_vouch_for_another(monkeypatch):
+    """Served on the (simulated) GPU, the fake Triton still is disabled on CPU when it fails there first."""
+    fake = _fake_triton_first(monkeypatch)
+    sim = Sim(monkeypatch)
+    gpu = sim.add(H200)
+    monkeypatch.setattr(devices, "_module_present", lambda name: True)
+    case = make_case(4, 16, device=CPU)
+
+    def page_table_on(device):  # the fake computes on CPU tensors, whichever device it serves
+        out = case.page_table_out()
+        dispatch.call(device, "page_table", None, case.req_to_token, case.req_pool_indices, case.seq_lens, out,
+                      case.page_size, None, 0, None, None)
+        return out
+
+    assert torch.equal(page_table_on(gpu), loop_page_table(case, case.page_table_out()))
+    fake.fail = RuntimeError("injected launch failure")
+    with pytest.raises(RuntimeError, match="injected"):
+        page_table_on(gpu)
+    with pytest.warns(RuntimeWarning, match="disabled for this device"):
+        assert torch.equal(page_table_on(CPU), loop_page_table(case, case.page_table_out()))
+    assert set(dispatch.selector.disabled(CPU)) == {"triton"} and not dispatch.selector.disabled(gpu)
+    assert dispatch.selector.resolve(gpu, "page_table", None)[0] == "triton"
+    assert dispatch.selector.resolve(CPU, "page_table", None)[0] == "torch"
+
+
+def test_reset_forgets_what_has_served(monkeypatch):
+    fake = _fake_triton_first(monkeypatch)
+    _page_table_call()
+    kvdispatch.reset()
+    assert not dispatch.selector.has_served(CPU, "triton")
+    fake.fail = RuntimeError("injected launch failure")
+    with pytest.warns(RuntimeWarning, match="disabled for this device"):
+        out, expected = _page_table_call()
+    assert torch.equal(out, expected) and kvdispatch.select_backend("cpu") == "torch"
 
 
 def test_torch_failure_is_never_swallowed(monkeypatch):
