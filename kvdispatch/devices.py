@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from ._env import flag
+
 RUNTIMES = ("triton", "cupy", "torch")
 
 # Families by exact architecture name: a ROCm build reports capability numbers that mean other chips,
@@ -104,7 +106,7 @@ def triton_reason(raw: RawDevice, family: str) -> str | None:
     if not _module_present("triton"):
         return 'Triton is not installed (pip install "kvdispatch[triton]")'
     if raw.vendor == "cpu":
-        if os.environ.get("TRITON_INTERPRET") == "1":
+        if flag("TRITON_INTERPRET"):
             return None
         return "CPU tensors run Triton kernels only in its interpreter (TRITON_INTERPRET=1)"
     if raw.vendor not in ("nvidia", "amd"):

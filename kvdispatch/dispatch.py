@@ -26,6 +26,7 @@ from dataclasses import dataclass
 import torch
 
 from . import _debug, devices
+from ._env import flag
 
 BACKENDS = ("triton", "cupy", "torch")
 # CPU tensors: the reference first; the Triton interpreter (TRITON_INTERPRET=1) only when asked for.
@@ -98,7 +99,8 @@ def requested_backend(backend: str | None = None) -> str:
 
 
 def strict() -> bool:
-    return os.environ.get("KVDISPATCH_STRICT", "0") not in ("", "0")
+    """``KVDISPATCH_STRICT``, read where a backend fails (and checked at each first selection)."""
+    return flag("KVDISPATCH_STRICT")
 
 
 class _Selector:
@@ -184,6 +186,7 @@ class _Selector:
             return impl
         with self._lock:
             impl = self._chosen.get(key)
+            strict()  # a bad value is reported at the first call, not at the first failure
             while impl is None:
                 requested = requested_backend(backend)
                 name = self.choose(device, requested)

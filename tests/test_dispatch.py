@@ -15,7 +15,7 @@ import torch
 
 import kvdispatch
 from conftest import GPU_BACKENDS, HAS_GPU
-from kvdispatch import devices, dispatch
+from kvdispatch import _env, devices, dispatch
 from kvcases import POISON, loop_page_table, loop_token_csr, make_case
 from simdevices import (A100, B200, FUTURE_NVIDIA, GPU, H200, MI300X, MI355X, RX7900, FakeBackend, Sim)
 
@@ -250,8 +250,9 @@ def test_forced_backend_failure_raises(failing_first, monkeypatch, how):
     assert not dispatch.selector.disabled(CPU)
 
 
-def test_strict_turns_fallback_into_an_error(failing_first, monkeypatch):
-    monkeypatch.setenv("KVDISPATCH_STRICT", "1")
+@pytest.mark.parametrize("on", ["1", "true", " Yes ", "ON"])
+def test_strict_turns_fallback_into_an_error(failing_first, monkeypatch, on):
+    monkeypatch.setenv("KVDISPATCH_STRICT", on)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         for _ in range(2):
@@ -264,6 +265,53 @@ def test_strict_turns_fallback_into_an_error(failing_first, monkeypatch):
     with pytest.warns(RuntimeWarning, match="injected launch failure"):
         out, expected = _page_table_call()
     assert torch.equal(out, expected)
+
+
+@pytest.mark.parametrize("off", ["0", "false", "no", " Off ", ""])
+def test_strict_off_values_fall_back(failing_first, monkeypatch, off):
+    monkeypatch.setenv("KVDISPATCH_STRICT", off)
+    with pytest.warns(RuntimeWarning, match="injected launch failure"):
+        out, expected = _page_table_call()
+    assert torch.equal(out, expected) and kvdispatch.select_backend("cpu") == "torch"
+
+
+@pytest.mark.parametrize("value", ["2", "maybe", "nope"])
+def test_strict_bad_value_is_an_error_at_the_first_call(monkeypatch, value):
+    """Reported when the call is first resolved, not only once a backend fails."""
+    monkeypatch.setenv("KVDISPATCH_STRICT", value)
+    case = make_case(2, 4)
+    out = case.page_table_out()
+    with pytest.raises(ValueError, match="KVDISPATCH_STRICT must be one of 1/0, true/false, yes/no, on/off"):
+        kvdispatch.create_flashmla_kv_indices(case.req_to_token, case.req_pool_indices, case.seq_lens, out,
+                                              page_size=4)
+    assert (out == POISON).all()
+
+
+@pytest.mark.parametrize("value,on", [("1", True), ("true", True), ("YES", True), (" on ", True), ("0", False),
+                                      ("False", False), ("no", False), ("off", False), ("", False), (None, False)])
+def test_boolean_variables_read_alike(monkeypatch, value, on):
+    if value is None:
+        monkeypatch.delenv("KVDISPATCH_TEST_SWITCH", raising=False)
+    else:
+        monkeypatch.setenv("KVDISPATCH_TEST_SWITCH", value)
+    assert _env.flag("KVDISPATCH_TEST_SWITCH") is on
+
+
+@pytest.mark.parametrize("value", ["2", "-1", "y", "n", "enable", "truee", "1 0"])
+def test_a_boolean_variable_refuses_other_values(monkeypatch, value):
+    monkeypatch.setenv("KVDISPATCH_TEST_SWITCH", value)
+    with pytest.raises(ValueError) as info:
+        _env.flag("KVDISPATCH_TEST_SWITCH")
+    message = str(info.value)
+    assert "KVDISPATCH_TEST_SWITCH" in message and "1/0, true/false, yes/no, on/off" in message
+    assert repr(value) in message
+
+
+@pytest.mark.skipif(not devices._module_present("triton"), reason="needs Triton installed")
+@pytest.mark.parametrize("value,served", [("true", True), ("ON", True), ("no", False), ("0", False)])
+def test_triton_interpret_reads_as_a_boolean(monkeypatch, value, served):
+    monkeypatch.setenv("TRITON_INTERPRET", value)
+    assert ("triton" in kvdispatch.available_backends("cpu")) is served
 
 
 def test_a_backend_that_has_served_stays_selected_when_a_call_fails(monkeypatch):
