@@ -87,15 +87,16 @@ REGISTRY = {
 
 
 def requested_backend(backend: str | None = None) -> str:
-    """The backend asked for: ``backend`` if given, else ``KVDISPATCH_BACKEND``, else ``"auto"``."""
+    """The backend asked for: ``backend`` if given, else ``KVDISPATCH_BACKEND``, else ``"auto"``. Both are
+    read alike: surrounding spaces and case do not matter, and empty means ``"auto"``."""
     if backend is None:
-        backend = os.environ.get("KVDISPATCH_BACKEND", "auto").strip().lower() or "auto"
-        source = "KVDISPATCH_BACKEND"
+        value, source = os.environ.get("KVDISPATCH_BACKEND", ""), "KVDISPATCH_BACKEND"
     else:
-        source = "backend"
-    if backend not in CHOICES:
-        raise ValueError(f"{source} must be one of {', '.join(CHOICES)}; got {backend!r}")
-    return backend
+        value, source = backend, "backend"
+    name = (value.strip().lower() or "auto") if isinstance(value, str) else value
+    if name not in CHOICES:
+        raise ValueError(f"{source} must be one of {', '.join(CHOICES)}; got {value!r}")
+    return name
 
 
 def strict() -> bool:

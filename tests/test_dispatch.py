@@ -139,6 +139,30 @@ def test_env_override_bad_value(sim, monkeypatch, value):
     assert (out == POISON).all()
 
 
+@pytest.mark.parametrize("value,chosen", [("TRITON", "triton"), (" Torch ", "torch"), ("Cupy", "cupy"),
+                                          ("AUTO", "triton"), ("", "triton")])
+def test_backend_argument_reads_like_the_env_variable(sim, monkeypatch, value, chosen):
+    device = sim.add(H200)
+    assert dispatch.requested_backend(value) == (value.strip().lower() or "auto")
+    monkeypatch.setenv("KVDISPATCH_BACKEND", value)
+    assert dispatch.requested_backend() == dispatch.requested_backend(value)
+    assert dispatch.selector.resolve(device, "page_table", value)[0] == chosen
+
+
+def test_backend_argument_in_capitals_serves_a_call(monkeypatch):
+    fake_triton = _fake_triton_first(monkeypatch)
+    out, expected = _page_table_call(backend="TRITON")
+    assert torch.equal(out, expected) and fake_triton.calls == {"page_table": 1}
+    out, expected = _page_table_call(backend=" Torch")
+    assert torch.equal(out, expected) and fake_triton.calls == {"page_table": 1}
+
+
+@pytest.mark.parametrize("value", ["fast", 1, "tri ton"])
+def test_bad_backend_argument_values(value):
+    with pytest.raises(ValueError, match=f"backend must be one of {CHOICES_TEXT}; got {value!r}"):
+        dispatch.requested_backend(value)
+
+
 def test_bad_backend_argument():
     case = make_case(2, 4)
     out = case.page_table_out()
