@@ -2,7 +2,8 @@
 
 Auto order: Triton, then CuPy, then torch, each where the probe says it can serve the device.
 ``KVDISPATCH_BACKEND`` (read at first selection per device; ``reset()`` forgets) forces one; ``backend=``
-per call wins over it. A forced backend that cannot serve raises with the reason.
+per call wins over it. A forced backend that cannot serve raises with the probe's reason, which names a
+package to install only where a missing one is why.
 
 Failures, in auto mode: a backend that fails before it has served any call on a device (its module does
 not import, its kernels do not compile or do not run there) is taken out of auto selection for that
@@ -61,13 +62,6 @@ class Backend:
     def reasons_if_unsupported(self, info: devices.DeviceInfo) -> list[str]:
         reason = info.reason(self.name)
         return [] if reason is None else [reason]
-
-    def install_hint(self, info: devices.DeviceInfo) -> str:
-        if self.name == "triton":
-            return 'pip install "kvdispatch[triton]"'
-        if self.name == "cupy":
-            return f'pip install "{devices.cupy_install_hint(info.vendor if info.vendor == "amd" else "nvidia")}"'
-        return "pip install torch"
 
     def load(self):
         return importlib.import_module(self.module)
@@ -157,11 +151,10 @@ class _Selector:
         with self._lock:  # one warning and one log line per device, whichever thread selects first
             usable, rejected = self.candidates(info, device)
             if requested != "auto":
-                if requested not in usable:
-                    backend = REGISTRY[requested]
+                if requested not in usable:  # the probe's reasons name a package to install where one is missing
                     raise BackendUnavailableError(
                         f"backend {requested!r} cannot serve {device} ({info.arch}, {info.family}): "
-                        f"{rejected[requested]}. Install hint: {backend.install_hint(info)}")
+                        f"{rejected[requested]}")
                 chosen = requested
             else:
                 chosen = usable[0]  # torch always serves
@@ -199,8 +192,7 @@ class _Selector:
                     if requested != "auto":
                         raise BackendUnavailableError(
                             f"backend {name!r} cannot serve {device}: it failed to load "
-                            f"({type(exc).__name__}: {exc}). Install hint: "
-                            f"{REGISTRY[name].install_hint(devices.probe(device))}") from exc
+                            f"({type(exc).__name__}: {exc})") from exc
                     self.fail(device, name, exc)
                     continue
                 impl = self._chosen[key] = (name, function)

@@ -98,9 +98,9 @@ def test_cpu_auto_is_torch_and_triton_only_when_forced(monkeypatch):
     kvdispatch.reset()
     assert kvdispatch.available_backends("cpu") == ["torch"]
     if devices._module_present("triton"):
-        with pytest.raises(kvdispatch.BackendUnavailableError, match="TRITON_INTERPRET=1") as raised:
+        with pytest.raises(kvdispatch.BackendUnavailableError, match="set TRITON_INTERPRET=1") as raised:
             dispatch.selector.choose(CPU, "triton")
-        assert "Install hint" in str(raised.value)
+        assert "pip install" not in str(raised.value)  # Triton is installed: nothing to install
 
 
 def test_cpu_call_in_auto_mode_uses_torch(monkeypatch):
@@ -180,11 +180,39 @@ def test_forced_unavailable_backend_raises_with_reason_and_hint(monkeypatch, mis
     with pytest.raises(kvdispatch.BackendUnavailableError) as raised:
         kvdispatch.select_backend(device)
     message = str(raised.value)
-    assert reason in message and "Install hint: pip install" in message and "cuda:0" in message
+    assert reason in message and "pip install" in message and "cuda:0" in message
     assert "sm_90" in message
     with pytest.raises(kvdispatch.BackendUnavailableError):
         dispatch.selector.resolve(device, "page_table", None)
     assert not dispatch.selector._chosen  # nothing was cached: no silent fallback later either
+
+
+@pytest.mark.parametrize("backend,reason", [("cupy", "CuPy serves CUDA and ROCm GPUs only, not cpu"),
+                                            ("triton", "set TRITON_INTERPRET=1")])
+def test_no_install_hint_when_nothing_is_missing(monkeypatch, backend, reason):
+    """Installed, or with no package that would help: the error gives the reason and names nothing to
+    install."""
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    monkeypatch.setattr(devices, "_module_present", lambda name: True)  # Triton and CuPy installed
+    with pytest.raises(kvdispatch.BackendUnavailableError) as raised:
+        dispatch.selector.choose(CPU, backend)
+    assert reason in str(raised.value) and "pip install" not in str(raised.value)
+
+
+def test_wrong_cupy_build_is_a_missing_package(monkeypatch):
+    sim = Sim(monkeypatch, cupy_vendor="nvidia")
+    device = sim.add(MI300X)
+    with pytest.raises(kvdispatch.BackendUnavailableError, match=r'built for NVIDIA.*pip install "kvdispatch\[rocm\]"'):
+        dispatch.selector.choose(device, "cupy")
+
+
+def test_a_backend_that_fails_to_load_names_the_error_and_nothing_to_install(monkeypatch):
+    _fake_triton_first(monkeypatch)
+    monkeypatch.setitem(dispatch.REGISTRY, "triton", dispatch.Backend("triton", "kvtest_no_such_module"))
+    monkeypatch.delitem(sys.modules, "kvtest_no_such_module", raising=False)
+    with pytest.raises(kvdispatch.BackendUnavailableError, match="failed to load") as raised:
+        _page_table_call(backend="triton")
+    assert "kvtest_no_such_module" in str(raised.value) and "pip install" not in str(raised.value)
 
 
 def test_forced_unavailable_backend_never_falls_back_in_a_call(monkeypatch):
