@@ -16,6 +16,7 @@ import sys
 from dataclasses import dataclass
 
 from kvdispatch import grid as launch_grid
+from kvdispatch._env import flag
 
 from . import launch, page_table, token_csr
 
@@ -115,7 +116,7 @@ def cross_compile(target, page_sizes=PAGE_SIZES, index_types=("i32", "i64")) -> 
     compilation runs in a child process without it.
     """
     target = tuple(target)
-    if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
+    if flag("TRITON_INTERPRET"):
         return _cross_compile_in_child(target, page_sizes, index_types)
     reports = []
     for spec in specializations(target[2], page_sizes, index_types):

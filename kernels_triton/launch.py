@@ -46,6 +46,12 @@ MAX_PLANS = 4096
 # (``page_table.packed_words``, ``token_csr.packed_words``): such a call reads the full-width ones.
 WIDE = 2**31
 
+# Triton's interpreter (CPU tensors, device index -1) replaces functions of ``triton.language`` for the length
+# of a launch and restores them at its end, and keeps the program being run in one global builder: two
+# interpreted launches at once, of any kernels, break each other (a launch that ends restores the
+# functions under the one still running). Interpreted launches therefore run one at a time.
+_interpreter_lock = threading.Lock()
+
 # CompiledKernel.run parameters ahead of the kernel arguments, as Triton >= 3.0 names them (3.6 hides
 # the last four inside ``*args``; 3.8 names them).
 _GRID_STREAM_FUNCTION = ("gridX", "gridY", "gridZ", "stream", "function")
@@ -303,11 +309,7 @@ class KernelLauncher:
         compiled = self.compiled.get(key)
         if compiled is None or device_index < 0:
             with self._lock:
-                if device_index >= 0:
-                    with torch.cuda.device(device_index):
-                        compiled = self.plain(grid, first_args, constexprs, num_warps)
-                else:
-                    compiled = self.plain(grid, first_args, constexprs, num_warps)
+                compiled = self._plain_on(device_index, grid, first_args, constexprs, num_warps)
                 self.compiled.setdefault(key, compiled)
                 launched = True
         if device_index >= 0 and mode != "plain":
@@ -316,13 +318,18 @@ class KernelLauncher:
                 return fast, launched
 
         def launch(*args):
-            if device_index >= 0:
-                with torch.cuda.device(device_index):
-                    self.plain(grid, args, constexprs, num_warps)
-            else:
-                self.plain(grid, args, constexprs, num_warps)
+            self._plain_on(device_index, grid, args, constexprs, num_warps)
 
         return launch, launched
+
+    def _plain_on(self, device_index: int, grid, args, constexprs: dict, num_warps: int):
+        """``plain`` with device ``device_index`` current, or, for CPU tensors (index < 0), in the
+        interpreter while no other interpreted launch runs."""
+        if device_index >= 0:
+            with torch.cuda.device(device_index):
+                return self.plain(grid, args, constexprs, num_warps)
+        with _interpreter_lock:
+            return self.plain(grid, args, constexprs, num_warps)
 
     def _fast_plan(self, key, compiled, mode: str, grid, constexprs: dict):
         """The launch below ``kernel[grid]`` that ``mode`` asks for (``auto``: the deepest detected), or

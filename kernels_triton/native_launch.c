@@ -241,9 +241,19 @@ static PyObject *add_token_csr_plan(PyObject *self, PyObject *args) { return add
 typedef struct {
     int64_t size[2], stride[2];
     uint64_t data;
+    uint64_t span[2];  // [first byte, past the last) of its elements, as _validate._span; {0, 0} without any
+                       // element or memory
     long device;
     int dtype;  // 1 int32, 2 int64, 0 other
 } tensor_info;
+
+// Whether `a` shares a byte with any of the `count` tensors `others` (NULL: an absent one). An empty span
+// {0, 0} meets none: no address is below 0.
+static int overlaps_any(const tensor_info *a, const tensor_info *const *others, int count) {
+    for (int i = 0; i < count; ++i)
+        if (others[i] && others[i]->span[0] < a->span[1] && a->span[0] < others[i]->span[1]) return 1;
+    return 0;
+}
 
 // What the validator's hot path reads, for a tensor of exactly `dim` dimensions on the launch device type.
 // Returns 0, or -1 with no error set when anything does not fit.
@@ -267,6 +277,15 @@ static int read_tensor(PyObject *t, int dim, tensor_info *info) {
         info->data = PyLong_AsUnsignedLongLong(data);
         info->device = PyLong_AsLong(device) + index_offset;
         info->dtype = dtype == dtype_int32 ? 1 : dtype == dtype_int64 ? 2 : 0;
+        uint64_t extent = 1;  // elements from the first to the last (PyTorch strides are never negative)
+        int empty = 0;
+        for (int i = 0; i < dim; ++i) {
+            empty |= info->size[i] == 0;
+            extent += (uint64_t)(info->size[i] - 1) * (uint64_t)info->stride[i];
+        }
+        empty |= info->data == 0;
+        info->span[0] = empty ? 0 : info->data;
+        info->span[1] = empty ? 0 : info->data + extent * (info->dtype == 2 ? 8 : 4);  // other dtypes are refused
         ok = !PyErr_Occurred() && info->device >= 0;
     }
     Py_XDECREF(dtype);
@@ -377,6 +396,13 @@ static PyObject *page_table(PyObject *self, PyObject *const *args, Py_ssize_t na
             Py_RETURN_NOTIMPLEMENTED;
         key.seq_lens_out = 1;
     }
+    // Outputs sharing memory with an input or each other, or rows of out sharing memory: the Python path
+    // names them.
+    const tensor_info *inputs[5] = {&table, &pool, &lens, start_obj != Py_None ? &start : NULL,
+                                    lens_out_obj != Py_None ? &lens_out : NULL};
+    if ((out.size[0] > 1 && out.stride[0] < out.size[1]) || overlaps_any(&out, inputs, 5) ||
+        (lens_out_obj != Py_None && overlaps_any(&lens_out, inputs, 4)))
+        Py_RETURN_NOTIMPLEMENTED;
     key.page_size = page_size, key.width = out.size[1], key.fill = fill_obj != Py_None, key.offset = offset != 0;
     key.unit_strides = pool.stride[0] == 1 && lens.stride[0] == 1 && start_stride == 1;
     // Only page size 1 without a start gets 16-byte accesses, on 16-byte-aligned rows (as in Python).
@@ -421,6 +447,8 @@ static PyObject *token_csr(PyObject *self, PyObject *const *args, Py_ssize_t nar
         Py_RETURN_NOTIMPLEMENTED;
     if (read_tensor(args[4], 1, &out) || out.dtype != 1 || out.stride[0] != 1 || out.device != device)
         Py_RETURN_NOTIMPLEMENTED;
+    const tensor_info *inputs[5] = {&table, &pool, &lens, &indptr, start_obj != Py_None ? &start : NULL};
+    if (overlaps_any(&out, inputs, 5)) Py_RETURN_NOTIMPLEMENTED;  // the Python path names the overlap
     key.width = table.size[1] < out.size[0] ? table.size[1] : out.size[0];
     key.indptr_dtype = indptr.dtype;
     key.unit_strides = pool.stride[0] == 1 && lens.stride[0] == 1 && indptr.stride[0] == 1 && start_stride == 1;

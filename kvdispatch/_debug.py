@@ -1,4 +1,4 @@
-"""Host-side data checks for ``KVDISPATCH_DEBUG=1``.
+"""Host-side data checks for ``KVDISPATCH_DEBUG=1`` (or ``true``, ``yes``, ``on``).
 
 Slow on purpose: they copy the index vectors to the host (a device sync) and raise ``ValueError`` naming
 the request and the value that the kernels would otherwise silently turn into an empty or short row.
@@ -7,13 +7,13 @@ Never use them inside CUDA-graph capture.
 
 from __future__ import annotations
 
-import os
+from ._env import flag
 
 from .reference import BOUND
 
 
 def _from_env() -> bool:
-    return os.environ.get("KVDISPATCH_DEBUG", "0") not in ("", "0")
+    return flag("KVDISPATCH_DEBUG")
 
 
 # Read at import and by ``kvdispatch.reset()``, not per call: an environment lookup costs more host time

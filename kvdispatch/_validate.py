@@ -2,6 +2,12 @@
 
 Each failure is a ``TypeError`` (wrong kind of object or dtype) or a ``ValueError`` (wrong shape,
 layout, device or value) naming the argument, what was expected and what came.
+
+Outputs must not share memory with an input or with each other, and rows of a page table must not
+share memory: where they did, what a backend writes would depend on the order its programs run in.
+Memory is compared as the byte ranges the tensors span, ``data_ptr()`` up to past their last element
+(gaps of a strided view included); a tensor without elements, or without memory (``data_ptr()`` 0:
+meta tensors), spans nothing.
 """
 
 from __future__ import annotations
@@ -10,8 +16,8 @@ import torch
 
 from .grid import MAX_PAGE_SIZE
 
-_INT32 = torch.int32
-_INDEX_DTYPES = (torch.int32, torch.int64)
+_INT32, _INT64 = torch.int32, torch.int64
+_INDEX_DTYPES = (_INT32, _INT64)
 _INT32_MIN, _INT32_MAX = -(2**31), 2**31 - 1
 
 
@@ -51,6 +57,49 @@ def _python_int(name, value, low, high):
         raise ValueError(f"{name} must be in [{low}, {high}], got {value}")
 
 
+_NOTHING = (0, 0)  # the span of a tensor without elements or memory, or of an absent one: it meets no other
+
+
+def _span(t):
+    """``(begin, end)``: the bytes from the first to past the last element of ``t``, ``(0, 0)`` when it has
+    none. PyTorch strides are never negative, so the first element is the one at ``data_ptr()``."""
+    begin = t.data_ptr()
+    if not begin:
+        return _NOTHING
+    if t.is_contiguous():
+        size = t.nbytes
+        return (begin, begin + size) if size else _NOTHING
+    extent = 1
+    for size, stride in zip(t.shape, t.stride()):
+        if not size:
+            return _NOTHING
+        extent += (size - 1) * stride
+    return begin, begin + extent * t.itemsize
+
+
+def _check_apart(outputs, inputs):
+    """Raise naming the first output that shares memory with an input or with an output before it.
+    ``outputs``, ``inputs``: ``(name, tensor or None)`` pairs."""
+    earlier = [(name, _span(t)) for name, t in inputs if t is not None]
+    for name, t in outputs:
+        if t is None:
+            continue
+        span = _span(t)
+        for other, other_span in earlier:
+            if not _apart(span, (other_span,)):
+                raise ValueError(f"{name} shares memory with {other} ({name} spans bytes [{span[0]:#x}, "
+                                 f"{span[1]:#x}), {other} [{other_span[0]:#x}, {other_span[1]:#x})): outputs must "
+                                 "not overlap the inputs or each other")
+        earlier.append((name, span))
+
+
+def _check_rows_apart(out):
+    rows, width = out.shape
+    if rows > 1 and out.stride(0) < width:
+        raise ValueError(f"rows of out share memory: its row stride {out.stride(0)} is below its width {width} "
+                         f"(shape {tuple(out.shape)})")
+
+
 def _common(req_to_token, req_pool_indices, seq_lens, kv_start_idx):
     """Checks shared by both ops; returns the batch size and the device."""
     _int32_tensor("req_to_token", req_to_token, 2)
@@ -64,15 +113,52 @@ def _common(req_to_token, req_pool_indices, seq_lens, kv_start_idx):
     return batch, device
 
 
-def _vector_ok(t, dtypes, device, shape):
-    """The hot-path form of ``_index_vector``: True when ``t`` has one of ``dtypes``, shape ``shape`` (a
-    ``torch.Size``, so the dimension count and the length at once) and ``device``."""
-    return t.dtype in dtypes and t.shape == shape and t.device == device
+# The hot-path forms of the checks: each returns the tensor's span (as ``_span`` computes it) when the
+# tensor passes, else None, reading each attribute once.
+
+def _index_span(t, device, shape):
+    """The hot-path form of ``_index_vector``: ``shape`` is the ``torch.Size`` ``t`` must have (the
+    dimension count and the length at once)."""
+    dtype = t.dtype
+    if (dtype is _INT32 or dtype is _INT64) and t.shape == shape and t.device == device:
+        length = shape[0]
+        if not length:
+            return _NOTHING
+        begin = t.data_ptr()
+        if not begin:
+            return _NOTHING
+        return begin, begin + ((length - 1) * t.stride()[0] + 1) * (4 if dtype is _INT32 else 8)
+    return None
 
 
-def _table_ok(t, device, ndim):
-    """The hot-path form of ``_int32_tensor`` plus the device."""
-    return t.dtype is _INT32 and t.dim() == ndim and t.stride(-1) == 1 and t.device == device
+def _int32_span(t, device, ndim, min_rows=0, distinct_rows=False):
+    """The hot-path form of ``_int32_tensor`` plus the device, at least ``min_rows`` rows (entries when 1-D)
+    and, with ``distinct_rows``, rows that share no memory."""
+    if t.dtype is not _INT32 or t.device != device:
+        return None
+    stride = t.stride()
+    if len(stride) != ndim or stride[-1] != 1:
+        return None
+    if ndim == 1:
+        rows = extent = t.shape[0]
+    else:
+        rows, width = t.shape
+        if distinct_rows and rows > 1 and stride[0] < width:
+            return None
+        extent = (rows - 1) * stride[0] + width if rows and width else 0
+    if rows < min_rows:
+        return None
+    begin = t.data_ptr() if extent else 0
+    return (begin, begin + 4 * extent) if begin else _NOTHING
+
+
+def _apart(span, others):
+    """Whether the span ``span`` shares no byte with any of the spans ``others``."""
+    begin, end = span
+    for other_begin, other_end in others:
+        if other_begin < end and begin < other_end:
+            return False
+    return True
 
 
 def _small_int(value, low=_INT32_MIN, high=_INT32_MAX):
@@ -82,21 +168,28 @@ def _small_int(value, low=_INT32_MIN, high=_INT32_MAX):
 def check_page_table_args(req_to_token, req_pool_indices, seq_lens, out, page_size, kv_start_idx,
                           seqlen_offset, seq_lens_out, fill_value):
     """Validate ``create_flashmla_kv_indices`` arguments; returns the device."""
-    # Hot path: a valid call passes these attribute reads (each tensor's read once where possible) and
-    # returns. Anything else, every error included, goes through the detailed checks below, which name the
-    # argument. Devices are compared as objects, so CPU calls take this path too (and CI tests it).
+    # Hot path: a valid call passes these attribute reads (each tensor's read once) and returns. Anything
+    # else, every error included, goes through the detailed checks below, which name the argument. Devices
+    # are compared as objects, so CPU calls take this path too (and CI tests it).
     try:
         device, batch_shape = req_to_token.device, req_pool_indices.shape
-        if (len(batch_shape) == 1 and _table_ok(req_to_token, device, 2) and _table_ok(out, device, 2)
-                and out.shape[0] >= batch_shape[0]
-                and _vector_ok(req_pool_indices, _INDEX_DTYPES, device, batch_shape)
-                and _vector_ok(seq_lens, _INDEX_DTYPES, device, batch_shape)
-                and (kv_start_idx is None or _vector_ok(kv_start_idx, _INDEX_DTYPES, device, batch_shape))
-                and (seq_lens_out is None or (_table_ok(seq_lens_out, device, 1)
-                                              and seq_lens_out.shape[0] >= batch_shape[0]))
-                and _small_int(page_size, 1, MAX_PAGE_SIZE) and _small_int(seqlen_offset)
+        if (len(batch_shape) == 1 and _small_int(page_size, 1, MAX_PAGE_SIZE) and _small_int(seqlen_offset)
                 and (fill_value is None or _small_int(fill_value))):
-            return device
+            batch = batch_shape[0]
+            table = _int32_span(req_to_token, device, 2)
+            written = _int32_span(out, device, 2, batch, True)  # rows: at least the batch, sharing no memory
+            pool = _index_span(req_pool_indices, device, batch_shape)
+            lens = _index_span(seq_lens, device, batch_shape)
+            start = _NOTHING if kv_start_idx is None else _index_span(kv_start_idx, device, batch_shape)
+            if table and written and pool and lens and start:
+                inputs = (table, pool, lens, start)
+                if seq_lens_out is None:
+                    if _apart(written, inputs):
+                        return device
+                else:
+                    lens_written = _int32_span(seq_lens_out, device, 1, batch)
+                    if lens_written and _apart(written, inputs + (lens_written,)) and _apart(lens_written, inputs):
+                        return device
     except (AttributeError, IndexError, TypeError):
         pass
     batch, device = _common(req_to_token, req_pool_indices, seq_lens, kv_start_idx)
@@ -117,6 +210,10 @@ def check_page_table_args(req_to_token, req_pool_indices, seq_lens, out, page_si
         if seq_lens_out.device != device:
             raise ValueError(f"seq_lens_out is on {seq_lens_out.device}, expected {device} "
                              "(the device of req_to_token)")
+    _check_rows_apart(out)
+    _check_apart((("out", out), ("seq_lens_out", seq_lens_out)),
+                 (("req_to_token", req_to_token), ("req_pool_indices", req_pool_indices), ("seq_lens", seq_lens),
+                  ("kv_start_idx", kv_start_idx)))
     return device
 
 
@@ -124,13 +221,19 @@ def check_token_csr_args(req_to_token, req_pool_indices, seq_lens, kv_indptr, ou
     """Validate ``create_flashinfer_kv_indices`` arguments; returns the device."""
     try:  # hot path, as in check_page_table_args
         device, batch_shape = req_to_token.device, req_pool_indices.shape
-        if (len(batch_shape) == 1 and _table_ok(req_to_token, device, 2) and _table_ok(out, device, 1)
-                and _vector_ok(req_pool_indices, _INDEX_DTYPES, device, batch_shape)
-                and _vector_ok(seq_lens, _INDEX_DTYPES, device, batch_shape)
-                and kv_indptr.dtype in _INDEX_DTYPES and kv_indptr.dim() == 1 and kv_indptr.device == device
-                and kv_indptr.shape[0] >= batch_shape[0]
-                and (kv_start_idx is None or _vector_ok(kv_start_idx, _INDEX_DTYPES, device, batch_shape))):
-            return device
+        if len(batch_shape) == 1:
+            batch = batch_shape[0]
+            table = _int32_span(req_to_token, device, 2)
+            written = _int32_span(out, device, 1)
+            pool = _index_span(req_pool_indices, device, batch_shape)
+            lens = _index_span(seq_lens, device, batch_shape)
+            indptr_shape = kv_indptr.shape
+            indptr = (_index_span(kv_indptr, device, indptr_shape)
+                      if len(indptr_shape) == 1 and indptr_shape[0] >= batch else None)
+            start = _NOTHING if kv_start_idx is None else _index_span(kv_start_idx, device, batch_shape)
+            if (table and written and pool and lens and indptr and start
+                    and _apart(written, (table, pool, lens, indptr, start))):
+                return device
     except (AttributeError, IndexError, TypeError):
         pass
     batch, device = _common(req_to_token, req_pool_indices, seq_lens, kv_start_idx)
@@ -138,4 +241,7 @@ def check_token_csr_args(req_to_token, req_pool_indices, seq_lens, kv_indptr, ou
     _int32_tensor("out", out, 1)
     if out.device != device:
         raise ValueError(f"out is on {out.device}, expected {device} (the device of req_to_token)")
+    _check_apart((("out", out),),
+                 (("req_to_token", req_to_token), ("req_pool_indices", req_pool_indices), ("seq_lens", seq_lens),
+                  ("kv_indptr", kv_indptr), ("kv_start_idx", kv_start_idx)))
     return device

@@ -48,6 +48,11 @@ def create_flashmla_kv_indices(req_to_token, req_pool_indices, seq_lens, out, *,
     empty row, and the row ends at the first position at or past column ``C``.
     No host sync and no device allocation on the GPU backends: capturable in a CUDA graph.
 
+    Raises ``TypeError``/``ValueError`` naming the argument before anything is written, also where
+    ``out`` or ``seq_lens_out`` shares memory with an input or with the other (the byte ranges from
+    ``data_ptr()`` to past the last element intersect), or rows of ``out`` share memory
+    (``out.stride(0) < W`` with more than one row).
+
     Returns:
         ``out``.
     """
@@ -88,6 +93,7 @@ def create_flashinfer_kv_indices(req_to_token, req_pool_indices, seq_lens, kv_in
 
     Left untouched: every position no request writes. No write ever lands outside ``out``, whatever
     ``kv_indptr`` says; a row ends at the table's last column; a bad pool index gives an empty row.
+    Raises as ``create_flashmla_kv_indices`` does, also where ``out`` shares memory with an input.
 
     Returns:
         ``out``.

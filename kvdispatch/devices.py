@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from ._env import flag
+
 RUNTIMES = ("triton", "cupy", "torch")
 
 # Families by exact architecture name: a ROCm build reports capability numbers that mean other chips,
@@ -41,7 +43,8 @@ class DeviceInfo:
     """What ``probe`` found for one device.
 
     runtimes: ``(name, reason)`` per runtime in ``RUNTIMES``; ``reason`` is None when it can serve the
-    device, else why it cannot.
+    device, else why it cannot. A reason names a package to install (``pip install "..."``) when a
+    missing package is why, and only then; otherwise it says what else to change.
     """
 
     device: str
@@ -104,9 +107,9 @@ def triton_reason(raw: RawDevice, family: str) -> str | None:
     if not _module_present("triton"):
         return 'Triton is not installed (pip install "kvdispatch[triton]")'
     if raw.vendor == "cpu":
-        if os.environ.get("TRITON_INTERPRET") == "1":
+        if flag("TRITON_INTERPRET"):
             return None
-        return "CPU tensors run Triton kernels only in its interpreter (TRITON_INTERPRET=1)"
+        return "CPU tensors run Triton kernels only in its interpreter: set TRITON_INTERPRET=1 before the first call"
     if raw.vendor not in ("nvidia", "amd"):
         return f"Triton has no backend for {raw.vendor} devices"
     if family not in TRITON_FAMILIES:

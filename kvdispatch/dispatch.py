@@ -2,10 +2,17 @@
 
 Auto order: Triton, then CuPy, then torch, each where the probe says it can serve the device.
 ``KVDISPATCH_BACKEND`` (read at first selection per device; ``reset()`` forgets) forces one; ``backend=``
-per call wins over it. A forced backend that cannot serve raises with the reason; in auto mode a backend
-that raises at compile or launch is disabled for that device with one warning and the next one serves,
-unless ``KVDISPATCH_STRICT=1``; a call beyond the GPU grid limits (``grid.GridLimitError``) is that call's
-error and disables nothing. The hot path is one dict lookup per call.
+per call wins over it. A forced backend that cannot serve raises with the probe's reason, which names a
+package to install only where a missing one is why.
+
+Failures, in auto mode: a backend that fails before it has served any call on a device (its module does
+not import, its kernels do not compile or do not run there) is taken out of auto selection for that
+device, with one warning, and the next one serves that call and the later ones, unless
+``KVDISPATCH_STRICT=1`` (then the failure raises). Once a backend has served a call on a device, a
+failing call (a launch these arguments make fail, ...) raises for that call only and the backend stays
+selected. A call beyond the GPU grid limits (``grid.GridLimitError``) is always that call's error. A forced
+backend's failures always raise. The hot path is one dict lookup per call, plus one attribute test while a
+selected backend has not served yet.
 """
 
 from __future__ import annotations
@@ -21,6 +28,7 @@ from dataclasses import dataclass
 import torch
 
 from . import _debug, devices
+from ._env import flag
 from .grid import GridLimitError
 
 BACKENDS = ("triton", "cupy", "torch")
@@ -61,13 +69,6 @@ class Backend:
         reason = info.reason(self.name)
         return [] if reason is None else [reason]
 
-    def install_hint(self, info: devices.DeviceInfo) -> str:
-        if self.name == "triton":
-            return 'pip install "kvdispatch[triton]"'
-        if self.name == "cupy":
-            return f'pip install "{devices.cupy_install_hint(info.vendor if info.vendor == "amd" else "nvidia")}"'
-        return "pip install torch"
-
     def load(self):
         return importlib.import_module(self.module)
 
@@ -86,19 +87,21 @@ REGISTRY = {
 
 
 def requested_backend(backend: str | None = None) -> str:
-    """The backend asked for: ``backend`` if given, else ``KVDISPATCH_BACKEND``, else ``"auto"``."""
+    """The backend asked for: ``backend`` if given, else ``KVDISPATCH_BACKEND``, else ``"auto"``. Both are
+    read alike: surrounding spaces and case do not matter, and empty means ``"auto"``."""
     if backend is None:
-        backend = os.environ.get("KVDISPATCH_BACKEND", "auto").strip().lower() or "auto"
-        source = "KVDISPATCH_BACKEND"
+        value, source = os.environ.get("KVDISPATCH_BACKEND", ""), "KVDISPATCH_BACKEND"
     else:
-        source = "backend"
-    if backend not in CHOICES:
-        raise ValueError(f"{source} must be one of {', '.join(CHOICES)}; got {backend!r}")
-    return backend
+        value, source = backend, "backend"
+    name = (value.strip().lower() or "auto") if isinstance(value, str) else value
+    if name not in CHOICES:
+        raise ValueError(f"{source} must be one of {', '.join(CHOICES)}; got {value!r}")
+    return name
 
 
 def strict() -> bool:
-    return os.environ.get("KVDISPATCH_STRICT", "0") not in ("", "0")
+    """``KVDISPATCH_STRICT``, read where a backend fails (and checked at each first selection)."""
+    return flag("KVDISPATCH_STRICT")
 
 
 class _Selector:
@@ -109,17 +112,31 @@ class _Selector:
         self._chosen: dict[tuple, object] = {}
         self._disabled: dict[torch.device, dict[str, str]] = {}
         self._announced: set[torch.device] = set()
+        self._served: set[tuple] = set()  # (device, backend) pairs that have served a call
+        self.untried: set[tuple] = set()  # (device, backend) pairs selected that have not served yet
 
     def reset(self):
         with self._lock:
             self._chosen.clear()
             self._disabled.clear()
             self._announced.clear()
+            self._served.clear()
+            self.untried.clear()
             for backend in REGISTRY.values():
                 backend.notify("on_deselected", None)
 
     def disabled(self, device) -> dict[str, str]:
         return dict(self._disabled.get(device, {}))
+
+    def has_served(self, device, name) -> bool:
+        """Whether backend ``name`` has served a call on ``device`` (since the last ``reset``)."""
+        return (device, name) in self._served
+
+    def served(self, device, name) -> None:
+        """Record that ``name`` served a call on ``device``: from now on its failures are the calls' own."""
+        with self._lock:
+            self._served.add((device, name))
+            self.untried.discard((device, name))
 
     def candidates(self, info, device) -> tuple[list[str], dict[str, str]]:
         """Auto order of usable backends, and the rejected ones with their reasons."""
@@ -140,11 +157,10 @@ class _Selector:
         with self._lock:  # one warning and one log line per device, whichever thread selects first
             usable, rejected = self.candidates(info, device)
             if requested != "auto":
-                if requested not in usable:
-                    backend = REGISTRY[requested]
+                if requested not in usable:  # the probe's reasons name a package to install where one is missing
                     raise BackendUnavailableError(
                         f"backend {requested!r} cannot serve {device} ({info.arch}, {info.family}): "
-                        f"{rejected[requested]}. Install hint: {backend.install_hint(info)}")
+                        f"{rejected[requested]}")
                 chosen = requested
             else:
                 chosen = usable[0]  # torch always serves
@@ -170,6 +186,7 @@ class _Selector:
             return impl
         with self._lock:
             impl = self._chosen.get(key)
+            strict()  # a bad value is reported at the first call, not at the first failure
             while impl is None:
                 requested = requested_backend(backend)
                 name = self.choose(device, requested)
@@ -181,16 +198,17 @@ class _Selector:
                     if requested != "auto":
                         raise BackendUnavailableError(
                             f"backend {name!r} cannot serve {device}: it failed to load "
-                            f"({type(exc).__name__}: {exc}). Install hint: "
-                            f"{REGISTRY[name].install_hint(devices.probe(device))}") from exc
+                            f"({type(exc).__name__}: {exc})") from exc
                     self.fail(device, name, exc)
                     continue
                 impl = self._chosen[key] = (name, function)
+                if (device, name) not in self._served:
+                    self.untried.add((device, name))
                 REGISTRY[name].notify("on_selected", device, op, backend)
         return impl
 
     def fail(self, device, name, exc):
-        """Record that ``name`` raised on ``device``; in auto mode it is skipped from now on.
+        """Take ``name`` out of auto selection for ``device``, after it raised ``exc`` there.
 
         Idempotent: threads that raced into the same failing backend give one warning between them.
         """
@@ -211,17 +229,22 @@ selector = _Selector()
 
 
 def call(device, op, backend, *args):
-    """Run ``op`` on the selected backend; in auto mode fall back past a backend that raises."""
+    """Run ``op`` on the selected backend; in auto mode fall back past a backend that raises before it
+    has served any call on ``device``."""
     name, function = selector.resolve(device, op, backend)
     try:
-        return function(*args)
+        result = function(*args)
     except GridLimitError:  # this call's arguments are beyond what a GPU grid takes: its own error
         raise
     except Exception as exc:
-        if name == "torch" or requested_backend(backend) != "auto" or strict():
+        if (name == "torch" or selector.has_served(device, name) or requested_backend(backend) != "auto"
+                or strict()):
             raise
         selector.fail(device, name, exc)
         return call(device, op, backend, *args)
+    if selector.untried and (device, name) in selector.untried:  # empty once each selected one has served
+        selector.served(device, name)
+    return result
 
 
 def reset() -> None:

@@ -142,3 +142,57 @@ def loop_token_csr(case: Case, indptr: torch.Tensor, out: torch.Tensor) -> torch
             if 0 <= target < result.shape[0]:
                 result[target] = table[pool][pos]
     return result
+
+
+def byte_span(t: torch.Tensor):
+    """``(first byte, past the last)`` of the elements of ``t``, or None when it has none (the contract's
+    definition of the memory a tensor occupies, gaps of a strided view included)."""
+    if t.numel() == 0:
+        return None
+    last = sum((size - 1) * stride for size, stride in zip(t.shape, t.stride()))
+    return t.data_ptr(), t.data_ptr() + (last + 1) * t.element_size()
+
+
+def spans_meet(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether ``a`` and ``b`` share a byte of memory."""
+    sa, sb = byte_span(a), byte_span(b)
+    return sa is not None and sb is not None and sa[0] < sb[1] and sb[0] < sa[1]
+
+
+def overlapping_pairs(outputs: dict, inputs: dict) -> set:
+    """``{(output name, other name)}``: every output against every input and every other output; None
+    values are absent tensors."""
+    outputs = {k: v for k, v in outputs.items() if v is not None}
+    others = {**{k: v for k, v in inputs.items() if v is not None}, **outputs}
+    return {(o, n) for o, t in outputs.items() for n, u in others.items() if n != o and spans_meet(t, u)}
+
+
+def named_overlap(message: str) -> tuple:
+    """``(output, other)`` as the validator's "<output> shares memory with <other> (...)" names them."""
+    output, _, rest = message.partition(" shares memory with ")
+    return output, rest.split(" ")[0]
+
+
+def place_in_one_buffer(tensors, generator, spread=1.5):
+    """``(views, buffer)``: ``tensors`` (1-D or 2-D int32/int64 tensors on one device, or None) as views
+    with the same shapes, strides and values at random offsets of one shared int64 ``buffer``, ``spread``
+    times the size they need together, so that some of them share memory; None entries stay None.
+    Values are copied in order: where views overlap, later ones win."""
+    def extent(t):  # elements from the first to the last
+        return 0 if t.numel() == 0 else 1 + sum((n - 1) * s for n, s in zip(t.shape, t.stride()))
+
+    present = [t for t in tensors if t is not None]
+    words = int(spread * sum(extent(t) for t in present)) + 8  # int64 words: room for every int32 too
+    buffer = torch.zeros(words, dtype=torch.int64, device=present[0].device)
+    views = {torch.int64: buffer, torch.int32: buffer.view(torch.int32)}
+    placed = []
+    for t in tensors:
+        if t is None:
+            placed.append(None)
+            continue
+        base = views[t.dtype]
+        offset = int(torch.randint(0, base.shape[0] - extent(t) + 1, (1,), generator=generator))
+        view = base.as_strided(t.shape, t.stride(), offset)
+        view.copy_(t)
+        placed.append(view)
+    return placed, buffer

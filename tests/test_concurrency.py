@@ -103,25 +103,10 @@ def test_first_calls_race_both_ops(counted):
     assert counted == {"probe": 1, "choose": 2}  # one probe per device, one selection per (device, op)
 
 
-def _serialised(function, lock):
-    def call(*args):
-        with lock:
-            return function(*args)
-
-    return call
-
-
 @pytest.mark.parametrize("backend", GPU_BACKENDS if HAS_GPU else ["triton"])
-def test_first_calls_race_forced_backend(counted, monkeypatch, backend):
+def test_first_calls_race_forced_backend(counted, backend):
     if backend == "cupy-host" or backend not in kvdispatch.available_backends(DEVICE):
         pytest.skip(f"{backend} does not serve {DEVICE}")
-    if DEVICE.type == "cpu":
-        # Triton's interpreter keeps global state while it runs a kernel (it is not thread-safe), so here the
-        # launches are serialised; the first calls still race through selection and loading.
-        module = dispatch.REGISTRY[backend].load()
-        lock = threading.Lock()
-        for name in ("build_page_table", "build_token_indices"):
-            monkeypatch.setattr(module, name, _serialised(getattr(module, name), lock))
     counted.clear()
     kvdispatch.reset()
     results, errors = _race(["page_table", "token_csr"] * (THREADS // 2), backend=backend)
@@ -146,3 +131,29 @@ def test_failing_backend_under_a_race_warns_once(counted, monkeypatch):
     assert failing.calls  # it was tried, and given up for the device
     assert kvdispatch.select_backend(DEVICE) == "torch"
     assert counted["probe"] == 1
+
+
+def test_interpreted_launches_from_several_threads(monkeypatch):
+    """Triton's interpreter patches triton.language for the length of a launch: launches from several
+    threads, of both kernels, again and again after the first, must not meet inside it."""
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    if DEVICE.type != "cpu" or "triton" not in kvdispatch.available_backends("cpu"):
+        pytest.skip("Triton's interpreter serves CPU tensors only")
+    errors, wrong = [], []
+
+    def worker(i):
+        try:
+            for step in range(6):
+                got, expected = _work(("page_table", "token_csr")[(i + step) % 2], "triton", 100 * i + step)
+                if not torch.equal(got, expected):
+                    wrong.append((i, step))
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=300)
+    assert not any(t.is_alive() for t in threads), "a thread hung"
+    assert not errors and not wrong, (errors, wrong)

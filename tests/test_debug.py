@@ -127,7 +127,8 @@ def test_debug_accepts_clean_data_and_edges(monkeypatch):
     assert torch.equal(flat.cpu(), expected)
 
 
-@pytest.mark.parametrize("value,on", [("1", True), ("yes", True), ("0", False), ("", False)])
+@pytest.mark.parametrize("value,on", [("1", True), ("yes", True), (" TRUE ", True), ("On", True), ("0", False),
+                                      ("", False), ("no", False), ("false", False), (" OFF", False)])
 def test_enabled_reads_the_environment_per_call(monkeypatch, value, on):
     monkeypatch.delenv("KVDISPATCH_DEBUG", raising=False)
     kvdispatch.reset()  # the switch is read at import and by reset()
@@ -144,6 +145,17 @@ def test_enabled_reads_the_environment_per_call(monkeypatch, value, on):
     monkeypatch.delenv("KVDISPATCH_DEBUG")
     kvdispatch.reset()  # the switch is read at import and by reset()
     _call_page_table(case)  # no error once the switch is off again, in the same process
+
+
+@pytest.mark.parametrize("value", ["2", "enabled", "y", "1 1"])
+def test_a_value_that_is_not_a_boolean_is_an_error(monkeypatch, value):
+    monkeypatch.setenv("KVDISPATCH_DEBUG", value)
+    with pytest.raises(ValueError, match="KVDISPATCH_DEBUG must be one of 1/0, true/false, yes/no, on/off") as info:
+        kvdispatch.reset()
+    assert repr(value) in str(info.value)
+    monkeypatch.delenv("KVDISPATCH_DEBUG")
+    kvdispatch.reset()
+    assert not _debug.enabled()
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

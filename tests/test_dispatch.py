@@ -1,4 +1,4 @@
-"""Selection policy, the env override, caching, logging and fallback after a launch failure.
+"""Selection policy, the env override, caching, logging, and what a backend's failure does.
 
 Simulated GPUs (tests/simdevices.py) test the policy through ``select_backend``, ``available_backends`` and
 ``dispatch.selector``; the fallback and caching paths run real calls on CPU tensors with fake backend
@@ -15,7 +15,7 @@ import torch
 
 import kvdispatch
 from conftest import GPU_BACKENDS, HAS_GPU
-from kvdispatch import devices, dispatch
+from kvdispatch import _env, devices, dispatch
 from kvcases import POISON, loop_page_table, loop_token_csr, make_case
 from simdevices import (A100, B200, FUTURE_NVIDIA, GPU, H200, MI300X, MI355X, RX7900, FakeBackend, Sim)
 
@@ -98,9 +98,9 @@ def test_cpu_auto_is_torch_and_triton_only_when_forced(monkeypatch):
     kvdispatch.reset()
     assert kvdispatch.available_backends("cpu") == ["torch"]
     if devices._module_present("triton"):
-        with pytest.raises(kvdispatch.BackendUnavailableError, match="TRITON_INTERPRET=1") as raised:
+        with pytest.raises(kvdispatch.BackendUnavailableError, match="set TRITON_INTERPRET=1") as raised:
             dispatch.selector.choose(CPU, "triton")
-        assert "Install hint" in str(raised.value)
+        assert "pip install" not in str(raised.value)  # Triton is installed: nothing to install
 
 
 def test_cpu_call_in_auto_mode_uses_torch(monkeypatch):
@@ -139,6 +139,30 @@ def test_env_override_bad_value(sim, monkeypatch, value):
     assert (out == POISON).all()
 
 
+@pytest.mark.parametrize("value,chosen", [("TRITON", "triton"), (" Torch ", "torch"), ("Cupy", "cupy"),
+                                          ("AUTO", "triton"), ("", "triton")])
+def test_backend_argument_reads_like_the_env_variable(sim, monkeypatch, value, chosen):
+    device = sim.add(H200)
+    assert dispatch.requested_backend(value) == (value.strip().lower() or "auto")
+    monkeypatch.setenv("KVDISPATCH_BACKEND", value)
+    assert dispatch.requested_backend() == dispatch.requested_backend(value)
+    assert dispatch.selector.resolve(device, "page_table", value)[0] == chosen
+
+
+def test_backend_argument_in_capitals_serves_a_call(monkeypatch):
+    fake_triton = _fake_triton_first(monkeypatch)
+    out, expected = _page_table_call(backend="TRITON")
+    assert torch.equal(out, expected) and fake_triton.calls == {"page_table": 1}
+    out, expected = _page_table_call(backend=" Torch")
+    assert torch.equal(out, expected) and fake_triton.calls == {"page_table": 1}
+
+
+@pytest.mark.parametrize("value", ["fast", 1, "tri ton"])
+def test_bad_backend_argument_values(value):
+    with pytest.raises(ValueError, match=f"backend must be one of {CHOICES_TEXT}; got {value!r}"):
+        dispatch.requested_backend(value)
+
+
 def test_bad_backend_argument():
     case = make_case(2, 4)
     out = case.page_table_out()
@@ -156,11 +180,39 @@ def test_forced_unavailable_backend_raises_with_reason_and_hint(monkeypatch, mis
     with pytest.raises(kvdispatch.BackendUnavailableError) as raised:
         kvdispatch.select_backend(device)
     message = str(raised.value)
-    assert reason in message and "Install hint: pip install" in message and "cuda:0" in message
+    assert reason in message and "pip install" in message and "cuda:0" in message
     assert "sm_90" in message
     with pytest.raises(kvdispatch.BackendUnavailableError):
         dispatch.selector.resolve(device, "page_table", None)
     assert not dispatch.selector._chosen  # nothing was cached: no silent fallback later either
+
+
+@pytest.mark.parametrize("backend,reason", [("cupy", "CuPy serves CUDA and ROCm GPUs only, not cpu"),
+                                            ("triton", "set TRITON_INTERPRET=1")])
+def test_no_install_hint_when_nothing_is_missing(monkeypatch, backend, reason):
+    """Installed, or with no package that would help: the error gives the reason and names nothing to
+    install."""
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    monkeypatch.setattr(devices, "_module_present", lambda name: True)  # Triton and CuPy installed
+    with pytest.raises(kvdispatch.BackendUnavailableError) as raised:
+        dispatch.selector.choose(CPU, backend)
+    assert reason in str(raised.value) and "pip install" not in str(raised.value)
+
+
+def test_wrong_cupy_build_is_a_missing_package(monkeypatch):
+    sim = Sim(monkeypatch, cupy_vendor="nvidia")
+    device = sim.add(MI300X)
+    with pytest.raises(kvdispatch.BackendUnavailableError, match=r'built for NVIDIA.*pip install "kvdispatch\[rocm\]"'):
+        dispatch.selector.choose(device, "cupy")
+
+
+def test_a_backend_that_fails_to_load_names_the_error_and_nothing_to_install(monkeypatch):
+    _fake_triton_first(monkeypatch)
+    monkeypatch.setitem(dispatch.REGISTRY, "triton", dispatch.Backend("triton", "kvtest_no_such_module"))
+    monkeypatch.delitem(sys.modules, "kvtest_no_such_module", raising=False)
+    with pytest.raises(kvdispatch.BackendUnavailableError, match="failed to load") as raised:
+        _page_table_call(backend="triton")
+    assert "kvtest_no_such_module" in str(raised.value) and "pip install" not in str(raised.value)
 
 
 def test_forced_unavailable_backend_never_falls_back_in_a_call(monkeypatch):
@@ -201,13 +253,18 @@ def test_backend_argument_wins_over_env(monkeypatch):
 # ---------------------------------------------------------------- launch failures and fallback
 
 
-@pytest.fixture
-def failing_first(monkeypatch):
-    """On CPU, auto order puts a fake 'triton' that fails at launch ahead of torch."""
+def _fake_triton_first(monkeypatch, fail=None):
+    """On CPU, auto order puts a fake 'triton' (failing with ``fail``, if given) ahead of torch."""
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     monkeypatch.setattr(devices, "_module_present", lambda name: True)
     monkeypatch.setattr(dispatch, "CPU_ORDER", ("triton", "torch", "cupy"))
-    return FakeBackend(monkeypatch, "triton", fail=RuntimeError("injected launch failure"))
+    return FakeBackend(monkeypatch, "triton", fail=fail)
+
+
+@pytest.fixture
+def failing_first(monkeypatch):
+    """On CPU, auto order puts a fake 'triton' that fails at launch ahead of torch."""
+    return _fake_triton_first(monkeypatch, RuntimeError("injected launch failure"))
 
 
 @pytest.mark.parametrize("fill_value", [None, -1])
@@ -245,8 +302,9 @@ def test_forced_backend_failure_raises(failing_first, monkeypatch, how):
     assert not dispatch.selector.disabled(CPU)
 
 
-def test_strict_turns_fallback_into_an_error(failing_first, monkeypatch):
-    monkeypatch.setenv("KVDISPATCH_STRICT", "1")
+@pytest.mark.parametrize("on", ["1", "true", " Yes ", "ON"])
+def test_strict_turns_fallback_into_an_error(failing_first, monkeypatch, on):
+    monkeypatch.setenv("KVDISPATCH_STRICT", on)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         for _ in range(2):
@@ -259,6 +317,110 @@ def test_strict_turns_fallback_into_an_error(failing_first, monkeypatch):
     with pytest.warns(RuntimeWarning, match="injected launch failure"):
         out, expected = _page_table_call()
     assert torch.equal(out, expected)
+
+
+@pytest.mark.parametrize("off", ["0", "false", "no", " Off ", ""])
+def test_strict_off_values_fall_back(failing_first, monkeypatch, off):
+    monkeypatch.setenv("KVDISPATCH_STRICT", off)
+    with pytest.warns(RuntimeWarning, match="injected launch failure"):
+        out, expected = _page_table_call()
+    assert torch.equal(out, expected) and kvdispatch.select_backend("cpu") == "torch"
+
+
+@pytest.mark.parametrize("value", ["2", "maybe", "nope"])
+def test_strict_bad_value_is_an_error_at_the_first_call(monkeypatch, value):
+    """Reported when the call is first resolved, not only once a backend fails."""
+    monkeypatch.setenv("KVDISPATCH_STRICT", value)
+    case = make_case(2, 4)
+    out = case.page_table_out()
+    with pytest.raises(ValueError, match="KVDISPATCH_STRICT must be one of 1/0, true/false, yes/no, on/off"):
+        kvdispatch.create_flashmla_kv_indices(case.req_to_token, case.req_pool_indices, case.seq_lens, out,
+                                              page_size=4)
+    assert (out == POISON).all()
+
+
+@pytest.mark.parametrize("value,on", [("1", True), ("true", True), ("YES", True), (" on ", True), ("0", False),
+                                      ("False", False), ("no", False), ("off", False), ("", False), (None, False)])
+def test_boolean_variables_read_alike(monkeypatch, value, on):
+    if value is None:
+        monkeypatch.delenv("KVDISPATCH_TEST_SWITCH", raising=False)
+    else:
+        monkeypatch.setenv("KVDISPATCH_TEST_SWITCH", value)
+    assert _env.flag("KVDISPATCH_TEST_SWITCH") is on
+
+
+@pytest.mark.parametrize("value", ["2", "-1", "y", "n", "enable", "truee", "1 0"])
+def test_a_boolean_variable_refuses_other_values(monkeypatch, value):
+    monkeypatch.setenv("KVDISPATCH_TEST_SWITCH", value)
+    with pytest.raises(ValueError) as info:
+        _env.flag("KVDISPATCH_TEST_SWITCH")
+    message = str(info.value)
+    assert "KVDISPATCH_TEST_SWITCH" in message and "1/0, true/false, yes/no, on/off" in message
+    assert repr(value) in message
+
+
+@pytest.mark.skipif(not devices._module_present("triton"), reason="needs Triton installed")
+@pytest.mark.parametrize("value,served", [("true", True), ("ON", True), ("no", False), ("0", False)])
+def test_triton_interpret_reads_as_a_boolean(monkeypatch, value, served):
+    monkeypatch.setenv("TRITON_INTERPRET", value)
+    assert ("triton" in kvdispatch.available_backends("cpu")) is served
+
+
+def test_a_backend_that_has_served_stays_selected_when_a_call_fails(monkeypatch):
+    """After its first success on a device, a backend's failure is that call's error, for either op: no
+    warning, no fallback, and the next call goes to it again."""
+    fake = _fake_triton_first(monkeypatch)
+    out, expected = _page_table_call()
+    assert torch.equal(out, expected) and fake.calls == {"page_table": 1}
+    fake.fail = RuntimeError("grid too large for these arguments")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for _ in range(2):
+            with pytest.raises(RuntimeError, match="grid too large"):
+                _page_table_call()
+            with pytest.raises(RuntimeError, match="grid too large"):
+                _token_csr_call()  # served by the page table only: the device has seen it serve
+    assert not dispatch.selector.disabled(CPU)
+    assert kvdispatch.select_backend("cpu") == "triton" and dispatch.selector.has_served(CPU, "triton")
+    fake.fail = None
+    out, expected = _token_csr_call()
+    assert torch.equal(out, expected) and fake.calls == {"page_table": 3, "token_csr": 3}
+
+
+def test_having_served_one_device_does_not_vouch_for_another(monkeypatch):
+    """Served on the (simulated) GPU, the fake Triton still is disabled on CPU when it fails there first."""
+    fake = _fake_triton_first(monkeypatch)
+    sim = Sim(monkeypatch)
+    gpu = sim.add(H200)
+    monkeypatch.setattr(devices, "_module_present", lambda name: True)
+    case = make_case(4, 16, device=CPU)
+
+    def page_table_on(device):  # the fake computes on CPU tensors, whichever device it serves
+        out = case.page_table_out()
+        dispatch.call(device, "page_table", None, case.req_to_token, case.req_pool_indices, case.seq_lens, out,
+                      case.page_size, None, 0, None, None)
+        return out
+
+    assert torch.equal(page_table_on(gpu), loop_page_table(case, case.page_table_out()))
+    fake.fail = RuntimeError("injected launch failure")
+    with pytest.raises(RuntimeError, match="injected"):
+        page_table_on(gpu)
+    with pytest.warns(RuntimeWarning, match="disabled for this device"):
+        assert torch.equal(page_table_on(CPU), loop_page_table(case, case.page_table_out()))
+    assert set(dispatch.selector.disabled(CPU)) == {"triton"} and not dispatch.selector.disabled(gpu)
+    assert dispatch.selector.resolve(gpu, "page_table", None)[0] == "triton"
+    assert dispatch.selector.resolve(CPU, "page_table", None)[0] == "torch"
+
+
+def test_reset_forgets_what_has_served(monkeypatch):
+    fake = _fake_triton_first(monkeypatch)
+    _page_table_call()
+    kvdispatch.reset()
+    assert not dispatch.selector.has_served(CPU, "triton")
+    fake.fail = RuntimeError("injected launch failure")
+    with pytest.warns(RuntimeWarning, match="disabled for this device"):
+        out, expected = _page_table_call()
+    assert torch.equal(out, expected) and kvdispatch.select_backend("cpu") == "torch"
 
 
 def test_torch_failure_is_never_swallowed(monkeypatch):

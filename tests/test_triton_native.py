@@ -22,7 +22,8 @@ pytest.importorskip("triton")
 import kvdispatch  # noqa: E402
 from conftest import DEVICE  # noqa: E402
 from kernels_triton import launch, native, page_table, token_csr  # noqa: E402
-from kvdispatch import _build_cache, _debug, dispatch  # noqa: E402
+from kvcases import named_overlap, overlapping_pairs, place_in_one_buffer  # noqa: E402
+from kvdispatch import _build_cache, _debug, _validate, dispatch  # noqa: E402
 
 CONTEXT = 0xC0FFEE
 FUNCTION = 0xF00D
@@ -216,6 +217,135 @@ def test_hands_back_what_it_must_not_take(stubs, name):
     _mutations()[name](call)
     assert stubs.module.page_table(*call) is NotImplemented
     assert stubs.launches == []
+
+
+# The tensors of each op's public call (argument position: name) and which of them are written.
+PAGE_TABLE_TENSORS = {0: "req_to_token", 1: "req_pool_indices", 2: "seq_lens", 3: "out", 5: "kv_start_idx",
+                      7: "seq_lens_out"}
+TOKEN_CSR_TENSORS = {0: "req_to_token", 1: "req_pool_indices", 2: "seq_lens", 3: "kv_indptr", 4: "out",
+                     5: "kv_start_idx"}
+OUTPUTS = ("out", "seq_lens_out")
+
+
+def _share_memory(call, tensors, seed):
+    """``call`` with its tensors placed at random offsets of one buffer (some overlapping); the overlapping
+    (output, other) name pairs."""
+    g = torch.Generator().manual_seed(seed)
+    for i, t in zip(tensors, place_in_one_buffer([call[i] for i in tensors], g)[0]):
+        call[i] = t
+    named = {name: call[i] for i, name in tensors.items()}
+    return overlapping_pairs({k: v for k, v in named.items() if k in OUTPUTS},
+                             {k: v for k, v in named.items() if k not in OUTPUTS})
+
+
+def _python_refusal(check, args):
+    """The ValueError's message the Python validator raises for ``args``, or None when it accepts them."""
+    try:
+        check(*args)
+    except ValueError as error:
+        return str(error)
+    return None
+
+
+def test_page_table_overlaps_are_decided_as_python_decides(stubs):
+    """Random calls whose tensors share one buffer (and some with rows of out sharing memory): C takes
+    exactly the calls the Python validator accepts; the rest it hands back, for Python to refuse."""
+    stubs.module.approve(PAGE_TABLE, 0, None, True)
+    outcomes = set()
+    for seed in range(150):
+        call = random_call(seed)
+        pairs = _share_memory(call, PAGE_TABLE_TENSORS, seed)
+        out = call[3]
+        if seed % 7 == 0 and out.shape[1] > 0:
+            call[3] = out = out.as_strided(out.shape, (seed % out.shape[1], 1))
+        rows_overlap = out.shape[0] > 1 and out.stride(0) < out.shape[1]
+        register(call)
+        stubs.launches.clear()
+        taken = stubs.module.page_table(*call) is out
+        refusal = _python_refusal(_validate.check_page_table_args, call[:9])
+        assert taken == (refusal is None) == (not pairs and not rows_overlap), (seed, refusal, pairs)
+        if taken:
+            assert [launched["params"] for launched in stubs.launches] == [expected_params(call)]
+        elif rows_overlap:
+            assert refusal.startswith("rows of out share memory")
+        else:
+            assert named_overlap(refusal) in pairs, (seed, refusal, pairs)
+        outcomes.add((taken, rows_overlap))
+    assert outcomes == {(True, False), (False, False), (False, True)}
+
+
+def test_token_csr_overlaps_are_decided_as_python_decides(stubs):
+    stubs.module.approve(TOKEN_CSR, 0, None, True)
+    outcomes = set()
+    for seed in range(100):
+        call = random_csr_call(seed)
+        pairs = _share_memory(call, TOKEN_CSR_TENSORS, seed)
+        register_csr(stubs, call)
+        stubs.launches.clear()
+        taken = stubs.module.token_csr(*call) is call[4]
+        refusal = _python_refusal(_validate.check_token_csr_args, call[:6])
+        assert taken == (refusal is None) == (not pairs), (seed, refusal, pairs)
+        if refusal is not None:
+            assert named_overlap(refusal) in pairs, (seed, refusal, pairs)
+        outcomes.add(taken)
+    assert outcomes == {True, False}
+
+
+def _aliasing(name, call):
+    """A page-table call whose tensors share memory as ``name`` says. ``seq_lens`` becomes int32 and
+    contiguous (so that it can be ``seq_lens_out``) and ``out`` contiguous, before the change."""
+    batch = call[1].shape[0]
+    rows, width = call[3].shape
+    call[2] = call[2].int().contiguous()
+    call[3] = torch.zeros(rows, width, dtype=torch.int32)
+    if name == "seq_lens_out is seq_lens":
+        call[7] = call[2]
+    elif name == "seq_lens_out one entry after seq_lens":
+        store = torch.cat([call[2], torch.zeros(1, dtype=torch.int32)])
+        call[2], call[7] = store[:batch], store[1:]
+    elif name == "out is req_to_token":
+        call[0] = call[3]
+    elif name == "kv_start_idx in out's last row":
+        call[3] = torch.zeros(rows, width + batch, dtype=torch.int32)
+        call[5] = call[3][-1, -batch:]
+    elif name == "out rows stride 0":
+        call[3] = call[3][:1].expand(max(rows, 2), width)
+    elif name == "out rows stride below the width":
+        call[3] = call[3].as_strided((rows, width), (width - 1, 1))
+    elif name == "seq_lens_out ends in out":
+        store = torch.zeros(batch - 1 + rows * width, dtype=torch.int32)
+        call[7], call[3] = store[:batch], store[batch - 1:].view(rows, width)
+    return call
+
+
+ALIASINGS = ["seq_lens_out is seq_lens", "seq_lens_out one entry after seq_lens", "out is req_to_token",
+             "kv_start_idx in out's last row", "out rows stride 0", "out rows stride below the width",
+             "seq_lens_out ends in out"]
+
+
+@pytest.mark.parametrize("name", ALIASINGS)
+def test_hands_back_overlapping_calls(stubs, name):
+    """Each call has its own plan registered: only the overlap sends it back."""
+    call = _aliasing(name, random_call(21, page_size=64, with_start=True, options="lens_out"))
+    stubs.module.approve(PAGE_TABLE, 0, None, True)
+    register(call)
+    assert stubs.module.page_table(*call) is NotImplemented
+    assert stubs.launches == []
+    with pytest.raises(ValueError, match="shares? memory"):
+        _validate.check_page_table_args(*call[:9])
+
+
+def test_takes_outputs_next_to_inputs(stubs):
+    """Tensors back to back in one buffer, touching without sharing a byte, make a valid call."""
+    call = random_call(22, with_start=True, options="lens_out")
+    batch, (rows, width) = call[1].shape[0], call[3].shape
+    lens, lens_out, out, start = torch.split(torch.zeros(rows * width + 3 * batch, dtype=torch.int32),
+                                             [batch, batch, rows * width, batch])
+    call[2], call[7], call[3], call[5] = lens.copy_(call[2]), lens_out, out.view(rows, width), start.copy_(call[5])
+    stubs.module.approve(PAGE_TABLE, 0, None, True)
+    register(call)
+    assert stubs.module.page_table(*call) is call[3]
+    _validate.check_page_table_args(*call[:9])
 
 
 def test_hands_back_without_approval_plan_or_context(stubs):

@@ -8,8 +8,9 @@ import pytest
 import torch
 
 import kvdispatch
-from conftest import DEVICE
-from kvcases import POISON, make_case
+from conftest import BACKENDS, DEVICE, page_table, token_csr
+from kvcases import POISON, make_case, named_overlap, overlapping_pairs, place_in_one_buffer
+from kvdispatch import _validate, grid, reference
 
 
 def _page_args(case):
@@ -163,3 +164,175 @@ def test_rejects_mixed_devices_without_a_gpu():
     args["kv_indptr"] = args["kv_indptr"].to("meta")
     with pytest.raises(ValueError, match="kv_indptr is on meta, expected cpu"):
         kvdispatch.create_flashinfer_kv_indices(**args, backend="torch")
+
+
+def test_seq_lens_out_being_seq_lens_is_refused_on_every_backend():
+    """Written while it is read, seq_lens would take the offset once per program of a row: refused
+    before any launch, on rows that span several programs."""
+    pages = grid.items_per_program(grid.PAGE_TABLE, 1) + 5
+    for backend in BACKENDS:
+        case = make_case(3, 1, max_pages=pages, device=DEVICE, seqlen_offset=100)
+        lens = case.seq_lens.clone()
+        args = _page_args(case)
+        with pytest.raises(ValueError, match="seq_lens_out shares memory with seq_lens"):
+            page_table(backend, **{**args, "seq_lens_out": case.seq_lens}, seqlen_offset=100)
+        assert torch.equal(case.seq_lens, lens) and (args["out"] == POISON).all(), backend
+
+
+def _sharing_store(*sizes):
+    """Back-to-back int32 views of one poisoned buffer, one per size."""
+    store = torch.full((sum(sizes),), POISON, dtype=torch.int32, device=DEVICE)
+    return list(torch.split(store, sizes))
+
+
+def _page_overlap(name, args):
+    """Make the page-table ``args`` share memory as ``name`` says; returns the names the error must give."""
+    out, batch = args["out"], args["req_pool_indices"].shape[0]
+    rows, width = out.shape
+    if name == "out is req_to_token":
+        args["req_to_token"] = out
+        return "out", "req_to_token"
+    if name == "out over the pool":
+        store, = _sharing_store(rows * width)
+        args["out"] = store.view(rows, width)
+        args["req_pool_indices"] = store[-batch:].copy_(args["req_pool_indices"])
+        return "out", "req_pool_indices"
+    if name == "kv_start_idx in a gap of strided out":
+        store, = _sharing_store(rows * (width + batch))
+        args["out"] = store.view(rows, width + batch)[:, :width]
+        args["kv_start_idx"] = store.view(rows, width + batch)[0, width:].copy_(args["kv_start_idx"])
+        return "out", "kv_start_idx"
+    if name == "seq_lens_out one entry into out":
+        store, = _sharing_store(batch - 1 + rows * width)
+        args["seq_lens_out"], args["out"] = store[:batch], store[batch - 1:].view(rows, width)
+        return "seq_lens_out", "out"
+    if name == "seq_lens_out over int64 seq_lens":
+        lens = args["seq_lens"].long()
+        args["seq_lens"] = lens
+        args["seq_lens_out"] = lens.view(torch.int32)[: batch]
+        return "seq_lens_out", "seq_lens"
+    raise AssertionError(name)
+
+
+PAGE_OVERLAPS = ["out is req_to_token", "out over the pool", "kv_start_idx in a gap of strided out",
+                 "seq_lens_out one entry into out", "seq_lens_out over int64 seq_lens"]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("name", PAGE_OVERLAPS)
+def test_page_table_refuses_overlapping_outputs(backend, name):
+    case = make_case(4, 16, with_start=True, device=DEVICE)
+    args = _page_args(case)
+    output, other = _page_overlap(name, args)
+    before = {k: v.clone() for k, v in args.items() if isinstance(v, torch.Tensor)}
+    with pytest.raises(ValueError, match=f"^{output} shares memory with {other} "):
+        page_table(backend, **args)
+    for key, value in before.items():
+        assert torch.equal(args[key], value), key
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("row_stride", (0, 1, "width - 1"))
+def test_page_table_refuses_rows_of_out_sharing_memory(backend, row_stride):
+    case = make_case(4, 16, device=DEVICE, width=5)
+    args = _page_args(case)
+    stride = 4 if row_stride == "width - 1" else row_stride
+    args["out"] = torch.full((64,), POISON, dtype=torch.int32, device=DEVICE).as_strided((4, 5), (stride, 1))
+    with pytest.raises(ValueError, match=f"rows of out share memory: its row stride {stride} is below its width 5"):
+        page_table(backend, **args)
+    assert (args["out"] == POISON).all()
+
+
+def _last_entry_shared(source, length):
+    """A contiguous copy of ``source`` and an int32 ``out`` of ``length`` entries whose first entry is the
+    source's last 4 bytes, in one poisoned buffer (returned too)."""
+    words = source.numel() * source.element_size() // 4
+    store, = _sharing_store(words - 1 + length)
+    return store[:words].view(source.dtype).view(source.shape).copy_(source), store[words - 1:], store
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("other", ("req_to_token", "req_pool_indices", "seq_lens", "kv_indptr", "kv_start_idx"))
+@pytest.mark.parametrize("index_dtype", (torch.int32, torch.int64))
+def test_token_csr_refuses_out_overlapping(backend, other, index_dtype):
+    case = make_case(3, 4, with_start=True, device=DEVICE, index_dtype=index_dtype)
+    args = _csr_args(case)
+    args[other], args["out"], store = _last_entry_shared(args[other], args["out"].shape[0])
+    snapshot = store.clone()
+    with pytest.raises(ValueError, match=f"^out shares memory with {other} "):
+        token_csr(backend, **args)
+    assert torch.equal(store, snapshot)
+
+
+def test_touching_and_empty_tensors_share_nothing():
+    """Back to back in one buffer, and tensors without elements anywhere, are valid calls (hot path)."""
+    case = make_case(4, 16, with_start=True, device=DEVICE, width=6)
+    batch = case.batch
+    out_rows = case.page_table_out().shape[0]
+    lens, start, lens_out, out_flat = _sharing_store(batch, batch, batch, out_rows * 6)
+    args = dict(_page_args(case), seq_lens=lens.copy_(case.seq_lens), kv_start_idx=start.copy_(case.kv_start_idx),
+                seq_lens_out=lens_out, out=out_flat.view(out_rows, 6))
+    expected = args["out"].clone()
+    reference.build_page_table(case.req_to_token, case.req_pool_indices, case.seq_lens, expected,
+                               case.page_size, case.kv_start_idx, 0, None, None)
+    kvdispatch.create_flashmla_kv_indices(**args, backend="torch")
+    assert torch.equal(args["out"], expected)
+    empty = dict(args, out=args["req_to_token"][:batch, :0], seq_lens_out=None)  # inside the table, no element
+    kvdispatch.create_flashmla_kv_indices(**empty, backend="torch")
+
+
+def test_meta_tensors_share_no_memory(monkeypatch):
+    """Meta tensors (shapes without memory: every ``data_ptr()`` is 0) overlap nothing: the hot path takes
+    them."""
+    monkeypatch.setattr(_validate, "_common", None)  # the detailed checks would fail on a call
+
+    def on_meta(args):
+        return {k: v.to("meta") if isinstance(v, torch.Tensor) else v for k, v in args.items()}
+
+    case = make_case(4, 16, with_start=True)
+    page = on_meta(dict(_page_args(case), seq_lens_out=case.seq_lens_out()))
+    assert _validate.check_page_table_args(**page, seqlen_offset=0, fill_value=None).type == "meta"
+    assert _validate.check_token_csr_args(**on_meta(_csr_args(case))).type == "meta"
+
+
+def _random_sharing(seed, op):
+    """A valid call of ``op`` with its tensors at random offsets of one buffer; the overlapping pairs; the
+    buffer."""
+    g = torch.Generator().manual_seed(seed)
+    case = make_case(int(torch.randint(0, 6, (1,), generator=g)), 4, with_start=seed % 2 == 0, device=DEVICE,
+                     generator=g, index_dtype=(torch.int32, torch.int64)[seed % 3 == 0], strided_out=seed % 4 == 0)
+    if op == "page_table":
+        args = dict(_page_args(case), seq_lens_out=case.seq_lens_out() if seed % 3 else None)
+        outputs = ("out", "seq_lens_out")
+    else:
+        args = _csr_args(case)
+        outputs = ("out",)
+    names = [k for k, v in args.items() if isinstance(v, torch.Tensor)]
+    views, buffer = place_in_one_buffer([args[k] for k in names], g)
+    args.update(zip(names, views))
+    pairs = overlapping_pairs({k: args.get(k) for k in outputs}, {k: args[k] for k in names if k not in outputs})
+    return args, pairs, buffer
+
+
+@pytest.mark.parametrize("op", ("page_table", "token_csr"))
+def test_random_sharing_is_refused_exactly_when_memory_overlaps(monkeypatch, op):
+    """Valid calls take the hot path; the others raise naming a pair that overlaps, nothing written."""
+    detailed = []
+    common = _validate._common
+    monkeypatch.setattr(_validate, "_common", lambda *a: detailed.append(1) or common(*a))
+    build = kvdispatch.create_flashmla_kv_indices if op == "page_table" else kvdispatch.create_flashinfer_kv_indices
+    refused = 0
+    for seed in range(80):
+        args, pairs, buffer = _random_sharing(seed, op)
+        before = buffer.clone()
+        detailed.clear()
+        if pairs:
+            refused += 1
+            with pytest.raises(ValueError) as info:
+                build(**args, backend="torch")
+            assert named_overlap(str(info.value)) in pairs, (seed, str(info.value), pairs)
+            assert torch.equal(buffer, before), seed
+        else:
+            build(**args, backend="torch")
+            assert not detailed, seed
+    assert 0 < refused < 80
