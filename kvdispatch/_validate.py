@@ -166,14 +166,16 @@ def _small_int(value, low=_INT32_MIN, high=_INT32_MAX):
 
 
 def check_page_table_args(req_to_token, req_pool_indices, seq_lens, out, page_size, kv_start_idx,
-                          seqlen_offset, seq_lens_out, fill_value):
-    """Validate ``create_flashmla_kv_indices`` arguments; returns the device."""
+                          seqlen_offset, seq_lens_out, fill_value, memory=True):
+    """Validate ``create_flashmla_kv_indices`` arguments; returns the device. ``memory=False`` leaves out
+    what needs the tensors' memory (where outputs lie, which fake tensors under ``torch.compile`` lack):
+    the real call checks it."""
     # Hot path: a valid call passes these attribute reads (each tensor's read once) and returns. Anything
     # else, every error included, goes through the detailed checks below, which name the argument. Devices
     # are compared as objects, so CPU calls take this path too (and CI tests it).
     try:
         device, batch_shape = req_to_token.device, req_pool_indices.shape
-        if (len(batch_shape) == 1 and _small_int(page_size, 1, MAX_PAGE_SIZE) and _small_int(seqlen_offset)
+        if (memory and len(batch_shape) == 1 and _small_int(page_size, 1, MAX_PAGE_SIZE) and _small_int(seqlen_offset)
                 and (fill_value is None or _small_int(fill_value))):
             batch = batch_shape[0]
             table = _int32_span(req_to_token, device, 2)
@@ -210,6 +212,8 @@ def check_page_table_args(req_to_token, req_pool_indices, seq_lens, out, page_si
         if seq_lens_out.device != device:
             raise ValueError(f"seq_lens_out is on {seq_lens_out.device}, expected {device} "
                              "(the device of req_to_token)")
+    if not memory:
+        return device
     _check_rows_apart(out)
     _check_apart((("out", out), ("seq_lens_out", seq_lens_out)),
                  (("req_to_token", req_to_token), ("req_pool_indices", req_pool_indices), ("seq_lens", seq_lens),
@@ -217,11 +221,12 @@ def check_page_table_args(req_to_token, req_pool_indices, seq_lens, out, page_si
     return device
 
 
-def check_token_csr_args(req_to_token, req_pool_indices, seq_lens, kv_indptr, out, kv_start_idx):
-    """Validate ``create_flashinfer_kv_indices`` arguments; returns the device."""
+def check_token_csr_args(req_to_token, req_pool_indices, seq_lens, kv_indptr, out, kv_start_idx, memory=True):
+    """Validate ``create_flashinfer_kv_indices`` arguments; returns the device (``memory``: as for
+    ``check_page_table_args``)."""
     try:  # hot path, as in check_page_table_args
         device, batch_shape = req_to_token.device, req_pool_indices.shape
-        if len(batch_shape) == 1:
+        if memory and len(batch_shape) == 1:
             batch = batch_shape[0]
             table = _int32_span(req_to_token, device, 2)
             written = _int32_span(out, device, 1)
@@ -241,6 +246,8 @@ def check_token_csr_args(req_to_token, req_pool_indices, seq_lens, kv_indptr, ou
     _int32_tensor("out", out, 1)
     if out.device != device:
         raise ValueError(f"out is on {out.device}, expected {device} (the device of req_to_token)")
+    if not memory:
+        return device
     _check_apart((("out", out),),
                  (("req_to_token", req_to_token), ("req_pool_indices", req_pool_indices), ("seq_lens", seq_lens),
                   ("kv_indptr", kv_indptr), ("kv_start_idx", kv_start_idx)))

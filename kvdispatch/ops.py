@@ -60,15 +60,15 @@ def _token_csr_kernel(req_to_token, req_pool_indices, seq_lens, kv_indptr, out, 
 
 def _page_table_fake(req_to_token, req_pool_indices, seq_lens, out, *, page_size, kv_start_idx=None,
                      seqlen_offset=0, seq_lens_out=None, fill_value=None, backend="auto"):
-    """Metadata only: the argument checks; nothing to allocate, since the op returns nothing."""
+    """Metadata only: the argument checks that need no memory; nothing to allocate (the op returns nothing)."""
     check_page_table_args(req_to_token, req_pool_indices, seq_lens, out, page_size, kv_start_idx, seqlen_offset,
-                          seq_lens_out, fill_value)
+                          seq_lens_out, fill_value, memory=False)
 
 
 def _token_csr_fake(req_to_token, req_pool_indices, seq_lens, kv_indptr, out, *, kv_start_idx=None,
                     backend="auto"):
-    """Metadata only: the argument checks."""
-    check_token_csr_args(req_to_token, req_pool_indices, seq_lens, kv_indptr, out, kv_start_idx)
+    """Metadata only: the argument checks that need no memory."""
+    check_token_csr_args(req_to_token, req_pool_indices, seq_lens, kv_indptr, out, kv_start_idx, memory=False)
 
 
 for _schema, _kernel, _fake in ((PAGE_TABLE_SCHEMA, _page_table_kernel, _page_table_fake),
