@@ -194,7 +194,7 @@ def test_cpu_bench_names_what_it_skipped_and_why(capsys, tmp_path, monkeypatch):
     _no_interpreter(monkeypatch)
     rc, data, out, _ = _run(capsys, tmp_path, "--markdown")
     assert rc == 0 and data["backends"] == ["torch"]
-    reason = "CPU tensors run Triton kernels only in its interpreter (TRITON_INTERPRET=1)"
+    reason = "CPU tensors run Triton kernels only in its interpreter: set TRITON_INTERPRET=1 before the first call"
     assert f"skipped triton: {reason}" in out.splitlines()
     assert f"skipped naive-loop and 2d-grid (Triton baselines): {reason}" in out.splitlines()
     assert any(line.startswith("skipped cupy: C") for line in out.splitlines())
@@ -264,7 +264,7 @@ def test_unavailable_backend_is_an_error(capsys, monkeypatch):
     assert cli.main(["bench", "--device", "cpu", "--backends", "torch,triton"]) == 2
     out, err = capsys.readouterr()
     assert _error_lines(err) == ["kvdispatch: error: backend 'triton' cannot run on cpu: CPU tensors run Triton "
-                                 "kernels only in its interpreter (TRITON_INTERPRET=1)"]
+                                 "kernels only in its interpreter: set TRITON_INTERPRET=1 before the first call"]
     assert out == ""  # nothing ran
     assert cli.main(["bench", "--device", "cpu", "--backends", "cupy"]) == 2
     assert "backend 'cupy' cannot run on cpu: " in _error_lines(capsys.readouterr().err)[0]
