@@ -23,7 +23,7 @@ from kvdispatch import grid
 
 from .build import PAGE_TABLE_KERNEL, TOKEN_CSR_KERNEL
 
-# Flag bits; the same values as the KV_* macros in kv_indices.cu.
+# Flag bits; the same values as the KV_* macros in kv_indices.cu (tests/test_shared_constants.py).
 WIDE_POOL, WIDE_LENS, WIDE_START, WIDE_INDPTR, FILL, START, LENS_OUT, FOLDED_GRID = 1, 2, 4, 8, 16, 32, 64, 128
 
 # The geometry depends on a few ints only; caching it keeps the helper off the per-call path.

@@ -20,7 +20,7 @@ from kvdispatch._env import flag
 
 from . import launch, page_table, token_csr
 
-PAGE_SIZES = (1, 16, 32, 64, 128, 96)
+PAGE_SIZES = page_table.SPECIALISED_PAGE_SIZES
 TARGETS = (("cuda", 90, 32), ("cuda", 100, 32), ("hip", "gfx942", 64), ("hip", "gfx950", 64))
 
 

@@ -36,11 +36,14 @@ from pathlib import Path
 import torch
 
 from kvdispatch import _build_cache
+from kvdispatch import grid as launch_grid
+
+from . import launch
 
 SOURCE = Path(__file__).with_name("native_launch.c")
 MODULE_NAME = "kvdispatch_native_launch"
 DTYPE_CODES = {None: 0, torch.int32: 1, torch.int64: 2}
-OPS = {"page_table": 0, "token_csr": 1}  # native_launch.c's OP_PAGE_TABLE, OP_TOKEN_CSR
+OPS = {"page_table": 0, "token_csr": 1}  # native_launch.c's OP_PAGE_TABLE, OP_TOKEN_CSR (shared_defines)
 
 log = logging.getLogger("kvdispatch")
 _lock = threading.Lock()
@@ -57,10 +60,29 @@ def compiler() -> str | None:
     return next((found for name in ("cc", "gcc", "clang") if (found := shutil.which(name))), None)
 
 
+def shared_defines() -> tuple[str, ...]:
+    """The ``-DNAME=value`` compiler options that give ``native_launch.c`` the values it shares with the
+    Python side (the source defines none of them itself): op codes, the kernels' runtime parameter counts,
+    the largest page size and the wide-indexing bound."""
+    from . import page_table, token_csr  # noqa: PLC0415  (both import this module)
+
+    values = {
+        "OP_PAGE_TABLE": OPS["page_table"],
+        "OP_TOKEN_CSR": OPS["token_csr"],
+        "PAGE_TABLE_ARGS": len(page_table.PARAMETERS),
+        "TOKEN_CSR_ARGS": len(token_csr.PARAMETERS),
+        "MAX_PAGE_SIZE": launch_grid.MAX_PAGE_SIZE,
+        "WIDE": f"{launch.WIDE}LL",
+    }
+    return tuple(f"-D{name}={value}" for name, value in values.items())
+
+
 def library_name() -> str:
-    """The file name of the extension built from this source for this Python."""
+    """The file name of the extension built from this source and ``shared_defines()`` for this Python."""
     suffix = sysconfig.get_config_var("EXT_SUFFIX") or ".so"
-    digest = hashlib.sha256(SOURCE.read_bytes() + sys.version.encode() + suffix.encode()).hexdigest()[:16]
+    identity = b"\0".join([SOURCE.read_bytes(), *(d.encode() for d in shared_defines()), sys.version.encode(),
+                            suffix.encode()])
+    digest = hashlib.sha256(identity).hexdigest()[:16]
     return f"{MODULE_NAME}-{digest}{suffix}"
 
 
@@ -73,8 +95,8 @@ def build(directory: Path | None = None):
         raise RuntimeError("no C compiler found (set CC, or install cc, gcc or clang)")
 
     def compile_to(partial: Path) -> None:
-        command = [cc, "-O2", "-shared", "-fPIC", f"-I{sysconfig.get_paths()['include']}", str(SOURCE), "-o",
-                   str(partial)]
+        command = [cc, "-O2", "-shared", "-fPIC", *shared_defines(), f"-I{sysconfig.get_paths()['include']}",
+                   str(SOURCE), "-o", str(partial)]
         result = subprocess.run(command, capture_output=True, text=True)
         if result.returncode != 0:
             raise RuntimeError(f"{' '.join(command)} failed: {result.stderr.strip()[-600:]}")

@@ -28,14 +28,21 @@ typedef int (*launch_fn)(void *function, unsigned grid_x, unsigned grid_y, unsig
                          void **extra);
 typedef int (*context_fn)(void **context);
 
-#define OP_PAGE_TABLE 0
-#define OP_TOKEN_CSR 1
-#define PAGE_TABLE_ARGS 18  // the kernels' runtime parameters (kernels_triton/page_table.py, token_csr.py)
-#define TOKEN_CSR_ARGS 16
+// Values shared with the Python side come from kernels_triton/native.py (shared_defines) as -D options:
+// the op codes (native.OPS), the kernels' runtime parameter counts (len(page_table.PARAMETERS),
+// len(token_csr.PARAMETERS)), the largest page size (kvdispatch.grid.MAX_PAGE_SIZE) and launch.WIDE.
+#if !defined(OP_PAGE_TABLE) || !defined(OP_TOKEN_CSR) || !defined(PAGE_TABLE_ARGS) || !defined(TOKEN_CSR_ARGS) || \
+    !defined(MAX_PAGE_SIZE) || !defined(WIDE)
+#error "built by kernels_triton/native.py, which passes the values shared with Python as -D options"
+#endif
 #define MAX_PARAMS 24
+#if PAGE_TABLE_ARGS > MAX_PARAMS || TOKEN_CSR_ARGS > MAX_PARAMS
+#error "MAX_PARAMS is below a kernel's runtime parameter count"
+#endif
+#if OP_PAGE_TABLE < 0 || OP_PAGE_TABLE > 1 || OP_TOKEN_CSR < 0 || OP_TOKEN_CSR > 1 || OP_PAGE_TABLE == OP_TOKEN_CSR
+#error "the op codes index approved[2]: they must be 0 and 1"
+#endif
 #define TABLE_SLOTS 8192  // open addressing, at most half full (the Python plan caches hold 4096 keys each)
-#define MAX_PAGE_SIZE 4096
-#define WIDE ((int64_t)1 << 31)  // launch.WIDE
 
 // Configuration (configure()).
 static launch_fn launch_kernel = NULL;

@@ -282,7 +282,12 @@ def plan_key_and_arguments(req_to_token, req_pool_indices, seq_lens, out, page_s
     return key, args
 
 
-def specializations(page_sizes=(1, 16, 32, 64, 128, 96), index_types=("i32", "i64")):
+# The page sizes compiled ahead of time (``crosscompile``, the warm-up): the common ones, and 96 for a size
+# that is not a power of two.
+SPECIALISED_PAGE_SIZES = (1, 16, 32, 64, 128, 96)
+
+
+def specializations(page_sizes=SPECIALISED_PAGE_SIZES, index_types=("i32", "i64")):
     """Every specialisation the launcher can produce for ``page_sizes``: yields ``(signature, constexprs)``
     in the form ``triton.compiler.ASTSource`` takes (Triton >= 3.3), for each option combination, grid
     form and index dtype (the same for the pool, length and start vectors)."""

@@ -1,0 +1,73 @@
+"""Values that Python, C and CUDA sources share are equal on every side.
+
+``native_launch.c`` takes its shared values only as ``-D`` options from ``native.shared_defines()``;
+``kv_indices.cu`` keeps its own ``KV_*`` flag macros, read here from the source.
+"""
+
+import inspect
+import re
+import subprocess
+import sysconfig
+
+import pytest
+
+from kernels_cupy import build as cupy_build
+from kernels_cupy import launch as cupy_launch
+from kernels_triton import crosscompile, launch, native, page_table, token_csr
+from kvdispatch import grid
+
+
+def defined_values(options) -> dict[str, str]:
+    """``{NAME: value}`` of ``-DNAME=value`` options."""
+    return dict(option[2:].split("=", 1) for option in options)
+
+
+def test_native_launcher_defines_match_the_python_constants():
+    values = defined_values(native.shared_defines())
+    assert values == {
+        "OP_PAGE_TABLE": str(native.OPS["page_table"]),
+        "OP_TOKEN_CSR": str(native.OPS["token_csr"]),
+        "PAGE_TABLE_ARGS": str(len(page_table.PARAMETERS)),
+        "TOKEN_CSR_ARGS": str(len(token_csr.PARAMETERS)),
+        "MAX_PAGE_SIZE": str(grid.MAX_PAGE_SIZE),
+        "WIDE": f"{launch.WIDE}LL",
+    }
+    assert sorted(native.OPS.values()) == [0, 1]  # they index approved[2] in the C source
+
+
+def test_native_launcher_source_defines_no_shared_value_itself():
+    source = native.SOURCE.read_text()
+    for name in defined_values(native.shared_defines()):
+        assert not re.search(rf"^\s*#\s*define\s+{name}\b", source, re.MULTILINE), name
+        assert re.search(rf"!defined\({name}\)", source), f"{name} has no #error guard"
+
+
+def test_native_launcher_refuses_a_build_without_the_defines(tmp_path):
+    if native.compiler() is None:
+        pytest.skip("no C compiler")
+    result = subprocess.run([native.compiler(), "-fsyntax-only", f"-I{sysconfig.get_paths()['include']}",
+                             str(native.SOURCE)], capture_output=True, text=True)
+    assert result.returncode != 0
+    assert "built by kernels_triton/native.py" in result.stderr
+
+
+def test_library_name_depends_on_the_defines(monkeypatch):
+    before = native.library_name()
+    monkeypatch.setattr(grid, "MAX_PAGE_SIZE", grid.MAX_PAGE_SIZE * 2)
+    assert native.library_name() != before
+
+
+def test_cupy_flag_bits_match_the_cuda_macros():
+    macros = {name: int(value) for name, value in
+              re.findall(r"^#define KV_(\w+) (\d+)\b", cupy_build.SOURCE_PATH.read_text(), re.MULTILINE)}
+    python = {name: getattr(cupy_launch, name) for name in
+              ("WIDE_POOL", "WIDE_LENS", "WIDE_START", "WIDE_INDPTR", "FILL", "START", "LENS_OUT", "FOLDED_GRID")}
+    assert macros == python
+    assert sorted(python.values()) == [1 << bit for bit in range(len(python))]  # distinct single bits
+
+
+def test_specialised_page_sizes_have_one_source():
+    default = inspect.signature(page_table.specializations).parameters["page_sizes"].default
+    assert default is page_table.SPECIALISED_PAGE_SIZES
+    assert crosscompile.PAGE_SIZES is page_table.SPECIALISED_PAGE_SIZES
+    assert all(1 <= size <= grid.MAX_PAGE_SIZE for size in page_table.SPECIALISED_PAGE_SIZES)
