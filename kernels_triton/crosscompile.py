@@ -1,6 +1,7 @@
 """Ahead-of-time compilation of every kernel specialisation for a GPU target, on any machine.
 
-The CI lane ``compile-triton`` and ``tests/test_triton_crosscompile.py`` use it to prove that the kernels
+``kvdispatch compile [TARGET ...]`` runs it for users (a check, before a deployment, that the installed Triton
+builds every kernel for the deployment's GPUs); the CI lanes ``compile-triton`` and ``triton-oldest`` use it to prove that the kernels
 build for NVIDIA and AMD targets without a GPU, and to report binary size, registers and shared memory.
 It builds its own ``JITFunction`` objects from the kernels' Python source, so it works even when
 ``TRITON_INTERPRET=1`` made ``@triton.jit`` return interpreted functions.
@@ -137,7 +138,8 @@ def _cross_compile_in_child(target, page_sizes, index_types) -> list[CompileRepo
     return [CompileReport(**row) for row in json.loads(done.stdout)]
 
 
-def _parse_target(text: str):
+def parse_target(text: str):
+    """``"backend:arch:warp_size"`` as a target tuple, e.g. ``("hip", "gfx942", 64)``."""
     backend, arch, warp = text.split(":")
     return backend, int(arch) if arch.isdigit() else arch, int(warp)
 
@@ -153,7 +155,7 @@ def main(argv=None) -> int:
     parser.add_argument("--page-sizes", default=",".join(map(str, PAGE_SIZES)))
     parser.add_argument("--index-types", default="i32,i64")
     options = parser.parse_args(argv)
-    targets = [_parse_target(t) for t in options.targets] or list(TARGETS)
+    targets = [parse_target(t) for t in options.targets] or list(TARGETS)
     page_sizes = tuple(int(p) for p in options.page_sizes.split(","))
     index_types = tuple(options.index_types.split(","))
     reports = [r for target in targets for r in cross_compile(target, page_sizes, index_types)]

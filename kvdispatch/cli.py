@@ -124,6 +124,17 @@ def _add_common(parser: argparse.ArgumentParser, top_level: bool):
                         help="on an error, print the traceback too")
 
 
+def _compile(args) -> int:
+    from kernels_triton import crosscompile
+
+    targets = [crosscompile.parse_target(text) for text in args.targets] or list(crosscompile.TARGETS)
+    for target in targets:
+        reports = crosscompile.cross_compile(target)
+        print(f"{':'.join(map(str, target))}: {len(reports)} specialisations compiled, binaries "
+              f"{min(r.binary_bytes for r in reports)}..{max(r.binary_bytes for r in reports)} bytes")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog=PROG, description="KV-cache index tables for LLM decode.")
     _add_common(parser, top_level=True)
@@ -146,7 +157,15 @@ def build_parser() -> argparse.ArgumentParser:
     bench_command.add_arguments(bench)
     bench.add_argument("--device", type=parse_device, help="torch device (default: the current GPU, else CPU)")
     bench.set_defaults(run=_bench)
-    for command in (demo, info, bench):
+    compile_ = commands.add_parser(
+        "compile", help="compile every Triton kernel specialisation for GPU targets, here, without a GPU",
+        description="Compile every specialisation the Triton launchers can ask for, for each target (default:\n"
+                    "cuda:90:32 cuda:100:32 hip:gfx942:64 hip:gfx950:64), and print one line per target: a\n"
+                    "check, before a deployment, that the installed Triton builds kvdispatch for its GPUs.",
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    compile_.add_argument("targets", nargs="*", help="backend:arch:warp_size, e.g. cuda:90:32 or hip:gfx942:64")
+    compile_.set_defaults(run=_compile)
+    for command in (demo, info, bench, compile_):
         _add_common(command, top_level=False)
     return parser
 
