@@ -13,9 +13,6 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ._env import flag
-
-RUNTIMES = ("triton", "cupy", "torch")
 
 # Families by exact architecture name: a ROCm build reports capability numbers that mean other chips,
 # so nothing here compares numbers.
@@ -32,9 +29,6 @@ AMD_FAMILIES = {
     "gfx1100": "rdna3", "gfx1101": "rdna3", "gfx1102": "rdna3", "gfx1103": "rdna3",
     "gfx1200": "rdna4", "gfx1201": "rdna4",
 }
-# Families whose GPUs Triton compiles for (and kvdispatch cross-compiles its kernels for in CI).
-TRITON_FAMILIES = frozenset({"ampere", "ada", "hopper", "blackwell", "blackwell-geforce",
-                             "cdna2", "cdna3", "cdna4", "rdna3", "rdna4"})
 WARP_SIZE = {"nvidia": 32, "amd": 64}  # when PyTorch does not report it; RDNA GPUs run wave32 (below)
 
 
@@ -42,7 +36,7 @@ WARP_SIZE = {"nvidia": 32, "amd": 64}  # when PyTorch does not report it; RDNA G
 class DeviceInfo:
     """What ``probe`` found for one device.
 
-    runtimes: ``(name, reason)`` per runtime in ``RUNTIMES``; ``reason`` is None when it can serve the
+    runtimes: ``(name, reason)`` per backend in ``dispatch.DESCRIPTORS`` (auto order); ``reason`` is None when it can serve the
     device, else why it cannot. A reason names a package to install (``pip install "..."``) when a
     missing package is why, and only then; otherwise it says what else to change.
     """
@@ -103,53 +97,14 @@ def _module_present(name: str) -> bool:
     return importlib.util.find_spec(name) is not None
 
 
-def triton_reason(raw: RawDevice, family: str) -> str | None:
-    if not _module_present("triton"):
-        return 'Triton is not installed (pip install "kvdispatch[triton]")'
-    if raw.vendor == "cpu":
-        if flag("TRITON_INTERPRET"):
-            return None
-        return "CPU tensors run Triton kernels only in its interpreter: set TRITON_INTERPRET=1 before the first call"
-    if raw.vendor not in ("nvidia", "amd"):
-        return f"Triton has no backend for {raw.vendor} devices"
-    if family not in TRITON_FAMILIES:
-        return f"architecture {raw.arch} ({family}) is not one kvdispatch builds Triton kernels for"
-    return None
-
-
-def cupy_reason(raw: RawDevice) -> str | None:
-    if raw.vendor not in ("nvidia", "amd"):
-        return f"CuPy serves CUDA and ROCm GPUs only, not {raw.vendor}"
-    if not _module_present("cupy"):
-        return f"CuPy is not installed (pip install \"{cupy_install_hint(raw.vendor)}\")"
-    try:
-        import cupy  # noqa: PLC0415  (imported only when a GPU is probed)
-
-        built_for = "amd" if cupy.cuda.runtime.is_hip else "nvidia"
-    except Exception as exc:  # a broken CuPy install must not break the probe
-        return f"CuPy failed to import: {exc}"
-    if built_for != raw.vendor:
-        return (f"CuPy is built for {built_for.upper()} GPUs, this is an {raw.vendor.upper()} GPU "
-                f"(pip install \"{cupy_install_hint(raw.vendor)}\")")
-    return None
-
-
-def cupy_install_hint(vendor: str) -> str:
-    if vendor == "amd":
-        return "kvdispatch[rocm]"
-    major = (torch.version.cuda or "12").split(".")[0]
-    return "kvdispatch[cuda13]" if major == "13" else "kvdispatch[cuda12]"
-
-
 def describe(raw: RawDevice) -> DeviceInfo:
-    """Apply vendor facts to raw device facts (pure: no device access beyond the CuPy import)."""
+    """Apply vendor facts to raw device facts, and ask each backend's descriptor whether it can serve
+    the device (pure: no device access beyond the CuPy import)."""
+    from .dispatch import DESCRIPTORS  # noqa: PLC0415  (dispatch imports this module)
+
     family = family_of(raw.vendor, raw.arch)
     warp = raw.warp_size or (32 if family.startswith("rdna") else WARP_SIZE.get(raw.vendor, 1))
-    runtimes = (
-        ("triton", triton_reason(raw, family)),
-        ("cupy", cupy_reason(raw)),
-        ("torch", None),
-    )
+    runtimes = tuple((backend.NAME, backend.reason_if_unsupported(raw, family)) for backend in DESCRIPTORS)
     return DeviceInfo(raw.device, raw.vendor, raw.arch, family, raw.name, raw.multiprocessors, warp, runtimes)
 
 

@@ -28,12 +28,21 @@ from dataclasses import dataclass
 import torch
 
 from . import _debug, devices
+from .backends import cupy as cupy_backend
+from .backends import torch as torch_backend
+from .backends import triton as triton_backend
 from ._env import flag
 from .grid import GridLimitError
 
-BACKENDS = ("triton", "cupy", "torch")
+# Each backend describes itself (``kvdispatch/backends/``); this list is the registry and the auto order.
+DESCRIPTORS = (
+    triton_backend,
+    cupy_backend,
+    torch_backend,
+)
+BACKENDS = tuple(backend.NAME for backend in DESCRIPTORS)
 # CPU tensors: the reference first; the Triton interpreter (TRITON_INTERPRET=1) only when asked for.
-CPU_ORDER = ("torch", "triton", "cupy")
+CPU_ORDER = ("torch",) + tuple(name for name in BACKENDS if name != "torch")
 CHOICES = ("auto",) + BACKENDS
 OP_FUNCTIONS = {"page_table": "build_page_table", "token_csr": "build_token_indices"}
 
@@ -79,11 +88,7 @@ class Backend:
             function(*args)
 
 
-REGISTRY = {
-    "triton": Backend("triton", "kernels_triton"),
-    "cupy": Backend("cupy", "kernels_cupy"),
-    "torch": Backend("torch", "kvdispatch.reference"),
-}
+REGISTRY = {backend.NAME: Backend(backend.NAME, backend.MODULE) for backend in DESCRIPTORS}
 
 
 def requested_backend(backend: str | None = None) -> str:

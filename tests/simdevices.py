@@ -20,6 +20,7 @@ import types
 import torch
 
 from kvdispatch import devices, dispatch, reference
+from kvdispatch.backends import cupy as cupy_backend
 from kvdispatch.devices import RawDevice
 
 GPU = "cuda:0"
@@ -69,9 +70,9 @@ class Sim:
         self.mp.setattr(devices, "_module_present",
                         lambda name: present[name] if name in present else _real_module_present(name))
         self._cupy_vendor = cupy_vendor
-        self.mp.setattr(devices, "cupy_reason", self._cupy_reason)
+        self.mp.setattr(cupy_backend, "reason_if_unsupported", self._cupy_reason)
 
-    def _cupy_reason(self, raw):
+    def _cupy_reason(self, raw, family):
         vendor = self._cupy_vendor or raw.vendor
         if vendor == "broken":
             fake = None  # `import cupy` raises ImportError
@@ -80,10 +81,10 @@ class Sim:
             fake.cuda = types.SimpleNamespace(runtime=types.SimpleNamespace(is_hip=vendor == "amd"))
         with self.mp.context() as mp:
             mp.setitem(sys.modules, "cupy", fake)
-            return _real_cupy_reason(raw)
+            return _real_cupy_reason(raw, family)
 
 
-_real_cupy_reason = devices.cupy_reason
+_real_cupy_reason = cupy_backend.reason_if_unsupported
 
 
 class FakeBackend:

@@ -9,6 +9,8 @@ import torch
 import kvdispatch
 from conftest import GPU_BACKENDS, BACKENDS
 from kvdispatch import devices, dispatch, reference
+from kvdispatch.backends import cupy as cupy_backend
+from kvdispatch.backends import triton as triton_backend
 from kvcases import make_case
 
 TWO_GPUS = torch.cuda.is_available() and torch.cuda.device_count() >= 2
@@ -17,8 +19,8 @@ TWO_GPUS = torch.cuda.is_available() and torch.cuda.device_count() >= 2
 def _simulate(monkeypatch, table):
     monkeypatch.delenv("KVDISPATCH_BACKEND", raising=False)  # the GPU lanes force one; these tests are auto
     monkeypatch.setattr(devices, "read_device", lambda device: table[str(device)])
-    monkeypatch.setattr(devices, "cupy_reason", lambda raw: "CuPy is not installed (simulated)")
-    monkeypatch.setattr(devices, "triton_reason", lambda raw, family: None if family != "unknown" else "unknown")
+    monkeypatch.setattr(cupy_backend, "reason_if_unsupported", lambda raw, family: "CuPy is not installed (simulated)")
+    monkeypatch.setattr(triton_backend, "reason_if_unsupported", lambda raw, family: None if family != "unknown" else "unknown")
 
 
 def test_selection_is_cached_per_device(monkeypatch):

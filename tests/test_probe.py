@@ -15,6 +15,7 @@ import torch
 
 import kvdispatch
 from kvdispatch import devices, dispatch, info
+from kvdispatch.backends import cupy as cupy_backend
 from simdevices import (A100, B200, FUTURE_AMD, FUTURE_NVIDIA, GPU, H200, MI300X, MI355X, RX7900, Sim)
 
 HAS_GPU = torch.cuda.is_available()
@@ -139,7 +140,7 @@ def test_read_device_from_properties(monkeypatch, props, hip, arch, family, warp
     raw = devices.read_device(torch.device("cuda", 0))
     assert (raw.vendor, raw.arch, raw.name) == ("amd" if hip else "nvidia", arch, props.name)
     assert raw.multiprocessors == props.multi_processor_count
-    monkeypatch.setattr(devices, "cupy_reason", lambda raw: "simulated: no CuPy")
+    monkeypatch.setattr(cupy_backend, "reason_if_unsupported", lambda raw, family: "simulated: no CuPy")
     described = devices.describe(raw)
     assert (described.family, described.warp_size) == (family, warp)
 

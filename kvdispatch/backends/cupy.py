@@ -1,0 +1,37 @@
+"""The CuPy backend (``kernels_cupy``): which devices it serves. CuPy is imported only when a GPU is
+probed and CuPy is installed, to learn whether it is built for CUDA or ROCm."""
+
+from __future__ import annotations
+
+import torch
+
+from .. import devices
+
+NAME = "cupy"
+MODULE = "kernels_cupy"
+
+
+def install_hint(vendor: str) -> str:
+    """The pip requirement that installs the CuPy build matching ``vendor`` and PyTorch's CUDA version."""
+    if vendor == "amd":
+        return "kvdispatch[rocm]"
+    major = (torch.version.cuda or "12").split(".")[0]
+    return "kvdispatch[cuda13]" if major == "13" else "kvdispatch[cuda12]"
+
+
+def reason_if_unsupported(raw: devices.RawDevice, family: str) -> str | None:
+    """None when the CuPy kernels can serve ``raw``, else why not (``family`` plays no part)."""
+    if raw.vendor not in ("nvidia", "amd"):
+        return f"CuPy serves CUDA and ROCm GPUs only, not {raw.vendor}"
+    if not devices._module_present("cupy"):
+        return f"CuPy is not installed (pip install \"{install_hint(raw.vendor)}\")"
+    try:
+        import cupy  # noqa: PLC0415  (imported only when a GPU is probed)
+
+        built_for = "amd" if cupy.cuda.runtime.is_hip else "nvidia"
+    except Exception as exc:  # a broken CuPy install must not break the probe
+        return f"CuPy failed to import: {exc}"
+    if built_for != raw.vendor:
+        return (f"CuPy is built for {built_for.upper()} GPUs, this is an {raw.vendor.upper()} GPU "
+                f"(pip install \"{install_hint(raw.vendor)}\")")
+    return None

@@ -1,0 +1,16 @@
+"""The torch backend (``kvdispatch.reference``): serves every device PyTorch has, needs nothing else."""
+
+from __future__ import annotations
+
+NAME = "torch"
+MODULE = "kvdispatch.reference"
+
+
+def install_hint(vendor: str) -> None:
+    """Nothing to install: PyTorch is a dependency of kvdispatch."""
+    return None
+
+
+def reason_if_unsupported(raw, family: str) -> None:
+    """Always None: the reference runs wherever PyTorch does."""
+    return None

@@ -1,0 +1,33 @@
+"""The Triton backend (``kernels_triton``): which devices it serves, decided without importing Triton."""
+
+from __future__ import annotations
+
+from .. import devices
+from .._env import flag
+
+NAME = "triton"
+MODULE = "kernels_triton"
+
+# Families whose GPUs Triton compiles for (and kvdispatch cross-compiles its kernels for in CI).
+TRITON_FAMILIES = frozenset({"ampere", "ada", "hopper", "blackwell", "blackwell-geforce",
+                             "cdna2", "cdna3", "cdna4", "rdna3", "rdna4"})
+
+
+def install_hint(vendor: str) -> str:
+    """The pip requirement that installs Triton for kvdispatch."""
+    return "kvdispatch[triton]"
+
+
+def reason_if_unsupported(raw: devices.RawDevice, family: str) -> str | None:
+    """None when the Triton kernels can serve ``raw`` (of ``family``), else why not."""
+    if not devices._module_present("triton"):
+        return f'Triton is not installed (pip install "{install_hint(raw.vendor)}")'
+    if raw.vendor == "cpu":
+        if flag("TRITON_INTERPRET"):
+            return None
+        return "CPU tensors run Triton kernels only in its interpreter: set TRITON_INTERPRET=1 before the first call"
+    if raw.vendor not in ("nvidia", "amd"):
+        return f"Triton has no backend for {raw.vendor} devices"
+    if family not in TRITON_FAMILIES:
+        return f"architecture {raw.arch} ({family}) is not one kvdispatch builds Triton kernels for"
+    return None
