@@ -66,26 +66,38 @@ def run(call: KernelCall | None, specialised: bool = False) -> None:
     getattr(lib, f"host_{call.kernel}")(*call.grid, call.threads, pointers)
 
 
-def create_flashmla_kv_indices(req_to_token, req_pool_indices, seq_lens, out, *, page_size, kv_start_idx=None,
-                               seqlen_offset=0, seq_lens_out=None, fill_value=None, specialised=False):
-    """``kvdispatch.create_flashmla_kv_indices`` on CPU tensors, through the host build of the kernel
-    (``specialised``: the build for this call's page size and flags, as the GPU launcher compiles)."""
-    check_page_table_args(req_to_token, req_pool_indices, seq_lens, out, page_size, kv_start_idx, seqlen_offset,
-                          seq_lens_out, fill_value)
+def build_page_table(req_to_token, req_pool_indices, seq_lens, out, page_size, kv_start_idx=None, seqlen_offset=0,
+                     seq_lens_out=None, fill_value=None, specialised=False):
+    """The CuPy backend's ``build_page_table`` (validated arguments, CPU tensors) through the host build of the
+    kernel (``specialised``: the build for this call's page size and flags, as the GPU launcher compiles)."""
     _require_cpu(req_to_token)
     run(page_table_call(req_to_token, req_pool_indices, seq_lens, out, page_size, kv_start_idx, seqlen_offset,
                         seq_lens_out, fill_value), specialised)
     return out
 
 
-def create_flashinfer_kv_indices(req_to_token, req_pool_indices, seq_lens, kv_indptr, out, *, kv_start_idx=None,
-                                 specialised=False):
-    """``kvdispatch.create_flashinfer_kv_indices`` on CPU tensors, through the host build of the kernel
-    (``specialised``: as for ``create_flashmla_kv_indices``)."""
-    check_token_csr_args(req_to_token, req_pool_indices, seq_lens, kv_indptr, out, kv_start_idx)
+def build_token_indices(req_to_token, req_pool_indices, seq_lens, kv_indptr, out, kv_start_idx=None,
+                        specialised=False):
+    """The CuPy backend's ``build_token_indices`` through the host build (as ``build_page_table``)."""
     _require_cpu(req_to_token)
     run(token_csr_call(req_to_token, req_pool_indices, seq_lens, kv_indptr, out, kv_start_idx), specialised)
     return out
+
+
+def create_flashmla_kv_indices(req_to_token, req_pool_indices, seq_lens, out, *, page_size, kv_start_idx=None,
+                               seqlen_offset=0, seq_lens_out=None, fill_value=None, specialised=False):
+    """``kvdispatch.create_flashmla_kv_indices`` on CPU tensors, through the host build of the kernel."""
+    check_page_table_args(req_to_token, req_pool_indices, seq_lens, out, page_size, kv_start_idx, seqlen_offset,
+                          seq_lens_out, fill_value)
+    return build_page_table(req_to_token, req_pool_indices, seq_lens, out, page_size, kv_start_idx, seqlen_offset,
+                            seq_lens_out, fill_value, specialised)
+
+
+def create_flashinfer_kv_indices(req_to_token, req_pool_indices, seq_lens, kv_indptr, out, *, kv_start_idx=None,
+                                 specialised=False):
+    """``kvdispatch.create_flashinfer_kv_indices`` on CPU tensors, through the host build of the kernel."""
+    check_token_csr_args(req_to_token, req_pool_indices, seq_lens, kv_indptr, out, kv_start_idx)
+    return build_token_indices(req_to_token, req_pool_indices, seq_lens, kv_indptr, out, kv_start_idx, specialised)
 
 
 def _require_cpu(tensor):

@@ -138,6 +138,36 @@ def test_opcheck(backend, with_options):
                           dict(kv_start_idx=case.kv_start_idx, backend=backend))
 
 
+class _HostBuildAsCupy(dispatch.Backend):
+    """The CuPy backend served by the host build of its CUDA source (``tests/cuda_host.py``), on CPU tensors."""
+
+    def reasons_if_unsupported(self, info):
+        return []
+
+
+@pytest.fixture
+def host_build_as_cupy(monkeypatch):
+    """``backend="cupy"`` runs the CUDA source's host build: the custom ops over that source, without a GPU."""
+    if HAS_GPU:
+        pytest.skip("on a GPU the cupy backend itself runs")
+    monkeypatch.setitem(dispatch.REGISTRY, "cupy", _HostBuildAsCupy("cupy", "cuda_host"))
+    kvdispatch.reset()
+    yield "cupy"
+    kvdispatch.reset()
+
+
+@pytest.mark.parametrize("with_options", [False, True])
+def test_opcheck_over_the_host_build(host_build_as_cupy, with_options):
+    test_opcheck(host_build_as_cupy, with_options)
+    _, function = dispatch.selector.resolve(DEVICE, "page_table", "cupy")
+    assert function.__module__ == "cuda_host"
+
+
+@pytest.mark.parametrize("compiler", ["eager", "aot_eager"])
+def test_decode_metadata_over_the_host_build(host_build_as_cupy, compiler):
+    test_decode_metadata_is_one_graph_equal_to_eager(host_build_as_cupy, compiler)
+
+
 # ---------------------------------------------------------------- one graph, eager results
 
 
