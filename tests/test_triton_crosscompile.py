@@ -91,3 +91,24 @@ def test_specialisations_cover_every_option():
     csr_flags = {(s.constexprs["HAS_START"], s.constexprs["FOLDED_GRID"]) for s in specs
                  if "TOKENS_PER_PROGRAM" in s.constexprs}
     assert len(csr_flags) == 4
+
+
+def test_compile_command_reports_each_target(monkeypatch, capsys):
+    """``kvdispatch compile``: every default target, or the ones named, one line each (the compilation itself
+    is what the crosscompile-marked tests above prove)."""
+    from kvdispatch import cli
+
+    compiled = []
+
+    def fake_cross_compile(target):
+        compiled.append(target)
+        return [crosscompile.CompileReport("k", str(target), size, None, 0, 2, 18, None) for size in (10, 30)]
+
+    monkeypatch.setattr(crosscompile, "cross_compile", fake_cross_compile)
+    assert cli.main(["compile"]) == 0
+    assert compiled == list(crosscompile.TARGETS)
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == "cuda:90:32: 2 specialisations compiled, binaries 10..30 bytes" and len(lines) == 4
+    compiled.clear()
+    assert cli.main(["compile", "hip:gfx942:64"]) == 0
+    assert compiled == [("hip", "gfx942", 64)]
