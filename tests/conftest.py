@@ -68,3 +68,15 @@ def token_csr(backend, *args, **kwargs):
         return cuda_host.create_flashinfer_kv_indices(*args, **kwargs)
     return kvdispatch.create_flashinfer_kv_indices(*args, backend=None if backend == os.environ.get(
         "KVDISPATCH_BACKEND") else backend, **kwargs)
+
+
+@pytest.fixture
+def compat(monkeypatch, backend):
+    """``kvdispatch.compat.sglang`` with its two builders routed to ``backend`` (cupy-host has no dispatch
+    entry); a test using it is parametrized over ``backend``."""
+    from kvdispatch.compat import sglang
+
+    name = backend
+    monkeypatch.setattr(sglang, "_build_page_table", lambda *a, backend=None, **k: page_table(name, *a, **k))
+    monkeypatch.setattr(sglang, "_build_token_csr", lambda *a, backend=None, **k: token_csr(name, *a, **k))
+    return sglang

@@ -11,8 +11,8 @@ Patterns:
 * CUDA-graph decode (TRT-LLM MLA): one persistent buffer at the model's context width padded to a multiple
   of ``lcm(128 / page, pages per program)`` pages, rebuilt in place before every replay (a real
   ``torch.cuda.CUDAGraph`` on a GPU; repeated in-place calls on CPU), batch padded with row 0 / length 1;
-* target-verify (speculative decoding): lengths plus draft tokens, with the fused ``seq_lens_k`` output,
-  eager and in the graph-metadata pattern; draft tokens are then partly accepted and rolled back;
+* target-verify (speculative decoding): lengths plus draft tokens copied into ``seq_lens_k``, then the
+  block table, eager and in the graph-metadata pattern; draft tokens are then partly accepted and rolled back;
 * Aiter: a token CSR (``kv_indptr``/``kv_indices``) and a page table built from the same pool, eager and
   with persistent buffers.
 """
@@ -30,9 +30,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import BACKENDS, DEVICE, page_table, token_csr
+from conftest import BACKENDS, DEVICE
 from kvcases import POISON
-import kvdispatch
 from kvdispatch import dispatch, reference
 from kvdispatch.compat import sglang
 from pagepool import PagePool, populate
@@ -54,15 +53,6 @@ def _scale(backend: str) -> Scale:
     if backend == "torch" or DEVICE.type == "cuda":
         return Scale(batch=6, steps=5, max_len=300)
     return Scale(batch=4, steps=3, max_len=140)
-
-
-@pytest.fixture
-def compat(monkeypatch, backend):
-    """Route the compat module's two builders to ``backend`` (cupy-host has no dispatch entry)."""
-    name = backend
-    monkeypatch.setattr(sglang, "_build_page_table", lambda *a, backend=None, **k: page_table(name, *a, **k))
-    monkeypatch.setattr(sglang, "_build_token_csr", lambda *a, backend=None, **k: token_csr(name, *a, **k))
-    return sglang
 
 
 def _pool(page_size: int, scale: Scale, seed: int, extra_tokens: int = 0) -> PagePool:
@@ -87,12 +77,11 @@ def _vec(values, dtype) -> torch.Tensor:
     return torch.tensor(values, dtype=dtype, device=DEVICE)
 
 
-def _expected_table(out, rows, lens, page_size, *, req_to_token, offset=0, fill_value=None, seq_out=None):
-    """``kvdispatch.reference`` on copies of ``out`` / ``seq_out`` as they are now (before the call)."""
+def _expected_table(out, rows, lens, page_size, *, req_to_token):
+    """``kvdispatch.reference`` on a copy of ``out`` as it is now (before the call)."""
     expected = out.clone()
-    expected_seq = seq_out.clone() if seq_out is not None else None
-    reference.build_page_table(req_to_token, rows, lens, expected, page_size, None, offset, expected_seq, fill_value)
-    return expected, expected_seq
+    reference.build_page_table(req_to_token, rows, lens, expected, page_size, None, 0, None, None)
+    return expected
 
 
 def _same(actual, expected):
@@ -132,6 +121,13 @@ def _replayer(build):
     return replay
 
 
+def _trtllm_width(max_seq_len, page_size):
+    """The TRT-LLM MLA backend's block-table width: ``ceil(max_seq_len / page)`` pages rounded up to a
+    multiple of ``lcm(128 / page, pages per program of SGLang's page-table kernel)``."""
+    multiple = math.lcm(128 // page_size, sglang.get_num_page_per_block_flashmla(page_size))
+    return -(-max_seq_len // (page_size * multiple)) * multiple
+
+
 def _batch(pool, bs):
     """Up to ``bs`` live requests, padded to ``bs`` with row 0 / length 1 (an engine's graph padding)."""
     rids = pool.live()[:bs]
@@ -160,14 +156,14 @@ def test_eager_decode(backend, engine, page_size, compat):
         rows = _vec(pool.rows(rids), torch.int64)
         seq_lens = _vec(lens, torch.int32 if step % 2 else torch.int64)
         kv = torch.full((bs, width), -1, dtype=torch.int32, device=DEVICE)  # fresh, pre-filled with -1
-        expected, _ = _expected_table(kv, rows, seq_lens, page_size, req_to_token=table)
+        expected = _expected_table(kv, rows, seq_lens, page_size, req_to_token=table)
         grid = (bs, compat.get_num_kv_index_blocks_flashmla(width, page_size))
         if engine == "flashmla":
-            result = compat.flashmla_kv_indices[grid](table, rows, seq_lens, None, kv, table.stride(0), width,
-                                                      PAGED_SIZE=page_size)
-        else:  # positional page size, strides read from the tensors
-            result = compat.flashmla_kv_indices(table, rows, seq_lens, None, kv, table.stride(0), kv.stride(0),
-                                                page_size)
+            result = compat.create_flashmla_kv_indices_triton[grid](table, rows, seq_lens, None, kv,
+                                                                    table.stride(0), width, PAGED_SIZE=page_size)
+        else:  # positional page size, called without the launch syntax
+            result = compat.create_flashmla_kv_indices_triton(table, rows, seq_lens, None, kv, table.stride(0),
+                                                              kv.stride(0), page_size)
         assert result is kv
         _same(kv, expected)
         _check_against_pool(pool, rids, kv, fill_value=-1)
@@ -177,16 +173,12 @@ def test_eager_decode(backend, engine, page_size, compat):
 
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("page_size", (32, 64))
-@pytest.mark.parametrize("fill_value", (None, -1))
-def test_cuda_graph_decode_trtllm(backend, page_size, fill_value, compat):
+def test_cuda_graph_decode_trtllm(backend, page_size, compat):
     scale = _scale(backend)
-    pool = _pool(page_size, scale, seed=page_size + (fill_value or 0))
+    pool = _pool(page_size, scale, seed=page_size)
     populate(pool, scale.batch - 1, min_len=1, max_len=scale.max_len)  # one padded slot at first
     table = pool.req_to_token
-
-    width = compat.padded_kv_indices_width(pool.max_context_len, page_size)
-    multiple = math.lcm(128 // page_size, compat.get_num_page_per_block_flashmla(page_size))
-    assert width % multiple == 0 and width * page_size >= pool.max_context_len > (width - multiple) * page_size
+    width = _trtllm_width(pool.max_context_len, page_size)
 
     # Persistent state, as init_cuda_graph_state allocates it: wider than the captured batch, -1 filled.
     max_bs, bs = scale.batch + 2, scale.batch
@@ -197,8 +189,8 @@ def test_cuda_graph_decode_trtllm(backend, page_size, fill_value, compat):
     grid = (bs, compat.get_num_kv_index_blocks_flashmla(width, page_size))
 
     def build():
-        compat.flashmla_kv_indices[grid](table, rows_buf, lens_buf, None, kv, table.stride(0), store.stride(0),
-                                         PAGED_SIZE=page_size, fill_value=fill_value)
+        compat.create_flashmla_kv_indices_triton[grid](table, rows_buf, lens_buf, None, kv, table.stride(0),
+                                                       store.stride(0), PAGED_SIZE=page_size)
 
     replay = _replayer(build)
     for step in range(scale.steps + 1):
@@ -208,13 +200,13 @@ def test_cuda_graph_decode_trtllm(backend, page_size, fill_value, compat):
         rids, rows, lens = _batch(pool, bs)
         rows_buf.copy_(_vec(rows, torch.int64))  # new data, same buffers
         lens_buf.copy_(_vec(lens, torch.int32))
-        expected, _ = _expected_table(kv, rows_buf, lens_buf, page_size, req_to_token=table, fill_value=fill_value)
+        expected = _expected_table(kv, rows_buf, lens_buf, page_size, req_to_token=table)
         spare = store[bs:].clone()
         replay()
         _same(kv, expected)
         _same(store[bs:], spare)  # rows past the batch untouched
         _same(store[:bs, width:], torch.full((bs, 3), -1, dtype=torch.int32))  # nor the columns past the view
-        _check_against_pool(pool, rids, kv, fill_value=fill_value)
+        _check_against_pool(pool, rids, kv)
 
 
 # -- target-verify (speculative decoding) --------------------------------------------------------------------
@@ -231,14 +223,17 @@ def test_target_verify(backend, page_size, mode, compat):
     rng = random.Random(page_size)
 
     bs = scale.batch
-    width = compat.padded_kv_indices_width(pool.max_context_len, page_size)
+    width = _trtllm_width(pool.max_context_len, page_size)
     kv_store = torch.full((bs + 1, width), -1, dtype=torch.int32, device=DEVICE)
     rows_buf = torch.zeros(bs, dtype=torch.int64, device=DEVICE)
     lens_buf = torch.ones(bs, dtype=torch.int64, device=DEVICE)
     seq_lens_k = torch.zeros(bs + 1, dtype=torch.int32, device=DEVICE)
+    grid = (bs, compat.get_num_kv_index_blocks_flashmla(width, page_size))
 
-    def build():  # the graph-metadata pattern: fused lengths + draft tokens into seq_lens_k
-        compat.target_verify_kv_indices(table, rows_buf, lens_buf, num_draft, kv_store[:bs], seq_lens_k, page_size)
+    def build():  # the graph-metadata pattern: lengths + draft tokens into seq_lens_k, then the block table
+        seq_lens_k[:bs].copy_(lens_buf + num_draft)
+        compat.create_flashmla_kv_indices_triton[grid](table, rows_buf, seq_lens_k[:bs], None, kv_store[:bs],
+                                                       table.stride(0), width, PAGED_SIZE=page_size)
 
     replay = _replayer(build) if mode == "graph" else None
     for step in range(scale.steps):
@@ -249,22 +244,22 @@ def test_target_verify(backend, page_size, mode, compat):
             pool.extend(rid, num_draft)
         pool.sync()
         if mode == "eager":
-            # FlashMLA-style: a fresh buffer ceil((max_seq_len + drafts) / page) wide, drop-in call with the
-            # offset and the fused lengths output.
-            rows_t, lens_t = _vec(rows, torch.int64), _vec(committed, torch.int32)
-            kv = torch.full((bs, -(-(max(committed) + num_draft) // page_size)), -1, dtype=torch.int32,
-                            device=DEVICE)
-            seq_out = torch.full((bs,), POISON, dtype=torch.int32, device=DEVICE)
-            expected, expected_seq = _expected_table(kv, rows_t, lens_t, page_size, req_to_token=table,
-                                                     offset=num_draft, seq_out=seq_out)
-            compat.flashmla_kv_indices(table, rows_t, lens_t, None, kv, page_size=page_size,
-                                       seqlen_offset=num_draft, seq_lens_out=seq_out)
+            # FlashMLA-style: lengths plus drafts, a fresh buffer ceil(max of them / page) wide.
+            rows_t = _vec(rows, torch.int64)
+            seq_out = _vec(committed, torch.int32) + num_draft
+            expected_seq = seq_out.clone()
+            width_t = -(-(max(committed) + num_draft) // page_size)
+            kv = torch.full((bs, width_t), -1, dtype=torch.int32, device=DEVICE)
+            expected = _expected_table(kv, rows_t, seq_out, page_size, req_to_token=table)
+            compat.create_flashmla_kv_indices_triton[(bs, compat.get_num_kv_index_blocks_flashmla(width_t, page_size))](
+                table, rows_t, seq_out, None, kv, table.stride(0), width_t, page_size)
         else:
             rows_buf.copy_(_vec(rows, torch.int64))
             lens_buf.copy_(_vec(committed, torch.int64))
             kv, seq_out = kv_store[:bs], seq_lens_k
-            expected, expected_seq = _expected_table(kv, rows_buf, lens_buf, page_size, req_to_token=table,
-                                                     offset=num_draft, seq_out=seq_out)
+            expected_seq = seq_lens_k.clone()
+            expected_seq[:bs] = lens_buf + num_draft
+            expected = _expected_table(kv, rows_buf, expected_seq[:bs], page_size, req_to_token=table)
             spare = kv_store[bs:].clone()
             replay()
             _same(kv_store[bs:], spare)
@@ -309,15 +304,16 @@ def test_aiter_csr_and_page_table(backend, page_size, mode, compat):
         indptr[1: bs + 1] = torch.cumsum(seq_lens, 0)
         expected_csr = indices.clone()
         reference.build_token_indices(table, rows, seq_lens, indptr, expected_csr)
-        expected_pt, _ = _expected_table(pt, rows, seq_lens, page_size, req_to_token=table, fill_value=-1)
+        expected_pt = _expected_table(pt, rows, seq_lens, page_size, req_to_token=table)
 
-        compat.flashinfer_kv_indices[(bs,)](table, rows, seq_lens, indptr, None, indices, table.stride(0))
-        compat.flashmla_kv_indices(table, rows, seq_lens, None, pt, table.stride(0), pt.stride(0), page_size,
-                                   fill_value=-1)
+        compat.create_flashinfer_kv_indices_triton[(bs,)](table, rows, seq_lens, indptr, None, indices,
+                                                          table.stride(0))
+        compat.create_flashmla_kv_indices_triton(table, rows, seq_lens, None, pt, table.stride(0), pt.stride(0),
+                                                 page_size)
 
         _same(indices, expected_csr)
         _same(pt, expected_pt)
-        _check_against_pool(pool, rids, pt, fill_value=-1)
+        _check_against_pool(pool, rids, pt, fill_value=-1 if mode == "eager" else None)
         flat, starts = indices.cpu(), indptr.cpu().tolist()
         for b, rid in enumerate(rids):
             slots = pool.token_slots(rid)
@@ -352,99 +348,6 @@ def test_pagepool_shares_prefixes_and_reuses_rows():
     pool.sync()
     assert pool.req_to_token.tolist() == pool.host.tolist()
     assert pool.req_to_token[pool.requests[b].row, :20].tolist() == pool.token_slots(b)
-
-
-# -- the compat layer itself ----------------------------------------------------------------------------------
-
-def _tiny():
-    pool = PagePool(page_size=16, num_pages=64, max_requests=4, max_context_len=96, device=DEVICE, seed=1)
-    rids = populate(pool, 3, min_len=5, max_len=90)
-    pool.sync()
-    rows = _vec(pool.rows(rids), torch.int64)
-    lens = _vec(pool.lengths(rids), torch.int32)
-    return pool, rids, rows, lens
-
-
-def test_compat_forwards_to_public_api():
-    """Unrouted: the drop-in reaches ``kvdispatch.create_flashmla_kv_indices`` (auto selection)."""
-    if os.environ.get("KVDISPATCH_BACKEND", "auto") not in dispatch.CHOICES:
-        pytest.skip("KVDISPATCH_BACKEND names a test-only backend")
-    pool, rids, rows, lens = _tiny()
-    table = pool.req_to_token
-    kv = torch.full((3, 6), -1, dtype=torch.int32, device=DEVICE)
-    direct = kv.clone()
-    kvdispatch.create_flashmla_kv_indices(table, rows, lens, direct, page_size=16)
-    assert sglang.flashmla_kv_indices[(3, 1)](table, rows, lens, None, kv, table.stride(0), 6, PAGED_SIZE=16) is kv
-    _same(kv, direct)
-    _check_against_pool(pool, rids, kv, fill_value=-1)
-
-
-@pytest.mark.parametrize("backend", BACKENDS)
-def test_compat_checks_strides_and_page_size(backend, compat):
-    pool, rids, rows, lens = _tiny()
-    table = pool.req_to_token
-    kv = torch.full((3, 6), -1, dtype=torch.int32, device=DEVICE)
-    with pytest.raises(ValueError, match="req_to_token_stride"):
-        sglang.flashmla_kv_indices(table, rows, lens, None, kv, table.stride(0) + 1, 6, PAGED_SIZE=16)
-    with pytest.raises(ValueError, match="kv_indices_stride"):
-        sglang.flashmla_kv_indices(table, rows, lens, None, kv, table.stride(0), 7, PAGED_SIZE=16)
-    with pytest.raises(ValueError, match="disagree"):
-        sglang.flashmla_kv_indices(table, rows, lens, None, kv, None, None, 32, PAGED_SIZE=16)
-    with pytest.raises(ValueError, match="req_to_token_stride"):
-        sglang.flashinfer_kv_indices(table, rows, lens, torch.zeros(4, dtype=torch.int32, device=DEVICE), None,
-                                     torch.zeros(300, dtype=torch.int32, device=DEVICE), 5)
-    assert (kv == -1).all()  # nothing written by a refused call
-
-
-@pytest.mark.parametrize("backend", BACKENDS)
-def test_compat_flat_buffer_and_defaults(backend, compat):
-    pool, rids, rows, lens = _tiny()
-    table = pool.req_to_token
-    flat = torch.full((3 * 8 + 5,), -1, dtype=torch.int32, device=DEVICE)
-    sglang.flashmla_kv_indices(table, rows, lens, None, flat, table.stride(0), 8, 16)
-    _check_against_pool(pool, rids, flat[:24].view(3, 8), fill_value=-1)
-    assert (flat[24:] == -1).all()
-    with pytest.raises(ValueError, match="kv_indices_stride"):
-        sglang.flashmla_kv_indices(table, rows, lens, None, flat)
-    # Without a page size the drop-in uses SGLang's default, 64.
-    kv64 = torch.full((3, 2), -1, dtype=torch.int32, device=DEVICE)
-    expected, _ = _expected_table(kv64, rows, lens, 64, req_to_token=table)
-    sglang.flashmla_kv_indices(table, rows, lens, None, kv64)
-    _same(kv64, expected)
-
-
-@pytest.mark.parametrize("backend", BACKENDS)
-def test_compat_csr_kernel_options(backend, compat):
-    pool, rids, rows, lens = _tiny()
-    table = pool.req_to_token
-    indptr = torch.zeros(4, dtype=torch.int32, device=DEVICE)
-    indptr[1:] = torch.cumsum(lens, 0)
-    out = torch.full((int(indptr[-1]),), POISON, dtype=torch.int32, device=DEVICE)
-    sglang.flashinfer_kv_indices[(3, 4)](table, rows, lens, indptr, None, out, table.stride(0),
-                                         TOKEN_BLOCK_PARALLEL=True)
-    assert out.cpu().tolist() == sum((pool.token_slots(r) for r in rids), [])
-    with pytest.raises(NotImplementedError):
-        sglang.flashinfer_kv_indices(table, rows, lens, indptr, None, out, table.stride(0), ENTRY_PAGE_SIZE=16)
-    with pytest.raises(TypeError):
-        sglang.flashinfer_kv_indices(table, rows, lens, indptr, None, out, table.stride(0), BOGUS=1)
-
-
-@pytest.mark.parametrize("page_size", (1, 16, 32, 64, 128))
-def test_padded_width(page_size):
-    multiple = math.lcm(128 // page_size, 4096 // page_size)
-    for max_len in (1, 100, 4096, 163840, 163841):
-        width = sglang.padded_kv_indices_width(max_len, page_size)
-        assert width % multiple == 0 and width * page_size >= max_len
-        assert (width - multiple) * page_size < max_len
-    assert sglang.padded_kv_indices_width(300, 64, pages_per_program=16) == 16
-    with pytest.raises(ValueError):
-        sglang.padded_kv_indices_width(300, 256)
-
-
-def test_sglang_grid_helpers_unchanged():
-    assert sglang.get_num_page_per_block_flashmla() == 64
-    assert sglang.get_num_page_per_block_flashmla(1) == 4096
-    assert sglang.get_num_kv_index_blocks_flashmla(4097, 1) == 2
 
 
 # -- the example ---------------------------------------------------------------------------------------------
