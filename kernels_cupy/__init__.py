@@ -2,40 +2,20 @@
 
 ``build_page_table`` / ``build_token_indices`` take ``kvdispatch.reference``'s positional arguments
 (already validated, CUDA tensors on one device) and write ``out`` in place with one kernel launch on
-PyTorch's current stream. CuPy is imported on the first call, not here.
+PyTorch's current stream.
+
+Importing this package (or its descriptor, ``backend.py``, which ``import kvdispatch`` does) imports
+neither CuPy nor the kernel modules: the builders are imported from ``launch.py`` at their first access,
+and CuPy at the first launch.
 """
 
-from __future__ import annotations
+from kvdispatch._lazy import exports
 
-from .launch import page_table_call, token_csr_call
+# Public name -> the submodule defining it.
+_OWNERS = {
+    "build_page_table": "launch",
+    "build_token_indices": "launch",
+}
 
-_runtime_module = None
-
-
-def _runtime():
-    """``kernels_cupy.runtime`` (which imports CuPy), imported at the first launch and then kept:
-    an import statement costs host time on every call."""
-    global _runtime_module
-    if _runtime_module is None:
-        from . import runtime
-
-        _runtime_module = runtime
-    return _runtime_module
-
-
-def build_page_table(req_to_token, req_pool_indices, seq_lens, out, page_size, kv_start_idx=None,
-                     seqlen_offset=0, seq_lens_out=None, fill_value=None):
-    """Paged block table; semantics of ``kvdispatch.create_flashmla_kv_indices``. Returns ``out``."""
-    call = page_table_call(req_to_token, req_pool_indices, seq_lens, out, page_size, kv_start_idx,
-                           seqlen_offset, seq_lens_out, fill_value)
-    if call is not None:
-        _runtime().launch(call, req_to_token.device)
-    return out
-
-
-def build_token_indices(req_to_token, req_pool_indices, seq_lens, kv_indptr, out, kv_start_idx=None):
-    """Token-level CSR indices; semantics of ``kvdispatch.create_flashinfer_kv_indices``. Returns ``out``."""
-    call = token_csr_call(req_to_token, req_pool_indices, seq_lens, kv_indptr, out, kv_start_idx)
-    if call is not None:
-        _runtime().launch(call, req_to_token.device)
-    return out
+__all__ = sorted(_OWNERS)
+__getattr__, __dir__ = exports(__name__, _OWNERS)

@@ -1,5 +1,7 @@
 """What one kernel call is: kernel name, specialisation, grid, threads and typed arguments. Shared by the
 CuPy launcher (GPU) and the host build (CI); neither decides a grid itself, ``kvdispatch.grid`` does.
+The backend's builders (``build_page_table``, ``build_token_indices``) describe the call here and hand it
+to ``runtime.py``, imported (with CuPy) at the first launch.
 
 Arguments are plain Python ints in the kernels' parameter order: pointers (0 for an absent tensor),
 element strides (index vectors may be any 1-D view) and values. Every kernel parameter is 8 bytes
@@ -94,3 +96,35 @@ def token_csr_call(req_to_token, req_pool_indices, seq_lens, kv_indptr, out, kv_
         _ptr(kv_start_idx), _stride(kv_start_idx), kv_indptr.data_ptr(), kv_indptr.stride(0), out.data_ptr(), total,
         launch.items_per_program, flags)
     return KernelCall(TOKEN_CSR_KERNEL, (("KV_FLAGS", flags),), launch.grid, launch.threads, args)
+
+
+_runtime_module = None
+
+
+def _runtime():
+    """``kernels_cupy.runtime`` (which imports CuPy), imported at the first launch and then kept:
+    an import statement costs host time on every call."""
+    global _runtime_module
+    if _runtime_module is None:
+        from . import runtime  # noqa: PLC0415  (imports CuPy)
+
+        _runtime_module = runtime
+    return _runtime_module
+
+
+def build_page_table(req_to_token, req_pool_indices, seq_lens, out, page_size, kv_start_idx=None,
+                     seqlen_offset=0, seq_lens_out=None, fill_value=None):
+    """Paged block table; semantics of ``kvdispatch.create_flashmla_kv_indices``. Returns ``out``."""
+    call = page_table_call(req_to_token, req_pool_indices, seq_lens, out, page_size, kv_start_idx,
+                           seqlen_offset, seq_lens_out, fill_value)
+    if call is not None:
+        _runtime().launch(call, req_to_token.device)
+    return out
+
+
+def build_token_indices(req_to_token, req_pool_indices, seq_lens, kv_indptr, out, kv_start_idx=None):
+    """Token-level CSR indices; semantics of ``kvdispatch.create_flashinfer_kv_indices``. Returns ``out``."""
+    call = token_csr_call(req_to_token, req_pool_indices, seq_lens, kv_indptr, out, kv_start_idx)
+    if call is not None:
+        _runtime().launch(call, req_to_token.device)
+    return out

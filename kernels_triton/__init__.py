@@ -5,13 +5,24 @@ validated) and launch one kernel on the tensors' device and current stream. Impo
 initialises no GPU: compilation happens at the first call per device and specialisation.
 ``on_selected`` and ``on_deselected`` are the selector's hooks (``kvdispatch.dispatch``): they tell the
 compiled launcher (``native.py``) which devices Triton serves.
+
+Importing this package (or its descriptor, ``backend.py``, which ``import kvdispatch`` does) imports
+neither Triton nor the kernel modules: each name below is imported from the submodule owning it at its
+first access.
 """
 
-from .crosscompile import cross_compile, specializations
-from .launch import reset
-from .native import on_deselected, on_selected
-from .page_table import build_page_table
-from .token_csr import build_token_indices
+from kvdispatch._lazy import exports
 
-__all__ = ["build_page_table", "build_token_indices", "cross_compile", "on_deselected", "on_selected", "reset",
-           "specializations"]
+# Public name -> the submodule defining it.
+_OWNERS = {
+    "build_page_table": "page_table",
+    "build_token_indices": "token_csr",
+    "cross_compile": "crosscompile",
+    "on_deselected": "native",
+    "on_selected": "native",
+    "reset": "launch",
+    "specializations": "crosscompile",
+}
+
+__all__ = sorted(_OWNERS)
+__getattr__, __dir__ = exports(__name__, _OWNERS)

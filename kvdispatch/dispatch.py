@@ -28,18 +28,17 @@ from dataclasses import dataclass
 import torch
 
 from . import _debug, devices
-from .backends import cupy as cupy_backend
-from .backends import torch as torch_backend
-from .backends import triton as triton_backend
 from ._env import flag
 from .grid import GridLimitError
 
-# Each backend describes itself (``kvdispatch/backends/``); this list is the registry and the auto order.
-DESCRIPTORS = (
-    triton_backend,
-    cupy_backend,
-    torch_backend,
-)
+# The registry and the auto order: one descriptor module per backend, in its own package (NAME, MODULE,
+# install_hint, reason_if_unsupported; docs/architecture.md, "Adding a backend"). Importing one imports
+# neither its kernels nor the runtime they need.
+DESCRIPTORS = tuple(importlib.import_module(name) for name in (
+    "kernels_triton.backend",
+    "kernels_cupy.backend",
+    "kvdispatch.reference_backend",
+))
 BACKENDS = tuple(backend.NAME for backend in DESCRIPTORS)
 # CPU tensors: the reference first; the Triton interpreter (TRITON_INTERPRET=1) only when asked for.
 CPU_ORDER = ("torch",) + tuple(name for name in BACKENDS if name != "torch")
@@ -68,7 +67,8 @@ class Backend:
     """A registered backend: where its implementation lives and when it can serve a device.
 
     The module provides ``build_page_table`` and ``build_token_indices`` with the signatures of
-    ``kvdispatch.reference``; it is imported on first selection, never at ``import kvdispatch``.
+    ``kvdispatch.reference``. ``import kvdispatch`` imports the package (its descriptor lives there) but not
+    those functions' modules; ``load`` imports them, at the first selection.
     """
 
     name: str
@@ -79,13 +79,25 @@ class Backend:
         return [] if reason is None else [reason]
 
     def load(self):
-        return importlib.import_module(self.module)
+        """The module, with the modules defining its op functions imported (a lazy package imports them at
+        their first access); from then on ``notify`` reaches its hooks."""
+        module = importlib.import_module(self.module)
+        for function in OP_FUNCTIONS.values():
+            getattr(module, function, None)  # an import failure raises; a missing function is resolve's to report
+        _loaded_modules.add(self.module)
+        return module
 
     def notify(self, hook: str, *args) -> None:
-        """Call the module's ``on_selected`` / ``on_deselected`` hook, if it is imported and has one."""
-        function = getattr(sys.modules.get(self.module), hook, None)
-        if function is not None:
-            function(*args)
+        """Call the module's ``on_selected`` / ``on_deselected`` hook, if ``load`` has loaded it and it has
+        one (a backend never loaded has nothing to forget, and its kernels stay unimported)."""
+        if self.module in _loaded_modules:
+            function = getattr(sys.modules.get(self.module), hook, None)
+            if function is not None:
+                function(*args)
+
+
+# Modules ``Backend.load`` has loaded: they stay imported, so a reset keeps this set.
+_loaded_modules: set[str] = set()
 
 
 REGISTRY = {backend.NAME: Backend(backend.NAME, backend.MODULE) for backend in DESCRIPTORS}

@@ -19,8 +19,8 @@ import types
 
 import torch
 
+from kernels_cupy import backend as cupy_backend
 from kvdispatch import devices, dispatch, reference
-from kvdispatch.backends import cupy as cupy_backend
 from kvdispatch.devices import RawDevice
 
 GPU = "cuda:0"

@@ -7,10 +7,10 @@ import pytest
 import torch
 
 import kvdispatch
+from kernels_cupy import backend as cupy_backend
+from kernels_triton import backend as triton_backend
 from conftest import GPU_BACKENDS, BACKENDS
 from kvdispatch import devices, dispatch, reference
-from kvdispatch.backends import cupy as cupy_backend
-from kvdispatch.backends import triton as triton_backend
 from kvcases import make_case
 
 TWO_GPUS = torch.cuda.is_available() and torch.cuda.device_count() >= 2

@@ -14,8 +14,8 @@ import pytest
 import torch
 
 import kvdispatch
+from kernels_cupy import backend as cupy_backend
 from kvdispatch import devices, dispatch, info
-from kvdispatch.backends import cupy as cupy_backend
 from simdevices import (A100, B200, FUTURE_AMD, FUTURE_NVIDIA, GPU, H200, MI300X, MI355X, RX7900, Sim)
 
 HAS_GPU = torch.cuda.is_available()

@@ -1,4 +1,5 @@
-"""The torch backend (``kvdispatch.reference``): serves every device PyTorch has, needs nothing else."""
+"""The torch backend's descriptor: its module is ``kvdispatch.reference``; it serves every device PyTorch
+has and needs nothing else."""
 
 from __future__ import annotations
 

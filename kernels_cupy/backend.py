@@ -1,11 +1,12 @@
-"""The CuPy backend (``kernels_cupy``): which devices it serves. CuPy is imported only when a GPU is
-probed and CuPy is installed, to learn whether it is built for CUDA or ROCm."""
+"""The CuPy backend's descriptor: its name, its module (this package), its install hint, and which devices
+it serves. It imports neither CuPy nor the kernel modules (it is imported at ``import kvdispatch``); CuPy
+is imported only when a GPU is probed and CuPy is installed, to learn whether it is built for CUDA or ROCm."""
 
 from __future__ import annotations
 
 import torch
 
-from .. import devices
+from kvdispatch import devices
 
 NAME = "cupy"
 MODULE = "kernels_cupy"

@@ -1,9 +1,11 @@
-"""The Triton backend (``kernels_triton``): which devices it serves, decided without importing Triton."""
+"""The Triton backend's descriptor: its name, its module (this package), its install hint, and which devices
+it serves, decided without importing Triton or the kernel modules (this module is imported at
+``import kvdispatch``; the ``dispatch.DESCRIPTORS`` line names it)."""
 
 from __future__ import annotations
 
-from .. import devices
-from .._env import flag
+from kvdispatch import devices
+from kvdispatch._env import flag
 
 NAME = "triton"
 MODULE = "kernels_triton"
