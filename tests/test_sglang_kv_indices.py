@@ -45,7 +45,7 @@ SGLANG_FUNCTIONS = {
     "kv_indices_num_token_blocks": [("table_width", REQUIRED), ("base_programs", REQUIRED)],
     "kv_indices_token_blocks_for_copy": [("table_width", REQUIRED), ("base_programs", REQUIRED)],
 }
-SGLANG_CONSTANTS = {"FLASHMLA_CREATE_KV_BLOCK_SIZE_TRITON": 4096, "KV_INDICES_TOKEN_BLOCKS_MIN_WIDTH": 32768}
+SGLANG_CONSTANTS = {"KV_INDICES_TOKEN_BLOCKS_MIN_WIDTH": 32768}
 BUILDERS = [name for name in SGLANG_FUNCTIONS if name.startswith("create_")]
 INDEX_DTYPES = (torch.int32, torch.int64)
 

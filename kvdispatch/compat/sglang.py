@@ -11,9 +11,10 @@ for each of that module's public names, with the same parameter names, order and
   program per entry. They forward to ``kvdispatch.create_flashinfer_kv_indices`` and
   ``kvdispatch.create_flashmla_kv_indices`` and return the output tensor;
 * the grid helpers ``get_num_page_per_block_flashmla``, ``get_num_kv_index_blocks_flashmla``,
-  ``kv_indices_num_token_blocks``, ``kv_indices_token_blocks_for_copy`` and the constants
-  ``FLASHMLA_CREATE_KV_BLOCK_SIZE_TRITON`` and ``KV_INDICES_TOKEN_BLOCKS_MIN_WIDTH``, with SGLang's values
-  (engines size their buffers and grids with them).
+  ``kv_indices_num_token_blocks``, ``kv_indices_token_blocks_for_copy`` and the constant
+  ``KV_INDICES_TOKEN_BLOCKS_MIN_WIDTH``, with SGLang's values (engines size their buffers and grids with
+  them). The compile-time block size of SGLang's own page-table kernel is not mirrored: no engine imports
+  it, and ``get_num_page_per_block_flashmla`` gives its value per page size.
 
 The row strides SGLang passes explicitly (``req_to_token_ptr_stride``, ``kv_indices_ptr_stride``) are
 redundant, since tensors carry their strides: they are checked against the tensors, and a mismatch is a
@@ -41,11 +42,10 @@ from __future__ import annotations
 from .. import api
 
 # SGLang's page-table kernel gives each program 4096 tokens' worth of pages.
-_FLASHMLA_CREATE_KV_BLOCK_SIZE = 4096
-FLASHMLA_CREATE_KV_BLOCK_SIZE_TRITON = _FLASHMLA_CREATE_KV_BLOCK_SIZE
+_TOKENS_PER_PAGE_PROGRAM = 4096
 # Token-block sizing of SGLang's token-CSR launches: about 8192 tokens per program, about 512 programs.
-_MIN_TOKENS_PER_BLOCK = 8192
-_TARGET_PROGRAMS = 512
+_TOKENS_PER_TOKEN_BLOCK = 8192
+_TOKEN_BLOCK_PROGRAMS = 512
 # Rows narrower than this are copied by one program per request.
 KV_INDICES_TOKEN_BLOCKS_MIN_WIDTH = 32768
 
@@ -60,7 +60,7 @@ def _cdiv(a: int, b: int) -> int:
 
 def get_num_page_per_block_flashmla(page_size: int = 64) -> int:
     """Pages per program of SGLang's page-table kernel: ``4096 // page_size``."""
-    return _FLASHMLA_CREATE_KV_BLOCK_SIZE // page_size
+    return _TOKENS_PER_PAGE_PROGRAM // page_size
 
 
 def get_num_kv_index_blocks_flashmla(kv_indices_width: int, page_size: int) -> int:
@@ -72,7 +72,7 @@ def get_num_kv_index_blocks_flashmla(kv_indices_width: int, page_size: int) -> i
 def kv_indices_num_token_blocks(table_width: int, base_programs: int) -> int:
     """Token blocks per request for SGLang's token-block launches:
     ``max(1, min(ceil(table_width / 8192), 512 // max(1, base_programs)))``."""
-    return max(1, min(_cdiv(table_width, _MIN_TOKENS_PER_BLOCK), _TARGET_PROGRAMS // max(1, base_programs)))
+    return max(1, min(_cdiv(table_width, _TOKENS_PER_TOKEN_BLOCK), _TOKEN_BLOCK_PROGRAMS // max(1, base_programs)))
 
 
 def kv_indices_token_blocks_for_copy(table_width: int, base_programs: int) -> int:
@@ -196,7 +196,6 @@ create_chunked_prefix_cache_kv_indices = _LaunchSyntax(_create_chunked_prefix_ca
 create_flashmla_kv_indices_triton = _LaunchSyntax(_create_flashmla_kv_indices, "create_flashmla_kv_indices_triton")
 
 __all__ = [
-    "FLASHMLA_CREATE_KV_BLOCK_SIZE_TRITON",
     "KV_INDICES_TOKEN_BLOCKS_MIN_WIDTH",
     "create_chunked_prefix_cache_kv_indices",
     "create_flashinfer_kv_indices_triton",
