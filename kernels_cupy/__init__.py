@@ -33,9 +33,11 @@ def build_page_table(req_to_token, req_pool_indices, seq_lens, out, page_size, k
     return out
 
 
-def build_token_indices(req_to_token, req_pool_indices, seq_lens, kv_indptr, out, kv_start_idx=None):
+def build_token_indices(req_to_token, req_pool_indices, seq_lens, kv_indptr, out, kv_start_idx=None,
+                        entry_page_size=1, token_mapping=None):
     """Token-level CSR indices; semantics of ``kvdispatch.create_flashinfer_kv_indices``. Returns ``out``."""
-    call = token_csr_call(req_to_token, req_pool_indices, seq_lens, kv_indptr, out, kv_start_idx)
+    call = token_csr_call(req_to_token, req_pool_indices, seq_lens, kv_indptr, out, kv_start_idx, entry_page_size,
+                          token_mapping)
     if call is not None:
         _runtime().launch(call, req_to_token.device)
     return out
