@@ -9,6 +9,9 @@ past the table, negative and zero lengths, lengths at the int64 extremes with se
 sum must not wrap), kv_start_idx past the table, negative or at the int64 extremes, CSR kv_indptr past ``out``,
 negative or at the int64 extremes (rows whose offsets would wrap back into ``out``, reading from a start next to
 the end of the table); with and without fill_value; page sizes 1, 16, 64, 96; int32 and int64 index vectors.
+The CSR options too: page-granular tables (entry_page_size 16 and 7, entries at the int32 extremes) with starts
+and lengths at and far past a row's ``C * entry_page_size`` positions, token mappings that values fall outside of
+(negative, at and past the end; one of 3 entries), int32 and int64 outputs.
 Every tensor is its own exact-size allocation (PyTorch's caching allocator is turned off below, before torch is
 imported), so an access one element past any of them is reported by memcheck.
 
@@ -41,6 +44,7 @@ I64_MIN, I64_MAX = -(2**63), 2**63 - 1
 I32_MIN, I32_MAX = -(2**31), 2**31 - 1
 # seqlen_offset for the cases that spoil a length (the others take 1): L = seq_lens + seqlen_offset is exact.
 LENGTH_OFFSETS = (1, -1, I32_MAX, I32_MIN)
+OPTION_ENTRY_PAGE_SIZES = (16, 7)
 
 
 def hostile_requests(rows, cols, wide):
@@ -80,6 +84,32 @@ def make(page_size, dtype, device, g, spoil):
             start[b] = bad_start
     return dict(table=table.to(device), pool=pool.to(dtype).to(device), lens=lengths.to(dtype).to(device),
                 start=start.to(dtype).to(device)), rows, cols
+
+
+def option_hostile_requests(positions, wide):
+    """As ``hostile_requests`` for a table whose rows have ``positions`` positions (``C * entry_page_size``)."""
+    cases = [("start-past-positions", None, None, positions + 3), ("start-at-positions-end", None, None, positions),
+             ("start-last-position", None, 50, positions - 1), ("length-past-positions", None, 2 * positions + 1, None),
+             ("start-int32-max", None, 50, I32_MAX), ("pool-past-end", BATCH + 3, None, None)]
+    if wide:
+        cases += [("start-2**40", None, 50, 2**40), ("start-int64-max", None, 50, I64_MAX),
+                  ("length-int64-max", None, I64_MAX, None), ("start-2**62", None, I64_MAX, 2**62)]
+    return cases
+
+
+def option_table(data, entry_page_size, g):
+    """``data`` with a table of page ids: small ones (inside the mappings below, or just past them), negative
+    ones and the int32 extremes, whose slots ``page * entry_page_size + offset`` need 64 bits."""
+    table = torch.randint(-2, 24, data["table"].shape, generator=g, dtype=torch.int32)
+    table.view(-1)[::11] = torch.tensor([I32_MIN, I32_MAX, -1])[torch.arange(table.numel())[::11] % 3].to(torch.int32)
+    return dict(data, table=table.to(data["table"].device))
+
+
+def hostile_mappings(entry_page_size, device, g):
+    """None, an int64 mapping of the slots of 20 pages (values at the extremes), and an int32 one of 3 entries."""
+    large = torch.randint(I64_MIN, I64_MAX, (20 * entry_page_size,), generator=g, dtype=torch.int64)
+    large[:3] = torch.tensor([I64_MIN, I64_MAX, -1])
+    return None, large.to(device), torch.tensor([I32_MAX, I32_MIN, 5], dtype=torch.int32, device=device)
 
 
 def csr_layouts(data, cols, dtype, device, g):
@@ -147,17 +177,20 @@ def run(device, backends, verbose):
         if verbose:
             print("ran", what, flush=True)
 
-    def token_csr_case(what, data, cpu, indptr, total, with_start):
+    def token_csr_case(what, data, cpu, indptr, total, with_start, out_dtype=torch.int32, entry_page_size=1,
+                       token_mapping=None):
         nonlocal cases, mismatches
         cases += 1
-        flat = torch.full((total,), POISON, dtype=torch.int32, device=device)
+        flat = torch.full((total,), POISON, dtype=out_dtype, device=device)
         expected = flat.cpu().clone()
         start, start_cpu = (data["start"], cpu["start"]) if with_start else (None, None)
-        reference.build_token_indices(cpu["table"], cpu["pool"], cpu["lens"], indptr, expected, start_cpu)
+        reference.build_token_indices(cpu["table"], cpu["pool"], cpu["lens"], indptr, expected, start_cpu,
+                                      entry_page_size, None if token_mapping is None else token_mapping.cpu())
         try:
             kvdispatch.create_flashinfer_kv_indices(data["table"], data["pool"], data["lens"],
                                                     indptr.to(data["pool"].dtype).to(device), flat,
-                                                    kv_start_idx=start, backend=backend)
+                                                    kv_start_idx=start, entry_page_size=entry_page_size,
+                                                    token_mapping=token_mapping, backend=backend)
             check(what, flat, expected)
         except Exception:
             mismatches += 1
@@ -195,6 +228,19 @@ def run(device, backends, verbose):
                 for with_start in (False, True):
                     token_csr_case(f"{backend} token_csr long row {str(dtype)[6:]} indptr={value} "
                                    f"start={with_start}", data, cpu, torch.tensor([value, 0]), total, with_start)
+        for entry_page_size, dtype in itertools.product(OPTION_ENTRY_PAGE_SIZES, (torch.int32, torch.int64)):
+            positions = (5 * 16 + 7) * entry_page_size  # make's table for page size 16
+            mappings = hostile_mappings(entry_page_size, device, g)
+            for spoil in option_hostile_requests(positions, dtype == torch.int64):
+                data, rows, cols = make(16, dtype, device, g, spoil)
+                data = option_table(data, entry_page_size, g)
+                cpu = {k: v.cpu() for k, v in data.items()}
+                for layout, indptr, total in csr_layouts(data, positions, dtype, device, g):
+                    for mapping, out_dtype in itertools.product(mappings, (torch.int32, torch.int64)):
+                        token_csr_case(f"{backend} token_csr entry_page_size={entry_page_size} {str(dtype)[6:]} "
+                                       f"{spoil[0]} {layout} mapping={None if mapping is None else mapping.shape[0]} "
+                                       f"out={str(out_dtype)[6:]}", data, cpu, indptr, total, True, out_dtype,
+                                       entry_page_size, mapping)
         if device.type == "cuda":
             torch.cuda.synchronize(device)  # surfaces a device-side fault here, under this backend's name
         print(f"backend {backend}: done", flush=True)

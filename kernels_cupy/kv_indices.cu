@@ -25,10 +25,14 @@ struct alignas(16) kv_vec4 {
 #define KV_START 32       // kv_start_idx is given (else every start is 0)
 #define KV_LENS_OUT 64    // page table: seq_lens_out is given
 #define KV_FOLDED_GRID 128  // a row's programs span gridDim.y * gridDim.z blocks (kvdispatch.grid)
+#define KV_WIDE_OUT 256     // token CSR: out is int64 (else int32)
+#define KV_MAPPING 512      // token CSR: token_mapping is given
+#define KV_WIDE_MAPPING 1024  // token CSR: token_mapping is int64
 
-// A launcher may compile one specialisation: -DKV_FLAGS=<flags> (and -DKV_PAGE_SIZE=<page size>) turn
-// the runtime `flags` (and `page_size`) into constants, so the dtype branches and the divisions fold
-// away. The runtime arguments must then carry the same values.
+// A launcher may compile one specialisation: -DKV_FLAGS=<flags> (and -DKV_PAGE_SIZE=<page size>,
+// -DKV_ENTRY_PAGE_SIZE=<entry page size>) turn the runtime `flags` (and `page_size`, `entry_page_size`) into
+// constants, so the dtype branches and the divisions fold away. The runtime arguments must then carry the
+// same values.
 #ifdef KV_FLAGS
 #define KV_HAS(bit) (((KV_FLAGS) & (bit)) != 0)
 #else
@@ -185,15 +189,41 @@ extern "C" __global__ void kv_page_table(
     }
 }
 
+// The token-CSR value at position q of a row (E = entry_page_size): row[q] when E is 1, else
+// row[q / E] * E + q % E in 64 bits (q >= 0); then, with a mapping, mapping[v] for v in [0, mapping_len),
+// else -1.
+__device__ inline kv_i64 kv_token_value(const int* __restrict__ row, kv_i64 q, kv_i64 entry_page_size,
+                                        const void* __restrict__ mapping, kv_i64 mapping_len, bool mapped,
+                                        bool wide_mapping) {
+    kv_i64 v;
+    if (entry_page_size == 1) {
+        v = row[q];
+    } else {
+        const kv_i64 entry = q / entry_page_size;
+        v = (kv_i64)row[entry] * entry_page_size + (q - entry * entry_page_size);
+    }
+    if (mapped) v = v >= 0 && v < mapping_len ? kv_load_index(mapping, v, wide_mapping) : -1;
+    return v;
+}
+
 // out[kv_indptr[b] + j] = table[pool_b, start_b + j] for j < min(seq_lens[b], C - start_b), skipping
 // every j whose target falls outside [0, out_len). Nothing else in out is touched.
 // Index vectors may be strided views (strides in elements).
+// Options (the parameters after `flags`): with E = entry_page_size above 1 a row has C * E positions and
+// position q writes kv_token_value; KV_MAPPING maps each value through token_mapping ([mapping_len],
+// contiguous); KV_WIDE_OUT writes an int64 out (else the value's low 32 bits into an int32 one).
 extern "C" __global__ void kv_token_csr(
     const int* __restrict__ table, kv_i64 rows, kv_i64 cols, kv_i64 table_stride,
     const void* __restrict__ req_pool_indices, kv_i64 pool_stride, const void* __restrict__ seq_lens,
     kv_i64 lens_stride, const void* __restrict__ kv_start_idx, kv_i64 start_stride,
-    const void* __restrict__ kv_indptr, kv_i64 indptr_stride, int* __restrict__ out, kv_i64 out_len,
-    kv_i64 items, kv_i64 flags) {
+    const void* __restrict__ kv_indptr, kv_i64 indptr_stride, void* __restrict__ out, kv_i64 out_len,
+    kv_i64 items, kv_i64 flags, kv_i64 entry_page_size_arg, const void* __restrict__ token_mapping,
+    kv_i64 mapping_len) {
+#ifdef KV_ENTRY_PAGE_SIZE
+    const kv_i64 entry_page_size = KV_ENTRY_PAGE_SIZE;  // a compile-time entry page size: divisions fold
+#else
+    const kv_i64 entry_page_size = entry_page_size_arg;
+#endif
     const kv_i64 b = blockIdx.x;
     const kv_i64 first = kv_row_program(KV_HAS(KV_FOLDED_GRID)) * items;
     const kv_i64 pool = kv_load_index(req_pool_indices, b * pool_stride, KV_HAS(KV_WIDE_POOL));
@@ -202,8 +232,9 @@ extern "C" __global__ void kv_token_csr(
         KV_HAS(KV_START) ? kv_load_index(kv_start_idx, b * start_stride, KV_HAS(KV_WIDE_START)) : 0;
     const kv_i64 offset = kv_load_index(kv_indptr, b * indptr_stride, KV_HAS(KV_WIDE_INDPTR));
 
-    const bool readable = pool >= 0 && pool < rows && start >= 0 && start < cols;
-    const kv_i64 count = readable ? kv_min(kv_max(length, 0), cols - start) : 0;
+    const kv_i64 positions = cols * entry_page_size;  // exact: no table has 2**51 columns
+    const bool readable = pool >= 0 && pool < rows && start >= 0 && start < positions;
+    const kv_i64 count = readable ? kv_min(kv_max(length, 0), positions - start) : 0;
     // Checked in this order so that no expression below can overflow, whatever kv_indptr holds.
     if (offset >= out_len || offset + count <= 0) return;
     // Programs count tokens from the first one that lands in out: a row writes at most
@@ -211,5 +242,17 @@ extern "C" __global__ void kv_token_csr(
     const kv_i64 skip = offset < 0 ? -offset : 0;
     const kv_i64 lo = skip + first;
     const kv_i64 hi = kv_min(kv_min(lo + items, count), out_len - offset);
-    if (lo < hi) kv_copy(table + pool * table_stride + start + lo, out + offset + lo, (int)(hi - lo));
+    if (lo >= hi) return;
+    const bool mapped = KV_HAS(KV_MAPPING), wide_out = KV_HAS(KV_WIDE_OUT);
+    if (entry_page_size == 1 && !mapped && !wide_out) {
+        kv_copy(table + pool * table_stride + start + lo, (int*)out + offset + lo, (int)(hi - lo));
+        return;
+    }
+    const int* row = table + pool * table_stride;
+    for (kv_i64 j = lo + threadIdx.x; j < hi; j += blockDim.x) {
+        const kv_i64 v = kv_token_value(row, start + j, entry_page_size, token_mapping, mapping_len, mapped,
+                                        KV_HAS(KV_WIDE_MAPPING));
+        if (wide_out) ((kv_i64*)out)[offset + j] = v;
+        else ((int*)out)[offset + j] = (int)(kv_u64)v;  // the low 32 bits, as Tensor.to(torch.int32)
+    }
 }

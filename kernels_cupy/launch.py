@@ -27,6 +27,7 @@ from .build import PAGE_TABLE_KERNEL, TOKEN_CSR_KERNEL
 
 # Flag bits; the same values as the KV_* macros in kv_indices.cu (tests/test_shared_constants.py).
 WIDE_POOL, WIDE_LENS, WIDE_START, WIDE_INDPTR, FILL, START, LENS_OUT, FOLDED_GRID = 1, 2, 4, 8, 16, 32, 64, 128
+WIDE_OUT, MAPPING, WIDE_MAPPING = 256, 512, 1024
 
 # The geometry depends on a few ints only; caching it keeps the helper off the per-call path.
 _page_table_launch = functools.lru_cache(maxsize=4096)(grid.page_table_launch)
@@ -82,20 +83,27 @@ def page_table_call(req_to_token, req_pool_indices, seq_lens, out, page_size, kv
     return KernelCall(PAGE_TABLE_KERNEL, defines, launch.grid, launch.threads, args)
 
 
-def token_csr_call(req_to_token, req_pool_indices, seq_lens, kv_indptr, out, kv_start_idx=None) -> KernelCall | None:
+def token_csr_call(req_to_token, req_pool_indices, seq_lens, kv_indptr, out, kv_start_idx=None, entry_page_size=1,
+                   token_mapping=None) -> KernelCall | None:
     """The ``kv_token_csr`` launch for ``kvdispatch.reference.build_token_indices``'s arguments, or None
     when there is nothing to do."""
     batch, total = req_pool_indices.shape[0], out.shape[0]
-    launch = _token_csr_launch(batch, req_to_token.shape[1], total)
+    launch = _token_csr_launch(batch, req_to_token.shape[1] * entry_page_size, total)
     if launch.grid[0] == 0:
         return None
     flags = (_wide(req_pool_indices, WIDE_POOL) | _wide(seq_lens, WIDE_LENS) | _wide(kv_start_idx, WIDE_START)
-             | _wide(kv_indptr, WIDE_INDPTR) | (START if kv_start_idx is not None else 0) | _folded(launch))
+             | _wide(kv_indptr, WIDE_INDPTR) | (START if kv_start_idx is not None else 0) | _folded(launch)
+             | _wide(out, WIDE_OUT) | (MAPPING if token_mapping is not None else 0)
+             | _wide(token_mapping, WIDE_MAPPING))
     args = _table_args(req_to_token) + (
         req_pool_indices.data_ptr(), req_pool_indices.stride(0), seq_lens.data_ptr(), seq_lens.stride(0),
         _ptr(kv_start_idx), _stride(kv_start_idx), kv_indptr.data_ptr(), kv_indptr.stride(0), out.data_ptr(), total,
-        launch.items_per_program, flags)
-    return KernelCall(TOKEN_CSR_KERNEL, (("KV_FLAGS", flags),), launch.grid, launch.threads, args)
+        launch.items_per_program, flags, entry_page_size, _ptr(token_mapping),
+        0 if token_mapping is None else token_mapping.shape[0])
+    defines = (("KV_FLAGS", flags),) if entry_page_size == 1 else (("KV_FLAGS", flags),
+                                                                  ("KV_ENTRY_PAGE_SIZE", entry_page_size))
+    return KernelCall(TOKEN_CSR_KERNEL, defines, launch.grid, launch.threads, args)
+
 
 
 _runtime_module = None
@@ -122,9 +130,11 @@ def build_page_table(req_to_token, req_pool_indices, seq_lens, out, page_size, k
     return out
 
 
-def build_token_indices(req_to_token, req_pool_indices, seq_lens, kv_indptr, out, kv_start_idx=None):
+def build_token_indices(req_to_token, req_pool_indices, seq_lens, kv_indptr, out, kv_start_idx=None,
+                        entry_page_size=1, token_mapping=None):
     """Token-level CSR indices; semantics of ``kvdispatch.create_flashinfer_kv_indices``. Returns ``out``."""
-    call = token_csr_call(req_to_token, req_pool_indices, seq_lens, kv_indptr, out, kv_start_idx)
+    call = token_csr_call(req_to_token, req_pool_indices, seq_lens, kv_indptr, out, kv_start_idx, entry_page_size,
+                          token_mapping)
     if call is not None:
         _runtime().launch(call, req_to_token.device)
     return out

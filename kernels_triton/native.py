@@ -70,7 +70,7 @@ def shared_defines() -> tuple[str, ...]:
         "OP_PAGE_TABLE": OPS["page_table"],
         "OP_TOKEN_CSR": OPS["token_csr"],
         "PAGE_TABLE_ARGS": len(page_table.PARAMETERS),
-        "TOKEN_CSR_ARGS": len(token_csr.PARAMETERS),
+        "TOKEN_CSR_ARGS": len(token_csr.ORDINARY_PARAMETERS),
         "MAX_PAGE_SIZE": launch_grid.MAX_PAGE_SIZE,
         "WIDE": f"{launch.WIDE}LL",
     }
@@ -192,8 +192,13 @@ def add_page_table_plan(key: tuple, kernel, grid: tuple) -> bool:
 def add_token_csr_plan(key: tuple, kernel, grid: tuple) -> bool:
     """Register the launch of one token-CSR call key (``token_csr.plan_key_and_arguments``) with
     ``kernel`` (a ``launch.NativeKernel``) on ``grid``, as ``add_page_table_plan``; returns whether the C
-    path took it."""
-    device, batch, span, pool_dtype, lens_dtype, indptr_dtype, start_dtype, *flags = key
+    path took it. A key with an option (``token_csr.is_ordinary``) is refused: the C path takes no such
+    call, so it has no plan for one."""
+    from . import token_csr  # noqa: PLC0415  (it imports this module)
+
+    if not token_csr.is_ordinary(key):
+        return False
+    device, batch, span, pool_dtype, lens_dtype, indptr_dtype, start_dtype, *flags = key[:9]
     _, grid_y, grid_z = grid
     return _module.add_token_csr_plan(
         (device, batch, span, DTYPE_CODES[pool_dtype], DTYPE_CODES[lens_dtype], DTYPE_CODES[indptr_dtype],

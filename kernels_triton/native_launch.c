@@ -437,10 +437,13 @@ static PyObject *page_table(PyObject *self, PyObject *const *args, Py_ssize_t na
     return launch_plan(&key, (unsigned)batch, values, args[3]);
 }
 
-// token_csr(req_to_token, req_pool_indices, seq_lens, kv_indptr, out, kv_start_idx, backend): the public
-// API's arguments, all positional.
+// token_csr(req_to_token, req_pool_indices, seq_lens, kv_indptr, out, kv_start_idx, backend, entry_page_size,
+// token_mapping): the public API's arguments, all positional. Only ordinary calls are taken (entry page size
+// 1, no token mapping, an int32 out: token_csr.is_ordinary); the Python path serves the others.
 static PyObject *token_csr(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 7 || launch_kernel == NULL) Py_RETURN_NOTIMPLEMENTED;
+    if (nargs != 9 || launch_kernel == NULL) Py_RETURN_NOTIMPLEMENTED;
+    int64_t entry_page_size;
+    if (args[8] != Py_None || !small_int(args[7], 1, 1, &entry_page_size)) Py_RETURN_NOTIMPLEMENTED;
     PyObject *start_obj = args[5];
     tensor_info table, pool, lens, indptr, out, start;
     plan_key key;

@@ -2,7 +2,9 @@
 
 Program ``(b, k)`` copies tokens ``j`` in ``skip_b + [k * TOKENS_PER_PROGRAM, (k + 1) * TOKENS_PER_PROGRAM)``
 of request ``b``'s table row to ``out[kv_indptr[b] + j]``, where ``skip_b = max(0, -kv_indptr[b])`` is the
-first token that lands in ``out``; a long row is spread over many programs.
+first token that lands in ``out``; a long row is spread over many programs. The options (an entry page size
+above 1, a token mapping, an int64 ``out``) are specialisations of their own: an ordinary call compiles to
+the code it compiled to without them.
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ from __future__ import annotations
 import functools
 import itertools
 
+import torch
 import triton
 import triton.language as tl
 
@@ -17,6 +20,7 @@ from kvdispatch import grid as launch_grid
 
 from . import launch as _launch
 from . import native
+from .page_table import page_shift
 
 # The kernel's parameters, in the order it takes them. A call whose index vectors are contiguous and whose
 # table and output sizes and strides are all below 2**31 (any real ones) reads only the first eight (the
@@ -26,10 +30,18 @@ from . import native
 # read two and replayed 2-6% slower than a one-line copy (benchmarks/csr_layout.py).
 PARAMETERS = ("table_ptr", "pool_ptr", "lens_ptr", "indptr_ptr", "out_ptr", "packed_table", "packed_sizes",
               "start_ptr", "table_rows", "table_cols", "table_row_stride", "out_len", "pool_stride", "lens_stride",
-              "indptr_stride", "start_stride")
+              "indptr_stride", "start_stride", "mapping_ptr", "mapping_len")
 POINTERS = tuple(name for name in PARAMETERS if name.endswith("_ptr"))
 RUNTIME_INTS = tuple(name for name in PARAMETERS if not name.endswith("_ptr"))
-CONSTEXPRS = ("TOKENS_PER_PROGRAM", "HAS_START", "UNIT_STRIDES", "WIDE_INDEXING", "FOLDED_GRID")
+# Without a token mapping its two parameters are passed as None, which Triton compiles as constants (and
+# would with a type annotation too, hence none on ``mapping_len``): the kernel then takes only these, the
+# parameters ``native_launch.c`` passes (it takes no call with an option).
+ORDINARY_PARAMETERS = PARAMETERS[:-2]
+CONSTEXPRS = ("TOKENS_PER_PROGRAM", "HAS_START", "UNIT_STRIDES", "WIDE_INDEXING", "FOLDED_GRID", "ENTRY_PAGE_SIZE",
+              "ENTRY_SHIFT", "HAS_MAPPING")
+# The entry page sizes compiled ahead of time (``crosscompile``); any other in [1, MAX_PAGE_SIZE] compiles
+# at its first call, as a page size of the page-table kernel does.
+SPECIALISED_ENTRY_PAGE_SIZES = (1, 16, 64)
 WIDE = _launch.WIDE
 
 
@@ -37,11 +49,19 @@ def _token_csr_kernel(
     table_ptr, pool_ptr, lens_ptr, indptr_ptr, out_ptr, packed_table: tl.int64, packed_sizes: tl.int64, start_ptr,
     table_rows: tl.int64, table_cols: tl.int64, table_row_stride: tl.int64, out_len: tl.int64,
     pool_stride: tl.int64, lens_stride: tl.int64, indptr_stride: tl.int64, start_stride: tl.int64,
+    mapping_ptr, mapping_len,
     TOKENS_PER_PROGRAM: tl.constexpr, HAS_START: tl.constexpr, UNIT_STRIDES: tl.constexpr,
-    WIDE_INDEXING: tl.constexpr, FOLDED_GRID: tl.constexpr,
+    WIDE_INDEXING: tl.constexpr, FOLDED_GRID: tl.constexpr, ENTRY_PAGE_SIZE: tl.constexpr,
+    ENTRY_SHIFT: tl.constexpr, HAS_MAPPING: tl.constexpr,
 ):
     """``out[indptr[b] + j] = table[pool[b], start[b] + j]`` for the program's tokens ``j`` below
     ``min(lens[b], C - start[b])`` whose target lies in ``[0, out_len)``; the others are masked.
+
+    With ``E = ENTRY_PAGE_SIZE`` above 1, position ``q = start[b] + j`` reads entry ``q // E`` and
+    writes ``entry * E + q % E`` (64-bit), below ``min(lens[b], C * E - start[b])``; ENTRY_SHIFT is
+    log2(E) for powers of two, else -1. HAS_MAPPING: the value ``v`` becomes ``mapping[v]`` for ``v`` in
+    ``[0, mapping_len)``, else -1 (``mapping_ptr`` and ``mapping_len`` are None without it). The value is
+    stored in ``out``'s dtype (int32: its low 32 bits).
 
     UNIT_STRIDES: the index vectors are contiguous (their strides are not read). WIDE_INDEXING: some size
     or stride is ``WIDE`` or more (``packed_words``), so the full-width parameters are read; otherwise
@@ -69,8 +89,11 @@ def _token_csr_kernel(
     else:
         start = tl.zeros((), tl.int64)
 
-    readable = (pool >= 0) & (pool < table_rows) & (start >= 0) & (start < table_cols)
-    count = tl.where(readable, tl.minimum(length, table_cols - start), 0)
+    row_positions = table_cols
+    if ENTRY_PAGE_SIZE != 1:
+        row_positions = table_cols * ENTRY_PAGE_SIZE  # exact: no table has 2**51 columns
+    readable = (pool >= 0) & (pool < table_rows) & (start >= 0) & (start < row_positions)
+    count = tl.where(readable, tl.minimum(length, row_positions - start), 0)
     # The tokens that land in out are j in [skip, end): at most min(C, N) of them, which is what the
     # grid gives a row, so the row's programs start counting at ``skip``, not at token 0.
     skip = tl.maximum(-target_start, 0)
@@ -79,8 +102,27 @@ def _token_csr_kernel(
     if first < end:
         token = first + tl.arange(0, TOKENS_PER_PROGRAM)
         copied = token < end
-        slots = tl.load(table_ptr + pool * table_row_stride + start + token, mask=copied)
-        tl.store(out_ptr + target_start + token, slots, mask=copied)
+        if ENTRY_PAGE_SIZE == 1:
+            values = tl.load(table_ptr + pool * table_row_stride + start + token, mask=copied)
+        else:
+            values = _entry_values(table_ptr + pool * table_row_stride, start + token, copied, ENTRY_PAGE_SIZE,
+                                   ENTRY_SHIFT)
+        if HAS_MAPPING:
+            inside = (values >= 0) & (values < mapping_len)
+            mapped = tl.load(mapping_ptr + values, mask=copied & inside)
+            values = tl.where(inside, mapped, -1)
+        tl.store(out_ptr + target_start + token, values.to(out_ptr.dtype.element_ty), mask=copied)
+
+
+@triton.jit
+def _entry_values(row_ptr, position, copied, ENTRY_PAGE_SIZE: tl.constexpr, ENTRY_SHIFT: tl.constexpr):
+    """``row[q // E] * E + q % E`` in int64 at the (non-negative) positions ``q``, loaded under ``copied``."""
+    if ENTRY_SHIFT >= 0:
+        entry, within = position >> ENTRY_SHIFT, position & (ENTRY_PAGE_SIZE - 1)
+    else:
+        entry = position // ENTRY_PAGE_SIZE
+        within = position - entry * ENTRY_PAGE_SIZE
+    return tl.load(row_ptr + entry, mask=copied).to(tl.int64) * ENTRY_PAGE_SIZE + within
 
 
 token_csr_kernel = triton.jit(_token_csr_kernel, do_not_specialize=RUNTIME_INTS,
@@ -90,10 +132,11 @@ _plans = _launch.plan_cache(on_clear=functools.partial(native.forget_plans, "tok
 
 
 def constexprs_for(has_start: bool, unit_strides: bool = True, wide_indexing: bool = False,
-                   folded_grid: bool = False) -> dict:
+                   folded_grid: bool = False, entry_page_size: int = 1, has_mapping: bool = False) -> dict:
     """The constexpr arguments of one specialisation (tokens per program from ``kvdispatch.grid``)."""
     return dict(TOKENS_PER_PROGRAM=launch_grid.items_per_program(launch_grid.TOKEN_CSR), HAS_START=has_start,
-                UNIT_STRIDES=unit_strides, WIDE_INDEXING=wide_indexing, FOLDED_GRID=folded_grid)
+                UNIT_STRIDES=unit_strides, WIDE_INDEXING=wide_indexing, FOLDED_GRID=folded_grid,
+                ENTRY_PAGE_SIZE=entry_page_size, ENTRY_SHIFT=page_shift(entry_page_size), HAS_MAPPING=has_mapping)
 
 
 def packed_words(rows: int, table_stride: int, cols: int, out_len: int) -> tuple[int, int] | None:
@@ -107,28 +150,39 @@ def packed_words(rows: int, table_stride: int, cols: int, out_len: int) -> tuple
 
 def _build_plan(key, out, args):
     """The launch plan of ``key`` (``plan_key_and_arguments``), launching ``args`` when it compiles."""
-    geometry = launch_grid.token_csr_launch(key[1], table_width=args[9], out_len=args[11])
+    entry_page_size = key[10]
+    geometry = launch_grid.token_csr_launch(key[1], table_width=args[9] * entry_page_size, out_len=args[11])
     if geometry.grid[0] == 0:
         return _plans.add(key, _launch.nothing), False
     has_start, unit_strides, wide_indexing = key[6] is not None, key[7], key[8]
     specialisation = (has_start, geometry.folded) + key[3:]
     warps = _launch.warps_for(out.device, geometry.threads)
-    constexprs = constexprs_for(has_start, unit_strides, wide_indexing, geometry.folded)
+    constexprs = constexprs_for(has_start, unit_strides, wide_indexing, geometry.folded, entry_page_size,
+                                key[11] is not None)
     plan, launched = launcher.plan(key[0], specialisation, geometry.grid, constexprs, warps, args)
-    kernel = launcher.native_kernel(key[0], specialisation, len(PARAMETERS))
-    if kernel is not None:  # the compiled launcher takes this key's calls from now on
-        native.add_token_csr_plan(key, kernel, geometry.grid)
+    if is_ordinary(key):  # the compiled launcher takes no call with an option
+        kernel = launcher.native_kernel(key[0], specialisation, len(ORDINARY_PARAMETERS))
+        if kernel is not None:  # it takes this key's calls from now on
+            native.add_token_csr_plan(key, kernel, geometry.grid)
     return _plans.add(key, plan), launched
 
 
-def build_token_indices(req_to_token, req_pool_indices, seq_lens, kv_indptr, out, kv_start_idx=None):
-    """Write token-level CSR indices into ``out`` (int32 ``[N]``); semantics of
+def is_ordinary(key) -> bool:
+    """Whether the call of ``key`` (``plan_key_and_arguments``) has none of the options: an int32 ``out``,
+    entry page size 1 and no token mapping."""
+    return key[9] is torch.int32 and key[10] == 1 and key[11] is None
+
+
+def build_token_indices(req_to_token, req_pool_indices, seq_lens, kv_indptr, out, kv_start_idx=None,
+                        entry_page_size=1, token_mapping=None):
+    """Write token-level CSR indices into ``out`` (int32/int64 ``[N]``); semantics of
     ``kvdispatch.reference.build_token_indices``. Index vectors may be strided views.
 
     Untouched: every position of ``out`` no request writes; nothing lands outside ``[0, N)``.
     Arguments arrive validated by ``kvdispatch._validate``.
     """
-    key, args = plan_key_and_arguments(req_to_token, req_pool_indices, seq_lens, kv_indptr, out, kv_start_idx)
+    key, args = plan_key_and_arguments(req_to_token, req_pool_indices, seq_lens, kv_indptr, out, kv_start_idx,
+                                       entry_page_size, token_mapping)
     plan = _plans.get(key)
     if plan is None:
         plan, launched = _build_plan(key, out, args)
@@ -138,11 +192,14 @@ def build_token_indices(req_to_token, req_pool_indices, seq_lens, kv_indptr, out
     return out
 
 
-def plan_key_and_arguments(req_to_token, req_pool_indices, seq_lens, kv_indptr, out, kv_start_idx=None):
+def plan_key_and_arguments(req_to_token, req_pool_indices, seq_lens, kv_indptr, out, kv_start_idx=None,
+                           entry_page_size=1, token_mapping=None):
     """The launch-plan key of a call and the kernel's runtime arguments (tensors in the pointer slots), as
-    ``native_launch.c`` computes them too. Key: device index, batch, min(C, N) (the geometry depends on
-    nothing else: ``kvdispatch.grid.token_csr_launch``), the dtypes of the pool, length, indptr and start
-    vectors (None: no start), unit strides, wide indexing (no ``packed_words``)."""
+    ``native_launch.c`` computes them too for an ordinary call (``is_ordinary``). Key: device index, batch,
+    min(C * entry_page_size, N) (the geometry depends on nothing else: ``kvdispatch.grid.token_csr_launch``),
+    the dtypes of the pool, length, indptr and start vectors (None: no start), unit strides, wide indexing
+    (no ``packed_words``), then the options: out's dtype, the entry page size and the mapping's dtype (None:
+    no mapping). The first nine fields are the compiled launcher's key."""
     has_start = kv_start_idx is not None
     rows, cols = req_to_token.shape
     table_stride, out_len = req_to_token.stride(0), out.shape[0]
@@ -151,23 +208,43 @@ def plan_key_and_arguments(req_to_token, req_pool_indices, seq_lens, kv_indptr, 
     unit_strides = pool_stride == 1 and lens_stride == 1 and indptr_stride == 1 and start_stride == 1
     packed = packed_words(rows, table_stride, cols, out_len)
     packed_table, packed_sizes = packed or (0, 0)
-    key = (out.get_device(), req_pool_indices.shape[0], min(cols, out_len), req_pool_indices.dtype, seq_lens.dtype,
-           kv_indptr.dtype, kv_start_idx.dtype if has_start else None, unit_strides, packed is None)
+    has_mapping = token_mapping is not None
+    key = (out.get_device(), req_pool_indices.shape[0], min(cols * entry_page_size, out_len), req_pool_indices.dtype,
+           seq_lens.dtype, kv_indptr.dtype, kv_start_idx.dtype if has_start else None, unit_strides, packed is None,
+           out.dtype, entry_page_size, token_mapping.dtype if has_mapping else None)
     args = (req_to_token, req_pool_indices, seq_lens, kv_indptr, out, packed_table, packed_sizes,
             kv_start_idx if has_start else req_to_token, rows, cols, table_stride, out_len, pool_stride, lens_stride,
-            indptr_stride, start_stride)
+            indptr_stride, start_stride, token_mapping, token_mapping.shape[0] if has_mapping else None)
     return key, args
 
 
-def specializations(index_types=("i32", "i64")):
-    """Every specialisation the launcher can produce: yields ``(signature, constexprs)`` for
-    ``triton.compiler.ASTSource`` (Triton >= 3.3), per start option, unit strides, wide indexing, grid form
-    and index dtype (the same for the pool, length, indptr and start vectors)."""
+def specializations(index_types=("i32", "i64"), entry_page_sizes=SPECIALISED_ENTRY_PAGE_SIZES):
+    """Every specialisation the launcher can produce for ``entry_page_sizes``: yields ``(signature,
+    constexprs)`` for ``triton.compiler.ASTSource`` (Triton >= 3.3). Ordinary calls (int32 out, entry page
+    size 1, no mapping): per start option, unit strides, wide indexing, grid form and index dtype (the same
+    for the pool, length, indptr and start vectors). Calls with options, per out dtype, entry page size and
+    mapping (of the index dtype), with and without a start, on the usual grid with unit strides (the
+    other flags combine with them as they do with the ordinary code)."""
     for has_start, unit_strides, wide_indexing, folded_grid in itertools.product((False, True), repeat=4):
         for index in index_types:
-            types = dict(pool_ptr=f"*{index}", lens_ptr=f"*{index}", indptr_ptr=f"*{index}",
-                         start_ptr=f"*{index}" if has_start else "*i32")
-            signature = {name: types.get(name, "*i32" if name in POINTERS else "i64") for name in PARAMETERS}
-            constexprs = constexprs_for(has_start, unit_strides, wide_indexing, folded_grid)
-            signature.update({name: "constexpr" for name in constexprs})
-            yield signature, constexprs
+            yield _specialisation(index, "i32", None, constexprs_for(has_start, unit_strides, wide_indexing,
+                                                                     folded_grid))
+    for out_type, entry_page_size, has_mapping, has_start, index in itertools.product(
+            ("i32", "i64"), entry_page_sizes, (False, True), (False, True), index_types):
+        if out_type != "i32" or entry_page_size != 1 or has_mapping:
+            constexprs = constexprs_for(has_start, entry_page_size=entry_page_size, has_mapping=has_mapping)
+            yield _specialisation(index, out_type, index if has_mapping else None, constexprs)
+
+
+def _specialisation(index, out_type, mapping_type, constexprs):
+    """``(signature, constexprs)`` of one specialisation: index vectors of dtype ``index``, ``out`` of
+    ``out_type``, a mapping of ``mapping_type`` (None: none, its parameters constant None)."""
+    types = dict(pool_ptr=f"*{index}", lens_ptr=f"*{index}", indptr_ptr=f"*{index}", out_ptr=f"*{out_type}",
+                 start_ptr=f"*{index}" if constexprs["HAS_START"] else "*i32")
+    if mapping_type is None:
+        constexprs = dict(constexprs, mapping_ptr=None, mapping_len=None)
+    else:  # its length is typed by value, as Triton types an unannotated int: i32 below 2**31
+        types.update(mapping_ptr=f"*{mapping_type}", mapping_len="i32")
+    signature = {name: types.get(name, "*i32" if name in POINTERS else "i64") for name in PARAMETERS}
+    signature.update({name: "constexpr" for name in constexprs})
+    return signature, constexprs

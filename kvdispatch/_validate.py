@@ -221,7 +221,30 @@ def check_page_table_args(req_to_token, req_pool_indices, seq_lens, out, page_si
     return device
 
 
-def check_token_csr_args(req_to_token, req_pool_indices, seq_lens, kv_indptr, out, kv_start_idx, memory=True):
+# ``entry_page_size`` of an ordinary call, compared by identity on the hot path (CPython keeps one object per
+# small int); any other object, an equal one included, takes the options' checks.
+_ENTRY_PAGE_SIZE_DEFAULT = 1
+
+
+def _out_vector_span(t, device):
+    """The hot-path check of a token-CSR ``out``: int32 or int64, 1-D, contiguous, on ``device``."""
+    dtype = t.dtype
+    if (dtype is _INT32 or dtype is _INT64) and t.device == device:
+        stride = t.stride()
+        if len(stride) == 1 and stride[0] == 1:
+            length = t.shape[0]
+            begin = t.data_ptr() if length else 0
+            return (begin, begin + length * (4 if dtype is _INT32 else 8)) if begin else _NOTHING
+    return None
+
+
+def _mapping_span(t, device):
+    """The hot-path check of ``token_mapping``: int32 or int64, 1-D, contiguous, on ``device``."""
+    return _out_vector_span(t, device)
+
+
+def check_token_csr_args(req_to_token, req_pool_indices, seq_lens, kv_indptr, out, kv_start_idx, entry_page_size=1,
+                         token_mapping=None, memory=True):
     """Validate ``create_flashinfer_kv_indices`` arguments; returns the device (``memory``: as for
     ``check_page_table_args``)."""
     try:  # hot path, as in check_page_table_args
@@ -229,7 +252,7 @@ def check_token_csr_args(req_to_token, req_pool_indices, seq_lens, kv_indptr, ou
         if memory and len(batch_shape) == 1:
             batch = batch_shape[0]
             table = _int32_span(req_to_token, device, 2)
-            written = _int32_span(out, device, 1)
+            written = _out_vector_span(out, device)
             pool = _index_span(req_pool_indices, device, batch_shape)
             lens = _index_span(seq_lens, device, batch_shape)
             indptr_shape = kv_indptr.shape
@@ -238,17 +261,35 @@ def check_token_csr_args(req_to_token, req_pool_indices, seq_lens, kv_indptr, ou
             start = _NOTHING if kv_start_idx is None else _index_span(kv_start_idx, device, batch_shape)
             if (table and written and pool and lens and indptr and start
                     and _apart(written, (table, pool, lens, indptr, start))):
-                return device
+                if entry_page_size is _ENTRY_PAGE_SIZE_DEFAULT and token_mapping is None:
+                    return device
+                if _small_int(entry_page_size, 1, MAX_PAGE_SIZE):
+                    if token_mapping is None:
+                        return device
+                    mapping = _mapping_span(token_mapping, device)
+                    if mapping and _apart(written, (mapping,)):
+                        return device
     except (AttributeError, IndexError, TypeError):
         pass
     batch, device = _common(req_to_token, req_pool_indices, seq_lens, kv_start_idx)
     _index_vector("kv_indptr", kv_indptr, device, batch, at_least=True)
-    _int32_tensor("out", out, 1)
+    _tensor("out", out)
+    if out.dtype not in _INDEX_DTYPES:
+        raise TypeError(f"out must have dtype torch.int32 or torch.int64, got {out.dtype}")
+    if out.dim() != 1:
+        raise ValueError(f"out must be 1-D, got shape {tuple(out.shape)}")
+    if out.stride(0) != 1 and out.shape[0] > 1:
+        raise ValueError(f"out must be contiguous (stride 1), got strides {out.stride()}")
     if out.device != device:
         raise ValueError(f"out is on {out.device}, expected {device} (the device of req_to_token)")
+    _python_int("entry_page_size", entry_page_size, 1, MAX_PAGE_SIZE)
+    if token_mapping is not None:
+        _index_vector("token_mapping", token_mapping, device, 0, at_least=True)
+        if token_mapping.stride(0) != 1 and token_mapping.shape[0] > 1:
+            raise ValueError(f"token_mapping must be contiguous (stride 1), got strides {token_mapping.stride()}")
     if not memory:
         return device
     _check_apart((("out", out),),
                  (("req_to_token", req_to_token), ("req_pool_indices", req_pool_indices), ("seq_lens", seq_lens),
-                  ("kv_indptr", kv_indptr), ("kv_start_idx", kv_start_idx)))
+                  ("kv_indptr", kv_indptr), ("kv_start_idx", kv_start_idx), ("token_mapping", token_mapping)))
     return device

@@ -75,41 +75,55 @@ def create_flashmla_kv_indices(req_to_token, req_pool_indices, seq_lens, out, *,
 
 
 def create_flashinfer_kv_indices(req_to_token, req_pool_indices, seq_lens, kv_indptr, out, *,
-                                 kv_start_idx=None, backend=None):
+                                 kv_start_idx=None, entry_page_size=1, token_mapping=None, backend=None):
     """Build token-level CSR indices (FlashInfer, Aiter non-MLA) into ``out``.
 
-    For request ``b < B`` and ``j < seq_lens[b]``::
+    For request ``b < B`` and ``j < seq_lens[b]``, at token position ``q = start_b + j``::
 
-        out[kv_indptr[b] + j] = req_to_token[req_pool_indices[b], start_b + j]
+        out[kv_indptr[b] + j] = req_to_token[req_pool_indices[b], q]                  # entry_page_size 1
+        out[kv_indptr[b] + j] = req_to_token[req_pool_indices[b], q // E] * E + q % E  # E = entry_page_size
+
+    the second in 64-bit integers; then, with ``token_mapping``, the value ``v`` becomes
+    ``token_mapping[v]`` when ``0 <= v < M`` and -1 otherwise (negative ``v`` included). The result is
+    written in ``out``'s dtype: for int32, its low 32 bits (as ``Tensor.to(torch.int32)``).
 
     Args:
         req_to_token: int32 ``[R, C]``, last dim contiguous, any row stride.
         req_pool_indices: int32/int64 ``[B]``.
         seq_lens: int32/int64 ``[B]``.
         kv_indptr: int32/int64 ``[>= B]`` (usually ``B + 1``) first output position per request.
-        out: int32 ``[N]``, contiguous. Written in place.
+        out: int32/int64 ``[N]``, contiguous. Written in place.
         kv_start_idx: optional int32/int64 ``[B]`` first token position per request.
+        entry_page_size: int in ``[1, 4096]``: tokens per table entry (a page-granular table of a pool whose
+            slots are ``page * E + offset``); a row's readable positions are ``[0, C * E)``.
+        token_mapping: optional int32/int64 ``[M]``, contiguous, on the table's device: maps each value
+            (a slot) to the written one. Read only inside ``[0, M)``.
         backend: as for ``create_flashmla_kv_indices``.
 
     Left untouched: every position no request writes. No write ever lands outside ``out``, whatever
-    ``kv_indptr`` says; a row ends at the table's last column; a bad pool index gives an empty row.
-    Raises as ``create_flashmla_kv_indices`` does, also where ``out`` shares memory with an input.
+    ``kv_indptr`` says; a row ends at its last readable position; a bad pool index gives an empty row.
+    Raises as ``create_flashmla_kv_indices`` does, also where ``out`` shares memory with an input
+    (``token_mapping`` included).
 
     Returns:
         ``out``.
     """
     if _compiling():
-        return _token_csr_in_graph(req_to_token, req_pool_indices, seq_lens, kv_indptr, out, kv_start_idx, backend)
+        return _token_csr_in_graph(req_to_token, req_pool_indices, seq_lens, kv_indptr, out, kv_start_idx,
+                                   entry_page_size, token_mapping, backend)
     fast = dispatch.fast_token_csr
     if fast is not None and not _debug.ENABLED:
-        result = fast(req_to_token, req_pool_indices, seq_lens, kv_indptr, out, kv_start_idx, backend)
+        # The compiled launcher hands back (NotImplemented) every call with an option or an int64 out.
+        result = fast(req_to_token, req_pool_indices, seq_lens, kv_indptr, out, kv_start_idx, backend,
+                      entry_page_size, token_mapping)
         if result is not NotImplemented:
             return result
-    device = check_token_csr_args(req_to_token, req_pool_indices, seq_lens, kv_indptr, out, kv_start_idx)
-    if _debug.ENABLED:
+    device = check_token_csr_args(req_to_token, req_pool_indices, seq_lens, kv_indptr, out, kv_start_idx,
+                                  entry_page_size, token_mapping)
+    if _debug.ENABLED and entry_page_size == 1:  # its row checks know one position per entry only
         _debug.check_token_csr_data(req_to_token, req_pool_indices, seq_lens, kv_indptr, out, kv_start_idx)
     dispatch.call(device, "token_csr", backend, req_to_token, req_pool_indices, seq_lens, kv_indptr, out,
-                  kv_start_idx)
+                  kv_start_idx, entry_page_size, token_mapping)
     return out
 
 
@@ -139,9 +153,11 @@ def _page_table_in_graph(req_to_token, req_pool_indices, seq_lens, out, page_siz
     return out
 
 
-def _token_csr_in_graph(req_to_token, req_pool_indices, seq_lens, kv_indptr, out, kv_start_idx, backend):
+def _token_csr_in_graph(req_to_token, req_pool_indices, seq_lens, kv_indptr, out, kv_start_idx, entry_page_size,
+                        token_mapping, backend):
     """``create_flashinfer_kv_indices`` while tracing: the custom op, for the trace's backend request."""
     torch.ops.kvdispatch.create_flashinfer_kv_indices(
         req_to_token, req_pool_indices, seq_lens, kv_indptr, out, kv_start_idx=kv_start_idx,
+        entry_page_size=entry_page_size, token_mapping=token_mapping,
         backend=_requested_backend(backend, dispatch.generation))
     return out

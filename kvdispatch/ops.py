@@ -37,7 +37,8 @@ PAGE_TABLE_SCHEMA = (
     "int? fill_value=None, str backend=\"auto\") -> ()")
 TOKEN_CSR_SCHEMA = (
     "create_flashinfer_kv_indices(Tensor req_to_token, Tensor req_pool_indices, Tensor seq_lens, Tensor kv_indptr, "
-    "Tensor(a!) out, *, Tensor? kv_start_idx=None, str backend=\"auto\") -> ()")
+    "Tensor(a!) out, *, Tensor? kv_start_idx=None, int entry_page_size=1, Tensor? token_mapping=None, "
+    "str backend=\"auto\") -> ()")
 
 # Kept alive for the life of the process: dropping a Library removes its ops.
 _library = torch.library.Library(NAMESPACE, "FRAGMENT")
@@ -52,10 +53,11 @@ def _page_table_kernel(req_to_token, req_pool_indices, seq_lens, out, *, page_si
 
 
 def _token_csr_kernel(req_to_token, req_pool_indices, seq_lens, kv_indptr, out, *, kv_start_idx=None,
-                      backend="auto"):
+                      entry_page_size=1, token_mapping=None, backend="auto"):
     """The token-CSR op on real tensors: the eager call, which fills ``out``."""
     api.create_flashinfer_kv_indices(req_to_token, req_pool_indices, seq_lens, kv_indptr, out,
-                                     kv_start_idx=kv_start_idx, backend=backend)
+                                     kv_start_idx=kv_start_idx, entry_page_size=entry_page_size,
+                                     token_mapping=token_mapping, backend=backend)
 
 
 def _page_table_fake(req_to_token, req_pool_indices, seq_lens, out, *, page_size, kv_start_idx=None,
@@ -66,9 +68,10 @@ def _page_table_fake(req_to_token, req_pool_indices, seq_lens, out, *, page_size
 
 
 def _token_csr_fake(req_to_token, req_pool_indices, seq_lens, kv_indptr, out, *, kv_start_idx=None,
-                    backend="auto"):
+                    entry_page_size=1, token_mapping=None, backend="auto"):
     """Metadata only: the argument checks that need no memory."""
-    check_token_csr_args(req_to_token, req_pool_indices, seq_lens, kv_indptr, out, kv_start_idx, memory=False)
+    check_token_csr_args(req_to_token, req_pool_indices, seq_lens, kv_indptr, out, kv_start_idx, entry_page_size,
+                         token_mapping, memory=False)
 
 
 for _schema, _kernel, _fake in ((PAGE_TABLE_SCHEMA, _page_table_kernel, _page_table_fake),

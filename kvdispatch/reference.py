@@ -16,14 +16,16 @@ import torch
 BOUND = 2**62
 
 
-def _row_spans(req_to_token, req_pool_indices, seq_lens, kv_start_idx, lengths_offset):
+def _row_spans(req_to_token, req_pool_indices, seq_lens, kv_start_idx, lengths_offset, entry_page_size=1):
     """Per request: clamped pool row, clamped start position, length and the number of readable positions.
 
-    A row is readable when its pool index is in ``[0, R)`` and its start in ``[0, C)``; then it can
-    read ``C - start`` positions, else none. ``lengths`` is ``seq_lens + lengths_offset`` (a 32-bit
+    A row has ``P = C * entry_page_size`` positions (each table entry stands for ``entry_page_size`` of
+    them). It is readable when its pool index is in ``[0, R)`` and its start in ``[0, P)``; then it can
+    read ``P - start`` positions, else none. ``lengths`` is ``seq_lens + lengths_offset`` (a 32-bit
     offset) with ``seq_lens`` clamped into ``[-BOUND, BOUND]``. Everything is int64, shape ``[B]``.
     """
     rows, cols = req_to_token.shape
+    cols *= entry_page_size
     pool = req_pool_indices.long()
     lengths = seq_lens.long().clamp(-BOUND, BOUND) + lengths_offset
     start = kv_start_idx.long() if kv_start_idx is not None else torch.zeros_like(pool)
@@ -75,14 +77,20 @@ def build_page_table(req_to_token, req_pool_indices, seq_lens, out, page_size, k
     return out
 
 
-def build_token_indices(req_to_token, req_pool_indices, seq_lens, kv_indptr, out, kv_start_idx=None):
+def build_token_indices(req_to_token, req_pool_indices, seq_lens, kv_indptr, out, kv_start_idx=None,
+                        entry_page_size=1, token_mapping=None):
     """Token-level CSR indices; semantics of ``kvdispatch.create_flashinfer_kv_indices``.
 
-    ``out``: ``[N]``. Request ``b`` has ``count_b = min(seq_lens[b], C - start_b)`` tokens (0 when
-    ``seq_lens[b] <= 0`` or its row is unreadable) and writes ``out[kv_indptr[b] + j] =
-    req_to_token[req_pool_indices[b], start_b + j]`` for its tokens ``j`` whose target lies in ``[0, N)``:
-    the target range ``[lo_b, hi_b) = [kv_indptr[b], kv_indptr[b] + count_b) ∩ [0, N)``. Untouched: every
-    position no request writes.
+    ``out``: int32 or int64 ``[N]``. With ``E = entry_page_size``, request ``b`` has ``count_b =
+    min(seq_lens[b], C * E - start_b)`` tokens (0 when ``seq_lens[b] <= 0`` or its row is unreadable) and
+    writes ``out[kv_indptr[b] + j] = token_value(q)`` at position ``q = start_b + j`` for its tokens ``j``
+    whose target lies in ``[0, N)``: the target range ``[lo_b, hi_b) = [kv_indptr[b], kv_indptr[b] + count_b)
+    ∩ [0, N)``. Untouched: every position no request writes.
+
+    ``token_value(q)``: ``v = req_to_token[req_pool_indices[b], q // E] * E + q % E`` in int64 (``v`` is the
+    entry itself when ``E == 1``); with ``token_mapping`` (int32/int64 ``[M]``), ``token_mapping[v]`` when
+    ``0 <= v < M``, else -1. The value is then cast to ``out``'s dtype as ``Tensor.to`` does (int32: its low
+    32 bits).
 
     Memory and time O(N + B): each output position finds the request that writes it, rather than each
     request expanding its tokens. Marking at each ``lo_b`` the farthest ``hi_b`` of the ranges starting
@@ -96,7 +104,8 @@ def build_token_indices(req_to_token, req_pool_indices, seq_lens, kv_indptr, out
     batch, total = req_pool_indices.shape[0], out.shape[0]
     if batch == 0 or total == 0 or req_to_token.numel() == 0:
         return out
-    pool, start, lengths, room = _row_spans(req_to_token, req_pool_indices, seq_lens, kv_start_idx, 0)
+    pool, start, lengths, room = _row_spans(req_to_token, req_pool_indices, seq_lens, kv_start_idx, 0,
+                                            entry_page_size)
     count = torch.minimum(lengths.clamp(min=0), room)  # [B]
     begin = kv_indptr[:batch].long().clamp(-BOUND, BOUND)  # beyond it, a row lands outside out either way
     lo, hi = begin.clamp(0, total), (begin + count).clamp(0, total)
@@ -114,6 +123,24 @@ def build_token_indices(req_to_token, req_pool_indices, seq_lens, kv_indptr, out
     written = reach > position
     owner = torch.where(written, owner_at[reach_start], 0)
     token = torch.where(written, position - begin[owner], 0)
-    slots = req_to_token[pool[owner], start[owner] + token]
-    out.copy_(torch.where(written, slots.to(out.dtype), out))
+    values = _token_values(req_to_token, pool[owner], start[owner] + token, entry_page_size, token_mapping)
+    out.copy_(torch.where(written, values.to(out.dtype), out))
     return out
+
+
+def _token_values(req_to_token, pool, position, entry_page_size, token_mapping):
+    """``token_value`` of ``build_token_indices`` at the readable ``position`` of the rows ``pool`` (int64
+    ``[N]`` each): int32 without options, else int64."""
+    if entry_page_size == 1:
+        values = req_to_token[pool, position]
+    else:
+        entry = torch.div(position, entry_page_size, rounding_mode="floor")
+        values = req_to_token[pool, entry].long() * entry_page_size + (position - entry * entry_page_size)
+    if token_mapping is None:
+        return values
+    size = token_mapping.shape[0]
+    inside = (values >= 0) & (values < size)
+    if size == 0:
+        return torch.full_like(values, -1, dtype=torch.long)
+    mapped = token_mapping[torch.where(inside, values, 0).long()].long()
+    return torch.where(inside, mapped, -1)

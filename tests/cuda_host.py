@@ -77,10 +77,11 @@ def build_page_table(req_to_token, req_pool_indices, seq_lens, out, page_size, k
 
 
 def build_token_indices(req_to_token, req_pool_indices, seq_lens, kv_indptr, out, kv_start_idx=None,
-                        specialised=False):
+                        entry_page_size=1, token_mapping=None, specialised=False):
     """The CuPy backend's ``build_token_indices`` through the host build (as ``build_page_table``)."""
     _require_cpu(req_to_token)
-    run(token_csr_call(req_to_token, req_pool_indices, seq_lens, kv_indptr, out, kv_start_idx), specialised)
+    run(token_csr_call(req_to_token, req_pool_indices, seq_lens, kv_indptr, out, kv_start_idx, entry_page_size,
+                       token_mapping), specialised)
     return out
 
 
@@ -94,10 +95,12 @@ def create_flashmla_kv_indices(req_to_token, req_pool_indices, seq_lens, out, *,
 
 
 def create_flashinfer_kv_indices(req_to_token, req_pool_indices, seq_lens, kv_indptr, out, *, kv_start_idx=None,
-                                 specialised=False):
+                                 entry_page_size=1, token_mapping=None, specialised=False):
     """``kvdispatch.create_flashinfer_kv_indices`` on CPU tensors, through the host build of the kernel."""
-    check_token_csr_args(req_to_token, req_pool_indices, seq_lens, kv_indptr, out, kv_start_idx)
-    return build_token_indices(req_to_token, req_pool_indices, seq_lens, kv_indptr, out, kv_start_idx, specialised)
+    check_token_csr_args(req_to_token, req_pool_indices, seq_lens, kv_indptr, out, kv_start_idx, entry_page_size,
+                         token_mapping)
+    return build_token_indices(req_to_token, req_pool_indices, seq_lens, kv_indptr, out, kv_start_idx,
+                               entry_page_size, token_mapping, specialised)
 
 
 def _require_cpu(tensor):

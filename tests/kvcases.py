@@ -127,20 +127,32 @@ def loop_page_table(case: Case, out: torch.Tensor, seq_lens_out=None) -> torch.T
     return result
 
 
-def loop_token_csr(case: Case, indptr: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+def loop_token_csr(case: Case, indptr: torch.Tensor, out: torch.Tensor, entry_page_size: int = 1,
+                   token_mapping: torch.Tensor | None = None) -> torch.Tensor:
+    """The token CSR contract as a plain loop over exact Python integers: a row has ``C * entry_page_size``
+    positions, position ``q`` reads entry ``q // E`` and gives ``entry * E + q % E``, mapped through
+    ``token_mapping`` (-1 outside it), stored as ``out``'s dtype holds it (int32: the low 32 bits)."""
     table = case.req_to_token.cpu().tolist()
+    mapping = None if token_mapping is None else token_mapping.cpu().tolist()
     rows, cols = case.req_to_token.shape
+    positions = cols * entry_page_size
     result = out.cpu().clone()
+    narrow = result.dtype == torch.int32
     for b in range(case.batch):
         pool = int(case.req_pool_indices[b])
         start = int(case.kv_start_idx[b]) if case.kv_start_idx is not None else 0
-        for j in range(int(case.seq_lens[b])):
+        first, length = int(indptr[b]), int(case.seq_lens[b])
+        if not (0 <= pool < rows and 0 <= start < positions):
+            continue  # an empty row
+        # Only tokens that land in out matter: iterate over those (lengths may be near 2**63).
+        for j in range(max(0, -first), min(length, result.shape[0] - first)):
             pos = start + j
-            if not (0 <= pool < rows and 0 <= pos < cols):
+            if pos >= positions:
                 break
-            target = int(indptr[b]) + j
-            if 0 <= target < result.shape[0]:
-                result[target] = table[pool][pos]
+            value = table[pool][pos // entry_page_size] * entry_page_size + pos % entry_page_size
+            if mapping is not None:
+                value = mapping[value] if 0 <= value < len(mapping) else -1
+            result[first + j] = wrap_int32(value) if narrow else value
     return result
 
 

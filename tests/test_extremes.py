@@ -47,10 +47,10 @@ def extremes(dtype, *sizes):
     return list(dict.fromkeys(v for v in values if info.min <= v <= info.max))
 
 
-def guarded(shape):
-    """``(store, view)``: a poisoned int32 allocation GUARD entries larger than ``shape`` on every side
+def guarded(shape, dtype=torch.int32):
+    """``(store, view)``: a poisoned allocation of ``dtype`` GUARD entries larger than ``shape`` on every side
     (on DEVICE), and the view of ``shape`` in its middle."""
-    store = torch.full([n + 2 * GUARD for n in shape], POISON, dtype=torch.int32, device=DEVICE)
+    store = torch.full([n + 2 * GUARD for n in shape], POISON, dtype=dtype, device=DEVICE)
     return store, store[tuple(slice(GUARD, GUARD + n) for n in shape)]
 
 
@@ -95,18 +95,23 @@ def check_page_table(backend, case: Case):
     assert_same(seq_store, expected_seq, f"{backend} seq_lens_out (whole allocation)")
 
 
-def check_token_csr(backend, case: Case, indptr: torch.Tensor, total: int):
-    """As ``check_page_table``, for the token CSR op with ``kv_indptr`` ``indptr`` and ``out`` of ``total``."""
-    store, _ = guarded((total,))
+def check_token_csr(backend, case: Case, indptr: torch.Tensor, total: int, out_dtype=torch.int32,
+                    entry_page_size=1, token_mapping=None):
+    """As ``check_page_table``, for the token CSR op with ``kv_indptr`` ``indptr``, ``out`` of ``total``
+    entries of ``out_dtype`` and the options ``entry_page_size`` and ``token_mapping`` (CPU)."""
+    store, _ = guarded((total,), out_dtype)
     expected = store.cpu().clone()
     reference.build_token_indices(case.req_to_token, case.req_pool_indices, case.seq_lens, indptr,
-                                  middle(expected, (total,)), case.kv_start_idx)
-    loop_out = torch.full((total,), POISON, dtype=torch.int32)
-    assert_same(middle(expected, (total,)), loop_token_csr(case, indptr, loop_out), "reference vs loop")
+                                  middle(expected, (total,)), case.kv_start_idx, entry_page_size, token_mapping)
+    loop_out = torch.full((total,), POISON, dtype=out_dtype)
+    assert_same(middle(expected, (total,)), loop_token_csr(case, indptr, loop_out, entry_page_size, token_mapping),
+                "reference vs loop")
 
     device_case = on_device(case)
     token_csr(backend, device_case.req_to_token, device_case.req_pool_indices, device_case.seq_lens,
-              indptr.clone().to(DEVICE), middle(store, (total,)), kv_start_idx=device_case.kv_start_idx)
+              indptr.clone().to(DEVICE), middle(store, (total,)), kv_start_idx=device_case.kv_start_idx,
+              entry_page_size=entry_page_size,
+              token_mapping=None if token_mapping is None else token_mapping.to(DEVICE))
     assert_same(store, expected, f"{backend} token CSR (whole allocation)")
 
 
@@ -151,10 +156,12 @@ def test_page_table_pool_and_start(backend, geometry, dtype, argument, with_star
         check_page_table(backend, case)
 
 
-def packed_indptr(case: Case, gap=2):
+def packed_indptr(case: Case, gap=2, entry_page_size=1):
     """``kv_indptr`` (int64) placing every request's written tokens one after another with ``gap`` entries
-    between them, counted exactly as the contract does, and the ``out`` length that holds them all."""
+    between them, counted exactly as the contract does (a row has ``C * entry_page_size`` positions), and
+    the ``out`` length that holds them all."""
     rows, cols = case.req_to_token.shape
+    cols *= entry_page_size
     starts = case.kv_start_idx.tolist() if case.kv_start_idx is not None else [0] * case.batch
     indptr, position = [], gap
     for pool, length, start in zip(case.req_pool_indices.tolist(), case.seq_lens.tolist(), starts):

@@ -28,7 +28,7 @@ def test_native_launcher_defines_match_the_python_constants():
         "OP_PAGE_TABLE": str(native.OPS["page_table"]),
         "OP_TOKEN_CSR": str(native.OPS["token_csr"]),
         "PAGE_TABLE_ARGS": str(len(page_table.PARAMETERS)),
-        "TOKEN_CSR_ARGS": str(len(token_csr.PARAMETERS)),
+        "TOKEN_CSR_ARGS": str(len(token_csr.ORDINARY_PARAMETERS)),
         "MAX_PAGE_SIZE": str(grid.MAX_PAGE_SIZE),
         "WIDE": f"{launch.WIDE}LL",
     }
@@ -61,7 +61,8 @@ def test_cupy_flag_bits_match_the_cuda_macros():
     macros = {name: int(value) for name, value in
               re.findall(r"^#define KV_(\w+) (\d+)\b", cupy_build.SOURCE_PATH.read_text(), re.MULTILINE)}
     python = {name: getattr(cupy_launch, name) for name in
-              ("WIDE_POOL", "WIDE_LENS", "WIDE_START", "WIDE_INDPTR", "FILL", "START", "LENS_OUT", "FOLDED_GRID")}
+              ("WIDE_POOL", "WIDE_LENS", "WIDE_START", "WIDE_INDPTR", "FILL", "START", "LENS_OUT", "FOLDED_GRID",
+               "WIDE_OUT", "MAPPING", "WIDE_MAPPING")}
     assert macros == python
     assert sorted(python.values()) == [1 << bit for bit in range(len(python))]  # distinct single bits
 

@@ -29,7 +29,7 @@ CONTEXT = 0xC0FFEE
 FUNCTION = 0xF00D
 STREAM_BASE = 5000
 PARAMS = len(page_table.POINTERS) + len(page_table.RUNTIME_INTS) + 2  # + Triton's two scratch pointers
-CSR_PARAMS = len(token_csr.POINTERS) + len(token_csr.RUNTIME_INTS) + 2
+CSR_PARAMS = len(token_csr.ORDINARY_PARAMETERS) + 2
 PAGE_TABLE, TOKEN_CSR = native.OPS["page_table"], native.OPS["token_csr"]
 LAUNCH = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, *[ctypes.c_uint] * 7, ctypes.c_void_p,
                           ctypes.POINTER(ctypes.c_void_p), ctypes.c_void_p)
@@ -528,7 +528,7 @@ def random_csr_call(seed, with_start=None):
         with_start = bool(torch.randint(2, (1,), generator=g))
     start = vector(0, cols) if with_start else None
     return [table, vector(-1, rows + 1), vector(-2, cols + 3), vector(-5, n, batch + 1),
-            torch.zeros(n, dtype=torch.int32), start, None]
+            torch.zeros(n, dtype=torch.int32), start, None, 1, None]  # backend, entry_page_size, token_mapping
 
 
 def register_csr(stubs, call, threads=128):
@@ -548,7 +548,7 @@ def test_token_csr_packs_what_the_python_path_launches(stubs, seed):
     (launched,) = stubs.launches
     _, args = token_csr.plan_key_and_arguments(*call[:6])
     assert launched["params"] == [(a.data_ptr() if isinstance(a, torch.Tensor) else a) % 2**64
-                                  for a in args] + [0, 0]
+                                  for a in args[:len(token_csr.ORDINARY_PARAMETERS)]] + [0, 0]
     assert launched["grid"] == (call[1].shape[0], 5, 1) and launched["function"] == FUNCTION + 1
 
 
@@ -565,19 +565,20 @@ def test_token_csr_packs_the_edges_as_python_does(stubs, edge, contiguous):
     size = token_csr.WIDE - (1 if edge.endswith("below") else 0)
     call[0] = table.expand(size, table.shape[1]) if edge.startswith("rows") else table.as_strided(table.shape, (size, 1))
     key, _ = token_csr.plan_key_and_arguments(*call[:6])
-    assert key[7:] == (contiguous, "below" not in edge)  # unit strides, wide indexing
+    assert key[7:9] == (contiguous, "below" not in edge)  # unit strides, wide indexing
     stubs.module.approve(TOKEN_CSR, 0, None, True)
     register_csr(stubs, call)
     assert stubs.module.token_csr(*call) is call[4]
     (launched,) = stubs.launches
     _, args = token_csr.plan_key_and_arguments(*call[:6])
     assert launched["params"] == [(a.data_ptr() if isinstance(a, torch.Tensor) else a) % 2**64
-                                  for a in args] + [0, 0]
+                                  for a in args[:len(token_csr.ORDINARY_PARAMETERS)]] + [0, 0]
 
 
 @pytest.mark.parametrize("name", ["indptr too short", "indptr float", "out 2-D", "out strided", "out int64",
                                   "pool length", "start length", "start given (plan without)", "other out length",
-                                  "backend cupy", "not approved for token_csr"])
+                                  "backend cupy", "not approved for token_csr", "entry page size 16",
+                                  "entry page size True", "token mapping", "seven arguments"])
 def test_token_csr_hands_back_what_it_must_not_take(stubs, name):
     call = random_csr_call(5, with_start=False)
     batch = call[1].shape[0]
@@ -596,6 +597,10 @@ def test_token_csr_hands_back_what_it_must_not_take(stubs, name):
         "other out length": (4, torch.zeros(min(call[0].shape[1], out.shape[0]) - 1, dtype=torch.int32)),
         "backend cupy": (6, "cupy"),
         "not approved for token_csr": (6, "auto"),
+        "entry page size 16": (7, 16),
+        "entry page size True": (7, True),
+        "token mapping": (8, torch.zeros(4, dtype=torch.int32)),
+        "seven arguments": (slice(7, 9), []),
     }[name]
     call[change[0]] = change[1]
     if name == "other out length" and call[4].shape[0] == 0:
@@ -609,7 +614,7 @@ def test_flashinfer_api_goes_through_it(stubs, monkeypatch):
     stubs.module.approve(TOKEN_CSR, 0, None, True)
     register_csr(stubs, call)
     monkeypatch.setattr(dispatch, "fast_token_csr", stubs.module.token_csr)
-    table, pool, lens, indptr, out, start, _ = call
+    table, pool, lens, indptr, out, start = call[:6]
     assert kvdispatch.create_flashinfer_kv_indices(table, pool, lens, indptr, out, kv_start_idx=start) is out
     assert len(stubs.launches) == 1
     with pytest.raises(TypeError, match="kv_indptr"):
@@ -636,3 +641,17 @@ def test_load_failure_leaves_launches_in_python(tmp_path, monkeypatch):
     launcher.native_kernels.clear()
     with pytest.raises(RuntimeError, match="compiled launcher cannot launch"):
         launcher.native_kernel(0, "spec", 17)
+
+
+def test_no_plan_is_registered_for_a_call_with_an_option(stubs):
+    """Keys with an int64 out, an entry page size or a token mapping are refused at registration."""
+    call = random_csr_call(14)
+    kernel = launch.NativeKernel(FUNCTION + 1, 128, 0, CSR_PARAMS, CONTEXT)
+    out64 = call[4].long()
+    mapping = torch.zeros(3, dtype=torch.int64)
+    for options in ((out64, 1, None), (call[4], 16, None), (call[4], 1, mapping)):
+        key, _ = token_csr.plan_key_and_arguments(*call[:4], options[0], call[5], *options[1:])
+        assert not token_csr.is_ordinary(key)
+        assert native.add_token_csr_plan((0,) + key[1:], kernel, (0, 5, 1)) is False
+    key, _ = token_csr.plan_key_and_arguments(*call[:6])
+    assert token_csr.is_ordinary(key)

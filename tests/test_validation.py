@@ -108,8 +108,17 @@ CSR_ERRORS = [
     ("kv_indptr", lambda a: a["kv_indptr"].float(), TypeError, ["kv_indptr", "float32"]),
     ("out", lambda a: a["out"][None], ValueError, ["out", "1-D"]),
     ("out", lambda a: a["out"][::2], ValueError, ["out", "contiguous"]),
-    ("out", lambda a: a["out"].long(), TypeError, ["out", "int32"]),
+    ("out", lambda a: a["out"].short(), TypeError, ["out", "int32", "int64", "int16"]),
     ("seq_lens", lambda a: a["seq_lens"][:1], ValueError, ["seq_lens", "entries"]),
+    ("entry_page_size", lambda a: 0, ValueError, ["entry_page_size", "4096"]),
+    ("entry_page_size", lambda a: 4097, ValueError, ["entry_page_size", "4096"]),
+    ("entry_page_size", lambda a: True, TypeError, ["entry_page_size", "bool"]),
+    ("entry_page_size", lambda a: 16.0, TypeError, ["entry_page_size", "float"]),
+    ("token_mapping", lambda a: a["req_to_token"].float().flatten(), TypeError, ["token_mapping", "float32"]),
+    ("token_mapping", lambda a: a["req_to_token"], ValueError, ["token_mapping", "1-D"]),
+    ("token_mapping", lambda a: a["req_to_token"].flatten()[::2].clone()[::2], ValueError,
+     ["token_mapping", "contiguous"]),
+    ("token_mapping", lambda a: a["out"], ValueError, ["out", "shares memory", "token_mapping"]),
 ]
 
 
