@@ -74,15 +74,15 @@ def run_pytest_venv_lane(name, lane):
         return _pytest(lane["args"], python=python)
 
 
-def _compile_source(compile_one, lane):
+def _compile_source(compile_one, targets, optional_targets=()):
     from kernels_cupy import build
 
     passed = failed = 0
-    for arch in lane["targets"] + lane.get("optional_targets", []):
+    for arch in [*targets, *optional_targets]:
         try:
             result = compile_one(arch)
         except build.UnsupportedArch as exc:
-            if arch in lane.get("optional_targets", []):
+            if arch in optional_targets:
                 reason = next((line for line in str(exc).splitlines() if "error" in line), str(exc))
                 print(f"  {arch}: skipped, this compiler does not know it: {reason.strip()[:120]}")
                 continue
@@ -103,13 +103,48 @@ def _compile_source(compile_one, lane):
 def run_compile_cuda(name, lane):
     from kernels_cupy import build
 
-    return _compile_source(build.compile_cuda, lane)
+    return _compile_source(build.compile_cuda, lane["targets"])
 
 
 def run_compile_hip(name, lane):
+    """hipcc for ``targets`` (``optional_targets`` where it knows them), then ``clang`` in HIP mode for
+    ``clang_targets`` (``clang_optional_targets`` likewise), each followed by the page-1 ISA check."""
     from kernels_cupy import build
 
-    return _compile_source(build.compile_hip, lane)
+    passed, failed = _compile_source(build.compile_hip, lane["targets"], lane.get("optional_targets", []))
+    clang = lane.get("clang", build.HIP_CLANG)
+    compiled = []
+
+    def compile_with_clang(arch):
+        result = build.compile_hip_clang(arch, clang=clang)
+        compiled.append(arch)
+        return result
+
+    p, f = _compile_source(compile_with_clang, lane.get("clang_targets", []), lane.get("clang_optional_targets", []))
+    passed, failed = passed + p, failed + f
+    for arch in compiled:
+        ok = _check_page1_wide_accesses(arch, clang)
+        passed, failed = passed + ok, failed + (not ok)
+    return passed, failed
+
+
+def _check_page1_wide_accesses(arch, clang) -> bool:
+    """The page-table kernel's page-1 copy (``KV_PAGE_SIZE=1``, no options) moves 16-byte chunks: its
+    ``arch`` assembly has every one of ``build.WIDE_GLOBAL_ACCESSES``. Prints the counts found."""
+    from kernels_cupy import build
+
+    defines = (("KV_PAGE_SIZE", 1), ("KV_FLAGS", 0))
+    try:
+        result = build.compile_hip_clang(arch, defines, clang=clang)
+    except Exception as exc:
+        print(f"  {arch} page-1 ISA: FAILED to compile: {exc}")
+        return False
+    found = build.wide_global_accesses(result.assembly, build.PAGE_TABLE_KERNEL)
+    ok = all(found.values())
+    print(f"  {arch} page-1 ISA ({build.PAGE_TABLE_KERNEL}, {clang}): "
+          f"{', '.join(f'{op} x{count}' for op, count in found.items())}: {'ok' if ok else 'FAILED, missing'}",
+          flush=True)
+    return ok
 
 
 def run_gpu(name, lane):

@@ -1,4 +1,5 @@
-"""The kernel source and every way it is compiled: NVRTC/hipRTC options, nvcc and hipcc offline checks.
+"""The kernel source and every way it is compiled: NVRTC/hipRTC options, nvcc, hipcc and clang (HIP)
+offline checks.
 
 Every path compiles the same file; the macros are those of a specialisation (``KV_PAGE_SIZE``, ``KV_FLAGS``)
 or none (the generic kernels, runtime page size and flags). Only the language standard flag and hipcc's
@@ -23,6 +24,10 @@ KERNELS = (PAGE_TABLE_KERNEL, TOKEN_CSR_KERNEL)
 STD_FLAG = "-std=c++14"
 # Architectures the offline HIP check tries; those the installed hipcc does not know are reported.
 HIP_ARCHS = ("gfx90a", "gfx940", "gfx942", "gfx950")
+# A newer clang than hipcc's, in HIP mode over the installed HIP headers, for the CDNA3/CDNA4 targets.
+HIP_CLANG = "clang-19"
+# The 16-byte global accesses the page-1 copy (kv_copy's kv_vec4 chunks) must compile to on AMD.
+WIDE_GLOBAL_ACCESSES = ("global_load_dwordx4", "global_store_dwordx4")
 
 
 @functools.lru_cache(maxsize=None)
@@ -52,6 +57,7 @@ class CompileResult:
     output_bytes: int
     registers: dict
     log: str
+    assembly: str = ""  # the device assembly, where the compilation emitted it
 
 
 class ToolMissing(RuntimeError):
@@ -107,7 +113,32 @@ def compile_hip(arch: str = "gfx90a", defines: tuple = ()) -> CompileResult:
                     "-include", "hip/hip_runtime.h", "-Rpass-analysis=kernel-resource-usage",
                     "-c", "-o", output, str(SOURCE_PATH)], env=env)
         size = os.path.getsize(output)
-    registers = {}
-    for kernel, count in re.findall(r"Function Name: (\w+).*?VGPRs: (\d+)", log, re.S):
-        registers[kernel] = int(count)
-    return CompileResult("hipcc", arch, size, registers, log)
+    return CompileResult("hipcc", arch, size, _vgprs(log), log)
+
+
+def _vgprs(log: str) -> dict:
+    """``{kernel: VGPRs}`` from clang's kernel-resource-usage remarks."""
+    return {kernel: int(count) for kernel, count in re.findall(r"Function Name: (\w+).*?VGPRs: (\d+)", log, re.S)}
+
+
+def compile_hip_clang(arch: str = "gfx942", defines: tuple = (), clang: str = HIP_CLANG) -> CompileResult:
+    """``clang -x hip --offload-arch=<arch> --cuda-device-only -nogpulib -S`` over the installed HIP headers
+    (with the specialisation ``defines``): the device assembly, kept in the result. ``-nogpulib``: the
+    kernels call nothing from the ROCm device libraries, whose installed version may predate ``arch``.
+    VGPRs from clang's kernel-resource-usage remarks."""
+    compiler = _require(clang)
+    with tempfile.TemporaryDirectory() as tmp:
+        output = os.path.join(tmp, "kv_indices.s")
+        log = _run([compiler, "-x", "hip", f"--offload-arch={arch}", "--cuda-device-only", "-nogpulib", "-O3",
+                    STD_FLAG, *define_flags(defines), "-include", "hip/hip_runtime.h",
+                    "-Rpass-analysis=kernel-resource-usage", "-S", "-o", output, str(SOURCE_PATH)])
+        assembly = Path(output).read_text()
+    return CompileResult(clang, arch, len(assembly.encode()), _vgprs(log), log, assembly)
+
+
+def wide_global_accesses(assembly: str, kernel: str) -> dict:
+    """``{instruction: count}`` of ``WIDE_GLOBAL_ACCESSES`` in ``kernel``'s body of an AMDGPU assembly
+    listing (from its label to its ``.size`` directive); zero counts included."""
+    body = re.search(rf"^{kernel}:(.*?)^\s*\.size\s+{kernel},", assembly, re.S | re.M)
+    text = body.group(1) if body else ""
+    return {op: len(re.findall(rf"\b{op}\b", text)) for op in WIDE_GLOBAL_ACCESSES}

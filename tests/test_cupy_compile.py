@@ -1,5 +1,5 @@
-"""kv_indices.cu compiles offline for NVIDIA (nvcc) and AMD (hipcc) and stays within the portable subset
-that NVRTC, hipRTC and the host shim all accept. Skips (with the reason) where a compiler is missing."""
+"""kv_indices.cu compiles offline for NVIDIA (nvcc) and AMD (hipcc; clang-19 for gfx942) and stays within the
+portable subset that NVRTC, hipRTC and the host shim all accept. Skips (with the reason) where a compiler is missing."""
 
 import re
 
@@ -58,6 +58,25 @@ def test_hipcc_newer_archs(arch):
         pytest.skip(f"the installed hipcc does not know {arch}")
     assert result.output_bytes > 0
     print(f"hipcc {arch}: {result.output_bytes} bytes, VGPRs {result.registers}")
+
+
+@pytest.mark.parametrize("arch", ("gfx942", "gfx950"))
+def test_clang_hip(arch):
+    try:
+        result = _compile_or_skip(build.compile_hip_clang, arch)
+    except build.UnsupportedArch:
+        pytest.skip(f"the installed {build.HIP_CLANG} does not know {arch}")
+    assert set(result.registers) == set(build.KERNELS)
+    print(f"{build.HIP_CLANG} {arch}: {result.output_bytes} bytes of assembly, VGPRs {result.registers}")
+
+
+def test_clang_hip_page1_copy_is_wide():
+    """The page-1 copy's 16-byte chunks compile to 16-byte global accesses on gfx942; a gather
+    specialisation (page size 64, no fill) has none, so the check tells the two paths apart."""
+    copy = _compile_or_skip(build.compile_hip_clang, "gfx942", SPECIALISATIONS[2])
+    assert all(build.wide_global_accesses(copy.assembly, build.PAGE_TABLE_KERNEL).values())
+    gather = _compile_or_skip(build.compile_hip_clang, "gfx942", (("KV_PAGE_SIZE", 64), ("KV_FLAGS", 0)))
+    assert not any(build.wide_global_accesses(gather.assembly, build.PAGE_TABLE_KERNEL).values())
 
 
 def test_source_is_in_the_portable_subset():
