@@ -28,6 +28,7 @@ struct alignas(16) kv_vec4 {
 #define KV_WIDE_OUT 256     // token CSR: out is int64 (else int32)
 #define KV_MAPPING 512      // token CSR: token_mapping is given
 #define KV_WIDE_MAPPING 1024  // token CSR: token_mapping is int64
+#define KV_ROUND_TOWARD_ZERO 2048  // page table: divide negative slots rounding toward zero (else floor)
 
 // A launcher may compile one specialisation: -DKV_FLAGS=<flags> (and -DKV_PAGE_SIZE=<page size>,
 // -DKV_ENTRY_PAGE_SIZE=<entry page size>) turn the runtime `flags` (and `page_size`, `entry_page_size`) into
@@ -61,10 +62,10 @@ __device__ inline kv_i64 kv_load_index(const void* base, kv_i64 i, int wide) {
     return wide ? ((const kv_i64*)base)[i] : (kv_i64)((const int*)base)[i];
 }
 
-// Floor division by a positive divisor (C++ `/` truncates toward zero).
-__device__ inline int kv_floor_div(int value, int divisor) {
+// Division by a positive divisor: C++ `/` truncates toward zero; unless `toward_zero`, rounded down.
+__device__ inline int kv_page_div(int value, int divisor, bool toward_zero) {
     int q = value / divisor;
-    return (value % divisor != 0 && value < 0) ? q - 1 : q;
+    return (!toward_zero && value % divisor != 0 && value < 0) ? q - 1 : q;
 }
 
 // Chunk i (ints 4i..4i+3) of src: one wide load when src is 16-byte aligned, else four scalar loads.
@@ -116,7 +117,8 @@ __device__ inline void kv_fill(int* __restrict__ dst, int n, int value) {
     if (tail < n) dst[tail] = value;
 }
 
-// out[b, p] = table[pool_b, start_b + p * page_size] // page_size for p < pages_b, where pages_b is
+// out[b, p] = table[pool_b, start_b + p * page_size] // page_size (floor division, truncation with
+// KV_ROUND_TOWARD_ZERO) for p < pages_b, where pages_b is
 // min(ceil(L_b / page_size), pages the table row can give, width); fill_value on [pages_b, width)
 // when KV_FILL is set. Rows >= B (= gridDim.x) and unwritten columns are left untouched.
 // seq_lens_out (KV_LENS_OUT): seq_lens + seqlen_offset (the low 32 bits of the exact sum), written by
@@ -183,7 +185,7 @@ extern "C" __global__ void kv_page_table(
         for (int u = 0; u < 4; ++u) {
             const int i = base + u * threads;
             if (i >= count) break;
-            if (i * page_size < row_limit) dst[i] = kv_floor_div(v[u], page_size);
+            if (i * page_size < row_limit) dst[i] = kv_page_div(v[u], page_size, KV_HAS(KV_ROUND_TOWARD_ZERO));
             else if (fill) dst[i] = (int)fill_value;
         }
     }

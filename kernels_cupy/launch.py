@@ -27,7 +27,7 @@ from .build import PAGE_TABLE_KERNEL, TOKEN_CSR_KERNEL
 
 # Flag bits; the same values as the KV_* macros in kv_indices.cu (tests/test_shared_constants.py).
 WIDE_POOL, WIDE_LENS, WIDE_START, WIDE_INDPTR, FILL, START, LENS_OUT, FOLDED_GRID = 1, 2, 4, 8, 16, 32, 64, 128
-WIDE_OUT, MAPPING, WIDE_MAPPING = 256, 512, 1024
+WIDE_OUT, MAPPING, WIDE_MAPPING, ROUND_TOWARD_ZERO = 256, 512, 1024, 2048
 
 # The geometry depends on a few ints only; caching it keeps the helper off the per-call path.
 _page_table_launch = functools.lru_cache(maxsize=4096)(grid.page_table_launch)
@@ -64,7 +64,7 @@ def _table_args(req_to_token):
 
 
 def page_table_call(req_to_token, req_pool_indices, seq_lens, out, page_size, kv_start_idx=None,
-                    seqlen_offset=0, seq_lens_out=None, fill_value=None) -> KernelCall | None:
+                    seqlen_offset=0, seq_lens_out=None, fill_value=None, round_toward_zero=False) -> KernelCall | None:
     """The ``kv_page_table`` launch for ``kvdispatch.reference.build_page_table``'s arguments, or None
     when there is nothing to do."""
     batch, width = req_pool_indices.shape[0], out.shape[1]
@@ -73,7 +73,8 @@ def page_table_call(req_to_token, req_pool_indices, seq_lens, out, page_size, kv
         return None
     flags = (_wide(req_pool_indices, WIDE_POOL) | _wide(seq_lens, WIDE_LENS) | _wide(kv_start_idx, WIDE_START)
              | (FILL if fill_value is not None else 0) | (START if kv_start_idx is not None else 0)
-             | (LENS_OUT if seq_lens_out is not None else 0) | _folded(launch))
+             | (LENS_OUT if seq_lens_out is not None else 0) | _folded(launch)
+             | (ROUND_TOWARD_ZERO if round_toward_zero else 0))
     rows, cols = req_to_token.shape
     args = (req_to_token.data_ptr(), req_pool_indices.data_ptr(), seq_lens.data_ptr(), out.data_ptr(), rows, cols,
             req_to_token.stride(0), out.stride(0), width, launch.items_per_program, seqlen_offset,
@@ -121,10 +122,10 @@ def _runtime():
 
 
 def build_page_table(req_to_token, req_pool_indices, seq_lens, out, page_size, kv_start_idx=None,
-                     seqlen_offset=0, seq_lens_out=None, fill_value=None):
+                     seqlen_offset=0, seq_lens_out=None, fill_value=None, round_toward_zero=False):
     """Paged block table; semantics of ``kvdispatch.create_flashmla_kv_indices``. Returns ``out``."""
     call = page_table_call(req_to_token, req_pool_indices, seq_lens, out, page_size, kv_start_idx,
-                           seqlen_offset, seq_lens_out, fill_value)
+                           seqlen_offset, seq_lens_out, fill_value, round_toward_zero)
     if call is not None:
         _runtime().launch(call, req_to_token.device)
     return out

@@ -379,9 +379,10 @@ static int common_arguments(PyObject *const *args, PyObject *start_obj, PyObject
 }
 
 // page_table(req_to_token, req_pool_indices, seq_lens, out, page_size, kv_start_idx, seqlen_offset,
-//            seq_lens_out, fill_value, backend): the public API's arguments, all positional.
+//            seq_lens_out, fill_value, backend, round_toward_zero): the public API's arguments, all positional.
+// A call with round_toward_zero other than False is left to the Python path.
 static PyObject *page_table(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 10 || launch_kernel == NULL) Py_RETURN_NOTIMPLEMENTED;
+    if (nargs != 11 || args[10] != Py_False || launch_kernel == NULL) Py_RETURN_NOTIMPLEMENTED;
     PyObject *start_obj = args[5], *lens_out_obj = args[7], *fill_obj = args[8];
     tensor_info table, pool, lens, out, start, lens_out;
     int64_t page_size, offset, fill = 0;

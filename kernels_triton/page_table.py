@@ -31,7 +31,7 @@ PARAMETERS = ("table_ptr", "pool_ptr", "lens_ptr", "out_ptr", "packed_table", "p
 POINTERS = tuple(name for name in PARAMETERS if name.endswith("_ptr"))
 RUNTIME_INTS = tuple(name for name in PARAMETERS if not name.endswith("_ptr"))
 CONSTEXPRS = ("PAGE_SIZE", "PAGE_SHIFT", "PAGES_PER_PROGRAM", "HAS_START", "HAS_SEQ_LENS_OUT", "HAS_FILL",
-              "HAS_OFFSET", "UNIT_STRIDES", "WIDE_INDEXING", "FOLDED_GRID")
+              "HAS_OFFSET", "UNIT_STRIDES", "WIDE_INDEXING", "FOLDED_GRID", "ROUND_TOWARD_ZERO")
 WIDE = _launch.WIDE
 
 
@@ -43,8 +43,10 @@ def _page_table_kernel(
     PAGE_SIZE: tl.constexpr, PAGE_SHIFT: tl.constexpr, PAGES_PER_PROGRAM: tl.constexpr,
     HAS_START: tl.constexpr, HAS_SEQ_LENS_OUT: tl.constexpr, HAS_FILL: tl.constexpr, HAS_OFFSET: tl.constexpr,
     UNIT_STRIDES: tl.constexpr, WIDE_INDEXING: tl.constexpr, FOLDED_GRID: tl.constexpr,
+    ROUND_TOWARD_ZERO: tl.constexpr,
 ):
-    """``out[b, p] = table[pool[b], start[b] + p * PAGE_SIZE] // PAGE_SIZE`` for the program's pages.
+    """``out[b, p] = table[pool[b], start[b] + p * PAGE_SIZE] // PAGE_SIZE`` for the program's pages
+    (floor division; truncation toward zero with ROUND_TOWARD_ZERO).
 
     PAGE_SHIFT: log2(PAGE_SIZE) for powers of two, else -1. HAS_OFFSET: ``seqlen_offset`` is not 0 (else
     it is not read). UNIT_STRIDES: the index vectors are contiguous (the usual case), so their element
@@ -107,9 +109,11 @@ def _page_table_kernel(
             values = tl.load(table_row + page, eviction_policy="evict_first")
             tl.store(tl.multiple_of(out_row, 16) + page, values, cache_modifier=".cs")
         else:
-            _write_pages(source, out_row, page, in_row, in_width, fill_value, PAGE_SIZE, PAGE_SHIFT, HAS_FILL)
+            _write_pages(source, out_row, page, in_row, in_width, fill_value, PAGE_SIZE, PAGE_SHIFT, HAS_FILL,
+                         ROUND_TOWARD_ZERO)
     else:
-        _write_pages(source, out_row, page, in_row, in_width, fill_value, PAGE_SIZE, PAGE_SHIFT, HAS_FILL)
+        _write_pages(source, out_row, page, in_row, in_width, fill_value, PAGE_SIZE, PAGE_SHIFT, HAS_FILL,
+                     ROUND_TOWARD_ZERO)
 
 
 @triton.jit
@@ -160,14 +164,21 @@ def _row_64bit(table_ptr, pool, request_length, start, position, in_width, table
 
 @triton.jit
 def _write_pages(source, out_row, page, in_row, in_width, fill_value,
-                 PAGE_SIZE: tl.constexpr, PAGE_SHIFT: tl.constexpr, HAS_FILL: tl.constexpr):
+                 PAGE_SIZE: tl.constexpr, PAGE_SHIFT: tl.constexpr, HAS_FILL: tl.constexpr,
+                 ROUND_TOWARD_ZERO: tl.constexpr):
     """Masked gather and store of one program's pages: the ``in_row`` ones are written, the other columns
     below the width get ``fill_value`` when HAS_FILL. A program past its row's pages has an empty mask:
     it loads and stores nothing (with HAS_FILL, it only fills)."""
     # ``source`` (each page's slot address) is only dereferenced under in_row, which is empty when the row
     # is unreadable.
     slots = tl.load(source, mask=in_row, other=0)
-    if PAGE_SHIFT >= 0:
+    # Triton's ``//`` on signed ints truncates toward zero (as C does), compiled and in the interpreter.
+    if ROUND_TOWARD_ZERO:
+        if PAGE_SHIFT >= 0:  # a negative slot is biased by PAGE_SIZE - 1 first: it cannot overflow
+            values = (slots + ((slots >> 31) & (PAGE_SIZE - 1))) >> PAGE_SHIFT
+        else:
+            values = slots // PAGE_SIZE
+    elif PAGE_SHIFT >= 0:
         values = slots >> PAGE_SHIFT  # arithmetic shift: floor division for negative slots too
     else:
         values = tl.where(slots >= 0, slots // PAGE_SIZE, ~((~slots) // PAGE_SIZE))
@@ -190,12 +201,13 @@ def page_shift(page_size: int) -> int:
 
 def constexprs_for(page_size: int, has_start: bool, has_seq_lens_out: bool, has_fill: bool,
                    unit_strides: bool = True, wide_indexing: bool = False, has_offset: bool = False,
-                   folded_grid: bool = False) -> dict:
+                   folded_grid: bool = False, round_toward_zero: bool = False) -> dict:
     """The constexpr arguments of one specialisation (pages per program from ``kvdispatch.grid``)."""
     return dict(PAGE_SIZE=page_size, PAGE_SHIFT=page_shift(page_size),
                 PAGES_PER_PROGRAM=launch_grid.items_per_program(launch_grid.PAGE_TABLE, page_size),
                 HAS_START=has_start, HAS_SEQ_LENS_OUT=has_seq_lens_out, HAS_FILL=has_fill, HAS_OFFSET=has_offset,
-                UNIT_STRIDES=unit_strides, WIDE_INDEXING=wide_indexing, FOLDED_GRID=folded_grid)
+                UNIT_STRIDES=unit_strides, WIDE_INDEXING=wide_indexing, FOLDED_GRID=folded_grid,
+                ROUND_TOWARD_ZERO=round_toward_zero)
 
 
 def packed_words(rows: int, table_stride: int, cols: int, width: int, out_stride: int, page_size: int,
@@ -221,8 +233,10 @@ def _build_plan(key, out, args):
     geometry = launch_grid.page_table_launch(batch, width, page_size, writes_lengths=flags[0])
     if geometry.grid[0] == 0:
         return _plans.add(key, _launch.nothing), False
-    constexprs = constexprs_for(page_size, has_start, *flags, folded_grid=geometry.folded)
-    specialisation = (page_size, has_start, *flags, geometry.folded) + key[4:7]
+    round_toward_zero = key[12]
+    constexprs = constexprs_for(page_size, has_start, *flags, folded_grid=geometry.folded,
+                                round_toward_zero=round_toward_zero)
+    specialisation = (page_size, has_start, *flags, geometry.folded) + key[4:7] + (round_toward_zero,)
     warps = _launch.warps_for(out.device, geometry.threads)
     plan, launched = launcher.plan(key[0], specialisation, geometry.grid, constexprs, warps, args)
     kernel = launcher.native_kernel(key[0], specialisation, len(PARAMETERS))
@@ -232,7 +246,7 @@ def _build_plan(key, out, args):
 
 
 def build_page_table(req_to_token, req_pool_indices, seq_lens, out, page_size, kv_start_idx=None,
-                     seqlen_offset=0, seq_lens_out=None, fill_value=None):
+                     seqlen_offset=0, seq_lens_out=None, fill_value=None, round_toward_zero=False):
     """Write the paged block table into ``out`` (int32 ``[>= B, W]``); semantics of
     ``kvdispatch.reference.build_page_table``. Index vectors may be strided views.
 
@@ -240,7 +254,7 @@ def build_page_table(req_to_token, req_pool_indices, seq_lens, out, page_size, k
     Arguments arrive validated by ``kvdispatch._validate``.
     """
     key, args = plan_key_and_arguments(req_to_token, req_pool_indices, seq_lens, out, page_size, kv_start_idx,
-                                       seqlen_offset, seq_lens_out, fill_value)
+                                       seqlen_offset, seq_lens_out, fill_value, round_toward_zero)
     plan = _plans.get(key)
     if plan is None:
         plan, launched = _build_plan(key, out, args)
@@ -251,11 +265,12 @@ def build_page_table(req_to_token, req_pool_indices, seq_lens, out, page_size, k
 
 
 def plan_key_and_arguments(req_to_token, req_pool_indices, seq_lens, out, page_size, kv_start_idx=None,
-                           seqlen_offset=0, seq_lens_out=None, fill_value=None):
+                           seqlen_offset=0, seq_lens_out=None, fill_value=None, round_toward_zero=False):
     """The launch-plan key of a call and the kernel's runtime arguments (tensors in the pointer slots),
     as ``native_launch.c`` computes them too. Key: device index, page size, batch, width, the dtypes of
     the pool, length and start vectors (None: no start), seq_lens_out given, fill_value given, unit strides,
-    wide indexing (no start, and no ``packed_words``), seqlen_offset not 0.
+    wide indexing (no start, and no ``packed_words``), seqlen_offset not 0, round_toward_zero (the compiled
+    launcher takes no key with it: its keys are the first 12 entries).
     """
     has_start = kv_start_idx is not None
     has_seq_lens_out = seq_lens_out is not None
@@ -274,7 +289,7 @@ def plan_key_and_arguments(req_to_token, req_pool_indices, seq_lens, out, page_s
     packed_table, packed_out = packed or (0, 0)
     key = (out.get_device(), page_size, req_pool_indices.shape[0], width, req_pool_indices.dtype,
            seq_lens.dtype, kv_start_idx.dtype if has_start else None, has_seq_lens_out, has_fill, unit_strides,
-           packed is None and not has_start, seqlen_offset != 0)
+           packed is None and not has_start, seqlen_offset != 0, round_toward_zero)
     args = (req_to_token, req_pool_indices, seq_lens, out, packed_table, packed_out, seqlen_offset,
             fill_value if has_fill else 0, width, seq_lens_out if has_seq_lens_out else out,
             kv_start_idx if has_start else req_to_token, rows, cols, table_stride, out_stride, pool_stride,
@@ -290,9 +305,12 @@ SPECIALISED_PAGE_SIZES = (1, 16, 32, 64, 128, 96)
 def specializations(page_sizes=SPECIALISED_PAGE_SIZES, index_types=("i32", "i64")):
     """Every specialisation the launcher can produce for ``page_sizes``: yields ``(signature, constexprs)``
     in the form ``triton.compiler.ASTSource`` takes (Triton >= 3.3), for each option combination, grid
-    form and index dtype (the same for the pool, length and start vectors)."""
-    # start, seq_lens_out, fill, unit strides, wide indexing (only without a start), offset, folded grid
-    flags = [f for f in itertools.product((False, True), repeat=7) if not (f[0] and f[4])]
+    form and index dtype (the same for the pool, length and start vectors). Rounding toward zero (as
+    ``kvdispatch.compat.sglang`` calls) comes only with or without a start, no other option."""
+    # start, seq_lens_out, fill, unit strides, wide indexing (only without a start), offset, folded grid,
+    # round toward zero
+    flags = [f for f in itertools.product((False, True), repeat=8)
+             if not (f[0] and f[4]) and not (f[7] and any(f[i] for i in (1, 2, 4, 5)))]
     for page_size, (has_start, *options), index in itertools.product(page_sizes, flags, index_types):
         types = dict(pool_ptr=f"*{index}", lens_ptr=f"*{index}", start_ptr=f"*{index}" if has_start else "*i32")
         signature = {name: types.get(name, "*i32" if name in POINTERS else "i64") for name in PARAMETERS}

@@ -166,7 +166,7 @@ def _small_int(value, low=_INT32_MIN, high=_INT32_MAX):
 
 
 def check_page_table_args(req_to_token, req_pool_indices, seq_lens, out, page_size, kv_start_idx,
-                          seqlen_offset, seq_lens_out, fill_value, memory=True):
+                          seqlen_offset, seq_lens_out, fill_value, round_toward_zero=False, memory=True):
     """Validate ``create_flashmla_kv_indices`` arguments; returns the device. ``memory=False`` leaves out
     what needs the tensors' memory (where outputs lie, which fake tensors under ``torch.compile`` lack):
     the real call checks it."""
@@ -176,7 +176,8 @@ def check_page_table_args(req_to_token, req_pool_indices, seq_lens, out, page_si
     try:
         device, batch_shape = req_to_token.device, req_pool_indices.shape
         if (memory and len(batch_shape) == 1 and _small_int(page_size, 1, MAX_PAGE_SIZE) and _small_int(seqlen_offset)
-                and (fill_value is None or _small_int(fill_value))):
+                and (fill_value is None or _small_int(fill_value))
+                and (round_toward_zero is False or round_toward_zero is True)):
             batch = batch_shape[0]
             table = _int32_span(req_to_token, device, 2)
             written = _int32_span(out, device, 2, batch, True)  # rows: at least the batch, sharing no memory
@@ -204,6 +205,8 @@ def check_page_table_args(req_to_token, req_pool_indices, seq_lens, out, page_si
     _python_int("seqlen_offset", seqlen_offset, _INT32_MIN, _INT32_MAX)
     if fill_value is not None:
         _python_int("fill_value", fill_value, _INT32_MIN, _INT32_MAX)
+    if not isinstance(round_toward_zero, bool):
+        raise TypeError(f"round_toward_zero must be a bool, got {type(round_toward_zero).__name__}")
     if seq_lens_out is not None:
         _int32_tensor("seq_lens_out", seq_lens_out, 1)
         if seq_lens_out.shape[0] < batch:

@@ -20,7 +20,7 @@ _compiling = torch.compiler.is_compiling
 
 def create_flashmla_kv_indices(req_to_token, req_pool_indices, seq_lens, out, *, page_size,
                                kv_start_idx=None, seqlen_offset=0, seq_lens_out=None,
-                               fill_value=None, backend=None):
+                               fill_value=None, round_toward_zero=False, backend=None):
     """Build the paged block table (FlashMLA, CUTLASS MLA, TRT-LLM MLA, Aiter MLA) into ``out``.
 
     For request ``b < B`` and page ``p < min(ceil(L_b / page_size), W)``::
@@ -28,7 +28,7 @@ def create_flashmla_kv_indices(req_to_token, req_pool_indices, seq_lens, out, *,
         out[b, p] = req_to_token[req_pool_indices[b], start_b + p * page_size] // page_size
 
     with ``L_b = seq_lens[b] + seqlen_offset``, ``start_b = kv_start_idx[b]`` (0 when absent),
-    ``W = out.shape[1]`` and ``//`` floor division.
+    ``W = out.shape[1]`` and ``//`` floor division (truncation with ``round_toward_zero``).
 
     Args:
         req_to_token: int32 ``[R, C]`` slot id per token, last dim contiguous, any row stride.
@@ -41,6 +41,8 @@ def create_flashmla_kv_indices(req_to_token, req_pool_indices, seq_lens, out, *,
         seq_lens_out: optional int32 ``[>= B]``; receives ``seq_lens + seqlen_offset`` (the low 32 bits of
             the exact sum) in the same launch.
         fill_value: optional int; when given, columns ``[pages_b, W)`` of each row are set to it.
+        round_toward_zero: bool; divide negative slot ids rounding toward zero, as SGLang's kernel does
+            (``-65 // 64`` gives -1); the default floors (-2).
         backend: ``"triton"``, ``"cupy"``, ``"torch"``, ``"auto"`` or None (auto, or ``KVDISPATCH_BACKEND``).
 
     Left untouched: rows ``>= B``; without ``fill_value``, every column past a row's pages. Bad data
@@ -58,19 +60,20 @@ def create_flashmla_kv_indices(req_to_token, req_pool_indices, seq_lens, out, *,
     """
     if _compiling():
         return _page_table_in_graph(req_to_token, req_pool_indices, seq_lens, out, page_size, kv_start_idx,
-                                    seqlen_offset, seq_lens_out, fill_value, backend)
+                                    seqlen_offset, seq_lens_out, fill_value, round_toward_zero, backend)
     fast = dispatch.fast_page_table
     if fast is not None and not _debug.ENABLED:
+        # The compiled launcher hands back (NotImplemented) every call with round_toward_zero set.
         result = fast(req_to_token, req_pool_indices, seq_lens, out, page_size, kv_start_idx, seqlen_offset,
-                      seq_lens_out, fill_value, backend)
+                      seq_lens_out, fill_value, backend, round_toward_zero)
         if result is not NotImplemented:
             return result
     device = check_page_table_args(req_to_token, req_pool_indices, seq_lens, out, page_size, kv_start_idx,
-                                   seqlen_offset, seq_lens_out, fill_value)
+                                   seqlen_offset, seq_lens_out, fill_value, round_toward_zero)
     if _debug.ENABLED:
         _debug.check_page_table_data(req_to_token, req_pool_indices, seq_lens, kv_start_idx, seqlen_offset)
     dispatch.call(device, "page_table", backend, req_to_token, req_pool_indices, seq_lens, out, page_size,
-                  kv_start_idx, seqlen_offset, seq_lens_out, fill_value)
+                  kv_start_idx, seqlen_offset, seq_lens_out, fill_value, round_toward_zero)
     return out
 
 
@@ -144,11 +147,12 @@ _requested_backend._dynamo_marked_constant = True
 
 
 def _page_table_in_graph(req_to_token, req_pool_indices, seq_lens, out, page_size, kv_start_idx, seqlen_offset,
-                         seq_lens_out, fill_value, backend):
+                         seq_lens_out, fill_value, round_toward_zero, backend):
     """``create_flashmla_kv_indices`` while tracing: the custom op, for the trace's backend request."""
     torch.ops.kvdispatch.create_flashmla_kv_indices(
         req_to_token, req_pool_indices, seq_lens, out, page_size=page_size, kv_start_idx=kv_start_idx,
         seqlen_offset=seqlen_offset, seq_lens_out=seq_lens_out, fill_value=fill_value,
+        round_toward_zero=round_toward_zero,
         backend=_requested_backend(backend, dispatch.generation))
     return out
 

@@ -34,7 +34,7 @@ NAMESPACE = "kvdispatch"
 PAGE_TABLE_SCHEMA = (
     "create_flashmla_kv_indices(Tensor req_to_token, Tensor req_pool_indices, Tensor seq_lens, Tensor(a!) out, *, "
     "int page_size, Tensor? kv_start_idx=None, int seqlen_offset=0, Tensor(b!)? seq_lens_out=None, "
-    "int? fill_value=None, str backend=\"auto\") -> ()")
+    "int? fill_value=None, bool round_toward_zero=False, str backend=\"auto\") -> ()")
 TOKEN_CSR_SCHEMA = (
     "create_flashinfer_kv_indices(Tensor req_to_token, Tensor req_pool_indices, Tensor seq_lens, Tensor kv_indptr, "
     "Tensor(a!) out, *, Tensor? kv_start_idx=None, int entry_page_size=1, Tensor? token_mapping=None, "
@@ -45,11 +45,13 @@ _library = torch.library.Library(NAMESPACE, "FRAGMENT")
 
 
 def _page_table_kernel(req_to_token, req_pool_indices, seq_lens, out, *, page_size, kv_start_idx=None,
-                       seqlen_offset=0, seq_lens_out=None, fill_value=None, backend="auto"):
+                       seqlen_offset=0, seq_lens_out=None, fill_value=None, round_toward_zero=False,
+                       backend="auto"):
     """The page-table op on real tensors: the eager call, which fills ``out`` (and ``seq_lens_out``)."""
     api.create_flashmla_kv_indices(req_to_token, req_pool_indices, seq_lens, out, page_size=page_size,
                                    kv_start_idx=kv_start_idx, seqlen_offset=seqlen_offset,
-                                   seq_lens_out=seq_lens_out, fill_value=fill_value, backend=backend)
+                                   seq_lens_out=seq_lens_out, fill_value=fill_value,
+                                   round_toward_zero=round_toward_zero, backend=backend)
 
 
 def _token_csr_kernel(req_to_token, req_pool_indices, seq_lens, kv_indptr, out, *, kv_start_idx=None,
@@ -61,10 +63,10 @@ def _token_csr_kernel(req_to_token, req_pool_indices, seq_lens, kv_indptr, out, 
 
 
 def _page_table_fake(req_to_token, req_pool_indices, seq_lens, out, *, page_size, kv_start_idx=None,
-                     seqlen_offset=0, seq_lens_out=None, fill_value=None, backend="auto"):
+                     seqlen_offset=0, seq_lens_out=None, fill_value=None, round_toward_zero=False, backend="auto"):
     """Metadata only: the argument checks that need no memory; nothing to allocate (the op returns nothing)."""
     check_page_table_args(req_to_token, req_pool_indices, seq_lens, out, page_size, kv_start_idx, seqlen_offset,
-                          seq_lens_out, fill_value, memory=False)
+                          seq_lens_out, fill_value, round_toward_zero, memory=False)
 
 
 def _token_csr_fake(req_to_token, req_pool_indices, seq_lens, kv_indptr, out, *, kv_start_idx=None,

@@ -42,13 +42,14 @@ def _low_32_bits_of_sum(values, offset):
 
 
 def build_page_table(req_to_token, req_pool_indices, seq_lens, out, page_size, kv_start_idx=None,
-                     seqlen_offset=0, seq_lens_out=None, fill_value=None):
+                     seqlen_offset=0, seq_lens_out=None, fill_value=None, round_toward_zero=False):
     """Paged block table; semantics of ``kvdispatch.create_flashmla_kv_indices``.
 
     ``out``: int32 ``[>= B, W]``. Row ``b`` gets ``pages_b = min(ceil(L_b / page_size), pages that start
     inside the readable table row, W)`` pages (0 when ``L_b <= 0`` or the row is unreadable), then
     ``fill_value`` up to ``W`` when given. Untouched: rows ``>= B``; without ``fill_value``, the columns
     past each row's pages. ``seq_lens_out[:B]`` (int32) gets the low 32 bits of ``seq_lens + seqlen_offset``.
+    A slot is divided by ``page_size`` rounding down, or toward zero with ``round_toward_zero``.
     """
     batch, width = req_pool_indices.shape[0], out.shape[1]
     if seq_lens_out is not None and batch:
@@ -66,7 +67,8 @@ def build_page_table(req_to_token, req_pool_indices, seq_lens, out, page_size, k
     if req_to_token.numel():
         positions = torch.where(written, start[:, None] + page[None, :] * page_size, 0)
         slots = req_to_token[pool[:, None], positions]
-        values = torch.div(slots, page_size, rounding_mode="floor").to(torch.int32)
+        rounding = "trunc" if round_toward_zero else "floor"
+        values = torch.div(slots, page_size, rounding_mode=rounding).to(torch.int32)
     else:  # an empty table: every row is empty
         values = torch.zeros(written.shape, dtype=torch.int32, device=out.device)
     rows = out[:batch]

@@ -67,12 +67,12 @@ def run(call: KernelCall | None, specialised: bool = False) -> None:
 
 
 def build_page_table(req_to_token, req_pool_indices, seq_lens, out, page_size, kv_start_idx=None, seqlen_offset=0,
-                     seq_lens_out=None, fill_value=None, specialised=False):
+                     seq_lens_out=None, fill_value=None, round_toward_zero=False, specialised=False):
     """The CuPy backend's ``build_page_table`` (validated arguments, CPU tensors) through the host build of the
     kernel (``specialised``: the build for this call's page size and flags, as the GPU launcher compiles)."""
     _require_cpu(req_to_token)
     run(page_table_call(req_to_token, req_pool_indices, seq_lens, out, page_size, kv_start_idx, seqlen_offset,
-                        seq_lens_out, fill_value), specialised)
+                        seq_lens_out, fill_value, round_toward_zero), specialised)
     return out
 
 
@@ -86,12 +86,13 @@ def build_token_indices(req_to_token, req_pool_indices, seq_lens, kv_indptr, out
 
 
 def create_flashmla_kv_indices(req_to_token, req_pool_indices, seq_lens, out, *, page_size, kv_start_idx=None,
-                               seqlen_offset=0, seq_lens_out=None, fill_value=None, specialised=False):
+                               seqlen_offset=0, seq_lens_out=None, fill_value=None, round_toward_zero=False,
+                               specialised=False):
     """``kvdispatch.create_flashmla_kv_indices`` on CPU tensors, through the host build of the kernel."""
     check_page_table_args(req_to_token, req_pool_indices, seq_lens, out, page_size, kv_start_idx, seqlen_offset,
-                          seq_lens_out, fill_value)
+                          seq_lens_out, fill_value, round_toward_zero)
     return build_page_table(req_to_token, req_pool_indices, seq_lens, out, page_size, kv_start_idx, seqlen_offset,
-                            seq_lens_out, fill_value, specialised)
+                            seq_lens_out, fill_value, round_toward_zero, specialised)
 
 
 def create_flashinfer_kv_indices(req_to_token, req_pool_indices, seq_lens, kv_indptr, out, *, kv_start_idx=None,

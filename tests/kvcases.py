@@ -103,8 +103,9 @@ def wrap_int32(value: int) -> int:
     return (value + 2**31) % 2**32 - 2**31
 
 
-def loop_page_table(case: Case, out: torch.Tensor, seq_lens_out=None) -> torch.Tensor:
-    """The contract written as a plain loop (independent of kvdispatch.reference)."""
+def loop_page_table(case: Case, out: torch.Tensor, seq_lens_out=None, round_toward_zero=False) -> torch.Tensor:
+    """The contract written as a plain loop (independent of kvdispatch.reference); ``round_toward_zero``:
+    slots divided by the page size rounding toward zero, else down."""
     table = case.req_to_token.cpu().tolist()
     rows, cols = case.req_to_token.shape
     result = out.cpu().clone()
@@ -119,7 +120,11 @@ def loop_page_table(case: Case, out: torch.Tensor, seq_lens_out=None) -> torch.T
             pos = start + p * case.page_size
             readable = 0 <= pool < rows and 0 <= pos < cols
             if p < pages and readable:
-                result[b, p] = table[pool][pos] // case.page_size
+                slot = table[pool][pos]
+                if round_toward_zero and slot < 0:
+                    result[b, p] = -(-slot // case.page_size)
+                else:
+                    result[b, p] = slot // case.page_size
             else:
                 pages = min(pages, p)  # the row ends at the first unreadable position
                 if case.fill_value is not None:

@@ -9,7 +9,7 @@ import torch
 
 from conftest import BACKENDS, DEVICE, page_table, token_csr
 from kvdispatch import grid, reference
-from kvcases import POISON, make_case
+from kvcases import POISON, assert_same, loop_page_table, make_case
 
 PAGE_SIZES = (1, 2, 3, 16, 64, 96, 4096)
 BATCHES = (0, 1, 37, 513)
@@ -66,6 +66,30 @@ def test_page_table_options(backend, page_size, index_dtype, with_start, option)
                      with_start=with_start, strided_table=option == "strided", strided_out=option == "strided",
                      fill_value=-1 if option == "fill" else None, seqlen_offset=3 if option == "offset" else 0)
     _check_page_table(backend, case, with_seq_out=option == "offset")
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("page_size", (1, 7, 16, 64, 96))
+@pytest.mark.parametrize("round_toward_zero", (False, True))
+@pytest.mark.parametrize("with_start", (False, True))
+def test_page_table_negative_slots(backend, page_size, round_toward_zero, with_start):
+    """Negative slot ids, the int32 extremes and their neighbours included, divided rounding down or toward
+    zero: the reference and the plain loop agree, and the backend gives the same."""
+    case = make_case(6, page_size, max_pages=_pages_for(page_size, 6), with_start=with_start, device=DEVICE)
+    extremes = torch.tensor([-2**31, -2**31 + 1, 2**31 - 1, 2**31 - 2, -1, 1 - page_size, -page_size,
+                             -page_size - 1], dtype=torch.int32)
+    slots = torch.randint(-2**31, 2**31, case.req_to_token.shape, dtype=torch.int64).to(torch.int32)
+    slots.view(-1)[::3] = extremes.repeat(slots.numel())[: slots.view(-1)[::3].numel()]
+    case.req_to_token.copy_(slots)
+    out = case.page_table_out()
+    expected = out.clone()
+    reference.build_page_table(case.req_to_token, case.req_pool_indices, case.seq_lens, expected, page_size,
+                               case.kv_start_idx, round_toward_zero=round_toward_zero)
+    assert_same(expected, loop_page_table(case, out, round_toward_zero=round_toward_zero), "reference")
+    result = page_table(backend, case.req_to_token, case.req_pool_indices, case.seq_lens, out,
+                        page_size=page_size, kv_start_idx=case.kv_start_idx, round_toward_zero=round_toward_zero)
+    assert result is out
+    assert_same(out, expected.cpu(), "page table")
 
 
 def _check_token_csr(backend, case, indptr, out):

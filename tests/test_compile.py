@@ -128,7 +128,7 @@ def test_opcheck(backend, with_options):
     case = make_case(5, 16, max_pages=4, device=DEVICE, with_start=with_options,
                      index_dtype=torch.int64 if with_options else torch.int32)
     options = dict(kv_start_idx=case.kv_start_idx, seqlen_offset=2, seq_lens_out=case.seq_lens_out(),
-                   fill_value=-1) if with_options else {}
+                   fill_value=-1, round_toward_zero=True) if with_options else {}
     torch.library.opcheck(torch.ops.kvdispatch.create_flashmla_kv_indices.default,
                           (case.req_to_token, case.req_pool_indices, case.seq_lens, case.page_table_out()),
                           dict(page_size=case.page_size, backend=backend, **options))
@@ -228,6 +228,24 @@ def test_new_option_values_and_dynamic_batches():
             _assert_equal(f"offset {offset}, batch {batch}", out, expected)
             _assert_equal(f"offset {offset}, batch {batch}: seq_lens_out", seq_lens_out, expected_seq)
     assert counter.frame_count <= 4, "traced for every batch size"
+
+
+@pytest.mark.parametrize("backend", COMPILE_BACKENDS)
+def test_rounding_toward_zero_reaches_the_op(backend):
+    """``round_toward_zero`` is traced into the op (a bool in the schema) and divides negative slots as eager."""
+
+    def step(req_to_token, req_pool_indices, seq_lens, out):
+        return kvdispatch.create_flashmla_kv_indices(req_to_token, req_pool_indices, seq_lens, out, page_size=16,
+                                                     round_toward_zero=True, backend=_request(backend))
+
+    case = make_case(4, 16, max_pages=3, device=DEVICE)
+    case.req_to_token.neg_()
+    out = case.page_table_out()
+    expected = loop_page_table(case, out, round_toward_zero=True)
+    counter = torch._dynamo.testing.CompileCounterWithBackend("aot_eager")
+    torch.compile(step, backend=counter, fullgraph=True)(case.req_to_token, case.req_pool_indices, case.seq_lens, out)
+    _assert_equal(backend, out, expected)
+    assert counter.frame_count == 1
 
 
 def test_graph_holds_one_custom_op_per_call():

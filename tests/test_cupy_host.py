@@ -42,8 +42,10 @@ BUILDS = pytest.mark.parametrize("specialised", (False, True), ids=("generic", "
 @BUILDS
 @pytest.mark.parametrize("page_size", (1, 3, 64))
 @pytest.mark.parametrize("shift", range(4))
-def test_page_table_alignments(page_size, shift, specialised):
-    """Starts and strides move source and destination through every 4-byte phase of a 16-byte line."""
+@pytest.mark.parametrize("round_toward_zero", (False, True))
+def test_page_table_alignments(page_size, shift, round_toward_zero, specialised):
+    """Starts and strides move source and destination through every 4-byte phase of a 16-byte line; odd
+    shifts take negative slots, divided rounding down or toward zero."""
     rng = random.Random(page_size * 10 + shift)
     items = grid.items_per_program(grid.PAGE_TABLE, page_size)
     batch, cols = 9, (2 * items + 7) * page_size + 8
@@ -54,9 +56,11 @@ def test_page_table_alignments(page_size, shift, specialised):
     for fill in (None, -7):
         out = _poisoned(batch + 1, 2 * items + 3, 2 * items + 3 + shift)
         expected = out.clone()
-        reference.build_page_table(table, pool, lengths, expected, page_size, start, 0, None, fill)
+        reference.build_page_table(table, pool, lengths, expected, page_size, start, 0, None, fill,
+                                   round_toward_zero)
         host.create_flashmla_kv_indices(table, pool, lengths, out, page_size=page_size, kv_start_idx=start,
-                                        fill_value=fill, specialised=specialised)
+                                        fill_value=fill, round_toward_zero=round_toward_zero,
+                                        specialised=specialised)
         torch.testing.assert_close(out, expected, rtol=0, atol=0)
 
 

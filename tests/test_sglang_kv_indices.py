@@ -325,8 +325,8 @@ def test_block_table_flat_buffer(backend, compat):
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_block_table_rounds_negative_slots_down(backend, compat):
-    """The one documented difference: a negative slot id's page is rounded down (SGLang rounds toward 0)."""
+def test_block_table_rounds_negative_slots_toward_zero(backend, compat):
+    """As SGLang's kernel: a negative slot id's page is rounded toward zero."""
     table = torch.tensor([[-65, -64, -1, 0, 63, 64, 65, 130]], dtype=torch.int32, device=DEVICE)
     one = torch.zeros(1, dtype=torch.int32, device=DEVICE)
     out = torch.full((1, 8), POISON, dtype=torch.int32, device=DEVICE)
@@ -335,7 +335,7 @@ def test_block_table_rounds_negative_slots_down(backend, compat):
     slots = torch.tensor([[-65] + [0] * 63 + [-64] + [0] * 63 + [-1] + [0] * 63], dtype=torch.int32, device=DEVICE)
     out.fill_(POISON)
     compat.create_flashmla_kv_indices_triton(slots, one, one + 192, None, out, slots.stride(0), 8)
-    assert out[0, :3].cpu().tolist() == [-2, -1, -1]  # SGLang: [-1, -1, 0]
+    assert out[0, :3].cpu().tolist() == [-1, -1, 0]  # kvdispatch's default floors: [-2, -1, -1]
     assert (out[0, 3:] == POISON).all()
 
 

@@ -23,7 +23,7 @@ import kvdispatch  # noqa: E402
 from conftest import DEVICE  # noqa: E402
 from kernels_triton import launch, native, page_table, token_csr  # noqa: E402
 from kvcases import named_overlap, overlapping_pairs, place_in_one_buffer  # noqa: E402
-from kvdispatch import _build_cache, _debug, _validate, dispatch  # noqa: E402
+from kvdispatch import _build_cache, _debug, _validate, dispatch, reference  # noqa: E402
 
 CONTEXT = 0xC0FFEE
 FUNCTION = 0xF00D
@@ -104,7 +104,7 @@ def random_call(seed, page_size=None, with_start=None, options=None):
     lens_out = torch.zeros(batch + 1, dtype=torch.int32) if "lens_out" in options else None
     fill = int(torch.randint(-100, 100, (1,), generator=g)) if "fill" in options else None
     offset = int(torch.randint(-3, 4, (1,), generator=g))
-    return [table, pool, lens, out, page_size, start, offset, lens_out, fill, None]
+    return [table, pool, lens, out, page_size, start, offset, lens_out, fill, None, False]
 
 
 def register(call, threads=128, shared=16):
@@ -206,6 +206,9 @@ def _mutations():
         "backend upper case": at(9, "TRITON"),
         "backend auto (not approved)": at(9, "auto"),
         "meta tensor": at(0, lambda c: c[0].to("meta")),
+        "round toward zero": at(10, True),
+        "round toward zero as int": at(10, 0),
+        "round toward zero missing": lambda c: c.pop(),
     }
 
 
@@ -217,6 +220,14 @@ def test_hands_back_what_it_must_not_take(stubs, name):
     _mutations()[name](call)
     assert stubs.module.page_table(*call) is NotImplemented
     assert stubs.launches == []
+
+
+def test_no_plan_for_rounding_toward_zero(stubs):
+    """A key with round_toward_zero gets no C plan: the C path hands every such call back."""
+    call = random_call(101, page_size=64, with_start=False, options="")
+    key, _ = page_table.plan_key_and_arguments(*call[:9], round_toward_zero=True)
+    kernel = launch.NativeKernel(FUNCTION, 128, 16, PARAMS, CONTEXT)
+    assert not native.add_page_table_plan((0,) + key[1:], kernel, (0, 7, 3))
 
 
 # The tensors of each op's public call (argument position: name) and which of them are written.
@@ -420,7 +431,7 @@ def test_one_op_plan_cache_clear_keeps_the_other_ops_plans(stubs):
 
 def test_public_api_goes_through_it_and_errors_do_not(stubs, monkeypatch):
     call = random_call(11, with_start=True, options="fill")
-    table, pool, lens, out, page_size, start, offset, lens_out, fill, _ = call
+    table, pool, lens, out, page_size, start, offset, lens_out, fill, *_ = call
     stubs.module.approve(PAGE_TABLE, 0, None, True)
     register(call)
     monkeypatch.setattr(dispatch, "fast_page_table", stubs.module.page_table)
@@ -434,6 +445,11 @@ def test_public_api_goes_through_it_and_errors_do_not(stubs, monkeypatch):
     with pytest.raises(TypeError, match="req_to_token"):
         kvdispatch.create_flashmla_kv_indices(table.long(), pool, lens, out, **kwargs)
     assert len(stubs.launches) == 1
+    expected = out.clone()
+    reference.build_page_table(table, pool, lens, expected, page_size, start, offset, None, fill,
+                               round_toward_zero=True)
+    assert kvdispatch.create_flashmla_kv_indices(table, pool, lens, out, **kwargs, round_toward_zero=True) is out
+    assert len(stubs.launches) == 1 and torch.equal(out, expected)  # the Python path served it
     monkeypatch.setattr(_debug, "ENABLED", True)  # the data checks run, in Python, whatever C could take
     pool[0] = table.shape[0]
     with pytest.raises(ValueError, match="req_pool_indices"):

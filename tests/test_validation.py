@@ -71,7 +71,7 @@ def test_valid_calls_pass(with_options):
     case = make_case(4, 16, with_start=with_options, device=DEVICE, index_dtype=torch.int64)
     args = _page_args(case)
     if with_options:
-        args.update(seq_lens_out=case.seq_lens_out(), seqlen_offset=2, fill_value=-1)
+        args.update(seq_lens_out=case.seq_lens_out(), seqlen_offset=2, fill_value=-1, round_toward_zero=True)
     kvdispatch.create_flashmla_kv_indices(**args, backend="torch")
     kvdispatch.create_flashinfer_kv_indices(**_csr_args(case), backend="torch")
 
@@ -88,13 +88,15 @@ def test_valid_calls_take_the_hot_path(monkeypatch, with_options):
     case = make_case(4, 16, with_start=with_options, device=DEVICE)
     args = _page_args(case)
     if with_options:
-        args.update(seq_lens_out=case.seq_lens_out(), seqlen_offset=-3, fill_value=7)
+        args.update(seq_lens_out=case.seq_lens_out(), seqlen_offset=-3, fill_value=7, round_toward_zero=True)
     kvdispatch.create_flashmla_kv_indices(**args, backend="torch")
     kvdispatch.create_flashinfer_kv_indices(**_csr_args(case), backend="torch")
 
 
 @pytest.mark.parametrize("keyword,value,error", [("seqlen_offset", 1.5, TypeError), ("seqlen_offset", 2**31, ValueError),
-                                                 ("fill_value", "x", TypeError), ("fill_value", -(2**31) - 1, ValueError)])
+                                                 ("fill_value", "x", TypeError), ("fill_value", -(2**31) - 1, ValueError),
+                                                 ("round_toward_zero", 1, TypeError),
+                                                 ("round_toward_zero", None, TypeError)])
 def test_page_table_rejects_scalars(keyword, value, error):
     case = make_case(3, 4, device=DEVICE)
     args = _page_args(case)

@@ -29,12 +29,11 @@ Where SGLang's kernels would step outside a request's row (reading or writing a 
 past the tensor), the result is kvdispatch's bounded one instead: a block-table row stops at the buffer's width (SGLang writes the pages
 past it into the next row), a row stops at the token table's last column or at a negative position
 (SGLang reads the neighbouring row), nothing is written outside ``kv_indices`` whatever ``kv_indptr``
-says, and a pool index outside the table gives an empty row. Elsewhere the results are SGLang's, with
-two differences. The block table divides a NEGATIVE slot id by the page size rounding down (slot -65 at
-page size 64 gives page -2), where SGLang's kernel rounds toward zero (page -1); slot ids are
-non-negative in SGLang's pools, and at page size 1 the two agree for every value. Lengths and start
-positions are exact integers, where SGLang's kernels keep their low 32 bits (an int64 start of
-``2**32 + 5`` is position 5 there, past the table here).
+says, and a pool index outside the table gives an empty row. Elsewhere the results are SGLang's (the
+block table divides a negative slot id rounding toward zero, as SGLang's kernel does: slot -65 at page
+size 64 gives page -1), with one difference: lengths and start positions are exact integers, where
+SGLang's kernels keep their low 32 bits (an int64 start of ``2**32 + 5`` is position 5 there, past the
+table here).
 """
 
 from __future__ import annotations
@@ -175,7 +174,8 @@ def _create_flashmla_kv_indices(req_to_token_ptr, req_pool_indices_ptr, page_ker
 
     ``kv_indices_ptr[b, p] = req_to_token_ptr[req_pool_indices_ptr[b], kv_start_idx[b] + p * PAGED_SIZE]
     // PAGED_SIZE`` for the ``ceil(page_kernel_lens_ptr[b] / PAGED_SIZE)`` pages of request
-    ``b < B = req_pool_indices_ptr.shape[0]``, at most the buffer's width (``kv_start_idx`` None: 0).
+    ``b < B = req_pool_indices_ptr.shape[0]``, at most the buffer's width (``kv_start_idx`` None: 0), the
+    division rounding toward zero.
     Columns past a row's pages and rows ``>= B`` are left untouched.
 
     ``kv_indices_ptr``: int32 ``[>= B, W]`` (``kv_indices_ptr_stride`` is checked against its row stride)
@@ -185,7 +185,7 @@ def _create_flashmla_kv_indices(req_to_token_ptr, req_pool_indices_ptr, page_ker
     _check_stride("req_to_token_ptr_stride", req_to_token_ptr_stride, req_to_token_ptr.stride(0))
     _build_page_table(req_to_token_ptr, req_pool_indices_ptr, page_kernel_lens_ptr,
                       _as_rows(kv_indices_ptr, kv_indices_ptr_stride), page_size=int(PAGED_SIZE),
-                      kv_start_idx=kv_start_idx)
+                      kv_start_idx=kv_start_idx, round_toward_zero=True)
     return kv_indices_ptr
 
 
