@@ -1,7 +1,7 @@
 """``kvdispatch bench``: the page table and the token CSR through the public API, per backend, against baselines.
 
-Per case (page table ``BATCHxCONTEXTxPAGE`` or token CSR ``csr:BATCHxCONTEXT[:i64][:eE][:map]``) and implementation: correctness against ``kvdispatch.reference``
-(a wrong result fails the run), device time per call (CUDA-graph replay on a GPU, wall clock on CPU),
+Per case (page table ``BATCHxCONTEXTxPAGE`` or token CSR ``csr:BATCHxCONTEXT[:i64][:eE][:map]``) and
+implementation: correctness against ``kvdispatch.reference`` (a wrong result fails the run), device time per call (CUDA-graph replay on a GPU, wall clock on CPU),
 host time per eager call, ratios to the naive loop, the 2-D grid baseline and plain PyTorch, and for
 page-1 cases the bandwidth against a device-to-device copy. Once per run: host cost of ``x.add_(1)`` and
 of a plain Triton launch, the copy bandwidth, and Triton compilations across random widths.
@@ -128,7 +128,8 @@ class Case:
             entry = int(next((o[1:] for o in options if o.startswith("e")), 1))
         except ValueError:
             raise argparse.ArgumentTypeError(usage) from None
-        if any(o not in ("i64", "map") and not o.startswith("e") for o in options) or sum(o.startswith("e") for o in options) > 1:
+        entries = sum(o.startswith("e") for o in options)
+        if entries > 1 or any(o not in ("i64", "map") and not o.startswith("e") for o in options):
             raise argparse.ArgumentTypeError(usage)
         if batch < 1 or context < 1 or not 1 <= entry <= 4096:
             raise argparse.ArgumentTypeError(f"case {text!r}: batch and context >= 1, E in [1, 4096]")
