@@ -1,9 +1,10 @@
 """``kvdispatch bench``: the page table and the token CSR through the public API, per backend, against baselines.
 
 Per case (page table ``BATCHxCONTEXTxPAGE`` or token CSR ``csr:BATCHxCONTEXT[:i64][:eE][:map]``) and
-implementation: correctness against ``kvdispatch.reference`` (a wrong result fails the run), device time per call (CUDA-graph replay on a GPU, wall clock on CPU),
-host time per eager call, ratios to the naive loop, the 2-D grid baseline and plain PyTorch, and for
-page-1 cases the bandwidth against a device-to-device copy. Once per run: host cost of ``x.add_(1)`` and
+implementation: correctness against ``kvdispatch.reference`` (a wrong result fails the run), device
+time per call (CUDA-graph replay on a GPU, wall clock on CPU), host time per eager call, ratios to the
+naive loop, the SGLang-design baseline (2-D grid; csr-loop for token CSR) and plain PyTorch, and for
+page-1 page-table cases the bandwidth against a device-to-device copy. Once per run: host cost of ``x.add_(1)`` and
 of a plain Triton launch, the copy bandwidth, and Triton compilations across random widths.
 What cannot run on the device is skipped, each with its reason; ``LEGEND`` explains the columns.
 """
