@@ -3,6 +3,8 @@
 * ``naive_loop``: one program per request, looping over its row ``4096 // page_size`` pages at a time.
 * ``grid_2d``: the seed design, written for kvdispatch: a 2-D grid ``(batch, blocks)``, each program
   ``4096 // page_size`` pages, runtime strides, plain masked loads.
+* ``csr_loop``: token CSR after SGLang's design, written for kvdispatch: one program per request, looping
+  over its tokens ``CSR_BLOCK`` at a time; value ``table[row, q // E] * E + q % E``, then the mapping.
 * ``touch``: a trivial one-element kernel, the reference for a plain ``kernel[grid](...)`` launch.
 
 Import this module only after ``TRITON_INTERPRET`` has its final value: ``triton.jit`` reads it. The
@@ -15,6 +17,7 @@ import triton
 import triton.language as tl
 
 TOKENS_PER_PROGRAM = 4096
+CSR_BLOCK = 512
 
 
 def pages_per_program(page_size: int) -> int:
@@ -49,6 +52,26 @@ def _grid_2d_kernel(table, pool_idx, lengths, out, table_stride, out_stride,
 
 
 @triton.jit
+def _csr_loop_kernel(table, pool_idx, lengths, indptr, mapping, out, table_stride,
+                     ENTRY: tl.constexpr, MAPPED: tl.constexpr, BLOCK: tl.constexpr):
+    b = tl.program_id(0)
+    row = tl.load(pool_idx + b).to(tl.int64)
+    tokens = tl.load(lengths + b)
+    src = table + row * table_stride
+    dst = out + tl.load(indptr + b).to(tl.int64)
+    for first in range(0, tokens, BLOCK):
+        q = first + tl.arange(0, BLOCK)
+        mask = q < tokens
+        if ENTRY == 1:
+            value = tl.load(src + q, mask=mask).to(tl.int64)
+        else:
+            value = tl.load(src + q // ENTRY, mask=mask).to(tl.int64) * ENTRY + q % ENTRY
+        if MAPPED:
+            value = tl.load(mapping + value, mask=mask & (value >= 0), other=-1).to(tl.int64)
+        tl.store(dst + q, value.to(out.dtype.element_ty), mask=mask)
+
+
+@triton.jit
 def _touch_kernel(x):
     tl.store(x, tl.load(x) + 1)
 
@@ -65,6 +88,14 @@ def grid_2d(req_to_token, req_pool_indices, seq_lens, out, page_size):
     grid = (req_pool_indices.shape[0], triton.cdiv(out.shape[1], step))
     _grid_2d_kernel[grid](req_to_token, req_pool_indices, seq_lens, out, req_to_token.stride(0), out.stride(0),
                           PAGE=page_size, STEP=step)
+
+
+def csr_loop(req_to_token, req_pool_indices, seq_lens, kv_indptr, out, entry_page_size, token_mapping):
+    """Token CSR into ``out`` (int32/int64 ``[N]``); ``token_mapping`` int32/int64 ``[M]`` or None."""
+    mapped = token_mapping is not None
+    _csr_loop_kernel[(req_pool_indices.shape[0],)](
+        req_to_token, req_pool_indices, seq_lens, kv_indptr, token_mapping if mapped else out, out,
+        req_to_token.stride(0), ENTRY=entry_page_size, MAPPED=mapped, BLOCK=CSR_BLOCK)
 
 
 def touch(x):

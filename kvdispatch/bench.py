@@ -1,9 +1,10 @@
-"""``kvdispatch bench``: the page-table build through the public API, per backend, against baselines.
+"""``kvdispatch bench``: the page table and the token CSR through the public API, per backend, against baselines.
 
-Per case ``(batch, context, page)`` and implementation: correctness against ``kvdispatch.reference``
-(a wrong result fails the run), device time per call (CUDA-graph replay on a GPU, wall clock on CPU),
-host time per eager call, ratios to the naive loop, the 2-D grid baseline and plain PyTorch, and for
-page-1 cases the bandwidth against a device-to-device copy. Once per run: host cost of ``x.add_(1)`` and
+Per case (page table ``BATCHxCONTEXTxPAGE`` or token CSR ``csr:BATCHxCONTEXT[:i64][:eE][:map]``) and
+implementation: correctness against ``kvdispatch.reference`` (a wrong result fails the run), device
+time per call (CUDA-graph replay on a GPU, wall clock on CPU), host time per eager call, ratios to the
+naive loop, the SGLang-design baseline (2-D grid; csr-loop for token CSR) and plain PyTorch, and for
+page-1 page-table cases the bandwidth against a device-to-device copy. Once per run: host cost of ``x.add_(1)`` and
 of a plain Triton launch, the copy bandwidth, and Triton compilations across random widths.
 What cannot run on the device is skipped, each with its reason; ``LEGEND`` explains the columns.
 """
@@ -27,14 +28,18 @@ import kvdispatch
 from kvdispatch import dispatch, reference
 
 POISON = -123456789
-NAIVE, GRID_2D, PLAIN_TORCH = "naive-loop", "2d-grid", "plain-torch"
+NAIVE, GRID_2D, CSR_LOOP, PLAIN_TORCH = "naive-loop", "2d-grid", "csr-loop", "plain-torch"
+TRITON_BASELINES = {"table": [NAIVE, GRID_2D], "csr": [CSR_LOOP]}  # per op
+SGLANG_BASELINE = {"table": GRID_2D, "csr": CSR_LOOP}  # the /2d and host/launch columns divide by it
 API_PREFIX = "api:"
 
 GPU_CASES = ["1x131072x64", "64x32768x64", "1x131072x1", "256x32768x1", "1x4096x64", "1x32768x64",
              "8x131072x64", "256x8192x64", "512x4096x64", "64x32768x16"]
-GPU_QUICK_CASES = GPU_CASES[:4]
+GPU_CASES += ["csr:64x4096", "csr:64x4096:i64", "csr:64x4096:e16:map", "csr:8x32768:i64"]
+GPU_QUICK_CASES = GPU_CASES[:4] + ["csr:64x4096:i64"]
 CPU_CASES = ["1x4096x64", "1x32768x64", "1x131072x64", "1x131072x1", "8x4096x1", "64x4096x64", "4x8192x16"]
-CPU_QUICK_CASES = ["1x4096x64", "2x4096x1"]
+CPU_CASES += ["csr:8x4096", "csr:8x4096:i64:e16:map"]
+CPU_QUICK_CASES = ["1x4096x64", "2x4096x1", "csr:2x4096:e16:map"]
 # The Triton interpreter (CPU, TRITON_INTERPRET=1) runs only cases with at most this many tokens in all.
 INTERPRETER_MAX_TOKENS = 32768
 COMPILE_WIDTHS = 100
@@ -42,49 +47,60 @@ COMPILE_GIVE_UP = 5  # stop the width sweep of a page size after this many compi
 COPY_BYTES = 1 << 29  # each way, for the device copy bandwidth
 
 LEGEND = """\
-Columns (one row per case and implementation; a column with nothing measured
-is left out; the lines above the table name what was skipped and why):
-  case         BATCHxCONTEXTxPAGE: requests, tokens per request, page size;
-               every row full length, on shuffled physical pages
-  impl         api:<backend>  kvdispatch.create_flashmla_kv_indices with
-                              backend=<backend> (triton, cupy or torch)
-               naive-loop     Triton kernel: one program per request, looping
-                              over its pages
-               2d-grid        Triton kernel on a (request, page block) grid,
-                              after SGLang's design
-               plain-torch    the few PyTorch ops an engine would write
+Columns (one row per case and implementation; empty columns are left out;
+the lines above the table name what was skipped and why):
+  case         BATCHxCONTEXTxPAGE: page table (requests, tokens per request,
+               page size) or csr:BATCHxCONTEXT[:i64][:eE][:map]: token CSR
+               (int64 out, entry_page_size E, token_mapping); rows full
+               length, on shuffled physical pages
+  impl         api:<backend>: kvdispatch.create_flashmla_kv_indices (csr:
+               create_flashinfer_kv_indices), backend=<backend>;
+               naive-loop: Triton, one program per request looping over its
+               pages; 2d-grid: Triton on a (request, page block) grid after
+               SGLang; csr-loop: Triton after SGLang's token CSR, one program
+               per request looping over its tokens; plain-torch: the few
+               PyTorch ops an engine would write
   status       ok; WRONG: differs from kvdispatch.reference (fails the run);
                error: see note
   µs/call      time per call, the median over interleaved rounds: on a GPU,
                CUDA-graph replay; on CPU, wall clock
   host µs      host time per eager call (GPU; on CPU it is µs/call)
   /naive       µs/call divided by naive-loop's on the same case (< 1: faster)
-  /2d          µs/call divided by 2d-grid's on the same case
+  /2d          µs/call divided by 2d-grid's (csr: csr-loop's), same case
   /torch       µs/call divided by plain-torch's on the same case
   GB/s         page-1 cases: bytes read and written per call / µs/call
   /copy        GB/s divided by a device-to-device copy's GB/s (GPU)
   host/add_    api rows: host µs divided by the host µs of x.add_(1) timed
                in the same case's rounds (GPU)
-  host/launch  api rows: host µs divided by the 2d-grid row's host µs, a
-               plain kernel[grid](...) launch of this op (GPU)
-  note         why a row is WRONG or an error; how it was timed when not by
-               CUDA-graph replay
+  host/launch  api rows: host µs divided by the 2d-grid (csr-loop) row's
+               host µs, a plain kernel[grid](...) launch of this op (GPU)
+  note         why WRONG or error; the timing when not CUDA-graph replay
 """
 
 
 @dataclass(frozen=True)
 class Case:
+    """A page-table case (``op`` "table": ``page_size`` tokens per page) or a token-CSR case (``op`` "csr":
+    ``page_size`` is ``entry_page_size``, ``int64`` the output dtype, ``mapping`` a ``token_mapping``)."""
+
     batch: int
     context: int
     page_size: int
+    op: str = "table"
+    int64: bool = False
+    mapping: bool = False
 
     @property
     def width(self) -> int:
+        """Table entries per request: pages (page table), entries of ``page_size`` tokens (token CSR)."""
         return -(-self.context // self.page_size)
 
     @property
     def name(self) -> str:
-        return f"{self.batch}x{self.context}x{self.page_size}"
+        if self.op == "table":
+            return f"{self.batch}x{self.context}x{self.page_size}"
+        options = [":i64"] * self.int64 + [f":e{self.page_size}"] * (self.page_size > 1) + [":map"] * self.mapping
+        return f"csr:{self.batch}x{self.context}" + "".join(options)
 
     @property
     def bytes_moved(self) -> int:
@@ -93,6 +109,8 @@ class Case:
 
     @classmethod
     def parse(cls, text: str) -> "Case":
+        if text.lower().startswith("csr:"):
+            return cls._parse_csr(text)
         try:
             batch, context, page = (int(part) for part in text.lower().split("x"))
         except ValueError:
@@ -101,6 +119,22 @@ class Case:
         if batch < 1 or context < 1 or not 1 <= page <= 4096:
             raise argparse.ArgumentTypeError(f"case {text!r}: batch and context >= 1, page in [1, 4096]")
         return cls(batch, context, page)
+
+    @classmethod
+    def _parse_csr(cls, text: str) -> "Case":
+        usage = f"a token-CSR case is csr:BATCHxCONTEXT[:i64][:eE][:map], e.g. csr:8x32768:i64:e64:map; got {text!r}"
+        shape, *options = text.lower().split(":")[1:]
+        try:
+            batch, context = (int(part) for part in shape.split("x"))
+            entry = int(next((o[1:] for o in options if o.startswith("e")), 1))
+        except ValueError:
+            raise argparse.ArgumentTypeError(usage) from None
+        entries = sum(o.startswith("e") for o in options)
+        if entries > 1 or any(o not in ("i64", "map") and not o.startswith("e") for o in options):
+            raise argparse.ArgumentTypeError(usage)
+        if batch < 1 or context < 1 or not 1 <= entry <= 4096:
+            raise argparse.ArgumentTypeError(f"case {text!r}: batch and context >= 1, E in [1, 4096]")
+        return cls(batch, context, entry, "csr", "i64" in options, "map" in options)
 
 
 @dataclass(frozen=True)
@@ -270,29 +304,65 @@ class Inputs:
     seq_lens: torch.Tensor
     out: torch.Tensor
     expected: torch.Tensor
+    kv_indptr: torch.Tensor | None = None  # token CSR only
+    token_mapping: torch.Tensor | None = None  # token CSR with a mapping only
+
+
+# The token CSR's E == 1 cases read a token-granular table of a pool of pages of this many tokens.
+CSR_POOL_PAGE = 64
 
 
 def make_inputs(case: Case, device: torch.device, seed: int) -> Inputs:
     """A shuffled page pool: every request owns ``width`` random physical pages; all rows full length.
 
     ``req_to_token`` has a few spare rows and ``req_pool_indices`` is a random subset of them, so rows
-    are read out of order, as in an engine.
+    are read out of order, as in an engine. Token CSR: with ``E = case.page_size`` > 1 the table is
+    page-granular (one page id per E tokens), with E = 1 token-granular on pages of ``CSR_POOL_PAGE``
+    tokens; ``token_mapping`` is a random permutation of the pool's slots.
     """
+    if case.op == "csr":
+        return _make_csr_inputs(case, device, seed)
     g = torch.Generator().manual_seed(seed)
     rows = case.batch + max(1, case.batch // 8)
-    physical = torch.randperm(rows * case.width, generator=g).view(rows, case.width).to(device)
-    if case.page_size == 1:
-        req_to_token = physical.to(torch.int32)
-    else:
-        offsets = torch.arange(case.page_size, device=device, dtype=torch.int64)
-        req_to_token = (physical[:, :, None] * case.page_size + offsets).view(rows, -1)[:, : case.context]
-        req_to_token = req_to_token.to(torch.int32).contiguous()
-    del physical
+    req_to_token = _page_pool(rows, case.context, case.page_size, g, device)
     pool = torch.randperm(rows, generator=g)[: case.batch].to(device=device, dtype=torch.int32)
     seq_lens = torch.full((case.batch,), case.context, dtype=torch.int32, device=device)
     out = torch.full((case.batch, case.width), POISON, dtype=torch.int32, device=device)
     expected = reference.build_page_table(req_to_token, pool, seq_lens, out.clone(), case.page_size)
     return Inputs(req_to_token, pool, seq_lens, out, expected)
+
+
+def _make_csr_inputs(case: Case, device: torch.device, seed: int) -> Inputs:
+    g = torch.Generator().manual_seed(seed)
+    rows = case.batch + max(1, case.batch // 8)
+    if case.page_size == 1:
+        req_to_token = _page_pool(rows, case.context, CSR_POOL_PAGE, g, device)
+        slots = rows * -(-case.context // CSR_POOL_PAGE) * CSR_POOL_PAGE
+    else:
+        req_to_token = _page_pool(rows, case.width, 1, g, device)
+        slots = rows * case.width * case.page_size
+    pool = torch.randperm(rows, generator=g)[: case.batch].to(device=device, dtype=torch.int32)
+    seq_lens = torch.full((case.batch,), case.context, dtype=torch.int32, device=device)
+    kv_indptr = torch.arange(case.batch + 1, dtype=torch.int32, device=device) * case.context
+    mapping = torch.randperm(slots, generator=g).to(device=device, dtype=torch.int32) if case.mapping else None
+    out = torch.full((case.batch * case.context,), POISON, device=device,
+                     dtype=torch.int64 if case.int64 else torch.int32)
+    expected = reference.build_token_indices(req_to_token, pool, seq_lens, kv_indptr, out.clone(),
+                                             entry_page_size=case.page_size, token_mapping=mapping)
+    return Inputs(req_to_token, pool, seq_lens, out, expected, kv_indptr, mapping)
+
+
+def _page_pool(rows: int, context: int, page_size: int, g: torch.Generator, device) -> torch.Tensor:
+    """int32 ``[rows, context]``: each row's slots on its own random physical pages of ``page_size``."""
+    width = -(-context // page_size)
+    physical = torch.randperm(rows * width, generator=g).view(rows, width).to(device)
+    if page_size == 1:
+        req_to_token = physical.to(torch.int32)
+    else:
+        offsets = torch.arange(page_size, device=device, dtype=torch.int64)
+        req_to_token = (physical[:, :, None] * page_size + offsets).view(rows, -1)[:, :context]
+        req_to_token = req_to_token.to(torch.int32).contiguous()
+    return req_to_token
 
 
 # ------------------------------------------------------------------------------------ implementations
@@ -307,10 +377,11 @@ def triton_runs_on(device: torch.device) -> bool:
     return kvdispatch.probe(device).usable("triton")
 
 
-def implementations(backends: list[str], device: torch.device) -> list[str]:
+def implementations(backends: list[str], device: torch.device, op: str = "table") -> list[str]:
+    """What a case of ``op`` ("table" or "csr") is timed with: the API per backend, then the baselines."""
     names = [API_PREFIX + b for b in backends]
     if triton_runs_on(device):
-        names += [NAIVE, GRID_2D]
+        names += TRITON_BASELINES[op]
     return names + [PLAIN_TORCH]
 
 
@@ -323,8 +394,22 @@ def plain_torch(req_to_token, req_pool_indices, seq_lens, out, page_size):
     rows.copy_(torch.where(valid, slots // page_size, rows))
 
 
-def bind(impl: str, x: Inputs, page_size: int):
+def plain_torch_csr(req_to_token, req_pool_indices, seq_lens, kv_indptr, out, entry_page_size, token_mapping):
+    """The token CSR in the few PyTorch ops an engine would write (rows full length, back to back in ``out``)."""
+    batch = req_pool_indices.shape[0]
+    entries = req_to_token[req_pool_indices.long()].long()
+    if entry_page_size > 1:
+        offsets = torch.arange(entry_page_size, device=out.device)
+        entries = (entries[:, :, None] * entry_page_size + offsets).view(batch, -1)
+    values = entries[:, : out.shape[0] // batch].reshape(-1)
+    out.copy_(values if token_mapping is None else token_mapping[values])
+
+
+def bind(impl: str, x: Inputs, case: Case):
     """A no-argument callable that builds ``x.out`` with ``impl``."""
+    if case.op == "csr":
+        return _bind_csr(impl, x, case.page_size)
+    page_size = case.page_size
     args = (x.req_to_token, x.req_pool_indices, x.seq_lens, x.out)
     if impl.startswith(API_PREFIX):
         return functools.partial(kvdispatch.create_flashmla_kv_indices, *args, page_size=page_size,
@@ -335,8 +420,17 @@ def bind(impl: str, x: Inputs, page_size: int):
     return functools.partial(getattr(_baselines(), function), *args, page_size)
 
 
+def _bind_csr(impl: str, x: Inputs, entry_page_size: int):
+    args = (x.req_to_token, x.req_pool_indices, x.seq_lens, x.kv_indptr, x.out)
+    if impl.startswith(API_PREFIX):
+        return functools.partial(kvdispatch.create_flashinfer_kv_indices, *args, entry_page_size=entry_page_size,
+                                 token_mapping=x.token_mapping, backend=impl[len(API_PREFIX):])
+    function = plain_torch_csr if impl == PLAIN_TORCH else _baselines().csr_loop
+    return functools.partial(function, *args, entry_page_size, x.token_mapping)
+
+
 def uses_interpreter(impl: str, device: torch.device) -> bool:
-    return device.type == "cpu" and impl in (API_PREFIX + "triton", NAIVE, GRID_2D)
+    return device.type == "cpu" and impl in (API_PREFIX + "triton", NAIVE, GRID_2D, CSR_LOOP)
 
 
 # --------------------------------------------------------------------------------------- measurements
@@ -347,9 +441,9 @@ def mismatch(out: torch.Tensor, expected: torch.Tensor) -> str:
     if torch.equal(out, expected):
         return ""
     bad = (out != expected).nonzero()
-    b, p = (int(v) for v in bad[0])
-    return (f"{bad.shape[0]} of {out.numel()} entries differ; first out[{b}, {p}] = {int(out[b, p])}, "
-            f"expected {int(expected[b, p])}")
+    first = tuple(int(v) for v in bad[0])
+    return (f"{bad.shape[0]} of {out.numel()} entries differ; first out[{', '.join(map(str, first))}] = "
+            f"{int(out[first])}, expected {int(expected[first])}")
 
 
 def check_eager(fn, x: Inputs) -> str:
@@ -362,7 +456,7 @@ def measure(impl: str, case: Case, x: Inputs, device: torch.device, reps: Reps) 
     """Correctness, then the first round of timings, of one implementation on one case."""
     row = Row(case.name, case.batch, case.context, case.page_size, case.width, impl)
     try:
-        wrong = check_eager(bind(impl, x, case.page_size), x)
+        wrong = check_eager(bind(impl, x, case), x)
         if wrong:
             row.status, row.note = "WRONG", f"eager: {wrong}"
             return row
@@ -377,7 +471,7 @@ def measure(impl: str, case: Case, x: Inputs, device: torch.device, reps: Reps) 
 def time_again(row: Row, x: Inputs, device: torch.device, reps: Reps) -> None:
     """One more round of timings of ``row``'s implementation; ``time_us`` and ``host_us`` become the
     medians of the rounds so far."""
-    fn = bind(row.impl, x, row.page_size)
+    fn = bind(row.impl, x, Case.parse(row.case))
     try:
         if device.type != "cuda":
             time_us = host_us = wall_time_us(fn, device, reps)
@@ -428,21 +522,23 @@ def add_ratios(rows: list[Row], add_host_us: float | None, copy_gbps: float | No
     """Fill the ratio and bandwidth columns of one case's rows; ``add_host_us``: host µs of ``x.add_(1)``
     measured in the same rounds as the rows (GPU runs only)."""
     base = {r.impl: r.time_us for r in rows if r.status == "ok" and r.time_us}
-    host_of_2d = next((r.host_us for r in rows if r.impl == GRID_2D and r.status == "ok"), None)
     for r in rows:
         if r.status != "ok" or not r.time_us:
             continue
+        case = Case.parse(r.case)
+        sglang = SGLANG_BASELINE[case.op]
+        host_of_sglang = next((b.host_us for b in rows if b.impl == sglang and b.status == "ok"), None)
         r.vs_naive = _ratio(r.time_us, base.get(NAIVE))
-        r.vs_2d = _ratio(r.time_us, base.get(GRID_2D))
+        r.vs_2d = _ratio(r.time_us, base.get(sglang))
         r.vs_torch = _ratio(r.time_us, base.get(PLAIN_TORCH))
-        if r.page_size == 1:
-            r.gbps = Case(r.batch, r.context, r.page_size).bytes_moved / r.time_us / 1e3
+        if case.op == "table" and case.page_size == 1:
+            r.gbps = case.bytes_moved / r.time_us / 1e3
             r.copy_fraction = _ratio(r.gbps, copy_gbps)
         if r.impl.startswith(API_PREFIX) and r.timing != "wall-clock":
             r.add_host_us = add_host_us
             r.host_vs_add = _ratio(r.host_us, add_host_us)
-            # A plain ``kernel[grid](...)`` of this op: the seed 2-D kernel, same case, same run.
-            r.host_vs_launch = _ratio(r.host_us, host_of_2d)
+            # A plain ``kernel[grid](...)`` of this op: its SGLang-design baseline, same case, same run.
+            r.host_vs_launch = _ratio(r.host_us, host_of_sglang)
 
 
 def _ratio(a, b):
@@ -547,7 +643,7 @@ def count_compilations(device: torch.device, page_sizes, seed: int) -> list[Comp
             for _ in range(COMPILE_WIDTHS):
                 width = int(torch.randint(1, 4097, (1,), generator=g))
                 x = make_inputs(Case(2, width * page_size, page_size), device, int(torch.randint(1 << 30, (1,))))
-                wrong = check_eager(bind(API_PREFIX + "triton", x, page_size), x)
+                wrong = check_eager(bind(API_PREFIX + "triton", x, Case(2, width * page_size, page_size)), x)
                 result.widths += 1
                 if wrong:
                     result.note = f"WRONG at width {width}: {wrong}"
@@ -586,11 +682,15 @@ def skipped_measurements(backends: list[str], device: torch.device, cases: list[
     skipped = {}
     triton_reason = kvdispatch.probe(device).reason("triton")
     if triton_reason is not None:
-        skipped[f"{NAIVE} and {GRID_2D} (Triton baselines)"] = triton_reason
+        baselines = [b for op in dict.fromkeys(c.op for c in cases) for b in TRITON_BASELINES[op]]
+        skipped[f"{', '.join(baselines[:-1])} and {baselines[-1]} (Triton baselines)" if len(baselines) > 1
+                else f"{baselines[0]} (Triton baseline)"] = triton_reason
     elif device.type == "cpu":
-        too_big = [c.name for c in cases if c.batch * c.context > INTERPRETER_MAX_TOKENS]
+        too_big = [c for c in cases if c.batch * c.context > INTERPRETER_MAX_TOKENS]
         if too_big:
-            impls = ", ".join(i for i in implementations(backends, device) if uses_interpreter(i, device))
+            impls = ", ".join(dict.fromkeys(i for c in too_big for i in implementations(backends, device, c.op)
+                                            if uses_interpreter(i, device)))
+            too_big = [c.name for c in too_big]
             skipped[f"{impls} on {', '.join(too_big)}"] = (
                 f"the Triton interpreter runs only cases of at most {INTERPRETER_MAX_TOKENS} tokens")
     if device.type != "cuda":
@@ -608,11 +708,10 @@ def run(cases: list[Case], requested: list[str] | None, device: torch.device, re
     gpu = device.type == "cuda"
     backends, skipped = resolve_backends(requested, device)
     skipped.update(skipped_measurements(backends, device, cases))
-    impls = implementations(backends, device)
     compilations = []
     if gpu and "triton" in backends:
         print(f"counting triton compilations across {COMPILE_WIDTHS} random widths ...", file=progress, flush=True)
-        compilations = count_compilations(device, sorted({c.page_size for c in cases}), seed)
+        compilations = count_compilations(device, sorted({c.page_size for c in cases if c.op == "table"}), seed)
     refs = measure_references(device, reps)
     add_one = functools.partial(torch.zeros(16, device=device).add_, 1)
     rows = []
@@ -629,7 +728,7 @@ def run(cases: list[Case], requested: list[str] | None, device: torch.device, re
         # host's speed drifts over a run (by 1.8x within one run of the H200's host).
         add_rounds = [host_time_us(add_one, device, reps.host_calls, reps.host_batches)] if gpu else []
         case_rows = []
-        for impl in impls:
+        for impl in implementations(backends, device, case.op):
             if uses_interpreter(impl, device) and case.batch * case.context > INTERPRETER_MAX_TOKENS:
                 continue
             case_rows.append(measure(impl, case, x, device, reps))
@@ -647,7 +746,8 @@ def run(cases: list[Case], requested: list[str] | None, device: torch.device, re
         del x
     return Report(str(device), info.name, gpu, "cuda-graph replay" if gpu else "wall-clock (CPU)",
                   "seq_lens = context for every row (all rows full length); width = ceil(context / page); "
-                  "shuffled physical pages", backends, skipped, refs, compilations, rows)
+                  "shuffled physical pages; csr: token_mapping a random permutation of the pool's slots",
+                  backends, skipped, refs, compilations, rows)
 
 
 # ---------------------------------------------------------------------------------------------- output
@@ -775,7 +875,7 @@ def plot(report: Report, path: str):
     ax.set_xticks([i + 0.4 - step / 2 for i in range(len(cases))], cases, rotation=30, ha="right")
     ax.set_yscale("log")
     ax.set_ylabel("µs per call (" + report.timing + ")")
-    ax.set_title(f"kvdispatch page table, {report.device_name}")
+    ax.set_title(f"kvdispatch index builds, {report.device_name}")
     ax.legend(fontsize="small")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
@@ -808,7 +908,8 @@ def add_arguments(parser: argparse.ArgumentParser):
     """The options of ``kvdispatch bench`` (``--device`` is the command line's, shared with ``demo``)."""
     parser.add_argument("--quick", action="store_true", help="a few cases, fewer repetitions")
     parser.add_argument("--cases", type=parse_cases,
-                        help='comma-separated BATCHxCONTEXTxPAGE, e.g. "1x131072x64,64x32768x64"')
+                        help='comma-separated BATCHxCONTEXTxPAGE (page table) or csr:BATCHxCONTEXT[:i64][:eE][:map] '
+                             '(token CSR), e.g. "1x131072x64,csr:8x32768:i64:e64:map"')
     parser.add_argument("--backends", type=parse_backends,
                         help="comma-separated subset of triton,cupy,torch (default: every one that can run on "
                              "the device; asking for one that cannot is an error)")

@@ -4,6 +4,7 @@ backends, failing on a wrong result), errors as one line with their exit status,
 The GPU path of the bench (CUDA-graph replay, host-cost ratios, compilation counts) runs on a GPU machine only.
 """
 
+import argparse
 import importlib.util
 import json
 import os
@@ -21,9 +22,9 @@ TINY = "1x256x16,2x128x1"
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 
-def _run(capsys, tmp_path, *extra):
+def _run(capsys, tmp_path, *extra, cases=TINY):
     path = tmp_path / "bench.json"
-    rc = cli.main(["bench", "--quick", "--device", "cpu", "--cases", TINY, "--json", str(path), *extra])
+    rc = cli.main(["bench", "--quick", "--device", "cpu", "--cases", cases, "--json", str(path), *extra])
     out, err = capsys.readouterr()
     return rc, json.loads(path.read_text()), out, err
 
@@ -116,10 +117,56 @@ def test_backend_error_is_reported_not_fatal(capsys, tmp_path, monkeypatch):
 def test_case_parsing():
     assert bench.parse_cases("1x131072x64, 256x32768x1") == [bench.Case(1, 131072, 64), bench.Case(256, 32768, 1)]
     assert bench.Case(1, 131072, 64).width == 2048 and bench.Case(2, 100, 64).width == 2
+    assert bench.parse_cases("csr:64x4096,CSR:8x32768:map:e64:i64") == [
+        bench.Case(64, 4096, 1, "csr"), bench.Case(8, 32768, 64, "csr", int64=True, mapping=True)]
+    for name in ("csr:64x4096", "csr:64x4096:i64", "csr:64x4096:e16", "csr:64x4096:map", "csr:8x32768:i64:e64:map",
+                 "64x32768x16"):
+        assert bench.Case.parse(name).name == name
+    for cases in (bench.CPU_CASES, bench.CPU_QUICK_CASES, bench.GPU_CASES, bench.GPU_QUICK_CASES):
+        assert any(name.startswith("csr:") for name in cases) and bench.parse_cases(",".join(cases))
+
+
+@pytest.mark.parametrize("case", ["csr:2", "csr:2x64x1", "csr:2x64:i32", "csr:2x64:e0", "csr:2x64:e16:e32",
+                                  "csr:2x64:ex", "csr:0x64"])
+def test_bad_csr_cases(case):
+    with pytest.raises(argparse.ArgumentTypeError, match="csr"):
+        bench.Case.parse(case)
+
+
+CSR_TINY = "csr:2x200,csr:3x100:i64:e16:map"
+
+
+def test_csr_cases_run_every_backend_and_baseline(capsys, tmp_path):
+    """Token-CSR cases through the command line: every backend under test and the csr-loop baseline (in
+    Triton's interpreter) give the reference's result; ratios divide by the csr-loop row of the same case."""
+    rc, data, out, _ = _run(capsys, tmp_path, cases=CSR_TINY)  # every backend that can run here
+    assert rc == 0 and "all results correct" in out
+    assert {"triton", "torch"} <= set(data["backends"])  # conftest turns the interpreter on
+    impls = [f"api:{b}" for b in data["backends"]] + [bench.CSR_LOOP, bench.PLAIN_TORCH]
+    for case in CSR_TINY.split(","):
+        rows = {r["impl"]: r for r in data["rows"] if r["case"] == case}
+        assert list(rows) == impls
+        assert all(r["status"] == "ok" and r["time_us"] > 0 and r["vs_2d"] > 0 for r in rows.values())
+        assert rows[bench.CSR_LOOP]["vs_2d"] == 1.0 and rows["api:torch"]["vs_naive"] is None
+    assert data["rows"][-1]["page_size"] == 16
+
+
+@pytest.mark.parametrize("case", ["csr:3x100", "csr:3x100:i64:e16:map", "csr:2x64:e64"])
+def test_csr_inputs_and_baselines_match_the_reference(case):
+    case = bench.Case.parse(case)
+    x = bench.make_inputs(case, torch.device("cpu"), seed=2)
+    assert x.out.dtype == (torch.int64 if case.int64 else torch.int32) and x.out.shape == (case.batch * case.context,)
+    assert x.req_to_token.shape[1] == case.width  # E > 1: one page id per E tokens
+    if case.mapping:  # a permutation of the pool's slots
+        assert torch.equal(x.token_mapping.sort().values, torch.arange(x.token_mapping.numel(), dtype=torch.int32))
+    assert bool((x.expected >= 0).all()) and len(torch.unique(x.expected)) == x.expected.numel()
+    for impl in ("api:torch", bench.CSR_LOOP, bench.PLAIN_TORCH):
+        assert bench.check_eager(bench.bind(impl, x, case), x) == ""
 
 
 @pytest.mark.parametrize("argv, says", [
     (["bench", "--cases", "1x2"], "argument --cases: a case is BATCHxCONTEXTxPAGE"),
+    (["bench", "--cases", "csr:1x2:i16"], "argument --cases: a token-CSR case is csr:BATCHxCONTEXT"),
     (["bench", "--cases", "1x4096x64", "--backends", "vulkan"], "unknown backend 'vulkan'"),
     (["bench", "--device", "nonsense"], "'nonsense' is not a torch device"),
     ([], "the following arguments are required: command"),
@@ -257,6 +304,7 @@ def test_help_prints_the_legend(capsys):
     assert bench.LEGEND.strip() in out
     for name, _, _ in bench.COLUMNS:  # the legend explains every column
         assert f"  {name} " in bench.LEGEND
+    assert bench.LEGEND in (ROOT / "README.md").read_text()  # the README's copy is the same
 
 
 def test_unavailable_backend_is_an_error(capsys, monkeypatch):
