@@ -150,8 +150,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     bench = commands.add_parser(
         "bench", help="time every backend against the naive loop and plain PyTorch",
-        description="Time the page-table build of every backend that can run on the device, through\n"
-                    "the public API, against baselines. Every result is checked against\n"
+        description="Time the page table and the token CSR of every backend that can run on the device,\n"
+                    "through the public API, against baselines. Every result is checked against\n"
                     "kvdispatch.reference; a wrong one fails the run (exit status 1).",
         epilog=bench_command.LEGEND, formatter_class=argparse.RawDescriptionHelpFormatter)
     bench_command.add_arguments(bench)
@@ -160,7 +160,7 @@ def build_parser() -> argparse.ArgumentParser:
     compile_ = commands.add_parser(
         "compile", help="compile every Triton kernel specialisation for GPU targets, here, without a GPU",
         description="Compile every specialisation the Triton launchers can ask for, for each target (default:\n"
-                    "cuda:90:32 cuda:100:32 hip:gfx942:64 hip:gfx950:64), and print one line per target: a\n"
+                    "NVIDIA Hopper and Blackwell, AMD CDNA3 and CDNA4), and print one line per target: a\n"
                     "check, before a deployment, that the installed Triton builds kvdispatch for its GPUs.",
         formatter_class=argparse.RawDescriptionHelpFormatter)
     compile_.add_argument("targets", nargs="*", help="backend:arch:warp_size, e.g. cuda:90:32 or hip:gfx942:64")
