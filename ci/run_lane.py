@@ -160,19 +160,52 @@ def run_gpu(name, lane):
         raise LaneError(f"lane {name} expects a {lane['gpu']} GPU {expected or ''} and found "
                         f"{info.vendor} {info.arch} ({info.name}): wrong runner")
     print(f"lane {name}: {info.name}, {info.arch} ({info.family}), {info.multiprocessors} multiprocessors")
+    # memcheck first, in processes of its own that mostly keep CPU cores busy, while the suites run
+    hostile = _start_hostile_data(lane)
     passed = failed = 0
     for backend in lane["backends"]:
         p, f = _pytest(["tests"], env={"KVDISPATCH_BACKEND": backend})
         print(f"  backend {backend}: {p} passed, {f} failed", flush=True)
         passed, failed = passed + p, failed + f
-    steps = [[sys.executable, "ci/sanitize_hostile.py"], [sys.executable, "-m", "kvdispatch", "bench", "--quick"]]
-    if lane["gpu"] == "nvidia":
-        steps[0] = ["compute-sanitizer", "--tool", "memcheck", "--error-exitcode", "1", *steps[0]]
-    for command in steps:
-        print("+", " ".join(command), flush=True)
-        ok = subprocess.call(command, cwd=ROOT) == 0
-        passed, failed = passed + ok, failed + (not ok)
-    return passed, failed
+    ok = _finish_hostile_data(hostile)
+    passed, failed = passed + ok, failed + (not ok)
+    command = [sys.executable, "-m", "kvdispatch", "bench", "--quick"]
+    print("+", " ".join(command), flush=True)
+    ok = subprocess.call(command, cwd=ROOT) == 0
+    return passed + ok, failed + (not ok)
+
+
+def _start_hostile_data(lane):
+    """Start ``ci/sanitize_hostile.py`` per backend (under compute-sanitizer on NVIDIA) as concurrent
+    processes, the torch backend (many small kernels per call) in ``lane['hostile_shards']`` interleaved
+    parts. Returns what ``_finish_hostile_data`` waits for."""
+    wrap = ["compute-sanitizer", "--tool", "memcheck", "--error-exitcode", "1"] if lane["gpu"] == "nvidia" else []
+    started = []
+    for backend in lane["backends"]:
+        shards = lane.get("hostile_shards", {}).get(backend, 1)
+        for k in range(1, shards + 1):
+            command = [*wrap, sys.executable, "ci/sanitize_hostile.py", "--backend", backend, "--shard",
+                       f"{k}/{shards}"]
+            print("+", " ".join(command), flush=True)
+            log = tempfile.TemporaryFile(mode="w+")
+            started.append((command, subprocess.Popen(command, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT), log))
+    return started
+
+
+def _finish_hostile_data(started) -> bool:
+    """Wait for the processes of ``_start_hostile_data``; print each one's summary (and the end of its log
+    when it failed). True when every one exited cleanly."""
+    ok = True
+    for command, process, log in started:
+        status = process.wait()
+        log.seek(0)
+        text = log.read()
+        summary = "; ".join(line for line in text.splitlines() if " cases, " in line or "ERROR SUMMARY" in line)
+        print(f"  {' '.join(command[-4:])}: exit {status}; {summary}", flush=True)
+        if status != 0:
+            ok = False
+            print(text[-4000:], flush=True)
+    return ok
 
 
 RUNNERS = {"pytest": run_pytest_lane, "pytest-venv": run_pytest_venv_lane, "compile-cuda": run_compile_cuda,

@@ -143,9 +143,16 @@ def long_row_indptrs(dtype, total):
     return values
 
 
-def run(device, backends, verbose):
+def run(device, backends, verbose, shard=(0, 1)):
+    """Run the cases of ``shard`` = (k, n): those whose ordinal is k modulo n (all data is still drawn, so
+    every shard sees the cases the whole run would)."""
     g = torch.Generator().manual_seed(0)
-    cases = mismatches = 0
+    cases = mismatches = ordinal = 0
+
+    def selected():
+        nonlocal ordinal
+        ordinal += 1
+        return (ordinal - 1) % shard[1] == shard[0]
 
     def check(what, got, expected):
         nonlocal mismatches
@@ -156,6 +163,8 @@ def run(device, backends, verbose):
 
     def page_table_case(what, data, cpu, page_size, with_start, seqlen_offset, fill_value):
         nonlocal cases, mismatches
+        if not selected():
+            return
         cases += 1
         width = 5
         out = torch.full((BATCH, width), POISON, dtype=torch.int32, device=device)
@@ -180,6 +189,8 @@ def run(device, backends, verbose):
     def token_csr_case(what, data, cpu, indptr, total, with_start, out_dtype=torch.int32, entry_page_size=1,
                        token_mapping=None):
         nonlocal cases, mismatches
+        if not selected():
+            return
         cases += 1
         flat = torch.full((total,), POISON, dtype=out_dtype, device=device)
         expected = flat.cpu().clone()
@@ -252,7 +263,12 @@ def main(argv=None) -> int:
     parser.add_argument("--device", help="default: cuda if there is a GPU, else cpu")
     parser.add_argument("--backend", action="append", help="only this backend (repeatable); default: all available")
     parser.add_argument("--verbose", action="store_true")
+    parser.add_argument("--shard", default="1/1", metavar="K/N",
+                        help="run only the K-th of N interleaved parts of the cases (processes in parallel)")
     args = parser.parse_args(argv)
+    k, _, n = args.shard.partition("/")
+    if not (k.isdigit() and n.isdigit() and 1 <= int(k) <= int(n)):
+        parser.error(f"--shard must be K/N with 1 <= K <= N; got {args.shard!r}")
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     if device.type == "cuda" and device.index is None:
         device = torch.device("cuda", torch.cuda.current_device())
@@ -265,7 +281,7 @@ def main(argv=None) -> int:
     for name in ("triton", "cupy"):
         if name not in available and device.type == "cuda":
             print(f"  {name} not run: {info.reason(name)}", flush=True)
-    cases, mismatches = run(device, backends, args.verbose)
+    cases, mismatches = run(device, backends, args.verbose, (int(k) - 1, int(n)))
     print(f"{cases} cases, {mismatches} mismatches", flush=True)
     return 1 if mismatches or not cases else 0
 
