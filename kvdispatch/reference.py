@@ -94,14 +94,15 @@ def build_token_indices(req_to_token, req_pool_indices, seq_lens, kv_indptr, out
     ``0 <= v < M``, else -1. The value is then cast to ``out``'s dtype as ``Tensor.to`` does (int32: its low
     32 bits).
 
-    Memory and time O(N + B): each output position finds the request that writes it, rather than each
-    request expanding its tokens. Marking at each ``lo_b`` the farthest ``hi_b`` of the ranges starting
-    there, a running maximum gives for every position ``t`` the farthest end of the ranges starting at
-    or before ``t``; ``t`` is written iff that end lies past it, by the request owning that end.
+    Memory O(N + B), time O(N log B + B log B): each output position finds the request that writes it,
+    rather than each request expanding its tokens. With the ranges sorted by ``lo_b``, a running maximum
+    of their ``hi_b`` gives, for every position ``t``, the farthest end of the ranges starting at or before
+    ``t`` (found by a binary search over the sorted starts); ``t`` is written iff that end lies past it,
+    by the request owning that end.
 
     Where ranges overlap (bad ``kv_indptr``: valid CSR rows are disjoint), each covered position is
-    written once, with the value of one of the requests covering it (the one whose range reaches
-    farthest); the GPU backends may write any of them there.
+    written once, with the value of one of the requests covering it (one whose range reaches farthest);
+    the GPU backends may write any of them there.
     """
     batch, total = req_pool_indices.shape[0], out.shape[0]
     if batch == 0 or total == 0 or req_to_token.numel() == 0:
@@ -111,19 +112,16 @@ def build_token_indices(req_to_token, req_pool_indices, seq_lens, kv_indptr, out
     count = torch.minimum(lengths.clamp(min=0), room)  # [B]
     begin = kv_indptr[:batch].long().clamp(-BOUND, BOUND)  # beyond it, a row lands outside out either way
     lo, hi = begin.clamp(0, total), (begin + count).clamp(0, total)
-    lo = torch.where(lo < hi, lo, total)  # empty rows mark the spare entry [N], past every position
+    lo = torch.where(lo < hi, lo, total)  # empty rows start at N, past every position
 
-    # Per start position: the farthest end of the ranges starting there, and a request with that range.
-    farthest_end = torch.full((total + 1,), -1, dtype=torch.long, device=out.device)
-    farthest_end.scatter_reduce_(0, lo, hi, "amax")
-    requests = torch.arange(batch, device=out.device)
-    owner_at = torch.full((total + 1,), -1, dtype=torch.long, device=out.device)
-    owner_at.scatter_reduce_(0, lo, torch.where(hi == farthest_end[lo], requests, -1), "amax")
-    # For each position t: the farthest end of the ranges starting at or before t, and where that range starts.
-    reach, reach_start = torch.cummax(farthest_end[:total], 0)
+    by_start = torch.argsort(lo)
+    reach_sorted, reach_index = torch.cummax(hi[by_start], 0)  # [B]: farthest end among the first k starts
     position = torch.arange(total, device=out.device)
-    written = reach > position
-    owner = torch.where(written, owner_at[reach_start], 0)
+    # The number of ranges starting at or before each position, minus one: its last such range in start order.
+    last = torch.searchsorted(lo[by_start], position, right=True) - 1
+    last_or_0 = last.clamp(min=0)
+    written = (last >= 0) & (reach_sorted[last_or_0] > position)
+    owner = torch.where(written, by_start[reach_index[last_or_0]], 0)
     token = torch.where(written, position - begin[owner], 0)
     values = _token_values(req_to_token, pool[owner], start[owner] + token, entry_page_size, token_mapping)
     out.copy_(torch.where(written, values.to(out.dtype), out))
