@@ -44,8 +44,14 @@ SGLANG_FUNCTIONS = {
     "get_num_kv_index_blocks_flashmla": [("kv_indices_width", REQUIRED), ("page_size", REQUIRED)],
     "kv_indices_num_token_blocks": [("table_width", REQUIRED), ("base_programs", REQUIRED)],
     "kv_indices_token_blocks_for_copy": [("table_width", REQUIRED), ("base_programs", REQUIRED)],
+    "update_trtllm_mla_graph_metadata": [
+        ("req_pool_indices", REQUIRED), ("seq_lens", REQUIRED), ("req_to_token", REQUIRED),
+        ("block_kv_indices", REQUIRED), ("bs", REQUIRED), ("seqlen_offset", REQUIRED), ("page_size", REQUIRED),
+        ("seq_lens_k", None)],
 }
 SGLANG_CONSTANTS = {"KV_INDICES_TOKEN_BLOCKS_MIN_WIDTH": 32768}
+# Functions whose parameters are all keyword-only in SGLang.
+KEYWORD_ONLY = {"update_trtllm_mla_graph_metadata"}
 BUILDERS = [name for name in SGLANG_FUNCTIONS if name.startswith("create_")]
 INDEX_DTYPES = (torch.int32, torch.int64)
 
@@ -68,7 +74,8 @@ def test_parameters_are_sglangs(name):
     for target in callables:
         parameters = inspect.signature(target).parameters.values()
         assert [(p.name, p.default) for p in parameters] == SGLANG_FUNCTIONS[name]
-        assert all(p.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD for p in parameters)
+        kind = inspect.Parameter.KEYWORD_ONLY if name in KEYWORD_ONLY else inspect.Parameter.POSITIONAL_OR_KEYWORD
+        assert all(p.kind is kind for p in parameters)
     assert function.__name__ == name
 
 

@@ -16,6 +16,9 @@ for each of that module's public names, with the same parameter names, order and
   them). The compile-time block size of SGLang's own page-table kernel is not mirrored: no engine imports
   it, and ``get_num_page_per_block_flashmla`` gives its value per page size.
 
+From SGLang's other KV-index modules, with their names and keyword-only parameters:
+``update_trtllm_mla_graph_metadata`` (the TRT-LLM MLA backend's fused CUDA-graph metadata update).
+
 The row strides SGLang passes explicitly (``req_to_token_ptr_stride``, ``kv_indices_ptr_stride``) are
 redundant, since tensors carry their strides: they are checked against the tensors, and a mismatch is a
 ``ValueError`` (in SGLang's kernel it would be a silent read or write in the wrong place). A 1-D
@@ -195,6 +198,29 @@ create_chunked_prefix_cache_kv_indices = _LaunchSyntax(_create_chunked_prefix_ca
                                                        "create_chunked_prefix_cache_kv_indices")
 create_flashmla_kv_indices_triton = _LaunchSyntax(_create_flashmla_kv_indices, "create_flashmla_kv_indices_triton")
 
+
+def update_trtllm_mla_graph_metadata(*, req_pool_indices, seq_lens, req_to_token, block_kv_indices, bs,
+                                     seqlen_offset, page_size, seq_lens_k=None):
+    """The TRT-LLM MLA backend's CUDA-graph metadata update, in one launch (SGLang's fused kernel).
+
+    For request ``i < bs``: ``seq_lens_k[i] = int32(seq_lens[i] + seqlen_offset)`` when ``seq_lens_k`` is
+    given, and ``block_kv_indices[i, p] = req_to_token[req_pool_indices[i], p * page_size] // page_size``
+    (rounding toward zero) for ``p < ceil((seq_lens[i] + seqlen_offset) / page_size)``, at most the table's
+    width (SGLang writes a longer row's pages on into the next row). It is
+    ``kvdispatch.create_flashmla_kv_indices`` on the first ``bs`` requests (views: nothing is allocated).
+
+    ``req_pool_indices``, ``seq_lens``: int32/int64 ``[>= bs]``; ``block_kv_indices``: int32 ``[>= bs, W]``;
+    ``seq_lens_k``: optional int32 ``[>= bs]``; ``seqlen_offset``: int (the draft tokens in target-verify,
+    else 0). Rows ``>= bs``, columns past each row's pages and ``seq_lens_k[bs:]`` are left untouched; ``bs``
+    0 writes nothing. Returns None.
+    """
+    if bs == 0:
+        return None
+    _build_page_table(req_to_token, req_pool_indices[:bs], seq_lens[:bs], block_kv_indices, page_size=int(page_size),
+                      seqlen_offset=int(seqlen_offset), seq_lens_out=None if seq_lens_k is None else seq_lens_k[:bs],
+                      round_toward_zero=True)
+    return None
+
 __all__ = [
     "KV_INDICES_TOKEN_BLOCKS_MIN_WIDTH",
     "create_chunked_prefix_cache_kv_indices",
@@ -204,4 +230,5 @@ __all__ = [
     "get_num_page_per_block_flashmla",
     "kv_indices_num_token_blocks",
     "kv_indices_token_blocks_for_copy",
+    "update_trtllm_mla_graph_metadata",
 ]
