@@ -54,6 +54,8 @@ KV_INDICES_TOKEN_BLOCKS_MIN_WIDTH = 32768
 # The two public builders, looked up at call time through these names (tests route them per backend).
 _build_page_table = api.create_flashmla_kv_indices
 _build_token_csr = api.create_flashinfer_kv_indices
+_build_mha_page_table = api.create_trtllm_mha_page_table
+_build_translated_page_table = api.create_translated_page_table
 
 
 def _cdiv(a: int, b: int) -> int:
