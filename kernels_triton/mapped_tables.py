@@ -34,7 +34,6 @@ TRANSLATED_PARAMETERS = ("table_ptr", "pool_ptr", "lens_ptr", "v2p_ptr", "out_pt
                          "pool_stride", "lens_stride")
 TRANSLATED_CONSTEXPRS = ("PAGE_SIZE", "PAGE_SHIFT", "PAGES_PER_PROGRAM", "HAS_MULTIPLIER", "HAS_DELTA",
                          "UNIT_STRIDES", "FOLDED_GRID")
-INT32_MAX = 2**31 - 1
 
 
 @triton.jit
@@ -127,15 +126,19 @@ def _translated_page_table_kernel(
         if HAS_MULTIPLIER:
             # |physical| <= 2**31 and |multiplier| <= 2**31: an exact product, saturating as the true one.
             physical = tl.minimum(tl.maximum(physical, -(2**31)), 2**31) * multiplier.to(tl.int64)
-        values = tl.minimum(tl.maximum(physical, 0), INT32_MAX)
+        values = tl.minimum(tl.maximum(physical, 0), 2**31 - 1)
         tl.store(out_ptr + row * out_row_stride + page, values.to(tl.int32), mask=live)
 
 
-mha_page_table_kernel = triton.jit(_mha_page_table_kernel, do_not_specialize=MHA_PARAMETERS[6:],
-                                   do_not_specialize_on_alignment=MHA_PARAMETERS[:6])
-translated_page_table_kernel = triton.jit(_translated_page_table_kernel,
-                                          do_not_specialize=TRANSLATED_PARAMETERS[5:],
-                                          do_not_specialize_on_alignment=TRANSLATED_PARAMETERS[:5])
+# Pointers first, then the runtime ints: (kernel, pointer parameters, runtime int parameters) per kernel, for
+# triton.jit here and for the cross-compiler's own JITFunction objects.
+KERNEL_PARAMETERS = {
+    "mha": (_mha_page_table_kernel, MHA_PARAMETERS[:6], MHA_PARAMETERS[6:]),
+    "translated": (_translated_page_table_kernel, TRANSLATED_PARAMETERS[:5], TRANSLATED_PARAMETERS[5:]),
+}
+mha_page_table_kernel, translated_page_table_kernel = (
+    triton.jit(function, do_not_specialize=ints, do_not_specialize_on_alignment=pointers)
+    for function, pointers, ints in KERNEL_PARAMETERS.values())
 mha_launcher = _launch.register(_launch.KernelLauncher(mha_page_table_kernel, MHA_CONSTEXPRS))
 translated_launcher = _launch.register(_launch.KernelLauncher(translated_page_table_kernel, TRANSLATED_CONSTEXPRS))
 _mha_plans = _launch.plan_cache()
@@ -229,14 +232,16 @@ def specializations(page_sizes, index_types=("i32", "i64")):
         if not swa and lookup != "i32":
             continue  # without SWA the mapping pointer is a placeholder of one type
         types = dict(pool_ptr=f"*{index}", lens_ptr=f"*{index}", mapping_ptr=f"*{lookup}" if swa else f"*{index}")
-        yield ("mha", _signature(MHA_PARAMETERS, types),
-               mha_constexprs(page_size, swa, round_toward_zero, unit, folded))
+        constexprs = mha_constexprs(page_size, swa, round_toward_zero, unit, folded)
+        yield "mha", _signature(MHA_PARAMETERS, types, constexprs), constexprs
     for page_size, (multiplied, delta, unit, folded), index, lookup in itertools.product(
             page_sizes, itertools.product((False, True), repeat=4), index_types, ("i32", "i64")):
         types = dict(pool_ptr=f"*{index}", lens_ptr=f"*{index}", v2p_ptr=f"*{lookup}")
-        yield ("translated", _signature(TRANSLATED_PARAMETERS, types),
-               translated_constexprs(page_size, multiplied, delta, unit, folded))
+        constexprs = translated_constexprs(page_size, multiplied, delta, unit, folded)
+        yield "translated", _signature(TRANSLATED_PARAMETERS, types, constexprs), constexprs
 
 
-def _signature(parameters, pointer_types) -> dict:
-    return {name: pointer_types.get(name, "*i32") if name.endswith("_ptr") else "i64" for name in parameters}
+def _signature(parameters, pointer_types, constexprs) -> dict:
+    signature = {name: pointer_types.get(name, "*i32") if name.endswith("_ptr") else "i64" for name in parameters}
+    signature.update({name: "constexpr" for name in constexprs})
+    return signature

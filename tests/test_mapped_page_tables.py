@@ -9,6 +9,7 @@ argument at the int32/int64 extremes, empty lookups and outputs, and the argumen
 import pytest
 import torch
 
+import kvdispatch
 from conftest import BACKENDS, DEVICE, mha_page_table, translated_page_table
 from kvcases import POISON, assert_same, wrap_int32
 from kvdispatch import reference
@@ -346,11 +347,66 @@ def test_translated_argument_errors_write_nothing(backend):
     assert (out == POISON).all()
 
 
-@pytest.mark.parametrize("op", ("mha", "translated"))
-def test_ops_are_registered(op):
-    """The custom ops exist with the public names (``torch.compile`` traces calls into them)."""
-    name = dict(mha="create_trtllm_mha_page_table", translated="create_translated_page_table")[op]
-    assert hasattr(torch.ops.kvdispatch, name)
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("page_size", (16, 7))
+def test_specialised_host_builds(backend, page_size):
+    """The CUDA source built for each call's page size and flags (as the CuPy launcher compiles it on a GPU)."""
+    if backend != "cupy-host":
+        pytest.skip("the host build's specialisations")
+    import cuda_host
+
+    g = generator()
+    table = random_table(page_size, g)
+    pool, lens = random_requests(table, page_size, torch.int64, g)
+    mapping = random_lookup(torch.int64, table.numel(), g)
+    for round_toward_zero in (False, True):
+        expected, out = (torch.full((pool.shape[0], 6), POISON, dtype=torch.int32) for _ in range(2))
+        expected_swa, swa = (torch.full((pool.shape[0], 4), POISON, dtype=torch.int32) for _ in range(2))
+        reference.build_mha_page_table(table, pool, lens, expected, page_size, expected_swa, mapping, round_toward_zero)
+        cuda_host.build_mha_page_table(table, pool, lens, out, page_size, swa, mapping, round_toward_zero, True)
+        assert_same(out, expected, "page_table")
+        assert_same(swa, expected_swa, "swa_page_table")
+    expected, out = (torch.full((pool.shape[0], 6), POISON, dtype=torch.int32) for _ in range(2))
+    reference.build_translated_page_table(table, pool, lens, mapping, expected, page_size, 3, 5, 2)
+    cuda_host.build_translated_page_table(table, pool, lens, mapping, out, page_size, 3, 5, 2, True)
+    assert_same(out, expected, "translated")
+
+
+COMPILE_BACKENDS = [b for b in BACKENDS if b != "cupy-host"]
+
+
+@pytest.mark.parametrize("backend", COMPILE_BACKENDS)
+def test_ops_under_torch_compile(backend):
+    """Both ops as custom ops: opcheck, and one traced graph (fullgraph, aot_eager) equal to the eager result."""
+    import torch._dynamo.testing
+
+    g = generator()
+    table = random_table(16, g).to(DEVICE)
+    pool, lens = (t.to(DEVICE) for t in random_requests(table, 16, torch.int64, g))
+    mapping = random_lookup(torch.int64, table.numel(), g).to(DEVICE)
+    rows = pool.shape[0]
+    tables = [torch.full((rows, 5), POISON, dtype=torch.int32, device=DEVICE) for _ in range(3)]
+    torch.library.opcheck(torch.ops.kvdispatch.create_trtllm_mha_page_table.default,
+                          (table, pool, lens, tables[0]),
+                          dict(page_size=16, swa_page_table=tables[1], full_to_swa=mapping, round_toward_zero=True,
+                               backend=backend))
+    torch.library.opcheck(torch.ops.kvdispatch.create_translated_page_table.default,
+                          (table, pool, lens, mapping, tables[2]),
+                          dict(page_size=16, multiplier=2, max_pages=4, seq_len_delta=1, backend=backend))
+
+    def step(page_table, swa_page_table, out):
+        kvdispatch.create_trtllm_mha_page_table(table, pool, lens, page_table, page_size=16,
+                                                swa_page_table=swa_page_table, full_to_swa=mapping, backend=backend)
+        kvdispatch.create_translated_page_table(table, pool, lens, mapping, out, page_size=16, multiplier=2,
+                                                max_pages=4, seq_len_delta=1, backend=backend)
+        return page_table, swa_page_table, out
+
+    eager = step(*(torch.full_like(t, POISON) for t in tables))
+    counter = torch._dynamo.testing.CompileCounterWithBackend("aot_eager")
+    compiled = torch.compile(step, backend=counter, fullgraph=True)(*(torch.full_like(t, POISON) for t in tables))
+    for got, want in zip(compiled, eager):
+        assert_same(got, want.cpu(), "compiled vs eager")
+    assert counter.frame_count == 1
 
 
 def test_int64_values_past_32_bits_in_the_loop_oracles():
