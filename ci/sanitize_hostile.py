@@ -12,6 +12,10 @@ the end of the table); with and without fill_value; page sizes 1, 16, 64, 96; in
 The CSR options too: page-granular tables (entry_page_size 16 and 7, entries at the int32 extremes) with starts
 and lengths at and far past a row's ``C * entry_page_size`` positions, token mappings that values fall outside of
 (negative, at and past the end; one of 3 entries), int32 and int64 outputs.
+The mapped page tables: the TRT-LLM MHA table with and without its SWA twin (full_to_swa of 3 int32 or many int64
+entries at the extremes: slots clamped into it, quotients' low 32 bits) and the translated table (v2p at the
+extremes or empty, multipliers at the int32 extremes, length deltas at the int32 extremes), on slot tables with
+negative and extreme entries, under the same spoilt requests (page sizes 1, 64, 7).
 Every tensor is its own exact-size allocation (PyTorch's caching allocator is turned off below, before torch is
 imported), so an access one element past any of them is reported by memcheck.
 
@@ -45,6 +49,7 @@ I32_MIN, I32_MAX = -(2**31), 2**31 - 1
 # seqlen_offset for the cases that spoil a length (the others take 1): L = seq_lens + seqlen_offset is exact.
 LENGTH_OFFSETS = (1, -1, I32_MAX, I32_MIN)
 OPTION_ENTRY_PAGE_SIZES = (16, 7)
+MAPPED_PAGE_SIZES = (1, 64, 7)
 
 
 def hostile_requests(rows, cols, wide):
@@ -209,6 +214,35 @@ def run(device, backends, verbose, shard=(0, 1)):
         if verbose:
             print("ran", what, flush=True)
 
+    def mapped_case(what, op, data, cpu, page_size, lookup, **options):
+        """The MHA page table (``lookup``: full_to_swa, None for none) or the translated one (``lookup``: v2p)
+        into exact-size tables: the MHA ones 5 and 7 pages wide, the translated one 5."""
+        nonlocal cases, mismatches
+        cases += 1
+        outs = [torch.full((BATCH, width), POISON, dtype=torch.int32, device=device) for width in (5, 7)]
+        expected = [out.cpu().clone() for out in outs]
+        lookup_cpu = None if lookup is None else lookup.cpu()
+        try:
+            if op == "mha":
+                swa = None if lookup is None else (outs[1], expected[1])
+                reference.build_mha_page_table(cpu["table"], cpu["pool"], cpu["lens"], expected[0], page_size,
+                                               swa and swa[1], lookup_cpu, options["round_toward_zero"])
+                kvdispatch.create_trtllm_mha_page_table(data["table"], data["pool"], data["lens"], outs[0],
+                                                        page_size=page_size, swa_page_table=swa and swa[0],
+                                                        full_to_swa=lookup, backend=backend, **options)
+            else:
+                reference.build_translated_page_table(cpu["table"], cpu["pool"], cpu["lens"], lookup_cpu, expected[0],
+                                                      page_size, **options)
+                kvdispatch.create_translated_page_table(data["table"], data["pool"], data["lens"], lookup, outs[0],
+                                                        page_size=page_size, backend=backend, **options)
+            for name, out, want in zip(("", " swa"), outs, expected):
+                check(what + name, out, want)
+        except Exception:
+            mismatches += 1
+            print(f"ERROR {what}:\n{traceback.format_exc()}", flush=True)
+        if verbose:
+            print("ran", what, flush=True)
+
     for backend in backends:
         for page_size in PAGE_SIZES:
             for dtype in (torch.int32, torch.int64):
@@ -252,6 +286,27 @@ def run(device, backends, verbose, shard=(0, 1)):
                                        f"{spoil[0]} {layout} mapping={None if mapping is None else mapping.shape[0]} "
                                        f"out={str(out_dtype)[6:]}", data, cpu, indptr, total, True, out_dtype,
                                        entry_page_size, mapping)
+        for page_size, dtype in itertools.product(MAPPED_PAGE_SIZES, (torch.int32, torch.int64)):
+            lookups = hostile_mappings(page_size, device, g)
+            for spoil in hostile_requests(BATCH + 3, 5 * page_size + 7, dtype == torch.int64):
+                if spoil[3] is not None:
+                    continue  # these tables take no start
+                data, rows, cols = make(page_size, dtype, device, g, spoil)
+                # Slots as make draws them (mostly past the mappings: clamped to their last entry), floor
+                # division; then negative and extreme ones, divided toward zero.
+                for table_kind, tables in (("slots", data), ("negative", option_table(data, page_size, g))):
+                    cpu = {k: v.cpu() for k, v in tables.items()}
+                    for mapping in lookups:
+                        mapped_case(f"{backend} mha_page_table page={page_size} {str(dtype)[6:]} {spoil[0]} "
+                                    f"{table_kind} mapping={None if mapping is None else mapping.shape[0]}", "mha",
+                                    tables, cpu, page_size, mapping, round_toward_zero=table_kind == "negative")
+                deltas = LENGTH_OFFSETS if spoil[0].startswith("length") else (0,)
+                translations = ((lookups[1], 1), (lookups[1], I32_MIN), (lookups[2], I32_MAX), (lookups[1][:0], 3))
+                for (v2p, multiplier), delta in itertools.product(translations, deltas):
+                    mapped_case(f"{backend} translated_page_table page={page_size} {str(dtype)[6:]} {spoil[0]} "
+                                f"v2p={v2p.shape[0]} multiplier={multiplier} delta={delta}", "translated", tables,
+                                cpu, page_size, v2p, multiplier=multiplier, max_pages=None if multiplier == 1 else 3,
+                                seq_len_delta=delta)
         if device.type == "cuda":
             torch.cuda.synchronize(device)  # surfaces a device-side fault here, under this backend's name
         print(f"backend {backend}: done", flush=True)

@@ -258,3 +258,98 @@ extern "C" __global__ void kv_token_csr(
         else ((int*)out)[offset + j] = (int)(kv_u64)v;  // the low 32 bits, as Tensor.to(torch.int32)
     }
 }
+
+// ---- Page tables translated through a lookup table (semantics: kvdispatch/reference.py,
+// build_mha_page_table and build_translated_page_table) ----
+//
+// Both run on the page table's grid (kvdispatch.grid.mapped_page_table_launch): program (b, k) owns pages
+// [k * items, (k + 1) * items) of row b, its threads striding over them; a page p is there when its first
+// position p * page_size lies below `limit` = min(L_b, C) on a readable row (0 <= pool < rows).
+// Flags: KV_WIDE_POOL, KV_WIDE_LENS, KV_FOLDED_GRID; KV_MAPPING (the MHA table's SWA twin is written),
+// KV_WIDE_MAPPING (the lookup table, full_to_swa or v2p, is int64), KV_ROUND_TOWARD_ZERO (MHA divisions).
+
+// Division of a 64-bit value by a positive divisor: truncating when `toward_zero`, else rounded down.
+__device__ inline kv_i64 kv_div64(kv_i64 value, kv_i64 divisor, bool toward_zero) {
+    const kv_i64 q = value / divisor;
+    return (!toward_zero && value % divisor != 0 && value < 0) ? q - 1 : q;
+}
+
+// What a program of a mapped table knows before its pages: its first page, its row's pool index and the
+// limit of the row's page positions, min(seq_lens[b] + offset, cols) on a readable row, else 0.
+struct kv_mapped_row {
+    kv_i64 first, pool, limit;
+};
+
+__device__ inline kv_mapped_row kv_mapped_row_of(const void* pool_ptr, kv_i64 pool_stride, const void* lens_ptr,
+                                                 kv_i64 lens_stride, kv_i64 rows, kv_i64 cols, kv_i64 offset,
+                                                 kv_i64 items, kv_i64 flags) {
+    const kv_i64 b = blockIdx.x;
+    kv_mapped_row r;
+    r.first = kv_row_program(KV_HAS(KV_FOLDED_GRID)) * items;
+    r.pool = kv_load_index(pool_ptr, b * pool_stride, KV_HAS(KV_WIDE_POOL));
+    const kv_i64 length = kv_add_saturated(kv_load_index(lens_ptr, b * lens_stride, KV_HAS(KV_WIDE_LENS)), offset);
+    r.limit = r.pool >= 0 && r.pool < rows ? kv_min(length, cols) : 0;
+    return r;
+}
+
+// The page size: the compile-time one of a specialised build (divisions become shifts), else the argument.
+__device__ inline kv_i64 kv_specialised_page_size(kv_i64 page_size_arg) {
+#ifdef KV_PAGE_SIZE
+    return KV_PAGE_SIZE;
+#else
+    return page_size_arg;
+#endif
+}
+
+// slot = table[pool_b, p * page_size]; page_table[b, p] = slot / page_size (p < width) and, with KV_MAPPING,
+// swa[b, p] = mapping[clamp(slot, 0, mapping_len - 1)] / page_size, its low 32 bits (p < swa_width;
+// the launcher sets KV_MAPPING only when mapping_len > 0). Everything else is left untouched.
+extern "C" __global__ void kv_mha_page_table(
+    const int* __restrict__ table, const void* __restrict__ req_pool_indices, const void* __restrict__ seq_lens,
+    int* __restrict__ page_table, int* __restrict__ swa_page_table, const void* __restrict__ full_to_swa,
+    kv_i64 rows, kv_i64 cols, kv_i64 table_stride, kv_i64 width, kv_i64 page_table_stride, kv_i64 swa_width,
+    kv_i64 swa_stride, kv_i64 mapping_len, kv_i64 pool_stride, kv_i64 lens_stride, kv_i64 items,
+    kv_i64 page_size_arg, kv_i64 flags) {
+    const kv_i64 page_size = kv_specialised_page_size(page_size_arg), b = blockIdx.x;
+    const kv_mapped_row r = kv_mapped_row_of(req_pool_indices, pool_stride, seq_lens, lens_stride, rows, cols, 0,
+                                             items, flags);
+    const kv_i64 first = r.first, limit = r.limit;
+    if (first * page_size >= limit) return;
+    const bool swa = KV_HAS(KV_MAPPING), toward_zero = KV_HAS(KV_ROUND_TOWARD_ZERO);
+    const kv_i64 last = kv_min(first + items, swa ? kv_max(width, swa_width) : width);
+    const int* row = table + r.pool * table_stride;
+    for (kv_i64 p = first + threadIdx.x; p < last && p * page_size < limit; p += blockDim.x) {
+        const int slot = row[p * page_size];
+        if (p < width) page_table[b * page_table_stride + p] = (int)kv_div64(slot, page_size, toward_zero);
+        if (swa && p < swa_width) {
+            const kv_i64 index = kv_min(kv_max(slot, 0), mapping_len - 1);
+            const kv_i64 mapped = kv_load_index(full_to_swa, index, KV_HAS(KV_WIDE_MAPPING));
+            swa_page_table[b * swa_stride + p] = (int)(kv_u64)kv_div64(mapped, page_size, toward_zero);
+        }
+    }
+}
+
+// t = table[pool_b, c * page_size]; v = t < 0 ? 0 : t / page_size; out[b, c] = min(max(v2p[v] * multiplier, 0),
+// 2**31 - 1), exact (0 for v >= v2p_len), for c < columns with c * page_size below min(seq_lens[b] +
+// seq_len_delta, cols). Everything else is left untouched.
+extern "C" __global__ void kv_translated_page_table(
+    const int* __restrict__ table, const void* __restrict__ req_pool_indices, const void* __restrict__ seq_lens,
+    const void* __restrict__ v2p, int* __restrict__ out, kv_i64 rows, kv_i64 cols, kv_i64 table_stride,
+    kv_i64 columns, kv_i64 out_stride, kv_i64 v2p_len, kv_i64 multiplier, kv_i64 seq_len_delta, kv_i64 pool_stride,
+    kv_i64 lens_stride, kv_i64 items, kv_i64 page_size_arg, kv_i64 flags) {
+    const kv_i64 page_size = kv_specialised_page_size(page_size_arg), b = blockIdx.x;
+    const kv_mapped_row r = kv_mapped_row_of(req_pool_indices, pool_stride, seq_lens, lens_stride, rows, cols,
+                                             seq_len_delta, items, flags);
+    const kv_i64 first = r.first, limit = r.limit;
+    if (first * page_size >= limit) return;
+    const kv_i64 last = kv_min(first + items, columns);
+    const int* row = table + r.pool * table_stride;
+    const kv_i64 bound = 0x80000000LL;  // 2**31: |physical| and |multiplier| at most this, the product exact
+    for (kv_i64 c = first + threadIdx.x; c < last && c * page_size < limit; c += blockDim.x) {
+        const int token = row[c * page_size];
+        const kv_i64 page = token < 0 ? 0 : token / page_size;
+        kv_i64 physical = page < v2p_len ? kv_load_index(v2p, page, KV_HAS(KV_WIDE_MAPPING)) : 0;
+        physical = kv_min(kv_max(physical, -bound), bound) * multiplier;
+        out[b * out_stride + c] = (int)kv_min(kv_max(physical, 0), bound - 1);
+    }
+}

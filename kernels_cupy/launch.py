@@ -23,7 +23,7 @@ import torch
 
 from kvdispatch import grid
 
-from .build import PAGE_TABLE_KERNEL, TOKEN_CSR_KERNEL
+from .build import MHA_PAGE_TABLE_KERNEL, PAGE_TABLE_KERNEL, TOKEN_CSR_KERNEL, TRANSLATED_PAGE_TABLE_KERNEL
 
 # Flag bits; the same values as the KV_* macros in kv_indices.cu (tests/test_shared_constants.py).
 WIDE_POOL, WIDE_LENS, WIDE_START, WIDE_INDPTR, FILL, START, LENS_OUT, FOLDED_GRID = 1, 2, 4, 8, 16, 32, 64, 128
@@ -32,6 +32,7 @@ WIDE_OUT, MAPPING, WIDE_MAPPING, ROUND_TOWARD_ZERO = 256, 512, 1024, 2048
 # The geometry depends on a few ints only; caching it keeps the helper off the per-call path.
 _page_table_launch = functools.lru_cache(maxsize=4096)(grid.page_table_launch)
 _token_csr_launch = functools.lru_cache(maxsize=4096)(grid.token_csr_launch)
+_mapped_page_table_launch = functools.lru_cache(maxsize=4096)(grid.mapped_page_table_launch)
 
 
 class KernelCall(NamedTuple):
@@ -106,6 +107,46 @@ def token_csr_call(req_to_token, req_pool_indices, seq_lens, kv_indptr, out, kv_
     return KernelCall(TOKEN_CSR_KERNEL, defines, launch.grid, launch.threads, args)
 
 
+def mha_page_table_call(req_to_token, req_pool_indices, seq_lens, page_table, page_size, swa_page_table=None,
+                        full_to_swa=None, round_toward_zero=False) -> KernelCall | None:
+    """The ``kv_mha_page_table`` launch for ``kvdispatch.reference.build_mha_page_table``'s arguments, or None
+    when there is nothing to do. An empty ``full_to_swa`` leaves the SWA table out (nothing to read)."""
+    width = page_table.shape[1]
+    swa = swa_page_table is not None and full_to_swa.shape[0] > 0
+    swa_width = swa_page_table.shape[1] if swa else 0
+    launch = _mapped_page_table_launch(req_pool_indices.shape[0], max(width, swa_width), page_size)
+    if launch.grid[0] == 0:
+        return None
+    flags = (_wide(req_pool_indices, WIDE_POOL) | _wide(seq_lens, WIDE_LENS) | _folded(launch)
+             | (MAPPING | _wide(full_to_swa, WIDE_MAPPING) if swa else 0)
+             | (ROUND_TOWARD_ZERO if round_toward_zero else 0))
+    rows, cols = req_to_token.shape
+    args = (req_to_token.data_ptr(), req_pool_indices.data_ptr(), seq_lens.data_ptr(), page_table.data_ptr(),
+            _ptr(swa_page_table) if swa else 0, _ptr(full_to_swa) if swa else 0, rows, cols, req_to_token.stride(0),
+            width, page_table.stride(0), swa_width, _stride(swa_page_table) if swa else 0,
+            full_to_swa.shape[0] if swa else 0, req_pool_indices.stride(0), seq_lens.stride(0),
+            launch.items_per_program, page_size, flags)
+    defines = (("KV_PAGE_SIZE", page_size), ("KV_FLAGS", flags))
+    return KernelCall(MHA_PAGE_TABLE_KERNEL, defines, launch.grid, launch.threads, args)
+
+
+def translated_page_table_call(req_to_token, req_pool_indices, seq_lens, v2p, out, page_size, multiplier=1,
+                               max_pages=None, seq_len_delta=0) -> KernelCall | None:
+    """The ``kv_translated_page_table`` launch for ``kvdispatch.reference.build_translated_page_table``'s
+    arguments, or None when there is nothing to do."""
+    columns = out.shape[1] if max_pages is None else min(max_pages, out.shape[1])
+    launch = _mapped_page_table_launch(req_pool_indices.shape[0], columns, page_size)
+    if launch.grid[0] == 0:
+        return None
+    flags = (_wide(req_pool_indices, WIDE_POOL) | _wide(seq_lens, WIDE_LENS) | _folded(launch)
+             | _wide(v2p, WIDE_MAPPING))
+    rows, cols = req_to_token.shape
+    args = (req_to_token.data_ptr(), req_pool_indices.data_ptr(), seq_lens.data_ptr(), v2p.data_ptr(), out.data_ptr(),
+            rows, cols, req_to_token.stride(0), columns, out.stride(0), v2p.shape[0], multiplier, seq_len_delta,
+            req_pool_indices.stride(0), seq_lens.stride(0), launch.items_per_program, page_size, flags)
+    defines = (("KV_PAGE_SIZE", page_size), ("KV_FLAGS", flags))
+    return KernelCall(TRANSLATED_PAGE_TABLE_KERNEL, defines, launch.grid, launch.threads, args)
+
 
 _runtime_module = None
 
@@ -136,6 +177,26 @@ def build_token_indices(req_to_token, req_pool_indices, seq_lens, kv_indptr, out
     """Token-level CSR indices; semantics of ``kvdispatch.create_flashinfer_kv_indices``. Returns ``out``."""
     call = token_csr_call(req_to_token, req_pool_indices, seq_lens, kv_indptr, out, kv_start_idx, entry_page_size,
                           token_mapping)
+    if call is not None:
+        _runtime().launch(call, req_to_token.device)
+    return out
+
+
+def build_mha_page_table(req_to_token, req_pool_indices, seq_lens, page_table, page_size, swa_page_table=None,
+                         full_to_swa=None, round_toward_zero=False):
+    """TRT-LLM MHA page table; semantics of ``kvdispatch.create_trtllm_mha_page_table``. Returns ``page_table``."""
+    call = mha_page_table_call(req_to_token, req_pool_indices, seq_lens, page_table, page_size, swa_page_table,
+                               full_to_swa, round_toward_zero)
+    if call is not None:
+        _runtime().launch(call, req_to_token.device)
+    return page_table
+
+
+def build_translated_page_table(req_to_token, req_pool_indices, seq_lens, v2p, out, page_size, multiplier=1,
+                                max_pages=None, seq_len_delta=0):
+    """Translated page table; semantics of ``kvdispatch.create_translated_page_table``. Returns ``out``."""
+    call = translated_page_table_call(req_to_token, req_pool_indices, seq_lens, v2p, out, page_size, multiplier,
+                                      max_pages, seq_len_delta)
     if call is not None:
         _runtime().launch(call, req_to_token.device)
     return out

@@ -22,6 +22,8 @@ _OWNERS = {
     "on_selected": "native",
     "reset": "launch",
     "specializations": "crosscompile",
+    "build_mha_page_table": "mapped_tables",
+    "build_translated_page_table": "mapped_tables",
 }
 
 __all__ = sorted(_OWNERS)

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from kvdispatch import grid as launch_grid
 from kvdispatch._env import flag
 
-from . import launch, page_table, token_csr
+from . import launch, mapped_tables, page_table, token_csr
 
 PAGE_SIZES = page_table.SPECIALISED_PAGE_SIZES
 TARGETS = (("cuda", 90, 32), ("cuda", 100, 32), ("hip", "gfx942", 64), ("hip", "gfx950", 64))
@@ -73,6 +73,20 @@ def specializations(warp_size: int = 32, page_sizes=PAGE_SIZES, index_types=("i3
     threads = launch_grid.token_csr_launch(1, 1, 1).threads
     for signature, constexprs in token_csr.specializations(index_types):
         yield Specialization(csr_kernel, signature, constexprs, max(1, threads // warp_size))
+    yield from _mapped_table_specializations(warp_size, page_sizes, index_types)
+
+
+def _mapped_table_specializations(warp_size, page_sizes, index_types):
+    """The mapped page tables' specialisations (``mapped_tables.specializations``)."""
+    import triton  # noqa: PLC0415
+
+    kernels = {name: triton.runtime.jit.JITFunction(function, do_not_specialize=ints,
+                                                    do_not_specialize_on_alignment=pointers)
+               for name, (function, pointers, ints) in mapped_tables.KERNEL_PARAMETERS.items()}
+    for page_size in page_sizes:
+        threads = launch_grid.mapped_page_table_launch(1, 1, page_size).threads
+        for name, signature, constexprs in mapped_tables.specializations((page_size,), index_types):
+            yield Specialization(kernels[name], signature, constexprs, max(1, threads // warp_size))
 
 
 def compile_one(spec: Specialization, target):

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from . import grid, ops  # ops: torch.ops.kvdispatch.<public name>, registered without touching a device
 from .api import create_flashinfer_kv_indices, create_flashmla_kv_indices
+from .api import create_translated_page_table, create_trtllm_mha_page_table
 from .dispatch import BackendUnavailableError, available_backends, reset, select_backend
 from .devices import DeviceInfo, probe
 
@@ -19,6 +20,8 @@ __all__ = [
     "available_backends",
     "create_flashinfer_kv_indices",
     "create_flashmla_kv_indices",
+    "create_translated_page_table",
+    "create_trtllm_mha_page_table",
     "grid",
     "probe",
     "reset",

@@ -6,6 +6,9 @@
 * ``csr_loop``: token CSR after SGLang's design, written for kvdispatch: one program per request, looping
   over its tokens ``CSR_BLOCK`` at a time; value ``table[row, q // E] * E + q % E``, then the mapping.
 * ``touch``: a trivial one-element kernel, the reference for a plain ``kernel[grid](...)`` launch.
+* ``mha_grid_2d``: the TRT-LLM MHA page table (with its SWA twin) after SGLang's design: 2-D grid, ``4096 //
+  page_size`` pages per program, programs past a row's tokens exit, block masks.
+* ``v2p_grid_2d``: the unified pool's translated page table after SGLang's design, on the same grid.
 
 Import this module only after ``TRITON_INTERPRET`` has its final value: ``triton.jit`` reads it. The
 plain-PyTorch baseline is ``bench.plain_torch``: it runs where Triton is not installed.
@@ -101,3 +104,57 @@ def csr_loop(req_to_token, req_pool_indices, seq_lens, kv_indptr, out, entry_pag
 def touch(x):
     """A plain ``kernel[grid](...)`` launch of a trivial kernel."""
     _touch_kernel[(1,)](x)
+
+
+@triton.jit
+def _mha_grid_2d_kernel(table, pool_idx, lengths, page_table, swa_page_table, full_to_swa, mapping_len, table_stride,
+                        out_stride, PAGE: tl.constexpr, STEP: tl.constexpr, HAS_SWA: tl.constexpr):
+    b = tl.program_id(0)
+    block = tl.program_id(1)
+    length = tl.load(lengths + b)
+    if block < tl.cdiv(length, STEP * PAGE):
+        p = block * STEP + tl.arange(0, STEP)
+        mask = p < tl.cdiv(length, PAGE)
+        row = tl.load(pool_idx + b).to(tl.int64)
+        slots = tl.load(table + row * table_stride + p.to(tl.int64) * PAGE, mask=mask)
+        dst = b.to(tl.int64) * out_stride + p
+        tl.store(page_table + dst, (slots // PAGE).to(tl.int32), mask=mask)
+        if HAS_SWA:
+            index = tl.minimum(tl.maximum(slots, 0), mapping_len - 1)
+            swa = tl.load(full_to_swa + index, mask=mask)
+            tl.store(swa_page_table + dst, (swa // PAGE).to(tl.int32), mask=mask)
+
+
+@triton.jit
+def _v2p_grid_2d_kernel(table, pool_idx, lengths, v2p, out, multiplier, max_pages, table_stride, out_stride,
+                        PAGE: tl.constexpr, STEP: tl.constexpr):
+    b = tl.program_id(0)
+    c = tl.program_id(1) * STEP + tl.arange(0, STEP)
+    row = tl.load(pool_idx + b).to(tl.int64)
+    live = (c < tl.cdiv(tl.load(lengths + b), PAGE)) & (c < max_pages)
+    tokens = tl.load(table + row * table_stride + c.to(tl.int64) * PAGE, mask=live, other=0)
+    page = tl.where(tokens < 0, 0, tokens // PAGE)
+    physical = tl.load(v2p + page, mask=live, other=0)
+    tl.store(out + b.to(tl.int64) * out_stride + c, tl.maximum(physical * multiplier, 0).to(tl.int32), mask=live)
+
+
+def mha_grid_2d(req_to_token, req_pool_indices, seq_lens, page_table, page_size, swa_page_table=None,
+                full_to_swa=None):
+    """The TRT-LLM MHA page table (and its SWA twin, sharing ``page_table``'s row stride) after SGLang's design:
+    a 2-D grid, ``4096 // page_size`` pages per program, programs past a row's tokens exit."""
+    step = pages_per_program(page_size)
+    swa = full_to_swa is not None
+    grid = (req_pool_indices.shape[0], triton.cdiv(page_table.shape[1], step))
+    _mha_grid_2d_kernel[grid](req_to_token, req_pool_indices, seq_lens, page_table,
+                              swa_page_table if swa else page_table, full_to_swa if swa else page_table,
+                              full_to_swa.numel() if swa else 0, req_to_token.stride(0), page_table.stride(0),
+                              PAGE=page_size, STEP=step, HAS_SWA=swa)
+
+
+def v2p_grid_2d(req_to_token, req_pool_indices, seq_lens, v2p, out, page_size, multiplier=1):
+    """The unified pool's translated page table after SGLang's design, on the page table's 2-D grid
+    (``4096 // page_size`` pages per program), every column of ``out`` a possible live one."""
+    step = pages_per_program(page_size)
+    grid = (req_pool_indices.shape[0], triton.cdiv(out.shape[1], step))
+    _v2p_grid_2d_kernel[grid](req_to_token, req_pool_indices, seq_lens, v2p, out, multiplier, out.shape[1],
+                              req_to_token.stride(0), out.stride(0), PAGE=page_size, STEP=step)

@@ -93,10 +93,10 @@ def _check_apart(outputs, inputs):
         earlier.append((name, span))
 
 
-def _check_rows_apart(out):
+def _check_rows_apart(out, name="out"):
     rows, width = out.shape
     if rows > 1 and out.stride(0) < width:
-        raise ValueError(f"rows of out share memory: its row stride {out.stride(0)} is below its width {width} "
+        raise ValueError(f"rows of {name} share memory: its row stride {out.stride(0)} is below its width {width} "
                          f"(shape {tuple(out.shape)})")
 
 
@@ -295,4 +295,107 @@ def check_token_csr_args(req_to_token, req_pool_indices, seq_lens, kv_indptr, ou
     _check_apart((("out", out),),
                  (("req_to_token", req_to_token), ("req_pool_indices", req_pool_indices), ("seq_lens", seq_lens),
                   ("kv_indptr", kv_indptr), ("kv_start_idx", kv_start_idx), ("token_mapping", token_mapping)))
+    return device
+
+
+def _table_output(name, t, batch, device):
+    """An int32 ``[>= batch, W]`` output table on ``device``, last dimension contiguous."""
+    _int32_tensor(name, t, 2)
+    if t.shape[0] < batch:
+        raise ValueError(f"{name} must have at least {batch} rows (the batch), got shape {tuple(t.shape)}")
+    if t.device != device:
+        raise ValueError(f"{name} is on {t.device}, expected {device} (the device of req_to_token)")
+
+
+def _lookup_vector(name, t, device):
+    """A contiguous int32/int64 ``[M]`` lookup table on ``device`` (any length)."""
+    _index_vector(name, t, device, 0, at_least=True)
+    if t.stride(0) != 1 and t.shape[0] > 1:
+        raise ValueError(f"{name} must be contiguous (stride 1), got strides {t.stride()}")
+
+
+def check_mha_page_table_args(req_to_token, req_pool_indices, seq_lens, page_table, page_size, swa_page_table=None,
+                              full_to_swa=None, round_toward_zero=False, memory=True):
+    """Validate ``create_trtllm_mha_page_table`` arguments; returns the device (``memory``: as for
+    ``check_page_table_args``)."""
+    try:  # hot path, as in check_page_table_args
+        device, batch_shape = req_to_token.device, req_pool_indices.shape
+        if (memory and len(batch_shape) == 1 and _small_int(page_size, 1, MAX_PAGE_SIZE)
+                and (round_toward_zero is False or round_toward_zero is True)
+                and (swa_page_table is None) == (full_to_swa is None)):
+            batch = batch_shape[0]
+            table = _int32_span(req_to_token, device, 2)
+            written = _int32_span(page_table, device, 2, batch, True)
+            pool = _index_span(req_pool_indices, device, batch_shape)
+            lens = _index_span(seq_lens, device, batch_shape)
+            if table and written and pool and lens:
+                inputs = (table, pool, lens)
+                if swa_page_table is None:
+                    if _apart(written, inputs):
+                        return device
+                else:
+                    swa_written = _int32_span(swa_page_table, device, 2, batch, True)
+                    mapping = _mapping_span(full_to_swa, device)
+                    if (swa_written and mapping and _apart(written, inputs + (mapping, swa_written))
+                            and _apart(swa_written, inputs + (mapping,))):
+                        return device
+    except (AttributeError, IndexError, TypeError):
+        pass
+    batch, device = _common(req_to_token, req_pool_indices, seq_lens, None)
+    _table_output("page_table", page_table, batch, device)
+    _python_int("page_size", page_size, 1, MAX_PAGE_SIZE)
+    if not isinstance(round_toward_zero, bool):
+        raise TypeError(f"round_toward_zero must be a bool, got {type(round_toward_zero).__name__}")
+    if (swa_page_table is None) != (full_to_swa is None):
+        given, missing = ("swa_page_table", "full_to_swa") if full_to_swa is None else ("full_to_swa",
+                                                                                       "swa_page_table")
+        raise ValueError(f"{given} was given without {missing}: the SWA table needs both")
+    if swa_page_table is not None:
+        _table_output("swa_page_table", swa_page_table, batch, device)
+        _lookup_vector("full_to_swa", full_to_swa, device)
+    if not memory:
+        return device
+    _check_rows_apart(page_table, "page_table")
+    if swa_page_table is not None:
+        _check_rows_apart(swa_page_table, "swa_page_table")
+    _check_apart((("page_table", page_table), ("swa_page_table", swa_page_table)),
+                 (("req_to_token", req_to_token), ("req_pool_indices", req_pool_indices), ("seq_lens", seq_lens),
+                  ("full_to_swa", full_to_swa)))
+    return device
+
+
+def check_translated_page_table_args(req_to_token, req_pool_indices, seq_lens, v2p, out, page_size, multiplier=1,
+                                     max_pages=None, seq_len_delta=0, memory=True):
+    """Validate ``create_translated_page_table`` arguments; returns the device (``memory``: as for
+    ``check_page_table_args``)."""
+    try:  # hot path, as in check_page_table_args
+        device, batch_shape = req_to_token.device, req_pool_indices.shape
+        if (memory and len(batch_shape) == 1 and _small_int(page_size, 1, MAX_PAGE_SIZE) and _small_int(multiplier)
+                and _small_int(seq_len_delta)):
+            batch = batch_shape[0]
+            table = _int32_span(req_to_token, device, 2)
+            written = _int32_span(out, device, 2, batch, True)
+            pool = _index_span(req_pool_indices, device, batch_shape)
+            lens = _index_span(seq_lens, device, batch_shape)
+            mapping = _mapping_span(v2p, device)
+            if (table and written and pool and lens and mapping
+                    and (max_pages is None or _small_int(max_pages, 0, out.shape[1]))
+                    and _apart(written, (table, pool, lens, mapping))):
+                return device
+    except (AttributeError, IndexError, TypeError):
+        pass
+    batch, device = _common(req_to_token, req_pool_indices, seq_lens, None)
+    _lookup_vector("v2p", v2p, device)
+    _table_output("out", out, batch, device)
+    _python_int("page_size", page_size, 1, MAX_PAGE_SIZE)
+    _python_int("multiplier", multiplier, _INT32_MIN, _INT32_MAX)
+    if max_pages is not None:
+        _python_int("max_pages", max_pages, 0, out.shape[1])
+    _python_int("seq_len_delta", seq_len_delta, _INT32_MIN, _INT32_MAX)
+    if not memory:
+        return device
+    _check_rows_apart(out)
+    _check_apart((("out", out),),
+                 (("req_to_token", req_to_token), ("req_pool_indices", req_pool_indices), ("seq_lens", seq_lens),
+                  ("v2p", v2p)))
     return device

@@ -12,7 +12,8 @@ from __future__ import annotations
 import torch
 
 from . import _debug, dispatch
-from ._validate import check_page_table_args, check_token_csr_args
+from ._validate import (check_mha_page_table_args, check_page_table_args, check_token_csr_args,
+                        check_translated_page_table_args)
 
 # Dynamo reads this as a constant True while tracing; in eager mode it is one call returning False.
 _compiling = torch.compiler.is_compiling
@@ -164,4 +165,102 @@ def _token_csr_in_graph(req_to_token, req_pool_indices, seq_lens, kv_indptr, out
         req_to_token, req_pool_indices, seq_lens, kv_indptr, out, kv_start_idx=kv_start_idx,
         entry_page_size=entry_page_size, token_mapping=token_mapping,
         backend=_requested_backend(backend, dispatch.generation))
+    return out
+
+
+def create_trtllm_mha_page_table(req_to_token, req_pool_indices, seq_lens, page_table, *, page_size,
+                                 swa_page_table=None, full_to_swa=None, round_toward_zero=False, backend=None):
+    """Build the TRT-LLM MHA page table (and its sliding-window twin) into ``page_table``.
+
+    For request ``b < B`` and page ``p < ceil(L_b / page_size)``, with ``L_b = seq_lens[b]``::
+
+        slot = req_to_token[req_pool_indices[b], p * page_size]
+        page_table[b, p] = slot // page_size                                   # p < W
+        swa_page_table[b, p] = full_to_swa[clamp(slot, 0, M - 1)] // page_size  # p < W2, with SWA
+
+    ``//`` floors (truncates with ``round_toward_zero``, as SGLang's kernel divides); the SWA value is the
+    quotient's low 32 bits. The out-of-range slots the clamp catches read the mapping's first or last entry,
+    as in SGLang; an empty mapping (``M == 0``) writes nothing into ``swa_page_table``.
+
+    Args:
+        req_to_token, req_pool_indices, seq_lens: as for ``create_flashmla_kv_indices`` (int32 ``[R, C]``,
+            int32/int64 ``[B]``, int32/int64 ``[B]``).
+        page_table: int32 ``[>= B, W]``, last dim contiguous, any row stride. Written in place.
+        page_size: int in ``[1, 4096]``.
+        swa_page_table: optional int32 ``[>= B, W2]`` (last dim contiguous, any row stride), given together
+            with ``full_to_swa``: int32/int64 ``[M]``, contiguous, the full pool's slot -> SWA pool's slot.
+        round_toward_zero: bool; divide negative values rounding toward zero.
+        backend: ``"triton"``, ``"cupy"``, ``"torch"``, ``"auto"`` or None (auto, or ``KVDISPATCH_BACKEND``).
+
+    Left untouched: rows ``>= B`` of both tables and the columns past each row's pages. Bad data never
+    reads or writes out of bounds: a pool index outside ``[0, R)`` or a length ``<= 0`` gives an empty row,
+    and a row ends at its first page starting at or past column ``C``. No host sync and no device allocation
+    on the GPU backends: capturable in a CUDA graph.
+
+    Raises ``TypeError``/``ValueError`` naming the argument before anything is written: bad dtypes, shapes or
+    devices, one of ``swa_page_table``/``full_to_swa`` without the other, outputs sharing memory with an input
+    or with each other, rows of a table sharing memory.
+
+    Returns:
+        ``page_table``.
+    """
+    if _compiling():
+        torch.ops.kvdispatch.create_trtllm_mha_page_table(
+            req_to_token, req_pool_indices, seq_lens, page_table, page_size=page_size,
+            swa_page_table=swa_page_table, full_to_swa=full_to_swa, round_toward_zero=round_toward_zero,
+            backend=_requested_backend(backend, dispatch.generation))
+        return page_table
+    device = check_mha_page_table_args(req_to_token, req_pool_indices, seq_lens, page_table, page_size,
+                                       swa_page_table, full_to_swa, round_toward_zero)
+    dispatch.call(device, "mha_page_table", backend, req_to_token, req_pool_indices, seq_lens, page_table,
+                  page_size, swa_page_table, full_to_swa, round_toward_zero)
+    return page_table
+
+
+def create_translated_page_table(req_to_token, req_pool_indices, seq_lens, v2p, out, *, page_size, multiplier=1,
+                                 max_pages=None, seq_len_delta=0, backend=None):
+    """Build a page table translated through a virtual-to-physical page map (SGLang's unified pool) into ``out``.
+
+    For request ``b < B`` and column ``c < min(ceil(L_b / page_size), max_pages)``, ``L_b = seq_lens[b] +
+    seq_len_delta``::
+
+        token = req_to_token[req_pool_indices[b], c * page_size]
+        page = 0 if token < 0 else token // page_size
+        out[b, c] = min(max(v2p[page] * multiplier, 0), 2**31 - 1)
+
+    computed exactly (the product saturates at ``2**31 - 1``, it never wraps); a ``page`` at or past
+    ``V = len(v2p)`` gives 0, as a freed page (-1) does.
+
+    Args:
+        req_to_token: int32 ``[R, C]``, last dim contiguous, any row stride.
+        req_pool_indices: int32/int64 ``[B]``.
+        seq_lens: int32/int64 ``[B]``.
+        v2p: int32/int64 ``[V]``, contiguous: virtual page -> physical page (-1: freed).
+        out: int32 ``[>= B, W]``, last dim contiguous, any row stride. Written in place.
+        page_size: int in ``[1, 4096]``.
+        multiplier: 32-bit int; physical pages are scaled by it (a sub-pool's blocks per page).
+        max_pages: optional int in ``[0, W]``: the columns a row may write (None: ``W``).
+        seq_len_delta: 32-bit int added to every length (draft tokens in whole-sequence verify).
+        backend: as for ``create_trtllm_mha_page_table``.
+
+    Left untouched: rows ``>= B``, columns ``>= max_pages`` and the columns past each row's live ones (a reused
+    buffer keeps its stale tail). Bad data never reads or writes out of bounds: a bad pool index or a length
+    ``<= 0`` gives an empty row, a row ends at its first column starting at or past ``C``. No host sync, no
+    device allocation on the GPU backends.
+
+    Raises ``TypeError``/``ValueError`` naming the argument before anything is written, also where ``out``
+    shares memory with an input or its rows share memory.
+
+    Returns:
+        ``out``.
+    """
+    if _compiling():
+        torch.ops.kvdispatch.create_translated_page_table(
+            req_to_token, req_pool_indices, seq_lens, v2p, out, page_size=page_size, multiplier=multiplier,
+            max_pages=max_pages, seq_len_delta=seq_len_delta, backend=_requested_backend(backend, dispatch.generation))
+        return out
+    device = check_translated_page_table_args(req_to_token, req_pool_indices, seq_lens, v2p, out, page_size,
+                                              multiplier, max_pages, seq_len_delta)
+    dispatch.call(device, "translated_page_table", backend, req_to_token, req_pool_indices, seq_lens, v2p, out,
+                  page_size, multiplier, max_pages, seq_len_delta)
     return out

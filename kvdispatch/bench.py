@@ -1,9 +1,11 @@
 """``kvdispatch bench``: the page table and the token CSR through the public API, per backend, against baselines.
 
-Per case (page table ``BATCHxCONTEXTxPAGE`` or token CSR ``csr:BATCHxCONTEXT[:i64][:eE][:map]``) and
+Per case (page table ``BATCHxCONTEXTxPAGE``, token CSR ``csr:BATCHxCONTEXT[:i64][:eE][:map]``, the TRT-LLM MHA
+page table ``mha:BATCHxCONTEXTxPAGE[:swa]`` or the unified pool's translated one ``v2p:BATCHxCONTEXTxPAGE``) and
 implementation: correctness against ``kvdispatch.reference`` (a wrong result fails the run), device
 time per call (CUDA-graph replay on a GPU, wall clock on CPU), host time per eager call, ratios to the
-naive loop, the SGLang-design baseline (2-D grid; csr-loop for token CSR) and plain PyTorch, and for
+naive loop, the SGLang-design baseline (2-D grid; csr-loop for token CSR; mha-2d-grid and v2p-2d-grid) and
+plain PyTorch (for mha and v2p: ``kvdispatch.reference``), and for
 page-1 page-table cases the bandwidth against a device-to-device copy. Once per run: host cost of ``x.add_(1)`` and
 of a plain Triton launch, the copy bandwidth, and Triton compilations across random widths.
 What cannot run on the device is skipped, each with its reason; ``LEGEND`` explains the columns.
@@ -29,16 +31,21 @@ from kvdispatch import dispatch, reference
 
 POISON = -123456789
 NAIVE, GRID_2D, CSR_LOOP, PLAIN_TORCH = "naive-loop", "2d-grid", "csr-loop", "plain-torch"
-TRITON_BASELINES = {"table": [NAIVE, GRID_2D], "csr": [CSR_LOOP]}  # per op
-SGLANG_BASELINE = {"table": GRID_2D, "csr": CSR_LOOP}  # the /2d and host/launch columns divide by it
+MHA_GRID_2D, V2P_GRID_2D = "mha-2d-grid", "v2p-2d-grid"
+TRITON_BASELINES = {"table": [NAIVE, GRID_2D], "csr": [CSR_LOOP], "mha": [MHA_GRID_2D], "v2p": [V2P_GRID_2D]}
+SGLANG_BASELINE = {"table": GRID_2D, "csr": CSR_LOOP, "mha": MHA_GRID_2D, "v2p": V2P_GRID_2D}  # /2d, host/launch
+# The mapped page tables' case kinds: mha:BATCHxCONTEXTxPAGE[:swa], v2p:BATCHxCONTEXTxPAGE.
+MAPPED_OPS = ("mha", "v2p")
 API_PREFIX = "api:"
 
 GPU_CASES = ["1x131072x64", "64x32768x64", "1x131072x1", "256x32768x1", "1x4096x64", "1x32768x64",
              "8x131072x64", "256x8192x64", "512x4096x64", "64x32768x16"]
 GPU_CASES += ["csr:64x4096", "csr:64x4096:i64", "csr:64x4096:e16:map", "csr:8x32768:i64"]
-GPU_QUICK_CASES = GPU_CASES[:4] + ["csr:64x4096:i64"]
+GPU_CASES += ["mha:64x32768x64", "mha:64x32768x64:swa", "mha:256x8192x16:swa", "mha:8x131072x1",
+              "v2p:64x32768x64", "v2p:256x8192x16", "v2p:8x131072x1"]
+GPU_QUICK_CASES = GPU_CASES[:4] + ["csr:64x4096:i64", "mha:64x32768x64:swa", "v2p:64x32768x64"]
 CPU_CASES = ["1x4096x64", "1x32768x64", "1x131072x64", "1x131072x1", "8x4096x1", "64x4096x64", "4x8192x16"]
-CPU_CASES += ["csr:8x4096", "csr:8x4096:i64:e16:map"]
+CPU_CASES += ["csr:8x4096", "csr:8x4096:i64:e16:map", "mha:4x4096x16:swa", "v2p:4x4096x16"]
 CPU_QUICK_CASES = ["1x4096x64", "2x4096x1", "csr:2x4096:e16:map"]
 # The Triton interpreter (CPU, TRITON_INTERPRET=1) runs only cases with at most this many tokens in all.
 INTERPRETER_MAX_TOKENS = 32768
@@ -52,7 +59,8 @@ the lines above the table name what was skipped and why):
   case         BATCHxCONTEXTxPAGE: page table (requests, tokens per request,
                page size) or csr:BATCHxCONTEXT[:i64][:eE][:map]: token CSR
                (int64 out, entry_page_size E, token_mapping); rows full
-               length, on shuffled physical pages
+               length, on shuffled physical pages; mha:...[:swa], v2p:...: the
+               TRT-LLM MHA and the unified pool's translated page tables
   impl         api:<backend>: kvdispatch.create_flashmla_kv_indices (csr:
                create_flashinfer_kv_indices), backend=<backend>;
                naive-loop: Triton, one program per request looping over its
@@ -99,6 +107,8 @@ class Case:
     def name(self) -> str:
         if self.op == "table":
             return f"{self.batch}x{self.context}x{self.page_size}"
+        if self.op in MAPPED_OPS:
+            return f"{self.op}:{self.batch}x{self.context}x{self.page_size}" + ":swa" * self.mapping
         options = [":i64"] * self.int64 + [f":e{self.page_size}"] * (self.page_size > 1) + [":map"] * self.mapping
         return f"csr:{self.batch}x{self.context}" + "".join(options)
 
@@ -111,6 +121,14 @@ class Case:
     def parse(cls, text: str) -> "Case":
         if text.lower().startswith("csr:"):
             return cls._parse_csr(text)
+        op, _, rest = text.lower().partition(":")
+        if op in MAPPED_OPS:
+            shape, *options = rest.split(":")
+            if options not in ([], ["swa"] if op == "mha" else []):
+                raise argparse.ArgumentTypeError(f"a case is mha:BATCHxCONTEXTxPAGE[:swa] or v2p:BATCHxCONTEXTxPAGE; "
+                                                 f"got {text!r}")
+            table = cls.parse(shape)
+            return cls(table.batch, table.context, table.page_size, op, mapping=bool(options))
         try:
             batch, context, page = (int(part) for part in text.lower().split("x"))
         except ValueError:
@@ -322,6 +340,8 @@ def make_inputs(case: Case, device: torch.device, seed: int) -> Inputs:
     """
     if case.op == "csr":
         return _make_csr_inputs(case, device, seed)
+    if case.op in MAPPED_OPS:
+        return _make_mapped_inputs(case, device, seed)
     g = torch.Generator().manual_seed(seed)
     rows = case.batch + max(1, case.batch // 8)
     req_to_token = _page_pool(rows, case.context, case.page_size, g, device)
@@ -350,6 +370,32 @@ def _make_csr_inputs(case: Case, device: torch.device, seed: int) -> Inputs:
     expected = reference.build_token_indices(req_to_token, pool, seq_lens, kv_indptr, out.clone(),
                                              entry_page_size=case.page_size, token_mapping=mapping)
     return Inputs(req_to_token, pool, seq_lens, out, expected, kv_indptr, mapping)
+
+
+def _make_mapped_inputs(case: Case, device: torch.device, seed: int) -> Inputs:
+    """As ``make_inputs``, with SGLang's dtypes (int64 rows, int32 lengths) and a lookup in ``token_mapping``:
+    mha with SWA, an int64 ``full_to_swa`` of every slot (``out`` then holds the page table's rows, then the SWA
+    table's: one poisoned buffer); v2p, an int64 ``v2p`` of every virtual page, one in 16 freed (-1)."""
+    g = torch.Generator().manual_seed(seed)
+    rows = case.batch + max(1, case.batch // 8)
+    req_to_token = _page_pool(rows, case.context, case.page_size, g, device)
+    pool = torch.randperm(rows, generator=g)[: case.batch].to(device=device, dtype=torch.int64)
+    seq_lens = torch.full((case.batch,), case.context, dtype=torch.int32, device=device)
+    pages = rows * case.width
+    out_rows = case.batch * (2 if case.mapping else 1)
+    out = torch.full((out_rows, case.width), POISON, dtype=torch.int32, device=device)
+    expected = out.clone()
+    if case.op == "mha":
+        lookup = (torch.randint(0, pages * case.page_size, (pages * case.page_size,), generator=g).to(device)
+                  if case.mapping else None)
+        reference.build_mha_page_table(req_to_token, pool, seq_lens, expected[: case.batch], case.page_size,
+                                       expected[case.batch:] if case.mapping else None, lookup, True)
+    else:
+        lookup = torch.randint(0, pages * 4, (pages,), generator=g)
+        lookup[torch.randperm(pages, generator=g)[: pages // 16]] = -1
+        lookup = lookup.to(device)
+        reference.build_translated_page_table(req_to_token, pool, seq_lens, lookup, expected, case.page_size)
+    return Inputs(req_to_token, pool, seq_lens, out, expected, token_mapping=lookup)
 
 
 def _page_pool(rows: int, context: int, page_size: int, g: torch.Generator, device) -> torch.Tensor:
@@ -409,6 +455,8 @@ def bind(impl: str, x: Inputs, case: Case):
     """A no-argument callable that builds ``x.out`` with ``impl``."""
     if case.op == "csr":
         return _bind_csr(impl, x, case.page_size)
+    if case.op in MAPPED_OPS:
+        return _bind_mapped(impl, x, case)
     page_size = case.page_size
     args = (x.req_to_token, x.req_pool_indices, x.seq_lens, x.out)
     if impl.startswith(API_PREFIX):
@@ -429,8 +477,28 @@ def _bind_csr(impl: str, x: Inputs, entry_page_size: int):
     return functools.partial(function, *args, entry_page_size, x.token_mapping)
 
 
+def _bind_mapped(impl: str, x: Inputs, case: Case):
+    args = (x.req_to_token, x.req_pool_indices, x.seq_lens)
+    if case.op == "v2p":
+        if impl.startswith(API_PREFIX):
+            return functools.partial(kvdispatch.create_translated_page_table, *args, x.token_mapping, x.out,
+                                     page_size=case.page_size, backend=impl[len(API_PREFIX):])
+        function = reference.build_translated_page_table if impl == PLAIN_TORCH else _baselines().v2p_grid_2d
+        return functools.partial(function, *args, x.token_mapping, x.out, case.page_size)
+    # The SWA table shares the page table's row stride, as SGLang's kernel assumes: rows B.. of one buffer.
+    tables = (x.out[: case.batch], x.out[case.batch:] if case.mapping else None, x.token_mapping)
+    if impl.startswith(API_PREFIX):
+        return functools.partial(kvdispatch.create_trtllm_mha_page_table, *args, tables[0], page_size=case.page_size,
+                                 swa_page_table=tables[1], full_to_swa=tables[2], round_toward_zero=True,
+                                 backend=impl[len(API_PREFIX):])
+    if impl == PLAIN_TORCH:
+        return functools.partial(reference.build_mha_page_table, *args, tables[0], case.page_size, *tables[1:], True)
+    return functools.partial(_baselines().mha_grid_2d, *args, tables[0], case.page_size, *tables[1:])
+
+
 def uses_interpreter(impl: str, device: torch.device) -> bool:
-    return device.type == "cpu" and impl in (API_PREFIX + "triton", NAIVE, GRID_2D, CSR_LOOP)
+    return device.type == "cpu" and impl in (API_PREFIX + "triton", NAIVE, GRID_2D, CSR_LOOP, MHA_GRID_2D,
+                                             V2P_GRID_2D)
 
 
 # --------------------------------------------------------------------------------------- measurements

@@ -23,7 +23,10 @@ from dataclasses import dataclass
 
 PAGE_TABLE = "page_table"
 TOKEN_CSR = "token_csr"
-KINDS = (PAGE_TABLE, TOKEN_CSR)
+# The page tables translated through a lookup table (the TRT-LLM MHA table with its SWA twin, the unified
+# pool's translated table): per page one slot gather then one lookup, on the page table's programs.
+MAPPED_PAGE_TABLE = "mapped_page_table"
+KINDS = (PAGE_TABLE, TOKEN_CSR, MAPPED_PAGE_TABLE)
 
 MAX_PAGE_SIZE = 4096
 # A program of the page-table kernel reads about this many table entries' worth of positions: few pages
@@ -89,6 +92,8 @@ def items_per_program(kind: str, page_size: int = 1) -> int:
         return _clamp(_pow2_floor(_PAGE_TABLE_SPAN // page_size), _MIN_PAGES_PER_PROGRAM, _MAX_PAGES_PER_PROGRAM)
     if kind == TOKEN_CSR:
         return _TOKENS_PER_PROGRAM
+    if kind == MAPPED_PAGE_TABLE:
+        return items_per_program(PAGE_TABLE, page_size)
     raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
 
 
@@ -142,3 +147,9 @@ def token_csr_launch(batch: int, table_width: int, out_len: int) -> Launch:
     """
     return _launch(batch, min(table_width, out_len), items_per_program(TOKEN_CSR),
                    "min(req_to_token.shape[1], out.shape[0])")
+
+
+def mapped_page_table_launch(batch: int, width: int, page_size: int) -> Launch:
+    """Geometry of the mapped page-table kernels for ``batch`` rows of ``width`` pages: the widest table a
+    call writes (MHA: ``max(W, W2)``; translated: ``min(max_pages, W)``)."""
+    return _launch(batch, width, items_per_program(MAPPED_PAGE_TABLE, page_size), "the page-table width")

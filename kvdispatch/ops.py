@@ -28,7 +28,8 @@ from __future__ import annotations
 import torch
 
 from . import api
-from ._validate import check_page_table_args, check_token_csr_args
+from ._validate import (check_mha_page_table_args, check_page_table_args, check_token_csr_args,
+                        check_translated_page_table_args)
 
 NAMESPACE = "kvdispatch"
 PAGE_TABLE_SCHEMA = (
@@ -38,6 +39,14 @@ PAGE_TABLE_SCHEMA = (
 TOKEN_CSR_SCHEMA = (
     "create_flashinfer_kv_indices(Tensor req_to_token, Tensor req_pool_indices, Tensor seq_lens, Tensor kv_indptr, "
     "Tensor(a!) out, *, Tensor? kv_start_idx=None, int entry_page_size=1, Tensor? token_mapping=None, "
+    "str backend=\"auto\") -> ()")
+MHA_PAGE_TABLE_SCHEMA = (
+    "create_trtllm_mha_page_table(Tensor req_to_token, Tensor req_pool_indices, Tensor seq_lens, "
+    "Tensor(a!) page_table, *, int page_size, Tensor(b!)? swa_page_table=None, Tensor? full_to_swa=None, "
+    "bool round_toward_zero=False, str backend=\"auto\") -> ()")
+TRANSLATED_PAGE_TABLE_SCHEMA = (
+    "create_translated_page_table(Tensor req_to_token, Tensor req_pool_indices, Tensor seq_lens, Tensor v2p, "
+    "Tensor(a!) out, *, int page_size, int multiplier=1, int? max_pages=None, int seq_len_delta=0, "
     "str backend=\"auto\") -> ()")
 
 # Kept alive for the life of the process: dropping a Library removes its ops.
@@ -76,8 +85,41 @@ def _token_csr_fake(req_to_token, req_pool_indices, seq_lens, kv_indptr, out, *,
                          token_mapping, memory=False)
 
 
+def _mha_page_table_kernel(req_to_token, req_pool_indices, seq_lens, page_table, *, page_size, swa_page_table=None,
+                           full_to_swa=None, round_toward_zero=False, backend="auto"):
+    """The TRT-LLM MHA page-table op on real tensors: the eager call."""
+    api.create_trtllm_mha_page_table(req_to_token, req_pool_indices, seq_lens, page_table, page_size=page_size,
+                                     swa_page_table=swa_page_table, full_to_swa=full_to_swa,
+                                     round_toward_zero=round_toward_zero, backend=backend)
+
+
+def _mha_page_table_fake(req_to_token, req_pool_indices, seq_lens, page_table, *, page_size, swa_page_table=None,
+                         full_to_swa=None, round_toward_zero=False, backend="auto"):
+    """Metadata only: the argument checks that need no memory."""
+    check_mha_page_table_args(req_to_token, req_pool_indices, seq_lens, page_table, page_size, swa_page_table,
+                              full_to_swa, round_toward_zero, memory=False)
+
+
+def _translated_page_table_kernel(req_to_token, req_pool_indices, seq_lens, v2p, out, *, page_size, multiplier=1,
+                                  max_pages=None, seq_len_delta=0, backend="auto"):
+    """The translated page-table op on real tensors: the eager call."""
+    api.create_translated_page_table(req_to_token, req_pool_indices, seq_lens, v2p, out, page_size=page_size,
+                                     multiplier=multiplier, max_pages=max_pages, seq_len_delta=seq_len_delta,
+                                     backend=backend)
+
+
+def _translated_page_table_fake(req_to_token, req_pool_indices, seq_lens, v2p, out, *, page_size, multiplier=1,
+                                max_pages=None, seq_len_delta=0, backend="auto"):
+    """Metadata only: the argument checks that need no memory."""
+    check_translated_page_table_args(req_to_token, req_pool_indices, seq_lens, v2p, out, page_size, multiplier,
+                                     max_pages, seq_len_delta, memory=False)
+
+
 for _schema, _kernel, _fake in ((PAGE_TABLE_SCHEMA, _page_table_kernel, _page_table_fake),
-                                (TOKEN_CSR_SCHEMA, _token_csr_kernel, _token_csr_fake)):
+                                (TOKEN_CSR_SCHEMA, _token_csr_kernel, _token_csr_fake),
+                                (MHA_PAGE_TABLE_SCHEMA, _mha_page_table_kernel, _mha_page_table_fake),
+                                (TRANSLATED_PAGE_TABLE_SCHEMA, _translated_page_table_kernel,
+                                 _translated_page_table_fake)):
     _name = _schema[: _schema.index("(")]
     _library.define(_schema)
     _library.impl(_name, _kernel, "CompositeExplicitAutograd")

@@ -144,3 +144,95 @@ def _token_values(req_to_token, pool, position, entry_page_size, token_mapping):
         return torch.full_like(values, -1, dtype=torch.long)
     mapped = token_mapping[torch.where(inside, values, 0).long()].long()
     return torch.where(inside, mapped, -1)
+
+
+def _readable_pages(req_to_token, req_pool_indices, seq_lens, page_size, lengths_offset=0):
+    """Per request (int64 ``[B]``): the clamped pool row and the pages it has, ``min(ceil(L_b / P), ceil(C /
+    P))`` with ``L_b = seq_lens[b] + lengths_offset``, 0 when ``L_b <= 0`` or the pool index is outside
+    ``[0, R)`` (a page is there when its first position ``p * P`` lies inside the request and the row)."""
+    pool, _, lengths, room = _row_spans(req_to_token, req_pool_indices, seq_lens, None, lengths_offset)
+    wanted = (lengths.clamp(min=0) + page_size - 1) // page_size
+    available = (room + page_size - 1) // page_size
+    return pool, torch.minimum(wanted, available)
+
+
+def _first_slots(req_to_token, pool, written, page_size):
+    """``req_to_token[pool[b], p * page_size]`` where ``written[b, p]`` (bool ``[B, W]``), 0 elsewhere; int32."""
+    if not req_to_token.numel():
+        return torch.zeros(written.shape, dtype=torch.int32, device=written.device)
+    page = torch.arange(written.shape[1], device=written.device)
+    return req_to_token[pool[:, None], torch.where(written, page[None, :] * page_size, 0)]
+
+
+def _divide(values, page_size, round_toward_zero):
+    return torch.div(values, page_size, rounding_mode="trunc" if round_toward_zero else "floor")
+
+
+def build_mha_page_table(req_to_token, req_pool_indices, seq_lens, page_table, page_size, swa_page_table=None,
+                         full_to_swa=None, round_toward_zero=False):
+    """The TRT-LLM MHA page table, with its SWA twin; semantics of ``kvdispatch.create_trtllm_mha_page_table``.
+
+    Request ``b`` has ``pages_b`` pages (``_readable_pages``: its length, cut where the table row ends; 0 for
+    a bad pool index or a length ``<= 0``), each read at its first slot ``s = req_to_token[pool_b, p * P]``.
+    ``page_table[b, p] = s // P`` for ``p < min(pages_b, W)``; with SWA (``full_to_swa`` int32/int64 ``[M]``,
+    ``M > 0``) ``swa_page_table[b, p] = full_to_swa[clamp(s, 0, M - 1)] // P`` for ``p < min(pages_b, W2)``, its
+    low 32 bits. ``//`` floors, or truncates with ``round_toward_zero``. Untouched: rows ``>= B``, the columns
+    past each row's pages, and the whole SWA table when ``M == 0``.
+    """
+    batch = req_pool_indices.shape[0]
+    width = page_table.shape[1]
+    swa = swa_page_table is not None and full_to_swa.shape[0] > 0
+    span = max(width, swa_page_table.shape[1] if swa else 0)
+    if batch == 0 or span == 0:
+        return page_table
+    pool, pages = _readable_pages(req_to_token, req_pool_indices, seq_lens, page_size)
+    page = torch.arange(span, device=page_table.device)
+    written = page[None, :] < pages[:, None]  # [B, span]
+    slots = _first_slots(req_to_token, pool, written, page_size)
+    rows = page_table[:batch]
+    rows.copy_(torch.where(written[:, :width], _divide(slots[:, :width], page_size, round_toward_zero).to(torch.int32),
+                           rows))
+    if swa:
+        swa_width = swa_page_table.shape[1]
+        mapped = full_to_swa[slots[:, :swa_width].long().clamp(0, full_to_swa.shape[0] - 1)]
+        values = _divide(mapped, page_size, round_toward_zero).to(torch.int32)
+        swa_rows = swa_page_table[:batch]
+        swa_rows.copy_(torch.where(written[:, :swa_width], values, swa_rows))
+    return page_table
+
+
+INT32_MAX = 2**31 - 1
+
+
+def build_translated_page_table(req_to_token, req_pool_indices, seq_lens, v2p, out, page_size, multiplier=1,
+                                max_pages=None, seq_len_delta=0):
+    """The unified pool's translated page table; semantics of ``kvdispatch.create_translated_page_table``.
+
+    Request ``b`` has ``pages_b`` live columns (``_readable_pages`` of ``L_b = seq_lens[b] + seq_len_delta``,
+    at most ``max_pages``, ``W`` when None). Column ``c`` reads ``t = req_to_token[pool_b, c * P]``, the
+    virtual page ``v = 0 if t < 0 else t // P`` and writes ``out[b, c] = min(max(v2p[v] * multiplier, 0),
+    2**31 - 1)`` (exact: saturated, never wrapped), or 0 when ``v >= V = len(v2p)``. Untouched: rows ``>= B``
+    and every column past a row's live ones.
+    """
+    batch = req_pool_indices.shape[0]
+    columns = out.shape[1] if max_pages is None else min(max_pages, out.shape[1])
+    if batch == 0 or columns == 0:
+        return out
+    pool, pages = _readable_pages(req_to_token, req_pool_indices, seq_lens, page_size, seq_len_delta)
+    page = torch.arange(columns, device=out.device)
+    live = page[None, :] < pages[:, None]  # [B, columns]
+    tokens = _first_slots(req_to_token, pool, live, page_size).long()
+    virtual = torch.where(tokens < 0, 0, tokens // page_size)
+    size = v2p.shape[0]
+    inside = virtual < size
+    if size:
+        physical = v2p[torch.where(inside, virtual, 0)].long()
+    else:
+        physical = torch.zeros_like(virtual)
+    # |physical| <= 2**31 and |multiplier| <= 2**31 after the clamp: the product is exact in int64, and its
+    # saturation is that of the exact product.
+    product = physical.clamp(-(2**31), 2**31) * multiplier
+    values = torch.where(inside, product.clamp(0, INT32_MAX), 0).to(torch.int32)
+    rows = out[:batch, :columns]
+    rows.copy_(torch.where(live, values, rows))
+    return out

@@ -70,6 +70,24 @@ def token_csr(backend, *args, **kwargs):
         "KVDISPATCH_BACKEND") else backend, **kwargs)
 
 
+def _through(backend, name, args, kwargs):
+    """``kvdispatch.<name>`` on ``backend`` (``cupy-host``: the CUDA source built for the host)."""
+    if backend == "cupy-host":
+        import cuda_host
+
+        return getattr(cuda_host, name)(*args, **kwargs)
+    return getattr(kvdispatch, name)(*args, backend=None if backend == os.environ.get("KVDISPATCH_BACKEND")
+                                     else backend, **kwargs)
+
+
+def mha_page_table(backend, *args, **kwargs):
+    return _through(backend, "create_trtllm_mha_page_table", args, kwargs)
+
+
+def translated_page_table(backend, *args, **kwargs):
+    return _through(backend, "create_translated_page_table", args, kwargs)
+
+
 @pytest.fixture
 def compat(monkeypatch, backend):
     """``kvdispatch.compat.sglang`` with its two builders routed to ``backend`` (cupy-host has no dispatch
@@ -79,4 +97,8 @@ def compat(monkeypatch, backend):
     name = backend
     monkeypatch.setattr(sglang, "_build_page_table", lambda *a, backend=None, **k: page_table(name, *a, **k))
     monkeypatch.setattr(sglang, "_build_token_csr", lambda *a, backend=None, **k: token_csr(name, *a, **k))
+    monkeypatch.setattr(sglang, "_build_mha_page_table",
+                        lambda *a, backend=None, **k: mha_page_table(name, *a, **k))
+    monkeypatch.setattr(sglang, "_build_translated_page_table",
+                        lambda *a, backend=None, **k: translated_page_table(name, *a, **k))
     return sglang

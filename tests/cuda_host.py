@@ -17,9 +17,11 @@ import subprocess
 from pathlib import Path
 
 from kernels_cupy import build
-from kernels_cupy.launch import KernelCall, page_table_call, token_csr_call
+from kernels_cupy.launch import (KernelCall, mha_page_table_call, page_table_call, token_csr_call,
+                                 translated_page_table_call)
 from kvdispatch import _build_cache
-from kvdispatch._validate import check_page_table_args, check_token_csr_args
+from kvdispatch._validate import (check_mha_page_table_args, check_page_table_args, check_token_csr_args,
+                                  check_translated_page_table_args)
 
 SHIM_PATH = Path(__file__).with_name("cuda_host_shim.h")
 
@@ -102,6 +104,42 @@ def create_flashinfer_kv_indices(req_to_token, req_pool_indices, seq_lens, kv_in
                          token_mapping)
     return build_token_indices(req_to_token, req_pool_indices, seq_lens, kv_indptr, out, kv_start_idx,
                                entry_page_size, token_mapping, specialised)
+
+
+def build_mha_page_table(req_to_token, req_pool_indices, seq_lens, page_table, page_size, swa_page_table=None,
+                         full_to_swa=None, round_toward_zero=False, specialised=False):
+    """The CuPy backend's ``build_mha_page_table`` through the host build (as ``build_page_table``)."""
+    _require_cpu(req_to_token)
+    run(mha_page_table_call(req_to_token, req_pool_indices, seq_lens, page_table, page_size, swa_page_table,
+                            full_to_swa, round_toward_zero), specialised)
+    return page_table
+
+
+def build_translated_page_table(req_to_token, req_pool_indices, seq_lens, v2p, out, page_size, multiplier=1,
+                                max_pages=None, seq_len_delta=0, specialised=False):
+    """The CuPy backend's ``build_translated_page_table`` through the host build (as ``build_page_table``)."""
+    _require_cpu(req_to_token)
+    run(translated_page_table_call(req_to_token, req_pool_indices, seq_lens, v2p, out, page_size, multiplier,
+                                   max_pages, seq_len_delta), specialised)
+    return out
+
+
+def create_trtllm_mha_page_table(req_to_token, req_pool_indices, seq_lens, page_table, *, page_size,
+                                 swa_page_table=None, full_to_swa=None, round_toward_zero=False, specialised=False):
+    """``kvdispatch.create_trtllm_mha_page_table`` on CPU tensors, through the host build of the kernel."""
+    check_mha_page_table_args(req_to_token, req_pool_indices, seq_lens, page_table, page_size, swa_page_table,
+                              full_to_swa, round_toward_zero)
+    return build_mha_page_table(req_to_token, req_pool_indices, seq_lens, page_table, page_size, swa_page_table,
+                                full_to_swa, round_toward_zero, specialised)
+
+
+def create_translated_page_table(req_to_token, req_pool_indices, seq_lens, v2p, out, *, page_size, multiplier=1,
+                                 max_pages=None, seq_len_delta=0, specialised=False):
+    """``kvdispatch.create_translated_page_table`` on CPU tensors, through the host build of the kernel."""
+    check_translated_page_table_args(req_to_token, req_pool_indices, seq_lens, v2p, out, page_size, multiplier,
+                                     max_pages, seq_len_delta)
+    return build_translated_page_table(req_to_token, req_pool_indices, seq_lens, v2p, out, page_size, multiplier,
+                                       max_pages, seq_len_delta, specialised)
 
 
 def _require_cpu(tensor):

@@ -44,8 +44,30 @@ SGLANG_FUNCTIONS = {
     "get_num_kv_index_blocks_flashmla": [("kv_indices_width", REQUIRED), ("page_size", REQUIRED)],
     "kv_indices_num_token_blocks": [("table_width", REQUIRED), ("base_programs", REQUIRED)],
     "kv_indices_token_blocks_for_copy": [("table_width", REQUIRED), ("base_programs", REQUIRED)],
+    "update_trtllm_mla_graph_metadata": [
+        ("req_pool_indices", REQUIRED), ("seq_lens", REQUIRED), ("req_to_token", REQUIRED),
+        ("block_kv_indices", REQUIRED), ("bs", REQUIRED), ("seqlen_offset", REQUIRED), ("page_size", REQUIRED),
+        ("seq_lens_k", None)],
+    "get_num_mha_kv_index_blocks": [("num_pages", REQUIRED), ("page_size", REQUIRED)],
+    "create_trtllm_mha_kv_indices_triton": [
+        ("req_to_token_ptr", REQUIRED), ("req_pool_indices_ptr", REQUIRED), ("seq_lens_ptr", REQUIRED),
+        ("full_to_swa_ptr", REQUIRED), ("page_table_ptr", REQUIRED), ("swa_page_table_ptr", REQUIRED),
+        ("full_to_swa_numel", REQUIRED), ("req_to_token_stride", REQUIRED), ("page_table_stride", REQUIRED),
+        ("PAGE_SIZE", REQUIRED), ("HAS_SWA", REQUIRED)],
+    "build_trtllm_mha_page_table": [
+        ("req_to_token", REQUIRED), ("req_pool_indices", REQUIRED), ("cache_seqlens", REQUIRED),
+        ("page_table", REQUIRED), ("page_size", REQUIRED), ("swa_page_table", None), ("full_to_swa", None)],
+    "build_kernel_page_table": [
+        ("req_to_token", REQUIRED), ("req_pool_indices", REQUIRED), ("seq_lens", REQUIRED), ("v2p", REQUIRED),
+        ("multiplier", REQUIRED), ("page_size", REQUIRED), ("max_pages", REQUIRED), ("out", REQUIRED)],
+    "build_kv_read_table": [
+        ("req_to_token", REQUIRED), ("req_pool_indices", REQUIRED), ("seq_lens", REQUIRED), ("v2p", REQUIRED),
+        ("multiplier", REQUIRED), ("page_size", REQUIRED), ("max_pages", REQUIRED), ("out", REQUIRED),
+        ("seq_len_delta", 0)],
 }
 SGLANG_CONSTANTS = {"KV_INDICES_TOKEN_BLOCKS_MIN_WIDTH": 32768}
+# Functions whose parameters are all keyword-only in SGLang.
+KEYWORD_ONLY = {"update_trtllm_mla_graph_metadata", "build_kernel_page_table", "build_kv_read_table"}
 BUILDERS = [name for name in SGLANG_FUNCTIONS if name.startswith("create_")]
 INDEX_DTYPES = (torch.int32, torch.int64)
 
@@ -68,7 +90,8 @@ def test_parameters_are_sglangs(name):
     for target in callables:
         parameters = inspect.signature(target).parameters.values()
         assert [(p.name, p.default) for p in parameters] == SGLANG_FUNCTIONS[name]
-        assert all(p.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD for p in parameters)
+        kind = inspect.Parameter.KEYWORD_ONLY if name in KEYWORD_ONLY else inspect.Parameter.POSITIONAL_OR_KEYWORD
+        assert all(p.kind is kind for p in parameters)
     assert function.__name__ == name
 
 
@@ -81,6 +104,7 @@ def test_grid_helpers_follow_sglangs_formulas():
         assert sglang.get_num_page_per_block_flashmla(page_size) == 4096 // page_size
         for width in (0, 1, 2, 31, 64, 65, 4095, 4096, 4097, 131072, 131073):
             assert sglang.get_num_kv_index_blocks_flashmla(width, page_size) == cdiv(width, 4096 // page_size)
+            assert sglang.get_num_mha_kv_index_blocks(width, page_size) == cdiv(width, 4096 // page_size)
     for table_width in (0, 1, 8191, 8192, 8193, 32767, 32768, 65536, 262144, 10**7):
         for base_programs in (0, 1, 3, 64, 511, 512, 513, 4096):
             blocks = max(1, min(cdiv(table_width, 8192), 512 // max(1, base_programs)))

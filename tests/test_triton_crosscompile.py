@@ -89,7 +89,7 @@ def test_specialisations_cover_every_option():
     assert page_sizes == set(crosscompile.PAGE_SIZES)
     flags = {tuple(s.constexprs[k] for k in ("HAS_START", "HAS_SEQ_LENS_OUT", "HAS_FILL", "UNIT_STRIDES",
                                             "FOLDED_GRID"))
-             for s in specs if "PAGE_SIZE" in s.constexprs}
+             for s in specs if "HAS_START" in s.constexprs and "PAGE_SIZE" in s.constexprs}
     assert len(flags) == 32  # every combination
     csr_flags = {(s.constexprs["HAS_START"], s.constexprs["FOLDED_GRID"]) for s in specs
                  if "TOKENS_PER_PROGRAM" in s.constexprs}
@@ -103,6 +103,13 @@ def test_specialisations_cover_every_option():
                 and s.signature["out_ptr"] == "*i32"]
     assert len(ordinary) == 32 and len(csr) == 32 + 44  # every flag combination; the options on the usual grid
     assert all(s.constexprs["mapping_ptr"] is None and s.signature["mapping_len"] == "constexpr" for s in ordinary)
+    mha = [s for s in specs if "HAS_SWA" in s.constexprs]
+    assert {(s.constexprs["PAGE_SIZE"], s.constexprs["HAS_SWA"], s.constexprs["ROUND_TOWARD_ZERO"],
+             s.constexprs["FOLDED_GRID"], s.signature["mapping_ptr"]) for s in mha if s.constexprs["HAS_SWA"]} == set(
+        itertools.product(crosscompile.PAGE_SIZES, (True,), (False, True), (False, True), ("*i32", "*i64")))
+    translated = [s for s in specs if "HAS_MULTIPLIER" in s.constexprs]
+    assert {(s.constexprs["HAS_MULTIPLIER"], s.constexprs["HAS_DELTA"], s.signature["v2p_ptr"])
+            for s in translated} == set(itertools.product((False, True), (False, True), ("*i32", "*i64")))
 
 
 def test_compile_command_reports_each_target(monkeypatch, capsys):

@@ -16,6 +16,14 @@ for each of that module's public names, with the same parameter names, order and
   them). The compile-time block size of SGLang's own page-table kernel is not mirrored: no engine imports
   it, and ``get_num_page_per_block_flashmla`` gives its value per page size.
 
+From SGLang's other KV-index modules, with their names, parameters and defaults:
+``update_trtllm_mla_graph_metadata`` (the TRT-LLM MLA backend's fused CUDA-graph metadata update);
+``get_num_mha_kv_index_blocks``, ``create_trtllm_mha_kv_indices_triton`` (launched as ``[grid](...)``, its
+rows being ``grid[0]``) and ``build_trtllm_mha_page_table`` (the TRT-LLM MHA page table with its SWA twin,
+forwarding to ``kvdispatch.create_trtllm_mha_page_table``); ``build_kernel_page_table`` and
+``build_kv_read_table`` (the unified pool's translated tables, forwarding to
+``kvdispatch.create_translated_page_table``). SGLang's asserts in them are ValueErrors here.
+
 The row strides SGLang passes explicitly (``req_to_token_ptr_stride``, ``kv_indices_ptr_stride``) are
 redundant, since tensors carry their strides: they are checked against the tensors, and a mismatch is a
 ``ValueError`` (in SGLang's kernel it would be a silent read or write in the wrong place). A 1-D
@@ -51,6 +59,8 @@ KV_INDICES_TOKEN_BLOCKS_MIN_WIDTH = 32768
 # The two public builders, looked up at call time through these names (tests route them per backend).
 _build_page_table = api.create_flashmla_kv_indices
 _build_token_csr = api.create_flashinfer_kv_indices
+_build_mha_page_table = api.create_trtllm_mha_page_table
+_build_translated_page_table = api.create_translated_page_table
 
 
 def _cdiv(a: int, b: int) -> int:
@@ -108,16 +118,16 @@ def _check_stride(name, given, actual):
                          "strides from the tensors, so pass the tensor the stride belongs to")
 
 
-def _as_rows(kv_indices, kv_indices_stride):
+def _as_rows(kv_indices, kv_indices_stride, name="kv_indices_ptr", stride_name="kv_indices_ptr_stride"):
     """A 2-D view of ``kv_indices``; a flat buffer is read as rows of ``kv_indices_stride`` entries."""
     if kv_indices.dim() == 1:
         if kv_indices_stride is None:
-            raise ValueError("a 1-D kv_indices_ptr needs kv_indices_ptr_stride (the row width)")
+            raise ValueError(f"a 1-D {name} needs {stride_name} (the row width)")
         width = int(kv_indices_stride)
         if width <= 0:
-            raise ValueError(f"kv_indices_ptr_stride must be positive, got {width}")
+            raise ValueError(f"{stride_name} must be positive, got {width}")
         return kv_indices.as_strided((kv_indices.shape[0] // width, width), (width, 1))
-    _check_stride("kv_indices_ptr_stride", kv_indices_stride, kv_indices.stride(0))
+    _check_stride(stride_name, kv_indices_stride, kv_indices.stride(0))
     return kv_indices
 
 
@@ -195,6 +205,192 @@ create_chunked_prefix_cache_kv_indices = _LaunchSyntax(_create_chunked_prefix_ca
                                                        "create_chunked_prefix_cache_kv_indices")
 create_flashmla_kv_indices_triton = _LaunchSyntax(_create_flashmla_kv_indices, "create_flashmla_kv_indices_triton")
 
+
+def update_trtllm_mla_graph_metadata(*, req_pool_indices, seq_lens, req_to_token, block_kv_indices, bs,
+                                     seqlen_offset, page_size, seq_lens_k=None):
+    """The TRT-LLM MLA backend's CUDA-graph metadata update, in one launch (SGLang's fused kernel).
+
+    For request ``i < bs``: ``seq_lens_k[i] = int32(seq_lens[i] + seqlen_offset)`` when ``seq_lens_k`` is
+    given, and ``block_kv_indices[i, p] = req_to_token[req_pool_indices[i], p * page_size] // page_size``
+    (rounding toward zero) for ``p < ceil((seq_lens[i] + seqlen_offset) / page_size)``, at most the table's
+    width (SGLang writes a longer row's pages on into the next row). It is
+    ``kvdispatch.create_flashmla_kv_indices`` on the first ``bs`` requests (views: nothing is allocated).
+
+    ``req_pool_indices``, ``seq_lens``: int32/int64 ``[>= bs]``; ``block_kv_indices``: int32 ``[>= bs, W]``;
+    ``seq_lens_k``: optional int32 ``[>= bs]``; ``seqlen_offset``: int (the draft tokens in target-verify,
+    else 0). Rows ``>= bs``, columns past each row's pages and ``seq_lens_k[bs:]`` are left untouched; ``bs``
+    0 writes nothing. Returns None.
+    """
+    if bs == 0:
+        return None
+    _build_page_table(req_to_token, req_pool_indices[:bs], seq_lens[:bs], block_kv_indices, page_size=int(page_size),
+                      seqlen_offset=int(seqlen_offset), seq_lens_out=None if seq_lens_k is None else seq_lens_k[:bs],
+                      round_toward_zero=True)
+    return None
+
+def get_num_mha_kv_index_blocks(num_pages: int, page_size: int) -> int:
+    """Programs per row SGLang launches for a TRT-LLM MHA page table ``num_pages`` pages wide:
+    ``ceil(num_pages / (4096 // page_size))``."""
+    return _cdiv(num_pages, _TOKENS_PER_PAGE_PROGRAM // page_size)
+
+
+def _check_mha_page_size(page_size):
+    if page_size <= 0 or _TOKENS_PER_PAGE_PROGRAM % page_size:
+        # SGLang asserts it in build_trtllm_mha_page_table; its kernel skips pages of longer rows otherwise.
+        raise ValueError(f"page_size must divide {_TOKENS_PER_PAGE_PROGRAM} for the TRT-LLM MHA page table, "
+                         f"got {page_size}")
+
+
+def _leading(name, t, rows):
+    """The first ``rows`` entries of the 1-D ``t`` (a view), or a ValueError naming it when it has fewer."""
+    if t.dim() == 1 and t.shape[0] < rows:
+        raise ValueError(f"{name} must have at least {rows} entries (the rows launched), got {t.shape[0]}")
+    return t[:rows]
+
+
+class _GridLaunch(_LaunchSyntax):
+    """A builder launched only as ``builder[grid](...)``, as SGLang's Triton kernel is: its rows are
+    ``grid[0]`` (a callable grid is called with the keyword arguments, as Triton calls it with the meta
+    parameters); the rest of the grid is ignored."""
+
+    def __getitem__(self, grid):
+        def launch(*args, **kwargs):
+            rows = (grid(kwargs) if callable(grid) else grid)[0]
+            return self._function(*args, _rows=int(rows), **kwargs)
+
+        launch.__signature__ = _public_signature(self._function)
+        return launch
+
+    def __call__(self, *args, **kwargs):
+        raise TypeError(f"{self.__name__} is launched as {self.__name__}[grid](...), its rows being grid[0]")
+
+    @property
+    def __signature__(self):
+        return _public_signature(self._function)
+
+
+def _public_signature(function):
+    import inspect  # noqa: PLC0415  (only where a signature is asked for)
+
+    signature = inspect.signature(function)
+    return signature.replace(parameters=[p for p in signature.parameters.values() if p.name != "_rows"])
+
+
+def _create_trtllm_mha_kv_indices(req_to_token_ptr, req_pool_indices_ptr, seq_lens_ptr, full_to_swa_ptr,
+                                  page_table_ptr, swa_page_table_ptr, full_to_swa_numel, req_to_token_stride,
+                                  page_table_stride, PAGE_SIZE, HAS_SWA, *, _rows):
+    """The TRT-LLM MHA page table (and, with ``HAS_SWA``, its SWA twin) for the first ``grid[0]`` requests.
+
+    ``page_table_ptr[r, p] = req_to_token_ptr[req_pool_indices_ptr[r], p * PAGE_SIZE] // PAGE_SIZE``
+    (rounding toward zero) for the ``ceil(seq_lens_ptr[r] / PAGE_SIZE)`` pages of row ``r < grid[0]``, at most
+    the table's width (SGLang writes a longer row's pages on into the next row); with ``HAS_SWA``
+    ``swa_page_table_ptr[r, p] = full_to_swa_ptr[clamp(slot, 0, full_to_swa_numel - 1)] // PAGE_SIZE``.
+    Everything else is left untouched.
+
+    Tables: int32 ``[>= grid[0], W]`` with row stride ``page_table_stride`` (both tables; checked), or flat
+    buffers read as rows of it. ``full_to_swa_numel`` reads the first that many entries of ``full_to_swa_ptr``
+    (more than it holds is a ValueError). ``PAGE_SIZE`` must divide 4096 (SGLang's kernel skips pages of
+    longer rows otherwise). Without ``HAS_SWA`` the SWA arguments are not read. Returns None.
+    """
+    _check_stride("req_to_token_stride", req_to_token_stride, req_to_token_ptr.stride(0))
+    page_size = int(PAGE_SIZE)
+    _check_mha_page_size(page_size)
+    page_table = _as_rows(page_table_ptr, page_table_stride, "page_table_ptr", "page_table_stride")
+    swa_page_table = full_to_swa = None
+    if HAS_SWA:
+        if full_to_swa_ptr is None or swa_page_table_ptr is None:
+            raise ValueError("HAS_SWA needs full_to_swa_ptr and swa_page_table_ptr")
+        swa_page_table = _as_rows(swa_page_table_ptr, page_table_stride, "swa_page_table_ptr", "page_table_stride")
+        numel = int(full_to_swa_numel)
+        if not 0 <= numel <= full_to_swa_ptr.numel():
+            raise ValueError(f"full_to_swa_numel={numel} is not in [0, {full_to_swa_ptr.numel()}] (the entries "
+                             "full_to_swa_ptr holds)")
+        full_to_swa = full_to_swa_ptr[:numel]
+    if _rows <= 0:
+        return None
+    _build_mha_page_table(req_to_token_ptr, _leading("req_pool_indices_ptr", req_pool_indices_ptr, _rows),
+                          _leading("seq_lens_ptr", seq_lens_ptr, _rows), page_table, page_size=page_size,
+                          swa_page_table=swa_page_table, full_to_swa=full_to_swa, round_toward_zero=True)
+    return None
+
+
+create_trtllm_mha_kv_indices_triton = _GridLaunch(_create_trtllm_mha_kv_indices,
+                                                  "create_trtllm_mha_kv_indices_triton")
+
+
+def build_trtllm_mha_page_table(req_to_token, req_pool_indices, cache_seqlens, page_table, page_size,
+                                swa_page_table=None, full_to_swa=None):
+    """The TRT-LLM MHA backend's page-table build: ``create_trtllm_mha_kv_indices_triton`` on one row per row
+    of ``page_table`` (``req_pool_indices`` and ``cache_seqlens`` need at least that many entries), with the
+    SWA table when ``swa_page_table`` and ``full_to_swa`` (all of it) are given. SGLang's asserts are
+    ValueErrors: the two SWA arguments given together, ``page_size`` dividing 4096; both tables must share
+    their row stride (SGLang addresses the SWA table with the page table's). Returns None."""
+    if (swa_page_table is None) != (full_to_swa is None):
+        raise ValueError("swa_page_table and full_to_swa must be given together")
+    rows, num_pages = page_table.shape
+    if swa_page_table is not None and swa_page_table.dim() == 2 and swa_page_table.stride(0) != page_table.stride(0):
+        raise ValueError(f"swa_page_table's row stride {swa_page_table.stride(0)} differs from page_table's "
+                         f"{page_table.stride(0)}: SGLang addresses both with page_table's")
+    grid = (rows, get_num_mha_kv_index_blocks(num_pages, page_size))
+    create_trtllm_mha_kv_indices_triton[grid](
+        req_to_token, req_pool_indices, cache_seqlens, full_to_swa, page_table, swa_page_table,
+        full_to_swa.numel() if full_to_swa is not None else 0, req_to_token.stride(0), page_table.stride(0),
+        page_size, full_to_swa is not None)
+
+
+def _translated_read_table(req_to_token, req_pool_indices, seq_lens, v2p, multiplier, page_size, max_pages, out,
+                           seq_len_delta, columns_fit):
+    """The unified pool's read tables: SGLang's asserts as ValueErrors (``columns_fit(max_pages, page_size,
+    C)``: the table-width assert of the builder), then the translated page table on ``bs =
+    req_pool_indices.numel()`` rows, ``out`` untouched when ``bs`` or ``max_pages`` is 0."""
+    import torch  # noqa: PLC0415  (kvdispatch imports it already)
+
+    batch = req_pool_indices.numel()
+    page_size, max_pages = int(page_size), int(max_pages)
+    if not isinstance(out, torch.Tensor) or out.dtype != torch.int32 or out.dim() != 2:
+        raise ValueError(f"out must be a 2-D int32 tensor, got {getattr(out, 'dtype', type(out).__name__)} "
+                         f"{tuple(getattr(out, 'shape', ()))}")
+    if out.shape[0] < batch or out.shape[1] < max_pages:
+        raise ValueError(f"out must be at least ({batch}, {max_pages}) (bs, max_pages), got {tuple(out.shape)}")
+    if out.stride(1) != 1:
+        raise ValueError(f"out's rows must be packed (stride(1) == 1), got strides {out.stride()}")
+    if not columns_fit(max_pages, page_size, req_to_token.shape[1]):
+        raise ValueError(f"max_pages={max_pages} pages of {page_size} tokens do not fit req_to_token's "
+                         f"{req_to_token.shape[1]} columns")
+    if batch == 0 or max_pages == 0:
+        return out
+    _build_translated_page_table(req_to_token, req_pool_indices.view(-1), _leading("seq_lens", seq_lens, batch), v2p,
+                                 out, page_size=page_size, multiplier=int(multiplier), max_pages=max_pages,
+                                 seq_len_delta=int(seq_len_delta))
+    return out
+
+
+def build_kernel_page_table(*, req_to_token, req_pool_indices, seq_lens, v2p, multiplier, page_size, max_pages,
+                            out):
+    """The unified pool's kernel page table: for ``b < bs = req_pool_indices.numel()`` and live columns ``c <
+    min(ceil(seq_lens[b] / page_size), max_pages)``, ``out[b, c] = max(v2p[page] * multiplier, 0)`` with
+    ``page = req_to_token[req_pool_indices[b], c * page_size] // page_size`` (0 for a negative token: SGLang's
+    CUDA kernel reads ``v2p[-1]`` at page size 1 there). Exact, saturated at ``2**31 - 1``; a page past ``v2p``
+    gives 0. Every other element of ``out`` (dead columns, columns ``>= max_pages``, rows ``>= bs``) keeps its
+    value (SGLang's CUDA kernel writes live columns up to the next multiple of 256).
+
+    SGLang's asserts are ValueErrors: ``out`` int32, 2-D, at least ``(bs, max_pages)``, rows packed;
+    ``max_pages * page_size <= req_to_token.shape[1]``. ``bs`` or ``max_pages`` 0: ``out`` untouched.
+    Returns ``out``.
+    """
+    return _translated_read_table(req_to_token, req_pool_indices, seq_lens, v2p, multiplier, page_size, max_pages,
+                                  out, 0, lambda pages, size, cols: pages * size <= cols)
+
+
+def build_kv_read_table(*, req_to_token, req_pool_indices, seq_lens, v2p, multiplier, page_size, max_pages, out,
+                        seq_len_delta=0):
+    """The unified pool's KV read table: ``build_kernel_page_table`` with ``seq_len_delta`` added to every
+    length (the draft tokens of a whole-sequence verify); its table-width assert is ``(max_pages - 1) *
+    page_size < req_to_token.shape[1]``. Returns ``out``."""
+    return _translated_read_table(req_to_token, req_pool_indices, seq_lens, v2p, multiplier, page_size, max_pages,
+                                  out, seq_len_delta, lambda pages, size, cols: (pages - 1) * size < cols)
+
+
 __all__ = [
     "KV_INDICES_TOKEN_BLOCKS_MIN_WIDTH",
     "create_chunked_prefix_cache_kv_indices",
@@ -204,4 +400,10 @@ __all__ = [
     "get_num_page_per_block_flashmla",
     "kv_indices_num_token_blocks",
     "kv_indices_token_blocks_for_copy",
+    "update_trtllm_mla_graph_metadata",
+    "build_kernel_page_table",
+    "build_kv_read_table",
+    "build_trtllm_mha_page_table",
+    "create_trtllm_mha_kv_indices_triton",
+    "get_num_mha_kv_index_blocks",
 ]

@@ -1,0 +1,247 @@
+"""Page tables translated through a lookup table, on the grid ``(batch, programs_per_row)`` of ``kvdispatch.grid``.
+
+Two kernels, one per op, with the page table's row logic (``page_table.py``) and a lookup after the gather:
+
+* ``mha_page_table_kernel``: the TRT-LLM MHA page table and, with HAS_SWA, its sliding-window twin read
+  through ``full_to_swa`` from the same slots (``kvdispatch.create_trtllm_mha_page_table``);
+* ``translated_page_table_kernel``: the unified pool's table, virtual pages translated by ``v2p`` and
+  scaled (``kvdispatch.create_translated_page_table``).
+
+Program ``(b, k)`` owns pages ``[k * PAGES_PER_PROGRAM, (k + 1) * PAGES_PER_PROGRAM)`` of row ``b``; a program
+past its row's pages loads and stores nothing. Sizes and strides are runtime ints (one compilation per page
+size and option set, whatever the shapes), in 64-bit arithmetic; masks are blocks only.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import triton
+import triton.language as tl
+
+from kvdispatch import grid as launch_grid
+
+from . import launch as _launch
+from .page_table import page_shift
+
+MHA_PARAMETERS = ("table_ptr", "pool_ptr", "lens_ptr", "page_table_ptr", "swa_ptr", "mapping_ptr", "table_rows",
+                  "table_cols", "table_row_stride", "width", "page_table_stride", "swa_width", "swa_stride",
+                  "mapping_len", "pool_stride", "lens_stride")
+MHA_CONSTEXPRS = ("PAGE_SIZE", "PAGE_SHIFT", "PAGES_PER_PROGRAM", "HAS_SWA", "ROUND_TOWARD_ZERO", "UNIT_STRIDES",
+                  "FOLDED_GRID")
+TRANSLATED_PARAMETERS = ("table_ptr", "pool_ptr", "lens_ptr", "v2p_ptr", "out_ptr", "table_rows", "table_cols",
+                         "table_row_stride", "columns", "out_row_stride", "v2p_len", "multiplier", "seq_len_delta",
+                         "pool_stride", "lens_stride")
+TRANSLATED_CONSTEXPRS = ("PAGE_SIZE", "PAGE_SHIFT", "PAGES_PER_PROGRAM", "HAS_MULTIPLIER", "HAS_DELTA",
+                         "UNIT_STRIDES", "FOLDED_GRID")
+
+
+@triton.jit
+def _row_limit(pool_ptr, lens_ptr, row, pool_stride, lens_stride, table_rows, table_cols, length_offset,
+               HAS_OFFSET: tl.constexpr):
+    """``(pool, limit)`` of row ``row``: its pool index (int64) and the positions its pages may start below,
+    ``min(L, C)`` with ``L = seq_lens[row] + length_offset`` on a readable row, 0 otherwise. With an offset an
+    int64 length is clamped into [-2**62, 2**62] first (no table comes near): the sum cannot wrap."""
+    pool = tl.load(pool_ptr + row * pool_stride).to(tl.int64)
+    length = tl.load(lens_ptr + row * lens_stride).to(tl.int64)
+    if HAS_OFFSET:
+        length = tl.minimum(tl.maximum(length, -(2**62)), 2**62) + length_offset
+    readable = (pool >= 0) & (pool < table_rows)
+    return pool, tl.where(readable, tl.minimum(length, table_cols), 0)
+
+
+@triton.jit
+def _divide(values, PAGE_SIZE: tl.constexpr, PAGE_SHIFT: tl.constexpr, ROUND_TOWARD_ZERO: tl.constexpr):
+    """``values // PAGE_SIZE`` rounding down, or toward zero (Triton's ``//`` on signed ints) when asked."""
+    if ROUND_TOWARD_ZERO:
+        return values // PAGE_SIZE
+    if PAGE_SHIFT >= 0:
+        return values >> PAGE_SHIFT  # arithmetic shift: floor for negative values too
+    return tl.where(values >= 0, values // PAGE_SIZE, ~((~values) // PAGE_SIZE))
+
+
+def _mha_page_table_kernel(
+    table_ptr, pool_ptr, lens_ptr, page_table_ptr, swa_ptr, mapping_ptr, table_rows: tl.int64,
+    table_cols: tl.int64, table_row_stride: tl.int64, width: tl.int64, page_table_stride: tl.int64,
+    swa_width: tl.int64, swa_stride: tl.int64, mapping_len: tl.int64, pool_stride: tl.int64, lens_stride: tl.int64,
+    PAGE_SIZE: tl.constexpr, PAGE_SHIFT: tl.constexpr, PAGES_PER_PROGRAM: tl.constexpr, HAS_SWA: tl.constexpr,
+    ROUND_TOWARD_ZERO: tl.constexpr, UNIT_STRIDES: tl.constexpr, FOLDED_GRID: tl.constexpr,
+):
+    """``slot = table[pool[b], p * PAGE_SIZE]``; ``page_table[b, p] = slot // PAGE_SIZE`` for ``p < width`` and,
+    with HAS_SWA, ``swa[b, p] = mapping[clamp(slot, 0, mapping_len - 1)] // PAGE_SIZE`` (low 32 bits) for
+    ``p < swa_width``, over the row's pages. HAS_SWA only with ``mapping_len > 0``; without it ``swa_ptr`` and
+    ``mapping_ptr`` are not read. PAGE_SHIFT: log2(PAGE_SIZE) for powers of two, else -1. UNIT_STRIDES: the
+    index vectors are contiguous. FOLDED_GRID: ``launch.program_in_row``."""
+    if UNIT_STRIDES:
+        pool_stride, lens_stride = 1, 1
+    row = tl.program_id(0).to(tl.int64)
+    first = _launch.program_in_row(FOLDED_GRID) * PAGES_PER_PROGRAM
+    pool, limit = _row_limit(pool_ptr, lens_ptr, row, pool_stride, lens_stride, table_rows, table_cols, 0, False)
+    if first.to(tl.int64) * PAGE_SIZE < limit:
+        page = first + tl.arange(0, PAGES_PER_PROGRAM)
+        position = page.to(tl.int64) * PAGE_SIZE
+        in_row = position < limit
+        in_table = in_row & (page < width)
+        if HAS_SWA:
+            in_swa = in_row & (page < swa_width)
+            read = in_table | in_swa
+        else:
+            read = in_table
+        # Only dereferenced under in_row, which is empty on an unreadable row.
+        slots = tl.load(table_ptr + pool * table_row_stride + position, mask=read, other=0)
+        tl.store(page_table_ptr + row * page_table_stride + page,
+                 _divide(slots, PAGE_SIZE, PAGE_SHIFT, ROUND_TOWARD_ZERO), mask=in_table)
+        if HAS_SWA:
+            index = tl.minimum(tl.maximum(slots.to(tl.int64), 0), mapping_len.to(tl.int64) - 1)
+            mapped = tl.load(mapping_ptr + index, mask=in_swa, other=0)
+            tl.store(swa_ptr + row * swa_stride + page,
+                     _divide(mapped, PAGE_SIZE, PAGE_SHIFT, ROUND_TOWARD_ZERO).to(tl.int32), mask=in_swa)
+
+
+def _translated_page_table_kernel(
+    table_ptr, pool_ptr, lens_ptr, v2p_ptr, out_ptr, table_rows: tl.int64, table_cols: tl.int64,
+    table_row_stride: tl.int64, columns: tl.int64, out_row_stride: tl.int64, v2p_len: tl.int64,
+    multiplier: tl.int64, seq_len_delta: tl.int64, pool_stride: tl.int64, lens_stride: tl.int64,
+    PAGE_SIZE: tl.constexpr, PAGE_SHIFT: tl.constexpr, PAGES_PER_PROGRAM: tl.constexpr,
+    HAS_MULTIPLIER: tl.constexpr, HAS_DELTA: tl.constexpr, UNIT_STRIDES: tl.constexpr, FOLDED_GRID: tl.constexpr,
+):
+    """``t = table[pool[b], c * PAGE_SIZE]``, ``v = 0 if t < 0 else t // PAGE_SIZE``; ``out[b, c] =
+    min(max(v2p[v] * multiplier, 0), 2**31 - 1)`` (0 for ``v >= v2p_len``) for the row's live columns below
+    ``columns``. HAS_MULTIPLIER: ``multiplier`` is not 1; HAS_DELTA: ``seq_len_delta`` is not 0 (else neither
+    is read)."""
+    if UNIT_STRIDES:
+        pool_stride, lens_stride = 1, 1
+    row = tl.program_id(0).to(tl.int64)
+    first = _launch.program_in_row(FOLDED_GRID) * PAGES_PER_PROGRAM
+    pool, limit = _row_limit(pool_ptr, lens_ptr, row, pool_stride, lens_stride, table_rows, table_cols,
+                             seq_len_delta, HAS_DELTA)
+    if first.to(tl.int64) * PAGE_SIZE < limit:
+        page = first + tl.arange(0, PAGES_PER_PROGRAM)
+        position = page.to(tl.int64) * PAGE_SIZE
+        live = (position < limit) & (page < columns)
+        tokens = tl.load(table_ptr + pool * table_row_stride + position, mask=live, other=0)
+        virtual = tl.where(tokens < 0, 0, _divide(tokens, PAGE_SIZE, PAGE_SHIFT, False))
+        # A virtual page past the map reads nothing and gives 0 (``other``), as a freed page (-1) does.
+        physical = tl.load(v2p_ptr + virtual, mask=live & (virtual < v2p_len), other=0).to(tl.int64)
+        if HAS_MULTIPLIER:
+            # |physical| <= 2**31 and |multiplier| <= 2**31: an exact product, saturating as the true one.
+            physical = tl.minimum(tl.maximum(physical, -(2**31)), 2**31) * multiplier.to(tl.int64)
+        values = tl.minimum(tl.maximum(physical, 0), 2**31 - 1)
+        tl.store(out_ptr + row * out_row_stride + page, values.to(tl.int32), mask=live)
+
+
+# Pointers first, then the runtime ints: (kernel, pointer parameters, runtime int parameters) per kernel, for
+# triton.jit here and for the cross-compiler's own JITFunction objects.
+KERNEL_PARAMETERS = {
+    "mha": (_mha_page_table_kernel, MHA_PARAMETERS[:6], MHA_PARAMETERS[6:]),
+    "translated": (_translated_page_table_kernel, TRANSLATED_PARAMETERS[:5], TRANSLATED_PARAMETERS[5:]),
+}
+mha_page_table_kernel, translated_page_table_kernel = (
+    triton.jit(function, do_not_specialize=ints, do_not_specialize_on_alignment=pointers)
+    for function, pointers, ints in KERNEL_PARAMETERS.values())
+mha_launcher = _launch.register(_launch.KernelLauncher(mha_page_table_kernel, MHA_CONSTEXPRS))
+translated_launcher = _launch.register(_launch.KernelLauncher(translated_page_table_kernel, TRANSLATED_CONSTEXPRS))
+_mha_plans = _launch.plan_cache()
+_translated_plans = _launch.plan_cache()
+
+
+def _common_constexprs(page_size: int, unit_strides: bool, folded_grid: bool) -> dict:
+    return dict(PAGE_SIZE=page_size, PAGE_SHIFT=page_shift(page_size),
+                PAGES_PER_PROGRAM=launch_grid.items_per_program(launch_grid.MAPPED_PAGE_TABLE, page_size),
+                UNIT_STRIDES=unit_strides, FOLDED_GRID=folded_grid)
+
+
+def mha_constexprs(page_size: int, has_swa: bool, round_toward_zero: bool, unit_strides: bool = True,
+                   folded_grid: bool = False) -> dict:
+    """The constexpr arguments of one MHA page-table specialisation."""
+    return dict(_common_constexprs(page_size, unit_strides, folded_grid), HAS_SWA=has_swa,
+                ROUND_TOWARD_ZERO=round_toward_zero)
+
+
+def translated_constexprs(page_size: int, has_multiplier: bool, has_delta: bool, unit_strides: bool = True,
+                          folded_grid: bool = False) -> dict:
+    """The constexpr arguments of one translated page-table specialisation."""
+    return dict(_common_constexprs(page_size, unit_strides, folded_grid), HAS_MULTIPLIER=has_multiplier,
+                HAS_DELTA=has_delta)
+
+
+def _launch_plan(plans, launcher, key, out, args, span, constexprs_of):
+    """Run ``args`` through the plan of ``key`` (building it at its first call): ``key[:3]`` is (device index,
+    page size, batch), ``key[3:]`` the rest of the specialisation; ``span`` the pages a row may write."""
+    plan = plans.get(key)
+    if plan is None:
+        geometry = launch_grid.mapped_page_table_launch(key[2], span, key[1])
+        if geometry.grid[0] == 0:
+            plans.add(key, _launch.nothing)
+            return
+        specialisation = (key[1], geometry.folded) + key[4:]
+        warps = _launch.warps_for(out.device, geometry.threads)
+        plan, launched = launcher.plan(key[0], specialisation, geometry.grid, constexprs_of(geometry.folded), warps,
+                                       args)
+        plans.add(key, plan)
+        if launched:
+            return
+    plan(*args)
+
+
+def build_mha_page_table(req_to_token, req_pool_indices, seq_lens, page_table, page_size, swa_page_table=None,
+                         full_to_swa=None, round_toward_zero=False):
+    """Write the TRT-LLM MHA page table (and its SWA twin) in one launch; semantics of
+    ``kvdispatch.reference.build_mha_page_table``. Arguments arrive validated by ``kvdispatch._validate``."""
+    rows, cols = req_to_token.shape
+    width = page_table.shape[1]
+    has_swa = swa_page_table is not None and full_to_swa.shape[0] > 0  # an empty mapping: nothing to write
+    swa_width = swa_page_table.shape[1] if has_swa else 0
+    pool_stride, lens_stride = req_pool_indices.stride(0), seq_lens.stride(0)
+    unit_strides = pool_stride == 1 and lens_stride == 1
+    key = (page_table.get_device(), page_size, req_pool_indices.shape[0], max(width, swa_width), req_pool_indices.dtype,
+           seq_lens.dtype, full_to_swa.dtype if has_swa else None, round_toward_zero, unit_strides)
+    args = (req_to_token, req_pool_indices, seq_lens, page_table, swa_page_table if has_swa else page_table,
+            full_to_swa if has_swa else req_pool_indices, rows, cols, req_to_token.stride(0), width,
+            page_table.stride(0), swa_width, swa_page_table.stride(0) if has_swa else 0,
+            full_to_swa.shape[0] if has_swa else 0, pool_stride, lens_stride)
+    _launch_plan(_mha_plans, mha_launcher, key, page_table, args, key[3],
+                 lambda folded: mha_constexprs(page_size, has_swa, round_toward_zero, unit_strides, folded))
+    return page_table
+
+
+def build_translated_page_table(req_to_token, req_pool_indices, seq_lens, v2p, out, page_size, multiplier=1,
+                                max_pages=None, seq_len_delta=0):
+    """Write the translated page table in one launch; semantics of
+    ``kvdispatch.reference.build_translated_page_table``. Arguments arrive validated."""
+    rows, cols = req_to_token.shape
+    columns = out.shape[1] if max_pages is None else min(max_pages, out.shape[1])
+    pool_stride, lens_stride = req_pool_indices.stride(0), seq_lens.stride(0)
+    unit_strides = pool_stride == 1 and lens_stride == 1
+    has_multiplier, has_delta = multiplier != 1, seq_len_delta != 0
+    key = (out.get_device(), page_size, req_pool_indices.shape[0], columns, req_pool_indices.dtype, seq_lens.dtype,
+           v2p.dtype, has_multiplier, has_delta, unit_strides)
+    args = (req_to_token, req_pool_indices, seq_lens, v2p, out, rows, cols, req_to_token.stride(0), columns,
+            out.stride(0), v2p.shape[0], multiplier, seq_len_delta, pool_stride, lens_stride)
+    _launch_plan(_translated_plans, translated_launcher, key, out, args, columns,
+                 lambda folded: translated_constexprs(page_size, has_multiplier, has_delta, unit_strides, folded))
+    return out
+
+
+def specializations(page_sizes, index_types=("i32", "i64")):
+    """Every specialisation of both kernels for ``page_sizes``: yields ``(kernel name, signature, constexprs)``
+    for ``triton.compiler.ASTSource`` (Triton >= 3.3), per option set, grid form, index dtype (the pool and
+    length vectors) and lookup dtype (``full_to_swa``, ``v2p``)."""
+    for page_size, (swa, round_toward_zero, unit, folded), index, lookup in itertools.product(
+            page_sizes, itertools.product((False, True), repeat=4), index_types, ("i32", "i64")):
+        if not swa and lookup != "i32":
+            continue  # without SWA the mapping pointer is a placeholder of one type
+        types = dict(pool_ptr=f"*{index}", lens_ptr=f"*{index}", mapping_ptr=f"*{lookup}" if swa else f"*{index}")
+        constexprs = mha_constexprs(page_size, swa, round_toward_zero, unit, folded)
+        yield "mha", _signature(MHA_PARAMETERS, types, constexprs), constexprs
+    for page_size, (multiplied, delta, unit, folded), index, lookup in itertools.product(
+            page_sizes, itertools.product((False, True), repeat=4), index_types, ("i32", "i64")):
+        types = dict(pool_ptr=f"*{index}", lens_ptr=f"*{index}", v2p_ptr=f"*{lookup}")
+        constexprs = translated_constexprs(page_size, multiplied, delta, unit, folded)
+        yield "translated", _signature(TRANSLATED_PARAMETERS, types, constexprs), constexprs
+
+
+def _signature(parameters, pointer_types, constexprs) -> dict:
+    signature = {name: pointer_types.get(name, "*i32") if name.endswith("_ptr") else "i64" for name in parameters}
+    signature.update({name: "constexpr" for name in constexprs})
+    return signature
