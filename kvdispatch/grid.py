@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 PAGE_TABLE = "page_table"
 TOKEN_CSR = "token_csr"
-KINDS = (PAGE_TABLE, TOKEN_CSR)
+KINDS = (PAGE_TABLE, TOKEN_CSR, "draft_decode")
 
 MAX_PAGE_SIZE = 4096
 # A program of the page-table kernel reads about this many table entries' worth of positions: few pages
@@ -89,6 +89,8 @@ def items_per_program(kind: str, page_size: int = 1) -> int:
         return _clamp(_pow2_floor(_PAGE_TABLE_SPAN // page_size), _MIN_PAGES_PER_PROGRAM, _MAX_PAGES_PER_PROGRAM)
     if kind == TOKEN_CSR:
         return _TOKENS_PER_PROGRAM
+    if kind == DRAFT_DECODE:
+        return _DRAFT_TOKENS_PER_PROGRAM
     raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
 
 
@@ -142,3 +144,25 @@ def token_csr_launch(batch: int, table_width: int, out_len: int) -> Launch:
     """
     return _launch(batch, min(table_width, out_len), items_per_program(TOKEN_CSR),
                    "min(req_to_token.shape[1], out.shape[0])")
+
+
+# Multi-step draft decode indices (``kvdispatch.create_draft_decode_kv_indices``). Offsets and counted lengths
+# saturate at DRAFT_OFFSET_LIMIT (out is never wider), so with at most 2**31 - 1 segments and the step and
+# branch counts below, every sum and product the kernels form stays exact in int64.
+DRAFT_DECODE = "draft_decode"
+DRAFT_OFFSET_LIMIT = 2**32
+DRAFT_MAX_STEPS = 1024
+DRAFT_MAX_TOPK = 1024
+# Prefix tokens per program: each is loaded once and stored num_steps times.
+_DRAFT_TOKENS_PER_PROGRAM = 1024
+# Lengths (or positions) of earlier segments summed per pass of a program's prefix sum.
+DRAFT_SUM_BLOCK = 512
+
+
+def draft_decode_launch(segments: int, table_width: int, out_width: int) -> Launch:
+    """Geometry of the draft-decode kernel: one row per segment (request and branch), programs over the
+    prefix tokens a segment can write, ``min(table_width, out_width)`` (a prefix token reads a position below
+    the table's width and lands at a column below out's), and at least one program per row (program 0 also
+    writes the draft slots and ``kv_indptr``)."""
+    return _launch(segments, max(min(table_width, out_width), 1), _DRAFT_TOKENS_PER_PROGRAM,
+                   "min(req_to_token.shape[1], out.shape[1])")

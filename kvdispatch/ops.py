@@ -28,7 +28,7 @@ from __future__ import annotations
 import torch
 
 from . import api
-from ._validate import check_page_table_args, check_token_csr_args
+from ._validate import check_draft_decode_args, check_page_table_args, check_token_csr_args
 
 NAMESPACE = "kvdispatch"
 PAGE_TABLE_SCHEMA = (
@@ -39,6 +39,11 @@ TOKEN_CSR_SCHEMA = (
     "create_flashinfer_kv_indices(Tensor req_to_token, Tensor req_pool_indices, Tensor seq_lens, Tensor kv_indptr, "
     "Tensor(a!) out, *, Tensor? kv_start_idx=None, int entry_page_size=1, Tensor? token_mapping=None, "
     "str backend=\"auto\") -> ()")
+DRAFT_DECODE_SCHEMA = (
+    "create_draft_decode_kv_indices(Tensor req_to_token, Tensor req_pool_indices, Tensor seq_lens, "
+    "Tensor(a!) kv_indptr, Tensor(b!) out, *, int num_steps, int topk, int page_size=1, Tensor? positions=None, "
+    "int window_size=0, int sink_size=0, Tensor? v2p=None, bool write_indptr_start=True, "
+    "bool round_toward_zero=False, str backend=\"auto\") -> ()")
 
 # Kept alive for the life of the process: dropping a Library removes its ops.
 _library = torch.library.Library(NAMESPACE, "FRAGMENT")
@@ -76,8 +81,29 @@ def _token_csr_fake(req_to_token, req_pool_indices, seq_lens, kv_indptr, out, *,
                          token_mapping, memory=False)
 
 
+def _draft_decode_kernel(req_to_token, req_pool_indices, seq_lens, kv_indptr, out, *, num_steps, topk, page_size=1,
+                         positions=None, window_size=0, sink_size=0, v2p=None, write_indptr_start=True,
+                         round_toward_zero=False, backend="auto"):
+    """The draft-decode op on real tensors: the eager call, which fills ``out`` and ``kv_indptr``."""
+    api.create_draft_decode_kv_indices(req_to_token, req_pool_indices, seq_lens, kv_indptr, out,
+                                       num_steps=num_steps, topk=topk, page_size=page_size, positions=positions,
+                                       window_size=window_size, sink_size=sink_size, v2p=v2p,
+                                       write_indptr_start=write_indptr_start, round_toward_zero=round_toward_zero,
+                                       backend=backend)
+
+
+def _draft_decode_fake(req_to_token, req_pool_indices, seq_lens, kv_indptr, out, *, num_steps, topk, page_size=1,
+                       positions=None, window_size=0, sink_size=0, v2p=None, write_indptr_start=True,
+                       round_toward_zero=False, backend="auto"):
+    """Metadata only: the argument checks that need no memory."""
+    check_draft_decode_args(req_to_token, req_pool_indices, seq_lens, kv_indptr, out, num_steps, topk, page_size,
+                            positions, window_size, sink_size, v2p, write_indptr_start, round_toward_zero,
+                            memory=False)
+
+
 for _schema, _kernel, _fake in ((PAGE_TABLE_SCHEMA, _page_table_kernel, _page_table_fake),
-                                (TOKEN_CSR_SCHEMA, _token_csr_kernel, _token_csr_fake)):
+                                (TOKEN_CSR_SCHEMA, _token_csr_kernel, _token_csr_fake),
+                                (DRAFT_DECODE_SCHEMA, _draft_decode_kernel, _draft_decode_fake)):
     _name = _schema[: _schema.index("(")]
     _library.define(_schema)
     _library.impl(_name, _kernel, "CompositeExplicitAutograd")

@@ -59,9 +59,15 @@ def test_token_csr_grid_covers_the_longest_possible_row():
 
 def _launch_with_programs(kind, batch, programs, items):
     """The launch of ``kind`` whose rows need exactly ``programs`` programs of ``items`` items."""
-    span = programs * items
+    return _launch_of_span(kind, batch, programs * items)
+
+
+def _launch_of_span(kind, batch, span):
+    """The launch of ``kind`` whose rows span ``span`` items."""
     if kind == grid.PAGE_TABLE:
         return grid.page_table_launch(batch, span, 64)
+    if kind == grid.DRAFT_DECODE:
+        return grid.draft_decode_launch(batch, span, span + 5)
     return grid.token_csr_launch(batch, span, span + 5)
 
 
@@ -83,10 +89,7 @@ def test_a_row_too_wide_even_folded_is_a_value_error(kind):
     most = grid.MAX_GRID_Y * grid.MAX_GRID_Z * items
     assert _launch_with_programs(kind, 1, grid.MAX_GRID_Y * grid.MAX_GRID_Z, items).grid[1:] == (65535, 65535)
     with pytest.raises(grid.GridLimitError, match=f"must be at most {most}.*got {most + 1}"):
-        if kind == grid.PAGE_TABLE:
-            grid.page_table_launch(1, most + 1, 64)
-        else:
-            grid.token_csr_launch(1, most + 1, most + 5)
+        _launch_of_span(kind, 1, most + 1)
     assert issubclass(grid.GridLimitError, ValueError)
     # Nothing to launch is never an error.
     assert grid.page_table_launch(0, most + 1, 64).grid == (0, 0, 0)
