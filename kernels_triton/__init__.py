@@ -22,6 +22,7 @@ _OWNERS = {
     "on_selected": "native",
     "reset": "launch",
     "specializations": "crosscompile",
+    "build_draft_decode_indices": "draft_decode",
 }
 
 __all__ = sorted(_OWNERS)

@@ -18,6 +18,7 @@ import kvdispatch
 from conftest import BACKENDS, DEVICE
 from kvcases import POISON, assert_same, wrap_int32
 from kvdispatch import grid, reference
+from test_folded_grid import FOLD_AT, folding  # noqa: F401  (a fixture)
 from test_extremes import DTYPES, GUARD, I32_MAX, I32_MIN, I64_MAX, I64_MIN, extremes, guarded, middle, vector
 
 LIMIT = grid.DRAFT_OFFSET_LIMIT
@@ -319,3 +320,31 @@ def test_custom_op_is_registered():
     schema = torch.ops.kvdispatch.create_draft_decode_kv_indices.default._schema
     assert [a.name for a in schema.arguments][:5] == ["req_to_token", "req_pool_indices", "seq_lens", "kv_indptr",
                                                        "out"]
+
+
+# -- launch geometry -------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_rows_folded_into_the_third_grid_dimension(backend, folding):
+    """Prefixes of more programs than the (lowered) second grid dimension takes."""
+    g = generator()
+    cols = (FOLD_AT + 1) * grid.items_per_program(grid.DRAFT_DECODE) + 50
+    table = draw(0, 2**31 - 1, 2 * cols, g).view(2, cols).to(torch.int32)
+    case = dict(req_to_token=table, req_pool_indices=vector([1, 0], torch.int64),
+                seq_lens=vector([cols - 3, 700], torch.int32), num_steps=2, topk=2, page_size=1, positions=None,
+                window_size=0, sink_size=0, v2p=None, write_indptr_start=True, round_toward_zero=False)
+    check(backend, case, torch.int64, torch.int32, loop=False)
+
+
+@pytest.mark.skipif("triton" not in BACKENDS, reason="Triton is not under test")
+def test_triton_compiles_once_across_batches_widths_steps_and_branches():
+    from kernels_triton import draft_decode as triton_draft_decode
+    from kernels_triton import launch as triton_launch
+
+    triton_launch.reset(compiled=True)
+    g = generator()
+    for topk, steps, batch, cols in ((1, 1, 1, 5), (4, 3, 3, 17), (2, 5, 2, 40)):
+        case = random_case(g, topk=topk, steps=steps, page_size=16)
+        case["req_to_token"] = case["req_to_token"][:, :1].expand(-1, cols).contiguous()
+        check("triton", case, torch.int64, torch.int32, width=int(draw(1, 90, 1, g)), loop=False)
+    assert triton_draft_decode.launcher.compile_count == 1
