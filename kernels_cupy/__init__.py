@@ -15,6 +15,7 @@ from kvdispatch._lazy import exports
 _OWNERS = {
     "build_page_table": "launch",
     "build_token_indices": "launch",
+    "build_draft_decode_indices": "launch",
 }
 
 __all__ = sorted(_OWNERS)

@@ -18,7 +18,7 @@ import kvdispatch
 from conftest import BACKENDS, DEVICE
 from kvcases import POISON, assert_same, wrap_int32
 from kvdispatch import grid, reference
-from test_folded_grid import FOLD_AT, folding  # noqa: F401  (a fixture)
+from test_folded_grid import BUILDS, FOLD_AT, folding  # noqa: F401  (a fixture)
 from test_extremes import DTYPES, GUARD, I32_MAX, I32_MIN, I64_MAX, I64_MIN, extremes, guarded, middle, vector
 
 LIMIT = grid.DRAFT_OFFSET_LIMIT
@@ -27,10 +27,10 @@ PAGE_SIZES = (1, 4, 16, 7)
 
 def draft_decode(backend, *args, **kwargs):
     """``create_draft_decode_kv_indices`` on ``backend`` (``cupy-host``: the CUDA source built for the host)."""
-    if backend == "cupy-host":
+    if backend.startswith("cupy-host"):
         import cuda_host
 
-        return cuda_host.create_draft_decode_kv_indices(*args, **kwargs)
+        return cuda_host.create_draft_decode_kv_indices(*args, specialised=backend.endswith("specialised"), **kwargs)
     return kvdispatch.create_draft_decode_kv_indices(*args, backend=None if backend == os.environ.get(
         "KVDISPATCH_BACKEND") else backend, **kwargs)
 
@@ -161,7 +161,7 @@ def check(backend, case, out_dtype=torch.int32, indptr_dtype=torch.int32, width=
 
 # -- random data ---------------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("backend", BUILDS)
 @pytest.mark.parametrize("page_size", PAGE_SIZES)
 @pytest.mark.parametrize("out_dtype", DTYPES)
 def test_matches_the_reference(backend, page_size, out_dtype):
