@@ -8,6 +8,7 @@ outside them (rows past the steps, columns past the width) shows. Then the integ
 and the argument errors.
 """
 
+import inspect
 import itertools
 import os
 
@@ -348,3 +349,124 @@ def test_triton_compiles_once_across_batches_widths_steps_and_branches():
         case["req_to_token"] = case["req_to_token"][:, :1].expand(-1, cols).contiguous()
         check("triton", case, torch.int64, torch.int32, width=int(draw(1, 90, 1, g)), loop=False)
     assert triton_draft_decode.launcher.compile_count == 1
+
+
+# -- kvdispatch.compat.sglang: generate_draft_decode_kv_indices on SGLang's call patterns ------------------------
+
+def _next_power_of_2(n):
+    return 1 << max(n - 1, 0).bit_length()
+
+
+@pytest.fixture
+def sglang(monkeypatch, backend):
+    """``kvdispatch.compat.sglang`` with its draft builder routed to ``backend``."""
+    from kvdispatch.compat import sglang as module
+
+    monkeypatch.setattr(module, "_build_draft_decode", lambda *a, backend=None, **k: draft_decode(name, *a, **k))
+    name = backend
+    return module
+
+
+def sglang_case(g, topk, page_size, steps):
+    """A batch as SGLang's draft workers hold it: int64 pool indices and lengths with room in each table row
+    for every branch's draft pages, positions the lengths repeated ``topk`` times."""
+    batch = int(draw(1, 5, 1, g))
+    pool_rows = batch + 3
+    owned = -(-(page_size - 1 + steps) // page_size) * page_size
+    cols = 48 + topk * owned + page_size
+    table = torch.randperm(pool_rows * cols * 2, generator=g)[: pool_rows * cols].view(pool_rows, cols).to(torch.int32)
+    lens = draw(1, cols - topk * owned - page_size + 1, batch, g)
+    return dict(req_to_token=table, req_pool_indices=torch.randperm(pool_rows, generator=g)[:batch],
+                seq_lens=lens, num_steps=steps, topk=topk, page_size=page_size,
+                positions=lens.repeat_interleave(topk), window_size=0, sink_size=0, v2p=None,
+                write_indptr_start=False, round_toward_zero=True), pool_rows
+
+
+def run_sglang(sglang, case, pool_rows, engine, **keywords):
+    """``generate_draft_decode_kv_indices[grid](...)`` as ``engine``'s multi-step draft backend launches it, into
+    zeroed buffers; returns ``(kv_indices, kv_indptr)`` and checks them against the loop."""
+    table, batch, topk, steps = case["req_to_token"], case["seq_lens"].shape[0], case["topk"], case["num_steps"]
+    width = sglang.draft_kv_indices_buffer_width(batch, topk, table.shape[1])
+    kv_indices = torch.zeros((steps, width), dtype=torch.int64 if engine == "triton" else torch.int32, device=DEVICE)
+    kv_indptr = torch.zeros((steps, pool_rows * topk + 1), dtype=torch.int32, device=DEVICE)
+    if engine == "aiter":  # token blocks, NUM_STEPS
+        blocks = sglang.kv_indices_num_token_blocks(table.shape[1], steps * batch * topk)
+        launch, keywords = (steps * blocks, batch, topk), dict(keywords, NUM_STEPS=steps)
+    else:
+        launch = (steps, batch, topk)
+    expected, expected_indptr = loop_draft_decode(case, kv_indices.cpu(), kv_indptr.cpu())
+    on = {k: case[k].to(DEVICE) for k in ("req_pool_indices", "req_to_token", "seq_lens", "positions")}
+    result = sglang.generate_draft_decode_kv_indices[launch](
+        on["req_pool_indices"], on["req_to_token"], on["seq_lens"], kv_indices, kv_indptr, on["positions"],
+        table.shape[1], width, kv_indptr.shape[1], _next_power_of_2(batch), _next_power_of_2(steps),
+        _next_power_of_2(batch * topk), case["page_size"], **keywords)
+    assert result is kv_indices
+    assert_same(kv_indices, expected, f"{engine} kv_indices")
+    assert_same(kv_indptr, expected_indptr, f"{engine} kv_indptr")
+    return kv_indices.cpu(), kv_indptr.cpu()
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("engine", ("triton", "flashinfer", "aiter"))
+@pytest.mark.parametrize("topk, page_size", ((1, 1), (4, 1), (4, 16)))
+def test_sglang_call_patterns(sglang, backend, engine, topk, page_size):
+    g = generator()
+    steps = int(draw(2, 6, 1, g))
+    case, pool_rows = sglang_case(g, topk, page_size, steps)
+    kv_indices, kv_indptr = run_sglang(sglang, case, pool_rows, engine)
+    batch, lens_sum = case["seq_lens"].shape[0], int(case["seq_lens"].sum())
+    for s in range(steps):  # each step's used length, as the engines slice it
+        used = sglang.draft_kv_indices_used_len(lens_sum, topk, batch * topk, s + 1)
+        assert int(kv_indptr[s, batch * topk]) == used and int(kv_indptr[s, 0]) == 0
+        assert not kv_indices[s, used:].any()
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_sglang_window_and_translation(sglang, backend):
+    """The keywords of the newest call sites: a draft-only sliding window, and ids translated through v2p."""
+    g = generator()
+    case, pool_rows = sglang_case(g, 2, 16, 3)
+    case.update(window_size=5, sink_size=2, v2p=draw(-1, 500, 60, g))
+    run_sglang(sglang, case, pool_rows, "aiter", window_size=5, sink_size=2, v2p=case["v2p"].to(DEVICE),
+               TRANSLATE=True)
+    case["v2p"] = None  # given without TRANSLATE, v2p is not used
+    run_sglang(sglang, case, pool_rows, "triton", window_size=5, sink_size=2, v2p=torch.zeros(3, dtype=torch.int64,
+                                                                                              device=DEVICE))
+
+
+def test_sglang_surface():
+    from kvdispatch.compat import sglang
+
+    def parameters(function):
+        return [(p.name, p.default) for p in inspect.signature(function).parameters.values()]
+
+    positional = ["req_pool_indices", "req_to_token", "paged_kernel_lens", "kv_indices", "kv_indptr", "positions",
+                  "pool_len", "kv_indices_stride", "kv_indptr_stride", "bs_upper", "iter_upper", "num_tokens_upper",
+                  "page_size"]
+    expected = [(name, inspect.Parameter.empty) for name in positional] + [
+        ("NUM_STEPS", 0), ("window_size", 0), ("sink_size", 0), ("v2p", None), ("TRANSLATE", False),
+        ("ENTRY_PAGE_SIZE", 1)]
+    for function in (sglang.generate_draft_decode_kv_indices, sglang.generate_draft_decode_kv_indices[(2, 1, 1)]):
+        assert parameters(function) == expected
+    assert parameters(sglang.draft_kv_indices_buffer_width) == [
+        ("num_seqs", inspect.Parameter.empty), ("topk", inspect.Parameter.empty),
+        ("max_context_len", inspect.Parameter.empty)]
+    assert parameters(sglang.draft_kv_indices_used_len) == [
+        (name, inspect.Parameter.empty) for name in ("seq_lens_sum", "topk", "bs", "num_steps")]
+    assert sglang.draft_kv_indices_buffer_width(8, 4, 4096) == 8 * 4 * 4096
+    with pytest.raises(ValueError, match="overflow"):
+        sglang.draft_kv_indices_buffer_width(2**10, 2**11, 2**10)
+    assert sglang.draft_kv_indices_used_len(100, 4, 12, 3) == 436
+
+    table = torch.zeros((2, 8), dtype=torch.int32)
+    vec, out, indptr = torch.zeros(1, dtype=torch.int64), torch.zeros((2, 8), dtype=torch.int64), \
+        torch.zeros((2, 2), dtype=torch.int32)
+    args = (vec, table, vec + 1, out, indptr, vec + 1, 8, 8, 2, 1, 2, 1, 1)
+    with pytest.raises(TypeError, match="launch grid"):
+        sglang.generate_draft_decode_kv_indices(*args)
+    with pytest.raises(NotImplementedError, match="ENTRY_PAGE_SIZE"):
+        sglang.generate_draft_decode_kv_indices[(2, 1, 1)](*args, ENTRY_PAGE_SIZE=16)
+    with pytest.raises(ValueError, match="pool_len=9 does not match"):
+        sglang.generate_draft_decode_kv_indices[(2, 1, 1)](*args[:6], 9, *args[7:])
+    with pytest.raises(ValueError, match="kv_indptr_stride=3 does not match"):
+        sglang.generate_draft_decode_kv_indices[(2, 1, 1)](*args[:8], 3, *args[9:])

@@ -46,6 +46,8 @@ SGLANG_FUNCTIONS = {
     "kv_indices_token_blocks_for_copy": [("table_width", REQUIRED), ("base_programs", REQUIRED)],
 }
 SGLANG_CONSTANTS = {"KV_INDICES_TOKEN_BLOCKS_MIN_WIDTH": 32768}
+# SGLang's speculative draft builder and its buffer sizing helpers (tests/test_draft_decode.py tests them).
+SGLANG_SPECULATIVE = {"generate_draft_decode_kv_indices", "draft_kv_indices_buffer_width", "draft_kv_indices_used_len"}
 BUILDERS = [name for name in SGLANG_FUNCTIONS if name.startswith("create_")]
 INDEX_DTYPES = (torch.int32, torch.int64)
 
@@ -53,7 +55,7 @@ INDEX_DTYPES = (torch.int32, torch.int64)
 # -- the module's surface -------------------------------------------------------------------------------------
 
 def test_public_names_are_sglangs():
-    assert set(sglang.__all__) == set(SGLANG_FUNCTIONS) | set(SGLANG_CONSTANTS)
+    assert set(sglang.__all__) == set(SGLANG_FUNCTIONS) | set(SGLANG_CONSTANTS) | SGLANG_SPECULATIVE
     namespace = {}
     exec("from kvdispatch.compat.sglang import *", namespace)
     assert set(SGLANG_FUNCTIONS) | set(SGLANG_CONSTANTS) <= set(namespace)
