@@ -368,6 +368,7 @@ extern "C" __global__ void kv_draft_decode(
                                : kv_min(kv_segment_offset(base, segments_before, branch, count, it, limit) + count + it,
                                         limit);
         kv_store_index(kv_indptr, (it - 1) * indptr_stride + segment + 1, end, wide_indptr);
-        if (segment == 0 && KV_HAS(KV_INDPTR_START)) kv_store_index(kv_indptr, (it - 1) * indptr_stride, 0, wide_indptr);
+        if (segment == 0 && KV_HAS(KV_INDPTR_START))
+            kv_store_index(kv_indptr, (it - 1) * indptr_stride, 0, wide_indptr);
     }
 }
