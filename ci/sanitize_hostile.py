@@ -231,13 +231,18 @@ def run(device, backends, verbose):
         options = dict(num_steps=steps, topk=topk, page_size=page_size, window_size=window_size, sink_size=sink_size)
         reference.build_draft_decode_indices(cpu["table"], cpu["pool"], cpu["lens"], expected_indptr, expected,
                                              positions=positions, v2p=v2p, **options)
+        launch_and_check(what, lambda: kvdispatch.create_draft_decode_kv_indices(
+            data["table"], data["pool"], data["lens"], indptr, out, backend=backend, **options,
+            positions=None if positions is None else positions.to(device),
+            v2p=None if v2p is None else v2p.to(device)), ((out, expected), (indptr, expected_indptr)))
+
+    def launch_and_check(what, launch, pairs):
+        """Run ``launch()``, then compare each ``(got, expected)`` of ``pairs``; an exception is a mismatch."""
+        nonlocal mismatches
         try:
-            kvdispatch.create_draft_decode_kv_indices(
-                data["table"], data["pool"], data["lens"], indptr, out, backend=backend, **options,
-                positions=None if positions is None else positions.to(device),
-                v2p=None if v2p is None else v2p.to(device))
-            check(what, out, expected)
-            check(what + " kv_indptr", indptr, expected_indptr)
+            launch()
+            for i, (got, expected) in enumerate(pairs):
+                check(what + (f" output {i}" if i else ""), got, expected)
         except Exception:
             mismatches += 1
             print(f"ERROR {what}:\n{traceback.format_exc()}", flush=True)
