@@ -16,6 +16,8 @@ The mapped page tables: the TRT-LLM MHA table with and without its SWA twin (ful
 entries at the extremes: slots clamped into it, quotients' low 32 bits) and the translated table (v2p at the
 extremes or empty, multipliers at the int32 extremes, length deltas at the int32 extremes), on slot tables with
 negative and extreme entries, under the same spoilt requests (page sizes 1, 64, 7).
+The draft decode indices: the spoilt pool indices and lengths above (2 branches, 3 steps, page sizes 1 and 16),
+outputs narrower than the segments, positions at the extremes, a v2p that ids fall outside of, a window.
 Every tensor is its own exact-size allocation (PyTorch's caching allocator is turned off below, before torch is
 imported), so an access one element past any of them is reported by memcheck.
 
@@ -148,6 +150,26 @@ def long_row_indptrs(dtype, total):
     return values
 
 
+DRAFT_PAGE_SIZES = (1, 16)
+
+
+def draft_options(cpu, dtype, device, g):
+    """Draft decode options per spoilt batch: plain into an out as wide as the table's rows allow, then into one
+    a third of that (segments cut at its end); positions at the extremes; a v2p that ids fall outside of
+    (negative, past its end, entries at the int64 extremes); a window with sinks; an int32 out."""
+    width = 2 * BATCH * (5 * 16 + 7 + 3)
+    yield dict(name="plain", width=width)
+    yield dict(name="narrow-out", width=width // 3)
+    positions = cpu["lens"].repeat_interleave(2)
+    positions[1::3] = torch.tensor([I32_MAX, -1, 0, I32_MIN] + ([I64_MAX, I64_MIN] if dtype == torch.int64 else []),
+                                   dtype=dtype).repeat(4)[: positions[1::3].shape[0]]
+    yield dict(name="positions", width=width, positions=positions)
+    v2p = torch.randint(-2, 2**40, (40,), generator=g, dtype=torch.int64)
+    v2p[:3] = torch.tensor([I64_MIN, I64_MAX, -1])
+    yield dict(name="v2p", width=width, v2p=v2p)
+    yield dict(name="window", width=width, window_size=5, sink_size=3, out_dtype=torch.int32)
+
+
 def run(device, backends, verbose, shard=(0, 1)):
     """Run the cases of ``shard`` = (k, n): those whose ordinal is k modulo n (all data is still drawn, so
     every shard sees the cases the whole run would)."""
@@ -218,6 +240,8 @@ def run(device, backends, verbose, shard=(0, 1)):
         """The MHA page table (``lookup``: full_to_swa, None for none) or the translated one (``lookup``: v2p)
         into exact-size tables: the MHA ones 5 and 7 pages wide, the translated one 5."""
         nonlocal cases, mismatches
+        if not selected():
+            return
         cases += 1
         outs = [torch.full((BATCH, width), POISON, dtype=torch.int32, device=device) for width in (5, 7)]
         expected = [out.cpu().clone() for out in outs]
@@ -237,6 +261,37 @@ def run(device, backends, verbose, shard=(0, 1)):
                                                         page_size=page_size, backend=backend, **options)
             for name, out, want in zip(("", " swa"), outs, expected):
                 check(what + name, out, want)
+        except Exception:
+            mismatches += 1
+            print(f"ERROR {what}:\n{traceback.format_exc()}", flush=True)
+        if verbose:
+            print("ran", what, flush=True)
+
+    def draft_decode_case(what, data, cpu, page_size, width, positions=None, v2p=None, window_size=0, sink_size=0,
+                          out_dtype=torch.int64):
+        nonlocal cases, mismatches
+        if not selected():
+            return
+        cases += 1
+        steps, topk = 3, 2
+        out = torch.full((steps, width), POISON, dtype=out_dtype, device=device)
+        indptr = torch.full((steps, BATCH * topk + 1), POISON, dtype=torch.int32, device=device)
+        expected, expected_indptr = out.cpu().clone(), indptr.cpu().clone()
+        options = dict(num_steps=steps, topk=topk, page_size=page_size, window_size=window_size, sink_size=sink_size)
+        reference.build_draft_decode_indices(cpu["table"], cpu["pool"], cpu["lens"], expected_indptr, expected,
+                                             positions=positions, v2p=v2p, **options)
+        launch_and_check(what, lambda: kvdispatch.create_draft_decode_kv_indices(
+            data["table"], data["pool"], data["lens"], indptr, out, backend=backend, **options,
+            positions=None if positions is None else positions.to(device),
+            v2p=None if v2p is None else v2p.to(device)), ((out, expected), (indptr, expected_indptr)))
+
+    def launch_and_check(what, launch, pairs):
+        """Run ``launch()``, then compare each ``(got, expected)`` of ``pairs``; an exception is a mismatch."""
+        nonlocal mismatches
+        try:
+            launch()
+            for i, (got, expected) in enumerate(pairs):
+                check(what + (f" output {i}" if i else ""), got, expected)
         except Exception:
             mismatches += 1
             print(f"ERROR {what}:\n{traceback.format_exc()}", flush=True)
@@ -307,6 +362,15 @@ def run(device, backends, verbose, shard=(0, 1)):
                                 f"v2p={v2p.shape[0]} multiplier={multiplier} delta={delta}", "translated", tables,
                                 cpu, page_size, v2p, multiplier=multiplier, max_pages=None if multiplier == 1 else 3,
                                 seq_len_delta=delta)
+        for page_size, dtype in itertools.product(DRAFT_PAGE_SIZES, (torch.int32, torch.int64)):
+            for spoil in hostile_requests(BATCH + 3, 5 * page_size + 7, dtype == torch.int64):
+                if spoil[3] is not None:
+                    continue  # the draft op has no start positions
+                data, rows, cols = make(page_size, dtype, device, g, spoil)
+                cpu = {k: v.cpu() for k, v in data.items()}
+                for options in draft_options(cpu, dtype, device, g):
+                    draft_decode_case(f"{backend} draft_decode page={page_size} {str(dtype)[6:]} {spoil[0]} "
+                                      f"{options.pop('name')}", data, cpu, page_size, **options)
         if device.type == "cuda":
             torch.cuda.synchronize(device)  # surfaces a device-side fault here, under this backend's name
         print(f"backend {backend}: done", flush=True)

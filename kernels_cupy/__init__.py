@@ -17,6 +17,7 @@ _OWNERS = {
     "build_token_indices": "launch",
     "build_mha_page_table": "launch",
     "build_translated_page_table": "launch",
+    "build_draft_decode_indices": "launch",
 }
 
 __all__ = sorted(_OWNERS)

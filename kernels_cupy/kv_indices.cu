@@ -29,6 +29,11 @@ struct alignas(16) kv_vec4 {
 #define KV_MAPPING 512      // token CSR: token_mapping is given
 #define KV_WIDE_MAPPING 1024  // token CSR: token_mapping is int64
 #define KV_ROUND_TOWARD_ZERO 2048  // page table: divide negative slots rounding toward zero (else floor)
+#define KV_POSITIONS 4096        // draft decode: positions is given (it drives kv_indptr)
+#define KV_WIDE_POSITIONS 8192   // draft decode: positions is int64
+#define KV_V2P 16384             // draft decode: v2p is given (every value is translated)
+#define KV_WIDE_V2P 32768        // draft decode: v2p is int64
+#define KV_INDPTR_START 65536    // draft decode: write kv_indptr[s, 0] = 0
 
 // A launcher may compile one specialisation: -DKV_FLAGS=<flags> (and -DKV_PAGE_SIZE=<page size>,
 // -DKV_ENTRY_PAGE_SIZE=<entry page size>) turn the runtime `flags` (and `page_size`, `entry_page_size`) into
@@ -351,5 +356,114 @@ extern "C" __global__ void kv_translated_page_table(
         kv_i64 physical = page < v2p_len ? kv_load_index(v2p, page, KV_HAS(KV_WIDE_MAPPING)) : 0;
         physical = kv_min(kv_max(physical, -bound), bound) * multiplier;
         out[b * out_stride + c] = (int)kv_min(kv_max(physical, 0), bound - 1);
+    }
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// Multi-step speculative draft decode indices (semantics: kvdispatch/reference.py, build_draft_decode_indices).
+// blockIdx.x = segment z = b * topk + k (request b, branch k); the row's programs own `items` prefix tokens
+// each. A prefix token is loaded once and stored into every step's row; program 0 of the row also writes
+// the branch's draft slots and its kv_indptr entries. Without shared memory, every thread sums the prefix
+// lengths of the earlier requests itself (the same addresses for all threads of a block).
+
+// sum(min(max(values[i], 0), cap) for i < count), saturating at `limit` (>= cap): exact, never wraps.
+__device__ inline kv_i64 kv_counted_sum(const void* __restrict__ values, kv_i64 stride, kv_i64 count, kv_i64 cap,
+                                        kv_i64 limit, int wide) {
+    kv_i64 total = 0;
+    for (kv_i64 i = 0; i < count; ++i)
+        total = kv_min(total + kv_min(kv_max(kv_load_index(values, i * stride, wide), 0), cap), limit);
+    return total;
+}
+
+// A table value as out stores it: with v2p, v2p[x / P] * P + x % P (the low 64 bits of the exact value) for
+// x >= 0 whose page lies inside v2p with a non-negative entry, else 0.
+__device__ inline kv_i64 kv_draft_value(int x, kv_i64 page_size, const void* __restrict__ v2p, kv_i64 v2p_len,
+                                        bool translate, bool wide_v2p) {
+    if (!translate) return x;
+    if (x < 0) return 0;
+    const kv_i64 page = x / page_size;
+    if (page >= v2p_len) return 0;
+    const kv_i64 mapped = kv_load_index(v2p, page, wide_v2p);
+    if (mapped < 0) return 0;
+    return (kv_i64)((kv_u64)mapped * (kv_u64)page_size + (kv_u64)(x - page * page_size));
+}
+
+__device__ inline void kv_store_index(void* __restrict__ base, kv_i64 i, kv_i64 value, bool wide) {
+    if (wide) ((kv_i64*)base)[i] = value;
+    else ((int*)base)[i] = (int)(kv_u64)value;  // the low 32 bits, as Tensor.to(torch.int32)
+}
+
+// The column of segment `segment`'s first entry in step row `it - 1`, at most `limit`.
+__device__ inline kv_i64 kv_segment_offset(kv_i64 base, kv_i64 segments_before, kv_i64 branch, kv_i64 count,
+                                           kv_i64 it, kv_i64 limit) {
+    return kv_min(base + segments_before * it + branch * (count + it), limit);
+}
+
+extern "C" __global__ void kv_draft_decode(
+    const int* __restrict__ table, kv_i64 rows, kv_i64 cols, kv_i64 table_stride,
+    const void* __restrict__ req_pool_indices, kv_i64 pool_stride, const void* __restrict__ seq_lens,
+    kv_i64 lens_stride, void* __restrict__ kv_indptr, kv_i64 indptr_stride, void* __restrict__ out,
+    kv_i64 out_width, kv_i64 out_stride, kv_i64 num_steps, kv_i64 topk, kv_i64 cap, kv_i64 sink, kv_i64 limit,
+    kv_i64 items, kv_i64 flags, kv_i64 page_size_arg, const void* __restrict__ positions, kv_i64 positions_stride,
+    const void* __restrict__ v2p, kv_i64 v2p_len) {
+#ifdef KV_PAGE_SIZE
+    const kv_i64 page_size = KV_PAGE_SIZE;
+#else
+    const kv_i64 page_size = page_size_arg;
+#endif
+    const kv_i64 segment = blockIdx.x;
+    const kv_i64 request = segment / topk, branch = segment - request * topk;
+    const kv_i64 first = kv_row_program(KV_HAS(KV_FOLDED_GRID)) * items;
+    const kv_i64 pool = kv_load_index(req_pool_indices, request * pool_stride, KV_HAS(KV_WIDE_POOL));
+    const kv_i64 bound = 0x4000000000000000LL;  // 2**62, as the reference clamps: no readable position moves
+    const kv_i64 length = kv_min(kv_max(kv_load_index(seq_lens, request * lens_stride, KV_HAS(KV_WIDE_LENS)),
+                                        -bound), bound);
+    const kv_i64 count = kv_min(kv_max(length, 0), cap);
+    const kv_i64 base = kv_min(kv_counted_sum(seq_lens, lens_stride, request, cap, limit, KV_HAS(KV_WIDE_LENS)) * topk,
+                               limit);
+    const kv_i64 segments_before = segment - branch;
+    const bool row_readable = pool >= 0 && pool < rows;
+    const int* row = table + (row_readable ? pool * table_stride : 0);
+    const bool wide_out = KV_HAS(KV_WIDE_OUT), translate = KV_HAS(KV_V2P), wide_v2p = KV_HAS(KV_WIDE_V2P);
+
+    if (row_readable && first < count) {
+        const kv_i64 sink_tokens = kv_min(sink, count), last = kv_min(first + items, count);
+        for (kv_i64 i = first + threadIdx.x; i < last; i += blockDim.x) {
+            const kv_i64 q = i < sink_tokens ? i : length - count + i;
+            if (q >= cols) continue;
+            const kv_i64 v = kv_draft_value(row[q], page_size, v2p, v2p_len, translate, wide_v2p);
+            for (kv_i64 it = 1; it <= num_steps; ++it) {
+                const kv_i64 column = kv_segment_offset(base, segments_before, branch, count, it, limit) + i;
+                if (column < out_width) kv_store_index(out, (it - 1) * out_stride + column, v, wide_out);
+            }
+        }
+    }
+    if (first != 0) return;
+    // Draft slots: the branch owns ceil((L mod P + S) / P) pages past the request's length.
+    const kv_i64 floor_remainder = (length % page_size + page_size) % page_size;
+    const kv_i64 remainder = KV_HAS(KV_ROUND_TOWARD_ZERO) && length < 0 && floor_remainder != 0
+                                 ? floor_remainder - page_size : floor_remainder;
+    const kv_i64 slot_start = length + branch * ((remainder + num_steps + page_size - 1) / page_size * page_size);
+    for (kv_i64 j = threadIdx.x; row_readable && j < num_steps; j += blockDim.x) {
+        const kv_i64 position = slot_start + j;
+        if (position < 0 || position >= cols) continue;
+        const kv_i64 v = kv_draft_value(row[position], page_size, v2p, v2p_len, translate, wide_v2p);
+        for (kv_i64 it = j + 1; it <= num_steps; ++it) {
+            const kv_i64 column = kv_segment_offset(base, segments_before, branch, count, it, limit) + count + j;
+            if (column < out_width) kv_store_index(out, (it - 1) * out_stride + column, v, wide_out);
+        }
+    }
+    if (threadIdx.x != 0) return;
+    const bool wide_indptr = KV_HAS(KV_WIDE_INDPTR);
+    const kv_i64 through = KV_HAS(KV_POSITIONS) ? kv_counted_sum(positions, positions_stride, segment + 1, cap, limit,
+                                                                 KV_HAS(KV_WIDE_POSITIONS)) : 0;
+    for (kv_i64 it = 1; it <= num_steps; ++it) {
+        const kv_i64 end = KV_HAS(KV_POSITIONS)
+                               ? kv_min(through + (segment + 1) * it, limit)
+                               : kv_min(kv_segment_offset(base, segments_before, branch, count, it, limit) + count + it,
+                                        limit);
+        kv_store_index(kv_indptr, (it - 1) * indptr_stride + segment + 1, end, wide_indptr);
+        if (segment == 0 && KV_HAS(KV_INDPTR_START))
+            kv_store_index(kv_indptr, (it - 1) * indptr_stride, 0, wide_indptr);
     }
 }

@@ -22,12 +22,15 @@ from typing import NamedTuple
 import torch
 
 from kvdispatch import grid
+from kvdispatch.reference import draft_prefix_cap
 
-from .build import MHA_PAGE_TABLE_KERNEL, PAGE_TABLE_KERNEL, TOKEN_CSR_KERNEL, TRANSLATED_PAGE_TABLE_KERNEL
+from .build import (DRAFT_DECODE_KERNEL, MHA_PAGE_TABLE_KERNEL, PAGE_TABLE_KERNEL, TOKEN_CSR_KERNEL,
+                    TRANSLATED_PAGE_TABLE_KERNEL)
 
 # Flag bits; the same values as the KV_* macros in kv_indices.cu (tests/test_shared_constants.py).
 WIDE_POOL, WIDE_LENS, WIDE_START, WIDE_INDPTR, FILL, START, LENS_OUT, FOLDED_GRID = 1, 2, 4, 8, 16, 32, 64, 128
 WIDE_OUT, MAPPING, WIDE_MAPPING, ROUND_TOWARD_ZERO = 256, 512, 1024, 2048
+POSITIONS, WIDE_POSITIONS, V2P, WIDE_V2P, INDPTR_START = 4096, 8192, 16384, 32768, 65536
 
 # The geometry depends on a few ints only; caching it keeps the helper off the per-call path.
 _page_table_launch = functools.lru_cache(maxsize=4096)(grid.page_table_launch)
@@ -197,6 +200,47 @@ def build_translated_page_table(req_to_token, req_pool_indices, seq_lens, v2p, o
     """Translated page table; semantics of ``kvdispatch.create_translated_page_table``. Returns ``out``."""
     call = translated_page_table_call(req_to_token, req_pool_indices, seq_lens, v2p, out, page_size, multiplier,
                                       max_pages, seq_len_delta)
+    if call is not None:
+        _runtime().launch(call, req_to_token.device)
+    return out
+
+
+_draft_decode_launch = functools.lru_cache(maxsize=4096)(grid.draft_decode_launch)
+
+
+def draft_decode_call(req_to_token, req_pool_indices, seq_lens, kv_indptr, out, num_steps, topk, page_size=1,
+                      positions=None, window_size=0, sink_size=0, v2p=None, write_indptr_start=True,
+                      round_toward_zero=False) -> KernelCall | None:
+    """The ``kv_draft_decode`` launch for ``kvdispatch.reference.build_draft_decode_indices``'s arguments, or
+    None when there is nothing to do."""
+    if num_steps == 0:
+        return None
+    rows, cols = req_to_token.shape
+    width = out.shape[1]
+    launch = _draft_decode_launch(req_pool_indices.shape[0] * topk, cols, width)
+    if launch.grid[0] == 0:
+        return None
+    cap = draft_prefix_cap(window_size, sink_size)
+    flags = (_wide(req_pool_indices, WIDE_POOL) | _wide(seq_lens, WIDE_LENS) | _wide(kv_indptr, WIDE_INDPTR)
+             | _wide(out, WIDE_OUT) | _folded(launch) | (ROUND_TOWARD_ZERO if round_toward_zero else 0)
+             | (POSITIONS if positions is not None else 0) | _wide(positions, WIDE_POSITIONS)
+             | (V2P if v2p is not None else 0) | _wide(v2p, WIDE_V2P) | (INDPTR_START if write_indptr_start else 0))
+    args = _table_args(req_to_token) + (
+        req_pool_indices.data_ptr(), req_pool_indices.stride(0), seq_lens.data_ptr(), seq_lens.stride(0),
+        kv_indptr.data_ptr(), kv_indptr.stride(0), out.data_ptr(), width, out.stride(0), num_steps, topk, cap,
+        min(sink_size, cap) if window_size > 0 else cap, grid.DRAFT_OFFSET_LIMIT, launch.items_per_program, flags,
+        page_size, _ptr(positions), _stride(positions), _ptr(v2p), 0 if v2p is None else v2p.shape[0])
+    defines = (("KV_FLAGS", flags), ("KV_PAGE_SIZE", page_size))
+    return KernelCall(DRAFT_DECODE_KERNEL, defines, launch.grid, launch.threads, args)
+
+
+def build_draft_decode_indices(req_to_token, req_pool_indices, seq_lens, kv_indptr, out, num_steps, topk,
+                               page_size=1, positions=None, window_size=0, sink_size=0, v2p=None,
+                               write_indptr_start=True, round_toward_zero=False):
+    """Every draft step's token CSR in one launch; semantics of ``kvdispatch.create_draft_decode_kv_indices``.
+    Returns ``out``."""
+    call = draft_decode_call(req_to_token, req_pool_indices, seq_lens, kv_indptr, out, num_steps, topk, page_size,
+                             positions, window_size, sink_size, v2p, write_indptr_start, round_toward_zero)
     if call is not None:
         _runtime().launch(call, req_to_token.device)
     return out

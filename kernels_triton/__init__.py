@@ -24,6 +24,7 @@ _OWNERS = {
     "specializations": "crosscompile",
     "build_mha_page_table": "mapped_tables",
     "build_translated_page_table": "mapped_tables",
+    "build_draft_decode_indices": "draft_decode",
 }
 
 __all__ = sorted(_OWNERS)

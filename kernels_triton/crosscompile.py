@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from kvdispatch import grid as launch_grid
 from kvdispatch._env import flag
 
-from . import launch, mapped_tables, page_table, token_csr
+from . import draft_decode, launch, mapped_tables, page_table, token_csr
 
 PAGE_SIZES = page_table.SPECIALISED_PAGE_SIZES
 TARGETS = (("cuda", 90, 32), ("cuda", 100, 32), ("hip", "gfx942", 64), ("hip", "gfx950", 64))
@@ -56,14 +56,16 @@ class CompileReport:
 def _jit(module):
     import triton  # noqa: PLC0415
 
-    kernel = module.page_table_kernel if module is page_table else module.token_csr_kernel
+    kernel = {page_table: "page_table_kernel", token_csr: "token_csr_kernel",
+              draft_decode: "draft_decode_kernel"}[module]
+    kernel = getattr(module, kernel)
     function = getattr(kernel, "fn", kernel)  # the Python function, whether jitted or interpreted
     return triton.runtime.jit.JITFunction(function, do_not_specialize=module.RUNTIME_INTS,
                                           do_not_specialize_on_alignment=module.POINTERS)
 
 
 def specializations(warp_size: int = 32, page_sizes=PAGE_SIZES, index_types=("i32", "i64")):
-    """Yield a ``Specialization`` for every (page size, option flags, index dtype) of both kernels, with
+    """Yield a ``Specialization`` for every (page size, option flags, index dtype) of every kernel, with
     ``num_warps`` as the launchers pick it for ``warp_size``-lane warps."""
     page_kernel, csr_kernel = _jit(page_table), _jit(token_csr)
     for page_size in page_sizes:
@@ -73,6 +75,9 @@ def specializations(warp_size: int = 32, page_sizes=PAGE_SIZES, index_types=("i3
     threads = launch_grid.token_csr_launch(1, 1, 1).threads
     for signature, constexprs in token_csr.specializations(index_types):
         yield Specialization(csr_kernel, signature, constexprs, max(1, threads // warp_size))
+    draft_kernel, threads = _jit(draft_decode), launch_grid.draft_decode_launch(1, 1, 1).threads
+    for signature, constexprs in draft_decode.specializations(index_types):
+        yield Specialization(draft_kernel, signature, constexprs, max(1, threads // warp_size))
     yield from _mapped_table_specializations(warp_size, page_sizes, index_types)
 
 

@@ -7,7 +7,7 @@ public builder as a PyTorch custom op, ``torch.ops.kvdispatch.<public name>`` (`
 from __future__ import annotations
 
 from . import grid, ops  # ops: torch.ops.kvdispatch.<public name>, registered without touching a device
-from .api import create_flashinfer_kv_indices, create_flashmla_kv_indices
+from .api import create_draft_decode_kv_indices, create_flashinfer_kv_indices, create_flashmla_kv_indices
 from .api import create_translated_page_table, create_trtllm_mha_page_table
 from .dispatch import BackendUnavailableError, available_backends, reset, select_backend
 from .devices import DeviceInfo, probe
@@ -26,4 +26,5 @@ __all__ = [
     "probe",
     "reset",
     "select_backend",
+    "create_draft_decode_kv_indices",
 ]

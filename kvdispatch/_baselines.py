@@ -5,6 +5,9 @@
   ``4096 // page_size`` pages, runtime strides, plain masked loads.
 * ``csr_loop``: token CSR after SGLang's design, written for kvdispatch: one program per request, looping
   over its tokens ``CSR_BLOCK`` at a time; value ``table[row, q // E] * E + q % E``, then the mapping.
+* ``draft_loop``: multi-step draft decode indices after SGLang's design, written for kvdispatch: a grid
+  ``(steps, batch, topk)``, each program summing the earlier requests' lengths in one block of
+  ``next_power_of_2(batch)`` and copying its prefix ``DRAFT_COPY_BLOCK`` tokens at a time.
 * ``touch``: a trivial one-element kernel, the reference for a plain ``kernel[grid](...)`` launch.
 * ``mha_grid_2d``: the TRT-LLM MHA page table (with its SWA twin) after SGLang's design: 2-D grid, ``4096 //
   page_size`` pages per program, programs past a row's tokens exit, block masks.
@@ -158,3 +161,46 @@ def v2p_grid_2d(req_to_token, req_pool_indices, seq_lens, v2p, out, page_size, m
     grid = (req_pool_indices.shape[0], triton.cdiv(out.shape[1], step))
     _v2p_grid_2d_kernel[grid](req_to_token, req_pool_indices, seq_lens, v2p, out, multiplier, out.shape[1],
                               req_to_token.stride(0), out.stride(0), PAGE=page_size, STEP=step)
+
+
+DRAFT_COPY_BLOCK = 128
+
+
+@triton.jit
+def _draft_loop_kernel(table, pool_idx, lengths, positions, out, indptr, table_stride, out_stride, indptr_stride,
+                       PAGE: tl.constexpr, STEPS: tl.constexpr, BS_UPPER: tl.constexpr, ITER_UPPER: tl.constexpr,
+                       TOKENS_UPPER: tl.constexpr, BLOCK: tl.constexpr):
+    s, b, k = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    batch, topk = tl.num_programs(1), tl.num_programs(2)
+    it = s + 1
+    earlier = tl.arange(0, BS_UPPER)
+    before = tl.sum(tl.load(lengths + earlier, mask=earlier < b, other=0))
+    length = tl.load(lengths + b)
+    row = table + tl.load(pool_idx + b).to(tl.int64) * table_stride
+    dst = out + s.to(tl.int64) * out_stride + before * topk + b * it * topk + k * (length + it)
+    for first in range(0, length, BLOCK):
+        j = first + tl.arange(0, BLOCK)
+        tl.store(dst + j, tl.load(row + j, mask=j < length), mask=j < length)
+    if PAGE == 1 or topk == 1:
+        start = length + k * STEPS
+    else:
+        last = length % PAGE
+        start = length - last + k * tl.cdiv(last + STEPS, PAGE) * PAGE + last
+    slot = tl.arange(0, ITER_UPPER)
+    tl.store(dst + length + slot, tl.load(row + start + slot, mask=slot < it), mask=slot < it)
+    z = b * topk + k
+    index = tl.arange(0, TOKENS_UPPER)
+    value = tl.sum(tl.load(positions + index, mask=index < z, other=0)) + z * it
+    tl.store(indptr + s * indptr_stride + tl.where(z == 0, batch * topk, z), value)
+
+
+def draft_loop(req_to_token, req_pool_indices, seq_lens, positions, out, kv_indptr, num_steps, topk, page_size):
+    """Every draft step's token CSR on the grid ``(num_steps, batch, topk)``, one program per step, request and
+    branch (``kvdispatch.create_draft_decode_kv_indices``'s layout; the last kv_indptr entry written by the first
+    program of each step, entry 0 left untouched)."""
+    batch = req_pool_indices.shape[0]
+    _draft_loop_kernel[(num_steps, batch, topk)](
+        req_to_token, req_pool_indices, seq_lens, positions, out, kv_indptr, req_to_token.stride(0), out.stride(0),
+        kv_indptr.stride(0), PAGE=page_size, STEPS=num_steps, BS_UPPER=triton.next_power_of_2(batch),
+        ITER_UPPER=triton.next_power_of_2(num_steps), TOKENS_UPPER=triton.next_power_of_2(batch * topk),
+        BLOCK=DRAFT_COPY_BLOCK)

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import torch
 
-from .grid import MAX_PAGE_SIZE
+from .grid import DRAFT_MAX_STEPS, DRAFT_MAX_TOPK, DRAFT_OFFSET_LIMIT, MAX_PAGE_SIZE
 
 _INT32, _INT64 = torch.int32, torch.int64
 _INDEX_DTYPES = (_INT32, _INT64)
@@ -48,6 +48,13 @@ def _index_vector(name, t, device, length, at_least=False):
         raise ValueError(f"{name} must have {want} entries, got {n}")
     if t.device != device:
         raise ValueError(f"{name} is on {t.device}, expected {device} (the device of req_to_token)")
+
+
+def _contiguous_vector(name, t, device):
+    """An int32/int64 1-D table of any length, contiguous, on ``device`` (a mapping the kernels index)."""
+    _index_vector(name, t, device, 0, at_least=True)
+    if t.stride(0) != 1 and t.shape[0] > 1:
+        raise ValueError(f"{name} must be contiguous (stride 1), got strides {t.stride()}")
 
 
 def _python_int(name, value, low, high):
@@ -287,9 +294,7 @@ def check_token_csr_args(req_to_token, req_pool_indices, seq_lens, kv_indptr, ou
         raise ValueError(f"out is on {out.device}, expected {device} (the device of req_to_token)")
     _python_int("entry_page_size", entry_page_size, 1, MAX_PAGE_SIZE)
     if token_mapping is not None:
-        _index_vector("token_mapping", token_mapping, device, 0, at_least=True)
-        if token_mapping.stride(0) != 1 and token_mapping.shape[0] > 1:
-            raise ValueError(f"token_mapping must be contiguous (stride 1), got strides {token_mapping.stride()}")
+        _contiguous_vector("token_mapping", token_mapping, device)
     if not memory:
         return device
     _check_apart((("out", out),),
@@ -305,13 +310,6 @@ def _table_output(name, t, batch, device):
         raise ValueError(f"{name} must have at least {batch} rows (the batch), got shape {tuple(t.shape)}")
     if t.device != device:
         raise ValueError(f"{name} is on {t.device}, expected {device} (the device of req_to_token)")
-
-
-def _lookup_vector(name, t, device):
-    """A contiguous int32/int64 ``[M]`` lookup table on ``device`` (any length)."""
-    _index_vector(name, t, device, 0, at_least=True)
-    if t.stride(0) != 1 and t.shape[0] > 1:
-        raise ValueError(f"{name} must be contiguous (stride 1), got strides {t.stride()}")
 
 
 def check_mha_page_table_args(req_to_token, req_pool_indices, seq_lens, page_table, page_size, swa_page_table=None,
@@ -352,7 +350,7 @@ def check_mha_page_table_args(req_to_token, req_pool_indices, seq_lens, page_tab
         raise ValueError(f"{given} was given without {missing}: the SWA table needs both")
     if swa_page_table is not None:
         _table_output("swa_page_table", swa_page_table, batch, device)
-        _lookup_vector("full_to_swa", full_to_swa, device)
+        _contiguous_vector("full_to_swa", full_to_swa, device)
     if not memory:
         return device
     _check_rows_apart(page_table, "page_table")
@@ -385,7 +383,7 @@ def check_translated_page_table_args(req_to_token, req_pool_indices, seq_lens, v
     except (AttributeError, IndexError, TypeError):
         pass
     batch, device = _common(req_to_token, req_pool_indices, seq_lens, None)
-    _lookup_vector("v2p", v2p, device)
+    _contiguous_vector("v2p", v2p, device)
     _table_output("out", out, batch, device)
     _python_int("page_size", page_size, 1, MAX_PAGE_SIZE)
     _python_int("multiplier", multiplier, _INT32_MIN, _INT32_MAX)
@@ -398,4 +396,60 @@ def check_translated_page_table_args(req_to_token, req_pool_indices, seq_lens, v
     _check_apart((("out", out),),
                  (("req_to_token", req_to_token), ("req_pool_indices", req_pool_indices), ("seq_lens", seq_lens),
                   ("v2p", v2p)))
+    return device
+
+
+def _index_table(name, t, device, min_rows, min_cols):
+    """An int32/int64 2-D output with a contiguous last dimension, at least ``min_rows`` rows and
+    ``min_cols`` columns, rows that share no memory, on ``device``."""
+    _tensor(name, t)
+    if t.dtype not in _INDEX_DTYPES:
+        raise TypeError(f"{name} must have dtype torch.int32 or torch.int64, got {t.dtype}")
+    if t.dim() != 2:
+        raise ValueError(f"{name} must be 2-D, got shape {tuple(t.shape)}")
+    if t.stride(-1) != 1 and t.shape[-1] > 1:
+        raise ValueError(f"{name} must have a contiguous last dimension (stride 1), got strides {t.stride()}")
+    rows, cols = t.shape
+    if rows < min_rows:
+        raise ValueError(f"{name} must have at least {min_rows} rows (num_steps), got shape {tuple(t.shape)}")
+    if cols < min_cols:
+        raise ValueError(f"{name} must have at least {min_cols} columns (req_pool_indices.shape[0] * topk + 1), "
+                         f"got shape {tuple(t.shape)}")
+    if t.device != device:
+        raise ValueError(f"{name} is on {t.device}, expected {device} (the device of req_to_token)")
+    if rows > 1 and t.stride(0) < cols:
+        raise ValueError(f"rows of {name} share memory: its row stride {t.stride(0)} is below its width {cols} "
+                         f"(shape {tuple(t.shape)})")
+
+
+def check_draft_decode_args(req_to_token, req_pool_indices, seq_lens, kv_indptr, out, num_steps, topk, page_size,
+                            positions=None, window_size=0, sink_size=0, v2p=None, write_indptr_start=True,
+                            round_toward_zero=False, memory=True):
+    """Validate ``create_draft_decode_kv_indices`` arguments; returns the device (``memory``: as for
+    ``check_page_table_args``)."""
+    batch, device = _common(req_to_token, req_pool_indices, seq_lens, None)
+    _python_int("num_steps", num_steps, 0, DRAFT_MAX_STEPS)
+    _python_int("topk", topk, 1, DRAFT_MAX_TOPK)
+    _python_int("page_size", page_size, 1, MAX_PAGE_SIZE)
+    _python_int("window_size", window_size, 0, _INT32_MAX)
+    _python_int("sink_size", sink_size, 0, _INT32_MAX)
+    for name, value in (("write_indptr_start", write_indptr_start), ("round_toward_zero", round_toward_zero)):
+        if not isinstance(value, bool):
+            raise TypeError(f"{name} must be a bool, got {type(value).__name__}")
+    segments = batch * topk
+    if segments > _INT32_MAX:
+        raise ValueError(f"req_pool_indices.shape[0] * topk must be at most {_INT32_MAX}, got {segments}")
+    _index_table("out", out, device, num_steps, 0)
+    if out.shape[1] > DRAFT_OFFSET_LIMIT:
+        raise ValueError(f"out must be at most {DRAFT_OFFSET_LIMIT} columns wide, got shape {tuple(out.shape)}")
+    _index_table("kv_indptr", kv_indptr, device, num_steps, segments + 1)
+    if positions is not None:
+        _index_vector("positions", positions, device, segments, at_least=True)
+    if v2p is not None:
+        _contiguous_vector("v2p", v2p, device)
+    if not memory:
+        return device
+    _check_apart((("out", out), ("kv_indptr", kv_indptr)),
+                 (("req_to_token", req_to_token), ("req_pool_indices", req_pool_indices), ("seq_lens", seq_lens),
+                  ("positions", positions), ("v2p", v2p)))
     return device

@@ -12,8 +12,8 @@ from __future__ import annotations
 import torch
 
 from . import _debug, dispatch
-from ._validate import (check_mha_page_table_args, check_page_table_args, check_token_csr_args,
-                        check_translated_page_table_args)
+from ._validate import (check_draft_decode_args, check_mha_page_table_args, check_page_table_args,
+                        check_token_csr_args, check_translated_page_table_args)
 
 # Dynamo reads this as a constant True while tracing; in eager mode it is one call returning False.
 _compiling = torch.compiler.is_compiling
@@ -263,4 +263,88 @@ def create_translated_page_table(req_to_token, req_pool_indices, seq_lens, v2p, 
                                               multiplier, max_pages, seq_len_delta)
     dispatch.call(device, "translated_page_table", backend, req_to_token, req_pool_indices, seq_lens, v2p, out,
                   page_size, multiplier, max_pages, seq_len_delta)
+    return out
+
+
+def create_draft_decode_kv_indices(req_to_token, req_pool_indices, seq_lens, kv_indptr, out, *, num_steps, topk,
+                                   page_size=1, positions=None, window_size=0, sink_size=0, v2p=None,
+                                   write_indptr_start=True, round_toward_zero=False, backend=None):
+    """Build the token CSR of every step of a speculative multi-step draft decode (EAGLE with ``topk``
+    branches per request) into ``out`` and ``kv_indptr``, all steps in one launch.
+
+    ``B = req_pool_indices.shape[0]`` requests, ``K = topk`` branches each, ``S = num_steps`` steps; step
+    ``s`` has ``it = s + 1`` draft tokens. Segment ``z = b * K + k`` (request ``b``, branch ``k``) of step
+    ``s`` is the request's prefix, ``n_b = min(max(seq_lens[b], 0), cap)`` tokens (``cap`` below), then the
+    branch's ``it`` draft slots; row ``s`` of ``out`` holds the segments one after another::
+
+        offset(s, z) = K * (n_0 + ... + n_{b-1}) + b * K * it + k * (n_b + it)
+        out[s, offset(s, z) + i]       = token(b, i)                       for i < n_b
+        out[s, offset(s, z) + n_b + j] = row_b[start(b, k) + j]             for j < it
+        kv_indptr[s, z]                = offset(s, z)                       for z in 1 .. B*K
+
+    where ``row_b = req_to_token[req_pool_indices[b]]``, ``token(b, i) = row_b[i]`` and
+    ``start(b, k) = L + k * ceil((L mod P + S) / P) * P`` with ``L = seq_lens[b]``, ``P = page_size`` (the
+    draft slots each branch owns in a paged pool; ``L + k * S`` when ``P == 1`` or ``K == 1``). ``mod``
+    rounds down, or toward zero with ``round_toward_zero`` (they differ for negative lengths only).
+    ``kv_indptr[s, B*K]`` is the row's used length, ``K * sum(n) + B * K * it``.
+
+    Options:
+        positions: int32/int64 ``[>= B*K]``: ``kv_indptr[s, z] = p_0 + ... + p_{z-1} + z * it`` with
+            ``p = min(max(positions, 0), cap)`` instead (SGLang's rule; equal to the offsets when the
+            positions are the lengths repeated ``K`` times); ``out``'s layout still follows ``seq_lens``.
+        window_size, sink_size: with ``window_size > 0``, a draft-only sliding window: ``cap = window_size +
+            sink_size`` and the prefix is the first ``min(sink_size, n_b)`` tokens, then the last
+            ``n_b - min(sink_size, n_b)`` of the ``L`` tokens (positions ``L - n_b + i``); draft slots are
+            still read from ``start(b, k)`` of the full length. Without a window there is no cap.
+        v2p: int32/int64 ``[V]``, contiguous: every value ``x`` read is written as
+            ``v2p[x // P] * P + x % P``, or 0 when ``x < 0``, ``x // P >= V`` or ``v2p[x // P] < 0``.
+        write_indptr_start: write ``kv_indptr[s, 0] = 0`` (SGLang's kernel leaves it untouched).
+
+    Args:
+        req_to_token: int32 ``[R, C]``, last dim contiguous, any row stride.
+        req_pool_indices, seq_lens: int32/int64 ``[B]``, any stride.
+        kv_indptr: int32/int64 ``[>= S, >= B*K + 1]``, last dim contiguous, any row stride. Written in place.
+        out: int32/int64 ``[>= S, W]``, last dim contiguous, any row stride, ``W <= 2**32``. Written in place.
+        num_steps: int in ``[0, 1024]``; topk: int in ``[1, 1024]``; page_size: int in ``[1, 4096]``.
+        window_size, sink_size: ints in ``[0, 2**31 - 1]``.
+        backend: as for ``create_flashmla_kv_indices``.
+
+    Values are stored in the output's dtype (int32: the low 32 bits). Integers are exact: offsets and sums
+    saturate at ``kvdispatch.grid.DRAFT_OFFSET_LIMIT`` (``2**32``, past any ``out``), which is what
+    ``kv_indptr`` then holds. Bad data reads and writes nothing out of bounds: a pool index outside
+    ``[0, R)`` reads nothing (the segment keeps its place, its entries are left untouched), a length
+    ``<= 0`` gives an empty prefix, a position outside ``[0, C)`` is not read (its entry is left
+    untouched), and entries at columns ``>= W`` are not written.
+
+    Left untouched: rows ``>= S`` of both outputs, columns of ``kv_indptr`` past ``B*K`` (and column 0 without
+    ``write_indptr_start``), every column of ``out`` no segment covers; everything when ``B == 0``.
+    No host sync and no device allocation on the GPU backends: capturable in a CUDA graph; one Triton
+    compilation per page size and option set, whatever the batch, widths, ``num_steps`` and ``topk``.
+    Raises ``TypeError``/``ValueError`` naming the argument before anything is written, also where
+    an output shares memory with an input or the other output, or rows of an output share memory.
+
+    Returns:
+        ``out``.
+    """
+    if _compiling():
+        return _draft_decode_in_graph(req_to_token, req_pool_indices, seq_lens, kv_indptr, out, num_steps, topk,
+                                      page_size, positions, window_size, sink_size, v2p, write_indptr_start,
+                                      round_toward_zero, backend)
+    device = check_draft_decode_args(req_to_token, req_pool_indices, seq_lens, kv_indptr, out, num_steps, topk,
+                                     page_size, positions, window_size, sink_size, v2p, write_indptr_start,
+                                     round_toward_zero)
+    dispatch.call(device, "draft_decode", backend, req_to_token, req_pool_indices, seq_lens, kv_indptr, out,
+                  num_steps, topk, page_size, positions, window_size, sink_size, v2p, write_indptr_start,
+                  round_toward_zero)
+    return out
+
+
+def _draft_decode_in_graph(req_to_token, req_pool_indices, seq_lens, kv_indptr, out, num_steps, topk, page_size,
+                           positions, window_size, sink_size, v2p, write_indptr_start, round_toward_zero, backend):
+    """``create_draft_decode_kv_indices`` while tracing: the custom op, for the trace's backend request."""
+    torch.ops.kvdispatch.create_draft_decode_kv_indices(
+        req_to_token, req_pool_indices, seq_lens, kv_indptr, out, num_steps=num_steps, topk=topk,
+        page_size=page_size, positions=positions, window_size=window_size, sink_size=sink_size, v2p=v2p,
+        write_indptr_start=write_indptr_start, round_toward_zero=round_toward_zero,
+        backend=_requested_backend(backend, dispatch.generation))
     return out

@@ -1,7 +1,8 @@
 """``kvdispatch bench``: the page table and the token CSR through the public API, per backend, against baselines.
 
 Per case (page table ``BATCHxCONTEXTxPAGE``, token CSR ``csr:BATCHxCONTEXT[:i64][:eE][:map]``, the TRT-LLM MHA
-page table ``mha:BATCHxCONTEXTxPAGE[:swa]`` or the unified pool's translated one ``v2p:BATCHxCONTEXTxPAGE``) and
+page table ``mha:BATCHxCONTEXTxPAGE[:swa]``, the unified pool's translated one ``v2p:BATCHxCONTEXTxPAGE`` or
+multi-step draft decode ``draft:BATCHxCONTEXTxSTEPSxTOPK[:pP]``, against draft-loop and a one-step build) and
 implementation: correctness against ``kvdispatch.reference`` (a wrong result fails the run), device
 time per call (CUDA-graph replay on a GPU, wall clock on CPU), host time per eager call, ratios to the
 naive loop, the SGLang-design baseline (2-D grid; csr-loop for token CSR; mha-2d-grid and v2p-2d-grid) and
@@ -36,6 +37,9 @@ TRITON_BASELINES = {"table": [NAIVE, GRID_2D], "csr": [CSR_LOOP], "mha": [MHA_GR
 SGLANG_BASELINE = {"table": GRID_2D, "csr": CSR_LOOP, "mha": MHA_GRID_2D, "v2p": V2P_GRID_2D}  # /2d, host/launch
 # The mapped page tables' case kinds: mha:BATCHxCONTEXTxPAGE[:swa], v2p:BATCHxCONTEXTxPAGE.
 MAPPED_OPS = ("mha", "v2p")
+# Draft decode cases: the SGLang-design baseline, and the op building step 0 only (S steps against one).
+DRAFT_LOOP, ONE_STEP = "draft-loop", "one-step"
+TRITON_BASELINES["draft"], SGLANG_BASELINE["draft"] = [DRAFT_LOOP], DRAFT_LOOP
 API_PREFIX = "api:"
 
 GPU_CASES = ["1x131072x64", "64x32768x64", "1x131072x1", "256x32768x1", "1x4096x64", "1x32768x64",
@@ -43,9 +47,10 @@ GPU_CASES = ["1x131072x64", "64x32768x64", "1x131072x1", "256x32768x1", "1x4096x
 GPU_CASES += ["csr:64x4096", "csr:64x4096:i64", "csr:64x4096:e16:map", "csr:8x32768:i64"]
 GPU_CASES += ["mha:64x32768x64", "mha:64x32768x64:swa", "mha:256x8192x16:swa", "mha:8x131072x1",
               "v2p:64x32768x64", "v2p:256x8192x16", "v2p:8x131072x1"]
-GPU_QUICK_CASES = GPU_CASES[:4] + ["csr:64x4096:i64", "mha:64x32768x64:swa", "v2p:64x32768x64"]
+GPU_CASES += ["draft:64x4096x5x1", "draft:64x4096x5x4", "draft:16x4096x5x4:p16", "draft:8x32768x3x1"]
+GPU_QUICK_CASES = GPU_CASES[:4] + ["csr:64x4096:i64", "mha:64x32768x64:swa", "v2p:64x32768x64", "draft:64x4096x5x4"]
 CPU_CASES = ["1x4096x64", "1x32768x64", "1x131072x64", "1x131072x1", "8x4096x1", "64x4096x64", "4x8192x16"]
-CPU_CASES += ["csr:8x4096", "csr:8x4096:i64:e16:map", "mha:4x4096x16:swa", "v2p:4x4096x16"]
+CPU_CASES += ["csr:8x4096", "csr:8x4096:i64:e16:map", "mha:4x4096x16:swa", "v2p:4x4096x16", "draft:4x2048x3x2"]
 CPU_QUICK_CASES = ["1x4096x64", "2x4096x1", "csr:2x4096:e16:map"]
 # The Triton interpreter (CPU, TRITON_INTERPRET=1) runs only cases with at most this many tokens in all.
 INTERPRETER_MAX_TOKENS = 32768
@@ -67,14 +72,15 @@ the lines above the table name what was skipped and why):
                pages; 2d-grid: Triton on a (request, page block) grid after
                SGLang; csr-loop: Triton after SGLang's token CSR, one program
                per request looping over its tokens; plain-torch: the few
-               PyTorch ops an engine would write
+               PyTorch ops an engine would write; draft:BxCxSTEPSxTOPK cases:
+               draft-loop (after SGLang), one-step (the API, step 0 only)
   status       ok; WRONG: differs from kvdispatch.reference (fails the run);
                error: see note
   µs/call      time per call, the median over interleaved rounds: on a GPU,
                CUDA-graph replay; on CPU, wall clock
   host µs      host time per eager call (GPU; on CPU it is µs/call)
   /naive       µs/call divided by naive-loop's on the same case (< 1: faster)
-  /2d          µs/call divided by 2d-grid's (csr: csr-loop's), same case
+  /2d          µs/call divided by 2d-grid's (csr-loop's, draft-loop's)
   /torch       µs/call divided by plain-torch's on the same case
   GB/s         page-1 cases: bytes read and written per call / µs/call
   /copy        GB/s divided by a device-to-device copy's GB/s (GPU)
@@ -97,6 +103,8 @@ class Case:
     op: str = "table"
     int64: bool = False
     mapping: bool = False
+    steps: int = 1  # draft decode: steps and branches per request
+    topk: int = 1
 
     @property
     def width(self) -> int:
@@ -105,6 +113,9 @@ class Case:
 
     @property
     def name(self) -> str:
+        if self.op == "draft":
+            return f"draft:{self.batch}x{self.context}x{self.steps}x{self.topk}" + f":p{self.page_size}" * (
+                self.page_size > 1)
         if self.op == "table":
             return f"{self.batch}x{self.context}x{self.page_size}"
         if self.op in MAPPED_OPS:
@@ -121,6 +132,8 @@ class Case:
     def parse(cls, text: str) -> "Case":
         if text.lower().startswith("csr:"):
             return cls._parse_csr(text)
+        if text.lower().startswith("draft:"):
+            return cls._parse_draft(text)
         op, _, rest = text.lower().partition(":")
         if op in MAPPED_OPS:
             shape, *options = rest.split(":")
@@ -137,6 +150,22 @@ class Case:
         if batch < 1 or context < 1 or not 1 <= page <= 4096:
             raise argparse.ArgumentTypeError(f"case {text!r}: batch and context >= 1, page in [1, 4096]")
         return cls(batch, context, page)
+
+    @classmethod
+    def _parse_draft(cls, text: str) -> "Case":
+        usage = f"a draft decode case is draft:BATCHxCONTEXTxSTEPSxTOPK[:pP], e.g. draft:64x4096x5x4:p16; got {text!r}"
+        shape, *options = text.lower().split(":")[1:]
+        try:
+            batch, context, steps, topk = (int(part) for part in shape.split("x"))
+            page = int(options[0][1:]) if options else 1
+        except ValueError:
+            raise argparse.ArgumentTypeError(usage) from None
+        if len(options) > 1 or (options and not options[0].startswith("p")):
+            raise argparse.ArgumentTypeError(usage)
+        if min(batch, context, steps, topk) < 1 or steps > 1024 or topk > 1024 or not 1 <= page <= 4096:
+            raise argparse.ArgumentTypeError(f"case {text!r}: batch and context >= 1, steps and topk in [1, 1024], "
+                                             "P in [1, 4096]")
+        return cls(batch, context, page, "draft", steps=steps, topk=topk)
 
     @classmethod
     def _parse_csr(cls, text: str) -> "Case":
@@ -322,8 +351,10 @@ class Inputs:
     seq_lens: torch.Tensor
     out: torch.Tensor
     expected: torch.Tensor
-    kv_indptr: torch.Tensor | None = None  # token CSR only
+    kv_indptr: torch.Tensor | None = None  # token CSR and draft decode only
     token_mapping: torch.Tensor | None = None  # token CSR with a mapping only
+    positions: torch.Tensor | None = None  # draft decode only
+    expected_one_step: torch.Tensor | None = None  # draft decode: out after a build of step 0 only
 
 
 # The token CSR's E == 1 cases read a token-granular table of a pool of pages of this many tokens.
@@ -340,6 +371,8 @@ def make_inputs(case: Case, device: torch.device, seed: int) -> Inputs:
     """
     if case.op == "csr":
         return _make_csr_inputs(case, device, seed)
+    if case.op == "draft":
+        return _make_draft_inputs(case, device, seed)
     if case.op in MAPPED_OPS:
         return _make_mapped_inputs(case, device, seed)
     g = torch.Generator().manual_seed(seed)
@@ -398,6 +431,29 @@ def _make_mapped_inputs(case: Case, device: torch.device, seed: int) -> Inputs:
     return Inputs(req_to_token, pool, seq_lens, out, expected, token_mapping=lookup)
 
 
+def _make_draft_inputs(case: Case, device: torch.device, seed: int) -> Inputs:
+    """As SGLang's draft workers hold a batch: a token-granular table on pages of ``case.page_size`` with room
+    for every branch's draft pages, int64 pool indices, lengths and positions (the lengths repeated ``topk``
+    times), an int64 ``out`` of ``batch * topk * (context + steps)`` columns per step, an int32 ``kv_indptr``."""
+    g = torch.Generator().manual_seed(seed)
+    rows = case.batch + max(1, case.batch // 8)
+    owned = -(-(case.page_size - 1 + case.steps) // case.page_size) * case.page_size
+    req_to_token = _page_pool(rows, case.context + case.topk * owned + case.page_size, case.page_size, g, device)
+    pool = torch.randperm(rows, generator=g)[: case.batch].to(device=device)
+    seq_lens = torch.full((case.batch,), case.context, dtype=torch.int64, device=device)
+    positions = seq_lens.repeat_interleave(case.topk)
+    segments = case.batch * case.topk
+    out = torch.full((case.steps, segments * (case.context + case.steps)), POISON, dtype=torch.int64, device=device)
+    kv_indptr = torch.zeros((case.steps, segments + 1), dtype=torch.int32, device=device)
+    options = dict(num_steps=case.steps, topk=case.topk, page_size=case.page_size, positions=positions)
+    expected = reference.build_draft_decode_indices(req_to_token, pool, seq_lens, kv_indptr.clone(), out.clone(),
+                                                    **options)
+    one_step = reference.build_draft_decode_indices(req_to_token, pool, seq_lens, kv_indptr.clone(), out.clone(),
+                                                    **dict(options, num_steps=1))
+    return Inputs(req_to_token, pool, seq_lens, out, expected, kv_indptr, positions=positions,
+                  expected_one_step=one_step)
+
+
 def _page_pool(rows: int, context: int, page_size: int, g: torch.Generator, device) -> torch.Tensor:
     """int32 ``[rows, context]``: each row's slots on its own random physical pages of ``page_size``."""
     width = -(-context // page_size)
@@ -426,9 +482,11 @@ def triton_runs_on(device: torch.device) -> bool:
 def implementations(backends: list[str], device: torch.device, op: str = "table") -> list[str]:
     """What a case of ``op`` ("table" or "csr") is timed with: the API per backend, then the baselines."""
     names = [API_PREFIX + b for b in backends]
+    if op == "draft" and backends:
+        names.append(ONE_STEP)
     if triton_runs_on(device):
         names += TRITON_BASELINES[op]
-    return names + [PLAIN_TORCH]
+    return names + ([PLAIN_TORCH] if op != "draft" else [])
 
 
 def plain_torch(req_to_token, req_pool_indices, seq_lens, out, page_size):
@@ -457,6 +515,8 @@ def bind(impl: str, x: Inputs, case: Case):
         return _bind_csr(impl, x, case.page_size)
     if case.op in MAPPED_OPS:
         return _bind_mapped(impl, x, case)
+    if case.op == "draft":
+        return _bind_draft(impl, x, case)
     page_size = case.page_size
     args = (x.req_to_token, x.req_pool_indices, x.seq_lens, x.out)
     if impl.startswith(API_PREFIX):
@@ -496,9 +556,31 @@ def _bind_mapped(impl: str, x: Inputs, case: Case):
     return functools.partial(_baselines().mha_grid_2d, *args, tables[0], case.page_size, *tables[1:])
 
 
+def _bind_draft(impl: str, x: Inputs, case: Case):
+    """A draft-decode build; the ``one-step`` one (the auto-selected backend, ``num_steps=1``) carries its
+    own ``expected`` (only step 0 written)."""
+    if impl == DRAFT_LOOP:
+        return functools.partial(_baselines().draft_loop, x.req_to_token, x.req_pool_indices, x.seq_lens,
+                                 x.positions, x.out, x.kv_indptr, case.steps, case.topk, case.page_size)
+    backend = impl[len(API_PREFIX):] if impl.startswith(API_PREFIX) else None
+    build = functools.partial(kvdispatch.create_draft_decode_kv_indices, x.req_to_token, x.req_pool_indices,
+                              x.seq_lens, x.kv_indptr, x.out, num_steps=case.steps, topk=case.topk,
+                              page_size=case.page_size, positions=x.positions, write_indptr_start=False,
+                              round_toward_zero=True, backend=backend)
+    if impl == ONE_STEP:
+        build = functools.partial(build, num_steps=1)
+        build.expected = x.expected_one_step
+    return build
+
+
+def _expected(fn, x: Inputs) -> torch.Tensor:
+    """What ``fn`` (from ``bind``) must leave in ``x.out``."""
+    return getattr(fn, "expected", x.expected)
+
+
 def uses_interpreter(impl: str, device: torch.device) -> bool:
     return device.type == "cpu" and impl in (API_PREFIX + "triton", NAIVE, GRID_2D, CSR_LOOP, MHA_GRID_2D,
-                                             V2P_GRID_2D)
+                                             V2P_GRID_2D, DRAFT_LOOP)
 
 
 # --------------------------------------------------------------------------------------- measurements
@@ -517,7 +599,7 @@ def mismatch(out: torch.Tensor, expected: torch.Tensor) -> str:
 def check_eager(fn, x: Inputs) -> str:
     x.out.fill_(POISON)
     fn()
-    return mismatch(x.out, x.expected)
+    return mismatch(x.out, _expected(fn, x))
 
 
 def measure(impl: str, case: Case, x: Inputs, device: torch.device, reps: Reps) -> Row:
@@ -571,7 +653,7 @@ def gpu_time_us(fn, x: Inputs, reps: Reps) -> tuple[float, str, str]:
     x.out.fill_(POISON)
     graph.replay()
     torch.cuda.synchronize()
-    wrong = mismatch(x.out, x.expected)
+    wrong = mismatch(x.out, _expected(fn, x))
     if wrong:
         return math.nan, "cuda-graph", f"WRONG after graph replay: {wrong}"
     return event_time_us(graph.replay, reps.graph_calls, reps.replays), "cuda-graph", ""
@@ -976,8 +1058,9 @@ def add_arguments(parser: argparse.ArgumentParser):
     """The options of ``kvdispatch bench`` (``--device`` is the command line's, shared with ``demo``)."""
     parser.add_argument("--quick", action="store_true", help="a few cases, fewer repetitions")
     parser.add_argument("--cases", type=parse_cases,
-                        help='comma-separated BATCHxCONTEXTxPAGE (page table) or csr:BATCHxCONTEXT[:i64][:eE][:map] '
-                             '(token CSR), e.g. "1x131072x64,csr:8x32768:i64:e64:map"')
+                        help='comma-separated BATCHxCONTEXTxPAGE (page table), csr:BATCHxCONTEXT[:i64][:eE][:map] '
+                             '(token CSR) or draft:BATCHxCONTEXTxSTEPSxTOPK[:pP] (draft decode), e.g. '
+                             '"1x131072x64,csr:8x32768:i64:e64:map,draft:64x4096x5x4"')
     parser.add_argument("--backends", type=parse_backends,
                         help="comma-separated subset of triton,cupy,torch (default: every one that can run on "
                              "the device; asking for one that cannot is an error)")

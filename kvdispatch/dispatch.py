@@ -44,7 +44,8 @@ BACKENDS = tuple(backend.NAME for backend in DESCRIPTORS)
 CPU_ORDER = ("torch",) + tuple(name for name in BACKENDS if name != "torch")
 CHOICES = ("auto",) + BACKENDS
 OP_FUNCTIONS = {"page_table": "build_page_table", "token_csr": "build_token_indices",
-                "mha_page_table": "build_mha_page_table", "translated_page_table": "build_translated_page_table"}
+                "mha_page_table": "build_mha_page_table", "translated_page_table": "build_translated_page_table",
+                "draft_decode": "build_draft_decode_indices"}
 
 log = logging.getLogger("kvdispatch")
 

@@ -26,7 +26,8 @@ TOKEN_CSR = "token_csr"
 # The page tables translated through a lookup table (the TRT-LLM MHA table with its SWA twin, the unified
 # pool's translated table): per page one slot gather then one lookup, on the page table's programs.
 MAPPED_PAGE_TABLE = "mapped_page_table"
-KINDS = (PAGE_TABLE, TOKEN_CSR, MAPPED_PAGE_TABLE)
+DRAFT_DECODE = "draft_decode"
+KINDS = (PAGE_TABLE, TOKEN_CSR, MAPPED_PAGE_TABLE, DRAFT_DECODE)
 
 MAX_PAGE_SIZE = 4096
 # A program of the page-table kernel reads about this many table entries' worth of positions: few pages
@@ -94,6 +95,8 @@ def items_per_program(kind: str, page_size: int = 1) -> int:
         return _TOKENS_PER_PROGRAM
     if kind == MAPPED_PAGE_TABLE:
         return items_per_program(PAGE_TABLE, page_size)
+    if kind == DRAFT_DECODE:
+        return _DRAFT_TOKENS_PER_PROGRAM
     raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
 
 
@@ -153,3 +156,24 @@ def mapped_page_table_launch(batch: int, width: int, page_size: int) -> Launch:
     """Geometry of the mapped page-table kernels for ``batch`` rows of ``width`` pages: the widest table a
     call writes (MHA: ``max(W, W2)``; translated: ``min(max_pages, W)``)."""
     return _launch(batch, width, items_per_program(MAPPED_PAGE_TABLE, page_size), "the page-table width")
+
+
+# Multi-step draft decode indices (``kvdispatch.create_draft_decode_kv_indices``). Offsets and counted lengths
+# saturate at DRAFT_OFFSET_LIMIT (out is never wider), so with at most 2**31 - 1 segments and the step and
+# branch counts below, every sum and product the kernels form stays exact in int64.
+DRAFT_OFFSET_LIMIT = 2**32
+DRAFT_MAX_STEPS = 1024
+DRAFT_MAX_TOPK = 1024
+# Prefix tokens per program: each is loaded once and stored num_steps times.
+_DRAFT_TOKENS_PER_PROGRAM = 1024
+# Lengths (or positions) of earlier segments summed per pass of a program's prefix sum.
+DRAFT_SUM_BLOCK = 512
+
+
+def draft_decode_launch(segments: int, table_width: int, out_width: int) -> Launch:
+    """Geometry of the draft-decode kernel: one row per segment (request and branch), programs over the
+    prefix tokens a segment can write, ``min(table_width, out_width)`` (a prefix token reads a position below
+    the table's width and lands at a column below out's), and at least one program per row (program 0 also
+    writes the draft slots and ``kv_indptr``)."""
+    return _launch(segments, max(min(table_width, out_width), 1), _DRAFT_TOKENS_PER_PROGRAM,
+                   "min(req_to_token.shape[1], out.shape[1])")

@@ -28,8 +28,8 @@ from __future__ import annotations
 import torch
 
 from . import api
-from ._validate import (check_mha_page_table_args, check_page_table_args, check_token_csr_args,
-                        check_translated_page_table_args)
+from ._validate import (check_draft_decode_args, check_mha_page_table_args, check_page_table_args,
+                        check_token_csr_args, check_translated_page_table_args)
 
 NAMESPACE = "kvdispatch"
 PAGE_TABLE_SCHEMA = (
@@ -48,6 +48,11 @@ TRANSLATED_PAGE_TABLE_SCHEMA = (
     "create_translated_page_table(Tensor req_to_token, Tensor req_pool_indices, Tensor seq_lens, Tensor v2p, "
     "Tensor(a!) out, *, int page_size, int multiplier=1, int? max_pages=None, int seq_len_delta=0, "
     "str backend=\"auto\") -> ()")
+DRAFT_DECODE_SCHEMA = (
+    "create_draft_decode_kv_indices(Tensor req_to_token, Tensor req_pool_indices, Tensor seq_lens, "
+    "Tensor(a!) kv_indptr, Tensor(b!) out, *, int num_steps, int topk, int page_size=1, Tensor? positions=None, "
+    "int window_size=0, int sink_size=0, Tensor? v2p=None, bool write_indptr_start=True, "
+    "bool round_toward_zero=False, str backend=\"auto\") -> ()")
 
 # Kept alive for the life of the process: dropping a Library removes its ops.
 _library = torch.library.Library(NAMESPACE, "FRAGMENT")
@@ -115,11 +120,32 @@ def _translated_page_table_fake(req_to_token, req_pool_indices, seq_lens, v2p, o
                                      max_pages, seq_len_delta, memory=False)
 
 
+def _draft_decode_kernel(req_to_token, req_pool_indices, seq_lens, kv_indptr, out, *, num_steps, topk, page_size=1,
+                         positions=None, window_size=0, sink_size=0, v2p=None, write_indptr_start=True,
+                         round_toward_zero=False, backend="auto"):
+    """The draft-decode op on real tensors: the eager call, which fills ``out`` and ``kv_indptr``."""
+    api.create_draft_decode_kv_indices(req_to_token, req_pool_indices, seq_lens, kv_indptr, out,
+                                       num_steps=num_steps, topk=topk, page_size=page_size, positions=positions,
+                                       window_size=window_size, sink_size=sink_size, v2p=v2p,
+                                       write_indptr_start=write_indptr_start, round_toward_zero=round_toward_zero,
+                                       backend=backend)
+
+
+def _draft_decode_fake(req_to_token, req_pool_indices, seq_lens, kv_indptr, out, *, num_steps, topk, page_size=1,
+                       positions=None, window_size=0, sink_size=0, v2p=None, write_indptr_start=True,
+                       round_toward_zero=False, backend="auto"):
+    """Metadata only: the argument checks that need no memory."""
+    check_draft_decode_args(req_to_token, req_pool_indices, seq_lens, kv_indptr, out, num_steps, topk, page_size,
+                            positions, window_size, sink_size, v2p, write_indptr_start, round_toward_zero,
+                            memory=False)
+
+
 for _schema, _kernel, _fake in ((PAGE_TABLE_SCHEMA, _page_table_kernel, _page_table_fake),
                                 (TOKEN_CSR_SCHEMA, _token_csr_kernel, _token_csr_fake),
                                 (MHA_PAGE_TABLE_SCHEMA, _mha_page_table_kernel, _mha_page_table_fake),
                                 (TRANSLATED_PAGE_TABLE_SCHEMA, _translated_page_table_kernel,
-                                 _translated_page_table_fake)):
+                                 _translated_page_table_fake),
+                                (DRAFT_DECODE_SCHEMA, _draft_decode_kernel, _draft_decode_fake)):
     _name = _schema[: _schema.index("(")]
     _library.define(_schema)
     _library.impl(_name, _kernel, "CompositeExplicitAutograd")

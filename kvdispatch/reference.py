@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import torch
 
+from .grid import DRAFT_OFFSET_LIMIT
+
 BOUND = 2**62
 
 
@@ -236,3 +238,112 @@ def build_translated_page_table(req_to_token, req_pool_indices, seq_lens, v2p, o
     rows = out[:batch, :columns]
     rows.copy_(torch.where(live, values, rows))
     return out
+
+
+def draft_prefix_cap(window_size, sink_size):
+    """The most prefix tokens a segment holds: ``window_size + sink_size`` with a sliding window
+    (``window_size > 0``), else ``DRAFT_OFFSET_LIMIT``; never above ``DRAFT_OFFSET_LIMIT``."""
+    return min(window_size + sink_size, DRAFT_OFFSET_LIMIT) if window_size > 0 else DRAFT_OFFSET_LIMIT
+
+
+def build_draft_decode_indices(req_to_token, req_pool_indices, seq_lens, kv_indptr, out, num_steps, topk,
+                               page_size=1, positions=None, window_size=0, sink_size=0, v2p=None,
+                               write_indptr_start=True, round_toward_zero=False):
+    """Multi-step speculative draft decode indices; semantics of ``kvdispatch.create_draft_decode_kv_indices``.
+
+    ``S = num_steps`` rows of token CSR at once, row ``s`` for ``it = s + 1`` draft tokens. With
+    ``K = topk`` and segment ``z = b * K + k`` (request ``b``, branch ``k``), ``L_b = seq_lens[b]``,
+    ``cap`` = ``draft_prefix_cap(window_size, sink_size)`` and ``n_b = min(max(L_b, 0), cap)`` (the
+    request's prefix tokens), row ``s`` holds the segments one after another: segment ``z`` is ``n_b``
+    prefix tokens then ``it`` draft slots, at ``offset(s, z) = K * sum(n[:b]) + b * K * it + k * (n_b + it)``.
+
+    * prefix token ``i < n_b`` reads position ``q = i`` (no window) or, with a window and
+      ``sink = min(sink_size, n_b)``, ``q = i`` for ``i < sink`` and ``q = L_b - n_b + i`` after them;
+    * draft slot ``j < it`` reads position ``start + j``, ``start = L_b + k * ceil((L_b mod P + S) / P) * P``
+      (``P = page_size``; ``mod`` floors, or truncates with ``round_toward_zero``; at ``P == 1`` or
+      ``K == 1`` this is ``L_b + k * S``);
+    * a position is read from row ``req_pool_indices[b]`` of ``req_to_token`` only when the row is in
+      ``[0, R)`` and the position in ``[0, C)``; other entries, and entries at columns ``>= W``, are left
+      untouched. The value read, ``x``, becomes with ``v2p`` (``[V]``): 0 when ``x < 0`` or ``x // P >= V``
+      or ``v2p[x // P] < 0``, else ``v2p[x // P] * P + x % P``; it is stored in ``out``'s dtype (the low
+      32 / 64 bits of the exact value).
+
+    ``kv_indptr[s, z]`` for ``z`` in ``1 .. B*K``: the offset of segment ``z`` (``z = B*K``: the row's used
+    length); with ``positions`` (``[>= B*K]``), ``sum(p[:z]) + z * it`` where ``p = min(max(positions, 0),
+    cap)``. ``kv_indptr[s, 0] = 0`` when ``write_indptr_start``. Offsets and sums saturate at
+    ``DRAFT_OFFSET_LIMIT`` (every term is non-negative, so a saturated value is ``min(exact, limit)``), and are
+    stored in ``kv_indptr``'s dtype as ``Tensor.to`` does. Lengths are clamped into ``[-BOUND, BOUND]`` first,
+    which changes no position that can be read. Untouched: rows ``>= S`` of both outputs, the columns of
+    ``kv_indptr`` past ``B*K`` (and column 0 without ``write_indptr_start``), everything with ``B == 0``.
+
+    Memory and time O(S * (W + B*K)): each output column finds its segment by a sorted search.
+    """
+    batch = req_pool_indices.shape[0]
+    segments, steps = batch * topk, num_steps
+    if segments == 0 or steps == 0:
+        return out
+    device = out.device
+    cap = draft_prefix_cap(window_size, sink_size)
+    lengths = seq_lens[:batch].long().clamp(-BOUND, BOUND)
+    counts = lengths.clamp(0, cap)  # [B]
+    request = torch.arange(segments, device=device) // topk
+    branch = torch.arange(segments, device=device) % topk
+    draft = torch.arange(1, steps + 1, device=device)  # it, per step
+    before = (torch.cumsum(counts, 0) - counts).clamp(max=DRAFT_OFFSET_LIMIT)  # exact: < 2**31 terms of <= 2**32
+    offsets = (before[request] * topk)[None, :] + (request * topk)[None, :] * draft[:, None] \
+        + branch[None, :] * (counts[request][None, :] + draft[:, None])
+    offsets = offsets.clamp(max=DRAFT_OFFSET_LIMIT)  # [S, B*K]
+    ends = (offsets + counts[request][None, :] + draft[:, None]).clamp(max=DRAFT_OFFSET_LIMIT)
+
+    indptr_rows = kv_indptr[:steps]
+    if positions is None:
+        indptr_values = ends
+    else:
+        counted = positions[:segments].long().clamp(0, cap)
+        through = torch.cumsum(counted, 0).clamp(max=DRAFT_OFFSET_LIMIT)  # exact, as `before`
+        segment_number = torch.arange(1, segments + 1, device=device)
+        indptr_values = (through[None, :] + segment_number[None, :] * draft[:, None]).clamp(max=DRAFT_OFFSET_LIMIT)
+    indptr_rows[:, 1: segments + 1] = indptr_values.to(kv_indptr.dtype)
+    if write_indptr_start:
+        indptr_rows[:, 0] = 0
+
+    width = out.shape[1]
+    if width == 0:
+        return out
+    column = torch.arange(width, device=device)
+    owner = torch.searchsorted(ends, column[None, :].expand(steps, width).contiguous(), right=True)  # [S, W]
+    inside = owner < segments
+    owner = owner.clamp(max=segments - 1)
+    entry = column[None, :] - torch.gather(offsets, 1, owner)  # < the segment's length where inside
+    b = request[owner]
+    length, count = lengths[b], counts[b]
+    sink = torch.clamp(count, max=sink_size) if window_size > 0 else count
+    in_prefix = entry < count
+    prefix_position = torch.where(entry < sink, entry, length - count + entry)
+    remainder = torch.fmod(length, page_size) if round_toward_zero else torch.remainder(length, page_size)
+    pages_per_branch = torch.div(remainder + steps + page_size - 1, page_size, rounding_mode="floor")
+    slot_start = length + branch[owner] * pages_per_branch * page_size
+    position = torch.where(in_prefix, prefix_position, slot_start + entry - count)
+    rows, cols = req_to_token.shape
+    pool = req_pool_indices[:batch].long()[b]
+    readable = inside & (pool >= 0) & (pool < rows) & (position >= 0) & (position < cols)
+    if rows == 0 or cols == 0:
+        return out
+    values = req_to_token[torch.where(readable, pool, 0), torch.where(readable, position, 0)].long()
+    if v2p is not None:
+        values = _translated(values, v2p, page_size)
+    target = out[:steps]
+    target.copy_(torch.where(readable, values.to(out.dtype), target))
+    return out
+
+
+def _translated(values, v2p, page_size):
+    """``v2p[x // P] * P + x % P`` (the low 64 bits of the exact value) for ``x >= 0`` with ``x // P`` inside
+    ``v2p`` and a non-negative entry there; 0 otherwise."""
+    size = v2p.shape[0]
+    page = torch.div(values, page_size, rounding_mode="floor")
+    inside = (values >= 0) & (page < size)
+    if size == 0:
+        return torch.zeros_like(values)
+    mapped = v2p[torch.where(inside, page, 0)].long()
+    return torch.where(inside & (mapped >= 0), mapped * page_size + (values - page * page_size), 0)

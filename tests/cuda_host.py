@@ -17,11 +17,11 @@ import subprocess
 from pathlib import Path
 
 from kernels_cupy import build
-from kernels_cupy.launch import (KernelCall, mha_page_table_call, page_table_call, token_csr_call,
-                                 translated_page_table_call)
+from kernels_cupy.launch import (KernelCall, draft_decode_call, mha_page_table_call, page_table_call,
+                                 token_csr_call, translated_page_table_call)
 from kvdispatch import _build_cache
-from kvdispatch._validate import (check_mha_page_table_args, check_page_table_args, check_token_csr_args,
-                                  check_translated_page_table_args)
+from kvdispatch._validate import (check_draft_decode_args, check_mha_page_table_args, check_page_table_args,
+                                  check_token_csr_args, check_translated_page_table_args)
 
 SHIM_PATH = Path(__file__).with_name("cuda_host_shim.h")
 
@@ -140,6 +140,18 @@ def create_translated_page_table(req_to_token, req_pool_indices, seq_lens, v2p, 
                                      max_pages, seq_len_delta)
     return build_translated_page_table(req_to_token, req_pool_indices, seq_lens, v2p, out, page_size, multiplier,
                                        max_pages, seq_len_delta, specialised)
+
+
+def create_draft_decode_kv_indices(req_to_token, req_pool_indices, seq_lens, kv_indptr, out, *, num_steps, topk,
+                                   page_size=1, positions=None, window_size=0, sink_size=0, v2p=None,
+                                   write_indptr_start=True, round_toward_zero=False, specialised=False):
+    """``kvdispatch.create_draft_decode_kv_indices`` on CPU tensors, through the host build of the kernel."""
+    args = (req_to_token, req_pool_indices, seq_lens, kv_indptr, out, num_steps, topk, page_size, positions,
+            window_size, sink_size, v2p, write_indptr_start, round_toward_zero)
+    check_draft_decode_args(*args)
+    _require_cpu(req_to_token)
+    run(draft_decode_call(*args), specialised)
+    return out
 
 
 def _require_cpu(tensor):

@@ -33,6 +33,7 @@ def _forget_geometry():
 
     cupy_launch._page_table_launch.cache_clear()
     cupy_launch._token_csr_launch.cache_clear()
+    cupy_launch._draft_decode_launch.cache_clear()
     if "triton" in BACKENDS:
         from kernels_triton import launch as triton_launch
 

@@ -68,6 +68,8 @@ def _launch_of(kind, batch, span):
         return grid.page_table_launch(batch, span, 64)
     if kind == grid.MAPPED_PAGE_TABLE:
         return grid.mapped_page_table_launch(batch, span, 64)
+    if kind == grid.DRAFT_DECODE:
+        return grid.draft_decode_launch(batch, span, span + 5)
     return grid.token_csr_launch(batch, span, span + 5)
 
 

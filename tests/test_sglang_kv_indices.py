@@ -68,6 +68,8 @@ SGLANG_FUNCTIONS = {
 SGLANG_CONSTANTS = {"KV_INDICES_TOKEN_BLOCKS_MIN_WIDTH": 32768}
 # Functions whose parameters are all keyword-only in SGLang.
 KEYWORD_ONLY = {"update_trtllm_mla_graph_metadata", "build_kernel_page_table", "build_kv_read_table"}
+# SGLang's speculative draft builder and its buffer sizing helpers (tests/test_draft_decode.py tests them).
+SGLANG_SPECULATIVE = {"generate_draft_decode_kv_indices", "draft_kv_indices_buffer_width", "draft_kv_indices_used_len"}
 BUILDERS = [name for name in SGLANG_FUNCTIONS if name.startswith("create_")]
 INDEX_DTYPES = (torch.int32, torch.int64)
 
@@ -75,7 +77,7 @@ INDEX_DTYPES = (torch.int32, torch.int64)
 # -- the module's surface -------------------------------------------------------------------------------------
 
 def test_public_names_are_sglangs():
-    assert set(sglang.__all__) == set(SGLANG_FUNCTIONS) | set(SGLANG_CONSTANTS)
+    assert set(sglang.__all__) == set(SGLANG_FUNCTIONS) | set(SGLANG_CONSTANTS) | SGLANG_SPECULATIVE
     namespace = {}
     exec("from kvdispatch.compat.sglang import *", namespace)
     assert set(SGLANG_FUNCTIONS) | set(SGLANG_CONSTANTS) <= set(namespace)

@@ -62,7 +62,8 @@ def test_cupy_flag_bits_match_the_cuda_macros():
               re.findall(r"^#define KV_(\w+) (\d+)\b", cupy_build.SOURCE_PATH.read_text(), re.MULTILINE)}
     python = {name: getattr(cupy_launch, name) for name in
               ("WIDE_POOL", "WIDE_LENS", "WIDE_START", "WIDE_INDPTR", "FILL", "START", "LENS_OUT", "FOLDED_GRID",
-               "WIDE_OUT", "MAPPING", "WIDE_MAPPING", "ROUND_TOWARD_ZERO")}
+               "WIDE_OUT", "MAPPING", "WIDE_MAPPING", "ROUND_TOWARD_ZERO", "POSITIONS", "WIDE_POSITIONS", "V2P",
+               "WIDE_V2P", "INDPTR_START")}
     assert macros == python
     assert sorted(python.values()) == [1 << bit for bit in range(len(python))]  # distinct single bits
 

@@ -42,9 +42,18 @@ block table divides a negative slot id rounding toward zero, as SGLang's kernel 
 size 64 gives page -1), with one difference: lengths and start positions are exact integers, where
 SGLang's kernels keep their low 32 bits (an int64 start of ``2**32 + 5`` is position 5 there, past the
 table here).
+
+Speculative decoding: ``generate_draft_decode_kv_indices`` (SGLang's ``sglang.kernels.ops.speculative.
+cache_locs``), launched as ``generate_draft_decode_kv_indices[grid](...)``, and the buffer sizing helpers
+``draft_kv_indices_buffer_width`` and ``draft_kv_indices_used_len`` of SGLang's speculative utilities. Here the
+grid is read: it gives the number of steps (``grid[0]``, unless ``NUM_STEPS`` does), the batch (``grid[1]``)
+and the branches (``grid[2]``), as in SGLang. It forwards to ``kvdispatch.create_draft_decode_kv_indices``.
 """
 
 from __future__ import annotations
+
+import functools
+import inspect
 
 from .. import api
 
@@ -118,8 +127,10 @@ def _check_stride(name, given, actual):
                          "strides from the tensors, so pass the tensor the stride belongs to")
 
 
-def _as_rows(kv_indices, kv_indices_stride, name="kv_indices_ptr", stride_name="kv_indices_ptr_stride"):
-    """A 2-D view of ``kv_indices``; a flat buffer is read as rows of ``kv_indices_stride`` entries."""
+def _as_rows(kv_indices, kv_indices_stride, name="kv_indices_ptr", stride_name=None):
+    """A 2-D view of ``kv_indices`` (the argument ``name``, its row stride the argument ``stride_name``,
+    by default ``name + "_stride"``); a flat buffer is read as rows of ``kv_indices_stride`` entries."""
+    stride_name = stride_name or f"{name}_stride"
     if kv_indices.dim() == 1:
         if kv_indices_stride is None:
             raise ValueError(f"a 1-D {name} needs {stride_name} (the row width)")
@@ -391,11 +402,101 @@ def build_kv_read_table(*, req_to_token, req_pool_indices, seq_lens, v2p, multip
                                   out, seq_len_delta, lambda pages, size, cols: (pages - 1) * size < cols)
 
 
+_build_draft_decode = api.create_draft_decode_kv_indices
+# SGLang's bound on a draft step row's width (its offsets are 32-bit there).
+_DRAFT_ROW_WIDTH_LIMIT = 2**31
+
+
+def draft_kv_indices_buffer_width(num_seqs: int, topk: int, max_context_len: int) -> int:
+    """Entries per step row of the draft decode ``kv_indices`` buffer: ``num_seqs * topk * max_context_len``
+    (every branch may hold a whole context). Raises ``ValueError`` when that is ``2**31`` or more."""
+    width = num_seqs * topk * max_context_len
+    if width >= _DRAFT_ROW_WIDTH_LIMIT:
+        raise ValueError(f"a draft kv_indices row of num_seqs * topk * max_context_len = {width} entries would "
+                         f"overflow 32-bit offsets; reduce the batch, topk or context (limit {_DRAFT_ROW_WIDTH_LIMIT})")
+    return width
+
+
+def draft_kv_indices_used_len(seq_lens_sum: int, topk: int, bs: int, num_steps: int) -> int:
+    """Entries of a draft step row used through ``num_steps`` steps: ``seq_lens_sum * topk + bs * num_steps``
+    (``bs``: the branches, ``topk`` per request)."""
+    return seq_lens_sum * topk + bs * num_steps
+
+
+def _draft_grid(grid, keywords):
+    """``(grid[0], grid[1], grid[2])`` of a Triton grid (a tuple, or a function of the keyword arguments)."""
+    if callable(grid):
+        grid = grid(keywords)
+    grid = tuple(int(n) for n in (grid if isinstance(grid, (tuple, list)) else (grid,)))
+    return (grid + (1, 1, 1))[:3]
+
+
+def _generate_draft_decode_kv_indices(grid, req_pool_indices, req_to_token, paged_kernel_lens, kv_indices,
+                                      kv_indptr, positions, pool_len, kv_indices_stride, kv_indptr_stride, bs_upper,
+                                      iter_upper, num_tokens_upper, page_size, NUM_STEPS=0, *, window_size=0,
+                                      sink_size=0, v2p=None, TRANSLATE=False, ENTRY_PAGE_SIZE=1):
+    """Speculative multi-step draft decode indices (EAGLE): every step's token CSR in one launch.
+
+    Launched as ``generate_draft_decode_kv_indices[(steps, num_seqs, topk)](...)``; with ``NUM_STEPS > 0`` the
+    grid's first entry is ``NUM_STEPS`` times a number of token blocks, and ``NUM_STEPS`` is the step count.
+    For step ``s``, request ``b < num_seqs`` and branch ``k < topk``, row ``s`` of ``kv_indices`` gets the
+    request's ``paged_kernel_lens[b]`` tokens of ``req_to_token[req_pool_indices[b]]`` then the branch's
+    ``s + 1`` draft slots, segments back to back (``kvdispatch.create_draft_decode_kv_indices``, with SGLang's
+    draft-slot rule at ``page_size``, truncating division); ``kv_indptr[s, z]`` for ``z`` in ``1 ..
+    num_seqs * topk`` is ``positions[0] + ... + positions[z - 1] + z * (s + 1)``; ``kv_indptr[s, 0]`` is left
+    untouched (engines zero it once). ``window_size`` / ``sink_size``: the draft-only sliding window;
+    ``TRANSLATE``: every id through ``v2p`` (pages of ``page_size``).
+
+    ``pool_len``, ``kv_indices_stride`` and ``kv_indptr_stride`` are checked against the tensors' row strides
+    (flat buffers are read as rows of that many entries); ``bs_upper``, ``iter_upper`` and ``num_tokens_upper``
+    (SGLang's block sizes) are accepted and not needed: sums here are exact over the whole batch.
+    ``ENTRY_PAGE_SIZE`` other than 1 raises ``NotImplementedError``. Returns ``kv_indices``.
+    """
+    if grid is None:
+        raise TypeError("generate_draft_decode_kv_indices takes its batch, branches and steps from the launch grid: "
+                        "call it as generate_draft_decode_kv_indices[(steps, num_seqs, topk)](...)")
+    if ENTRY_PAGE_SIZE != 1:
+        raise NotImplementedError(f"ENTRY_PAGE_SIZE={ENTRY_PAGE_SIZE}: only 1 (a token-granular table) is "
+                                  "supported by generate_draft_decode_kv_indices")
+    if TRANSLATE and v2p is None:
+        raise ValueError("TRANSLATE=True needs v2p")
+    first, batch, topk = _draft_grid(grid, dict(NUM_STEPS=NUM_STEPS, page_size=page_size))
+    steps = int(NUM_STEPS) if NUM_STEPS > 0 else first
+    _check_stride("pool_len", pool_len, req_to_token.stride(0))
+    _build_draft_decode(req_to_token, req_pool_indices[:batch], paged_kernel_lens[:batch],
+                        _as_rows(kv_indptr, kv_indptr_stride, "kv_indptr"),
+                        _as_rows(kv_indices, kv_indices_stride, "kv_indices"), num_steps=steps, topk=topk,
+                        page_size=int(page_size), positions=positions, window_size=int(window_size),
+                        sink_size=int(sink_size), v2p=v2p if TRANSLATE else None, write_indptr_start=False,
+                        round_toward_zero=True)
+    return kv_indices
+
+
+class _GridLaunch(_LaunchSyntax):
+    """``builder[grid](...)`` passes the grid on (as the builder's first argument); a direct call passes None."""
+
+    def __init__(self, function, name):
+        super().__init__(function, name)
+        signature = inspect.signature(function)
+        self.__signature__ = signature.replace(parameters=list(signature.parameters.values())[1:])
+
+    def __call__(self, *args, **kwargs):
+        return self._function(None, *args, **kwargs)
+
+    def __getitem__(self, grid):
+        return functools.partial(self._function, grid)
+
+
+generate_draft_decode_kv_indices = _GridLaunch(_generate_draft_decode_kv_indices, "generate_draft_decode_kv_indices")
+
 __all__ = [
     "KV_INDICES_TOKEN_BLOCKS_MIN_WIDTH",
     "create_chunked_prefix_cache_kv_indices",
     "create_flashinfer_kv_indices_triton",
     "create_flashmla_kv_indices_triton",
+    "draft_kv_indices_buffer_width",
+    "draft_kv_indices_used_len",
+    "generate_draft_decode_kv_indices",
     "get_num_kv_index_blocks_flashmla",
     "get_num_page_per_block_flashmla",
     "kv_indices_num_token_blocks",

@@ -1,0 +1,240 @@
+"""Multi-step speculative draft decode indices (``kvdispatch.create_draft_decode_kv_indices``): every step in one
+launch, on the grid ``(segments, programs_per_row)`` of ``kvdispatch.grid.draft_decode_launch``.
+
+Row ``z`` of the grid is segment ``z = b * topk + k`` (request ``b``, branch ``k``). Program ``(z, p)`` loads
+the prefix tokens ``[p * TOKENS_PER_PROGRAM, (p + 1) * TOKENS_PER_PROGRAM)`` of its request once and stores
+them into every step's row; program 0 of the row also writes the branch's draft slots (loaded once, stored
+into every step that has them) and its ``kv_indptr`` entries. A segment's offset needs the prefix lengths of
+the requests before it: each program sums them itself, ``SUM_BLOCK`` at a time (no second launch, no host
+sync), saturating at ``OFFSET_LIMIT`` so that the sum is exact.
+
+``num_steps`` and ``topk`` are runtime ints (loop bounds and a division), so one compilation serves every step
+count and branch count, as it serves every batch and width; the page size is a compile-time constant (its
+divisions become shifts), as are the options (positions, v2p) and the folded grid.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import triton
+import triton.language as tl
+
+from kvdispatch import grid as launch_grid
+from kvdispatch.reference import draft_prefix_cap
+
+from . import launch as _launch
+
+PARAMETERS = ("table_ptr", "pool_ptr", "lens_ptr", "indptr_ptr", "out_ptr", "table_rows", "table_cols",
+              "table_row_stride", "out_width", "out_row_stride", "indptr_row_stride", "pool_stride", "lens_stride",
+              "num_steps", "topk", "cap", "sink", "write_indptr_start", "round_toward_zero", "positions_ptr",
+              "positions_stride", "v2p_ptr", "v2p_len")
+POINTERS = tuple(name for name in PARAMETERS if name.endswith("_ptr"))
+RUNTIME_INTS = tuple(name for name in PARAMETERS if not name.endswith("_ptr"))
+CONSTEXPRS = ("TOKENS_PER_PROGRAM", "SUM_BLOCK", "SLOT_BLOCK", "PAGE_SIZE", "OFFSET_LIMIT", "HAS_POSITIONS",
+              "HAS_V2P", "FOLDED_GRID")
+# Draft slots loaded per pass (a branch has num_steps of them).
+SLOT_BLOCK = 16
+# The page sizes compiled ahead of time (``crosscompile``); any other compiles at its first call.
+SPECIALISED_PAGE_SIZES = (1, 16, 64)
+
+
+def _draft_decode_kernel(
+    table_ptr, pool_ptr, lens_ptr, indptr_ptr, out_ptr, table_rows: tl.int64, table_cols: tl.int64,
+    table_row_stride: tl.int64, out_width: tl.int64, out_row_stride: tl.int64, indptr_row_stride: tl.int64,
+    pool_stride: tl.int64, lens_stride: tl.int64, num_steps: tl.int32, topk: tl.int32, cap: tl.int64,
+    sink: tl.int64, write_indptr_start: tl.int32, round_toward_zero: tl.int32, positions_ptr, positions_stride,
+    v2p_ptr, v2p_len,
+    TOKENS_PER_PROGRAM: tl.constexpr, SUM_BLOCK: tl.constexpr, SLOT_BLOCK: tl.constexpr, PAGE_SIZE: tl.constexpr,
+    OFFSET_LIMIT: tl.constexpr, HAS_POSITIONS: tl.constexpr, HAS_V2P: tl.constexpr, FOLDED_GRID: tl.constexpr,
+):
+    """Segment ``z = program_id(0)`` of every step row; semantics of ``kvdispatch.reference.
+    build_draft_decode_indices``. ``cap``: the most prefix tokens (``draft_prefix_cap``); ``sink``: the sink
+    tokens with a window, else ``cap`` (the prefix is then positions ``0 .. n - 1``). ``positions_ptr`` /
+    ``positions_stride`` and ``v2p_ptr`` / ``v2p_len`` are None without those options."""
+    segment = tl.program_id(0).to(tl.int64)
+    request = segment // topk
+    branch = segment - request * topk
+    first = _launch.program_in_row(FOLDED_GRID).to(tl.int64) * TOKENS_PER_PROGRAM
+    pool = tl.load(pool_ptr + request * pool_stride).to(tl.int64)
+    length = tl.load(lens_ptr + request * lens_stride).to(tl.int64)
+    # kvdispatch.reference.BOUND: changes no position that can be read, and nothing below can wrap.
+    length = tl.minimum(tl.maximum(length, -(2**62)), 2**62)
+    count = tl.minimum(tl.maximum(length, 0), cap)
+    before = _saturated_prefix_sum(lens_ptr, lens_stride, request, cap, SUM_BLOCK, OFFSET_LIMIT)
+    # offset(it) = base + segments_before * it + branch * (count + it), at most OFFSET_LIMIT
+    base = tl.minimum(before * topk, OFFSET_LIMIT)
+    segments_before = segment - branch
+    row_readable = (pool >= 0) & (pool < table_rows)
+    row_ptr = table_ptr + pool * table_row_stride
+
+    if row_readable & (first < count):
+        token = first + tl.arange(0, TOKENS_PER_PROGRAM)
+        position = tl.where(token < tl.minimum(sink, count), token, length - count + token)
+        copied = (token < count) & (position < table_cols)
+        values = tl.load(row_ptr + position, mask=copied)
+        values = _stored_values(values, copied, v2p_ptr, v2p_len, out_ptr, PAGE_SIZE, HAS_V2P)
+        for step in range(num_steps):
+            it = step + 1
+            column = tl.minimum(base + segments_before * it + branch * (count + it), OFFSET_LIMIT) + token
+            tl.store(out_ptr + step * out_row_stride + column, values, mask=copied & (column < out_width))
+
+    if first == 0:
+        # Draft slots: the branch owns ceil((L mod P + S) / P) pages past the request's length.
+        floor_remainder = (length % PAGE_SIZE + PAGE_SIZE) % PAGE_SIZE  # whichever way % rounds
+        remainder = tl.where((round_toward_zero != 0) & (length < 0) & (floor_remainder != 0),
+                             floor_remainder - PAGE_SIZE, floor_remainder)
+        slot_start = length + branch * ((remainder + num_steps + PAGE_SIZE - 1) // PAGE_SIZE * PAGE_SIZE)
+        if row_readable:
+            for first_slot in range(0, num_steps, SLOT_BLOCK):
+                slot = first_slot + tl.arange(0, SLOT_BLOCK).to(tl.int64)
+                position = slot_start + slot
+                readable = (slot < num_steps) & (position >= 0) & (position < table_cols)
+                values = tl.load(row_ptr + position, mask=readable)
+                values = _stored_values(values, readable, v2p_ptr, v2p_len, out_ptr, PAGE_SIZE, HAS_V2P)
+                for step in range(first_slot, num_steps):
+                    it = step + 1
+                    column = tl.minimum(base + segments_before * it + branch * (count + it), OFFSET_LIMIT)
+                    column = column + count + slot
+                    tl.store(out_ptr + step * out_row_stride + column, values,
+                             mask=readable & (slot < it) & (column < out_width))
+
+        if HAS_POSITIONS:
+            through = _saturated_prefix_sum(positions_ptr, positions_stride, segment + 1, cap, SUM_BLOCK,
+                                            OFFSET_LIMIT)
+        indptr_dtype = indptr_ptr.dtype.element_ty
+        for step in range(num_steps):
+            it = step + 1
+            if HAS_POSITIONS:
+                end = tl.minimum(through + (segment + 1) * it, OFFSET_LIMIT)
+            else:
+                end = tl.minimum(base + segments_before * it + branch * (count + it) + count + it, OFFSET_LIMIT)
+            tl.store(indptr_ptr + step * indptr_row_stride + segment + 1, end.to(indptr_dtype))
+        if (segment == 0) & (write_indptr_start != 0):
+            for step in range(num_steps):
+                tl.store(indptr_ptr + step * indptr_row_stride, tl.zeros((), indptr_dtype))
+
+
+@triton.jit
+def _saturated_prefix_sum(values_ptr, stride, count, cap, SUM_BLOCK: tl.constexpr, OFFSET_LIMIT: tl.constexpr):
+    """``min(sum(min(max(values[i], 0), cap) for i < count), OFFSET_LIMIT)`` in int64, exactly: each term is at
+    most ``cap <= OFFSET_LIMIT``, so a pass's sum cannot wrap."""
+    total = tl.zeros((), tl.int64)
+    for first in range(0, count, SUM_BLOCK):
+        index = first + tl.arange(0, SUM_BLOCK).to(tl.int64)
+        terms = tl.load(values_ptr + index * stride, mask=index < count, other=0).to(tl.int64)
+        total = tl.minimum(total + tl.sum(tl.minimum(tl.maximum(terms, 0), cap)), OFFSET_LIMIT)
+    return total
+
+
+@triton.jit
+def _stored_values(values, loaded, v2p_ptr, v2p_len, out_ptr, PAGE_SIZE: tl.constexpr, HAS_V2P: tl.constexpr):
+    """Table values as ``out`` stores them: with v2p, ``v2p[x // P] * P + x % P`` (int64, wrapping as the low
+    64 bits of the exact value) where ``x >= 0``, the page is inside v2p and its entry is non-negative, else 0."""
+    if HAS_V2P:
+        value = values.to(tl.int64)
+        page = value // PAGE_SIZE
+        inside = (value >= 0) & (page < v2p_len)
+        mapped = tl.load(v2p_ptr + page, mask=loaded & inside, other=0).to(tl.int64)
+        values = tl.where(inside & (mapped >= 0), mapped * PAGE_SIZE + (value - page * PAGE_SIZE), 0)
+    return values.to(out_ptr.dtype.element_ty)
+
+
+draft_decode_kernel = triton.jit(_draft_decode_kernel, do_not_specialize=RUNTIME_INTS,
+                                 do_not_specialize_on_alignment=POINTERS)
+launcher = _launch.register(_launch.KernelLauncher(draft_decode_kernel, CONSTEXPRS))
+_plans = _launch.plan_cache()
+
+
+def constexprs_for(page_size: int, has_positions: bool = False, has_v2p: bool = False,
+                   folded_grid: bool = False) -> dict:
+    """The constexpr arguments of one specialisation (tokens per program and sum block from ``kvdispatch.grid``)."""
+    return dict(TOKENS_PER_PROGRAM=launch_grid.items_per_program(launch_grid.DRAFT_DECODE),
+                SUM_BLOCK=launch_grid.DRAFT_SUM_BLOCK, SLOT_BLOCK=SLOT_BLOCK, PAGE_SIZE=page_size,
+                OFFSET_LIMIT=launch_grid.DRAFT_OFFSET_LIMIT, HAS_POSITIONS=has_positions, HAS_V2P=has_v2p,
+                FOLDED_GRID=folded_grid)
+
+
+def plan_key_and_arguments(req_to_token, req_pool_indices, seq_lens, kv_indptr, out, num_steps, topk, page_size=1,
+                           positions=None, window_size=0, sink_size=0, v2p=None, write_indptr_start=True,
+                           round_toward_zero=False):
+    """The launch-plan key of a call and the kernel's runtime arguments. Key: device index, segments,
+    min(C, W) (the geometry: ``kvdispatch.grid.draft_decode_launch``), the page size and the dtypes of the
+    pool, length, indptr, out, positions and v2p tensors (None: absent)."""
+    rows, cols = req_to_token.shape
+    width = out.shape[1]
+    segments = req_pool_indices.shape[0] * topk
+    cap = draft_prefix_cap(window_size, sink_size)
+    sink = min(sink_size, cap) if window_size > 0 else cap
+    has_positions, has_v2p = positions is not None, v2p is not None
+    key = (out.get_device(), segments, min(cols, width), page_size, req_pool_indices.dtype, seq_lens.dtype,
+           kv_indptr.dtype, out.dtype, positions.dtype if has_positions else None, v2p.dtype if has_v2p else None)
+    args = (req_to_token, req_pool_indices, seq_lens, kv_indptr, out, rows, cols, req_to_token.stride(0), width,
+            out.stride(0), kv_indptr.stride(0), req_pool_indices.stride(0), seq_lens.stride(0), num_steps, topk,
+            cap, sink, int(write_indptr_start), int(round_toward_zero), positions,
+            positions.stride(0) if has_positions else None, v2p, v2p.shape[0] if has_v2p else None)
+    return key, args
+
+
+def _build_plan(key, out, args):
+    geometry = launch_grid.draft_decode_launch(key[1], key[2], key[2])
+    if geometry.grid[0] == 0:
+        return _plans.add(key, _launch.nothing), False
+    specialisation = (geometry.folded,) + key[3:]
+    constexprs = constexprs_for(key[3], key[8] is not None, key[9] is not None, geometry.folded)
+    warps = _launch.warps_for(out.device, geometry.threads)
+    plan, launched = launcher.plan(key[0], specialisation, geometry.grid, constexprs, warps, args)
+    return _plans.add(key, plan), launched
+
+
+def build_draft_decode_indices(req_to_token, req_pool_indices, seq_lens, kv_indptr, out, num_steps, topk,
+                               page_size=1, positions=None, window_size=0, sink_size=0, v2p=None,
+                               write_indptr_start=True, round_toward_zero=False):
+    """Write every draft step's token CSR into ``out`` and ``kv_indptr`` with one launch; semantics of
+    ``kvdispatch.reference.build_draft_decode_indices``. Arguments arrive validated by ``kvdispatch._validate``."""
+    if num_steps == 0:
+        return out
+    key, args = plan_key_and_arguments(req_to_token, req_pool_indices, seq_lens, kv_indptr, out, num_steps, topk,
+                                       page_size, positions, window_size, sink_size, v2p, write_indptr_start,
+                                       round_toward_zero)
+    plan = _plans.get(key) or _plan_unless_launched(key, out, args)
+    if plan is not None:
+        plan(*args)
+    return out
+
+
+def _plan_unless_launched(key, out, args):
+    """Build the plan of ``key``; None when building it launched this call (a new specialisation)."""
+    plan, launched = _build_plan(key, out, args)
+    return None if launched else plan
+
+
+def specializations(index_types=("i32", "i64"), page_sizes=SPECIALISED_PAGE_SIZES):
+    """Every specialisation engines ask for at ``page_sizes``: yields ``(signature, constexprs)`` for
+    ``triton.compiler.ASTSource`` (Triton >= 3.3). Per page size and index dtype (the pool, length and
+    positions vectors): int64 or int32 ``out`` with an int32 ``kv_indptr`` (SGLang's Triton and FlashInfer
+    backends), without options, with positions, with positions and an int64 v2p; plus the folded grid."""
+    for page_size, index, out_type in itertools.product(page_sizes, index_types, ("i64", "i32")):
+        for has_positions, has_v2p in ((False, False), (True, False), (True, True)):
+            constexprs = constexprs_for(page_size, has_positions, has_v2p)
+            yield _specialisation(index, out_type, constexprs)
+    yield _specialisation("i32", "i64", constexprs_for(1, folded_grid=True))
+
+
+def _specialisation(index, out_type, constexprs):
+    """``(signature, constexprs)`` of one specialisation: index vectors of dtype ``index``, ``out`` of ``out_type``,
+    an int32 ``kv_indptr``, int64 v2p; absent options' parameters constant None."""
+    types = dict(pool_ptr=f"*{index}", lens_ptr=f"*{index}", out_ptr=f"*{out_type}", num_steps="i32", topk="i32",
+                 write_indptr_start="i32", round_toward_zero="i32")
+    constexprs = dict(constexprs)
+    if constexprs["HAS_POSITIONS"]:
+        types.update(positions_ptr=f"*{index}", positions_stride="i32")
+    else:
+        constexprs.update(positions_ptr=None, positions_stride=None)
+    if constexprs["HAS_V2P"]:
+        types.update(v2p_ptr="*i64", v2p_len="i32")
+    else:
+        constexprs.update(v2p_ptr=None, v2p_len=None)
+    signature = {name: types.get(name, "*i32" if name in POINTERS else "i64") for name in PARAMETERS}
+    signature.update({name: "constexpr" for name in constexprs})
+    return signature, constexprs
