@@ -7,7 +7,8 @@ public builder as a PyTorch custom op, ``torch.ops.kvdispatch.<public name>`` (`
 from __future__ import annotations
 
 from . import grid, ops  # ops: torch.ops.kvdispatch.<public name>, registered without touching a device
-from .api import create_flashinfer_kv_indices, create_flashmla_kv_indices
+from .api import (create_dcp_kv_indices, create_dcp_page_table, create_flashinfer_kv_indices,
+                  create_flashmla_kv_indices, dcp_local_lengths)
 from .dispatch import BackendUnavailableError, available_backends, reset, select_backend
 from .devices import DeviceInfo, probe
 
@@ -23,4 +24,7 @@ __all__ = [
     "probe",
     "reset",
     "select_backend",
+    "create_dcp_kv_indices",
+    "create_dcp_page_table",
+    "dcp_local_lengths",
 ]

@@ -43,7 +43,8 @@ BACKENDS = tuple(backend.NAME for backend in DESCRIPTORS)
 # CPU tensors: the reference first; the Triton interpreter (TRITON_INTERPRET=1) only when asked for.
 CPU_ORDER = ("torch",) + tuple(name for name in BACKENDS if name != "torch")
 CHOICES = ("auto",) + BACKENDS
-OP_FUNCTIONS = {"page_table": "build_page_table", "token_csr": "build_token_indices"}
+OP_FUNCTIONS = {"page_table": "build_page_table", "token_csr": "build_token_indices",
+                "dcp_token_csr": "build_dcp_token_indices", "dcp_page_table": "build_dcp_page_table"}
 
 log = logging.getLogger("kvdispatch")
 

@@ -28,7 +28,8 @@ from __future__ import annotations
 import torch
 
 from . import api
-from ._validate import check_page_table_args, check_token_csr_args
+from ._validate import (check_dcp_page_table_args, check_dcp_token_csr_args, check_page_table_args,
+                        check_token_csr_args)
 
 NAMESPACE = "kvdispatch"
 PAGE_TABLE_SCHEMA = (
@@ -38,6 +39,15 @@ PAGE_TABLE_SCHEMA = (
 TOKEN_CSR_SCHEMA = (
     "create_flashinfer_kv_indices(Tensor req_to_token, Tensor req_pool_indices, Tensor seq_lens, Tensor kv_indptr, "
     "Tensor(a!) out, *, Tensor? kv_start_idx=None, int entry_page_size=1, Tensor? token_mapping=None, "
+    "str backend=\"auto\") -> ()")
+
+DCP_TOKEN_CSR_SCHEMA = (
+    "create_dcp_kv_indices(Tensor req_to_token, Tensor req_pool_indices, Tensor local_seq_lens, Tensor kv_indptr, "
+    "Tensor(a!) out, *, int dcp_size, int dcp_rank, Tensor? kv_start_idx=None, bool round_toward_zero=False, "
+    "str backend=\"auto\") -> ()")
+DCP_PAGE_TABLE_SCHEMA = (
+    "create_dcp_page_table(Tensor req_to_token, Tensor req_pool_indices, Tensor local_seq_lens, Tensor(a!) out, *, "
+    "int page_size, int dcp_size, int dcp_rank, int? fill_value=None, bool round_toward_zero=False, "
     "str backend=\"auto\") -> ()")
 
 # Kept alive for the life of the process: dropping a Library removes its ops.
@@ -76,8 +86,34 @@ def _token_csr_fake(req_to_token, req_pool_indices, seq_lens, kv_indptr, out, *,
                          token_mapping, memory=False)
 
 
+def _dcp_token_csr_fake(req_to_token, req_pool_indices, local_seq_lens, kv_indptr, out, *, dcp_size, dcp_rank,
+                        kv_start_idx=None, round_toward_zero=False, backend="auto"):
+    """Metadata only: the argument checks that need no memory."""
+    check_dcp_token_csr_args(req_to_token, req_pool_indices, local_seq_lens, kv_indptr, out, kv_start_idx, dcp_size,
+                             dcp_rank, round_toward_zero, memory=False)
+
+
+def _dcp_page_table_fake(req_to_token, req_pool_indices, local_seq_lens, out, *, page_size, dcp_size, dcp_rank,
+                         fill_value=None, round_toward_zero=False, backend="auto"):
+    """Metadata only: the argument checks that need no memory."""
+    check_dcp_page_table_args(req_to_token, req_pool_indices, local_seq_lens, out, page_size, dcp_size, dcp_rank,
+                              fill_value, round_toward_zero, memory=False)
+
+
+def _dcp_token_csr_kernel(*args, **kwargs):
+    """The DCP token-CSR op on real tensors: the eager call (the schema's arguments are its own)."""
+    api.create_dcp_kv_indices(*args, **kwargs)
+
+
+def _dcp_page_table_kernel(*args, **kwargs):
+    """The DCP page-table op on real tensors: the eager call (the schema's arguments are its own)."""
+    api.create_dcp_page_table(*args, **kwargs)
+
+
 for _schema, _kernel, _fake in ((PAGE_TABLE_SCHEMA, _page_table_kernel, _page_table_fake),
-                                (TOKEN_CSR_SCHEMA, _token_csr_kernel, _token_csr_fake)):
+                                (TOKEN_CSR_SCHEMA, _token_csr_kernel, _token_csr_fake),
+                                (DCP_TOKEN_CSR_SCHEMA, _dcp_token_csr_kernel, _dcp_token_csr_fake),
+                                (DCP_PAGE_TABLE_SCHEMA, _dcp_page_table_kernel, _dcp_page_table_fake)):
     _name = _schema[: _schema.index("(")]
     _library.define(_schema)
     _library.impl(_name, _kernel, "CompositeExplicitAutograd")

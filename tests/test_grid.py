@@ -62,6 +62,10 @@ def _launch_with_programs(kind, batch, programs, items):
     span = programs * items
     if kind == grid.PAGE_TABLE:
         return grid.page_table_launch(batch, span, 64)
+    if kind == grid.DCP_PAGE_TABLE:
+        return grid.dcp_page_table_launch(batch, span, 64)
+    if kind == grid.DCP_TOKEN_CSR:
+        return grid.dcp_token_csr_launch(batch, span * 4, span + 5, 4)
     return grid.token_csr_launch(batch, span, span + 5)
 
 
@@ -85,6 +89,10 @@ def test_a_row_too_wide_even_folded_is_a_value_error(kind):
     with pytest.raises(grid.GridLimitError, match=f"must be at most {most}.*got {most + 1}"):
         if kind == grid.PAGE_TABLE:
             grid.page_table_launch(1, most + 1, 64)
+        elif kind == grid.DCP_PAGE_TABLE:
+            grid.dcp_page_table_launch(1, most + 1, 64)
+        elif kind == grid.DCP_TOKEN_CSR:
+            grid.dcp_token_csr_launch(1, 2 * (most + 1), most + 5, 2)
         else:
             grid.token_csr_launch(1, most + 1, most + 5)
     assert issubclass(grid.GridLimitError, ValueError)
