@@ -15,6 +15,8 @@ from kvdispatch._lazy import exports
 _OWNERS = {
     "build_page_table": "launch",
     "build_token_indices": "launch",
+    "build_dcp_token_indices": "launch",
+    "build_dcp_page_table": "launch",
 }
 
 __all__ = sorted(_OWNERS)

@@ -20,7 +20,9 @@ from pathlib import Path
 SOURCE_PATH = Path(__file__).with_name("kv_indices.cu")
 PAGE_TABLE_KERNEL = "kv_page_table"
 TOKEN_CSR_KERNEL = "kv_token_csr"
-KERNELS = (PAGE_TABLE_KERNEL, TOKEN_CSR_KERNEL)
+DCP_TOKEN_CSR_KERNEL = "kv_dcp_token_csr"
+DCP_PAGE_TABLE_KERNEL = "kv_dcp_page_table"
+KERNELS = (PAGE_TABLE_KERNEL, TOKEN_CSR_KERNEL, DCP_TOKEN_CSR_KERNEL, DCP_PAGE_TABLE_KERNEL)
 STD_FLAG = "-std=c++14"
 # Architectures the offline HIP check tries; those the installed hipcc does not know are reported.
 HIP_ARCHS = ("gfx90a", "gfx940", "gfx942", "gfx950")

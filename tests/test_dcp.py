@@ -323,3 +323,26 @@ def test_dcp_arguments_are_checked_before_anything_is_written():
     with pytest.raises(ValueError, match="dcp_rank"):
         kvdispatch.dcp_local_lengths(lens, 4, 4)
     assert (out == POISON).all() and (page_out == POISON).all()
+
+
+@pytest.mark.skipif("cupy-host" not in BACKENDS, reason="the host build of the CUDA source runs without a GPU")
+def test_host_build_of_one_specialisation():
+    """The CUDA source compiled for one DCP size and page size (``KV_DCP_SIZE``, ``KV_PAGE_SIZE``, ``KV_FLAGS``), as
+    the CuPy launcher compiles it on a GPU, against the reference."""
+    import cuda_host
+
+    g = generator()
+    table, pool, lens, start, rank = random_csr_case(torch.int64, True, 3, g)
+    indptr, total = packed_indptr(lens, 2, g)
+    expected = reference.build_dcp_token_indices(table, pool, lens, indptr, torch.full((total,), POISON), 3, rank,
+                                                 start, True)
+    got = cuda_host.create_dcp_kv_indices(table, pool, lens, indptr, torch.full((total,), POISON), dcp_size=3,
+                                          dcp_rank=rank, kv_start_idx=start, round_toward_zero=True, specialised=True)
+    assert_same(got, expected, "specialised DCP token CSR")
+    table = random_table(ROWS, 200, g)
+    pool, lens = vector([1, 3, 0], torch.int32), vector([40, 3, 0], torch.int32)
+    expected = reference.build_dcp_page_table(table, pool, lens, torch.full((4, 5), POISON, dtype=torch.int32), 16,
+                                              4, 2, -1)
+    got = cuda_host.create_dcp_page_table(table, pool, lens, torch.full((4, 5), POISON, dtype=torch.int32),
+                                          page_size=16, dcp_size=4, dcp_rank=2, fill_value=-1, specialised=True)
+    assert_same(got, expected, "specialised DCP page table")
