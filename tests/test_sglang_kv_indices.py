@@ -44,6 +44,16 @@ SGLANG_FUNCTIONS = {
     "get_num_kv_index_blocks_flashmla": [("kv_indices_width", REQUIRED), ("page_size", REQUIRED)],
     "kv_indices_num_token_blocks": [("table_width", REQUIRED), ("base_programs", REQUIRED)],
     "kv_indices_token_blocks_for_copy": [("table_width", REQUIRED), ("base_programs", REQUIRED)],
+    "create_triton_kv_indices_for_dcp_triton": [
+        ("req_to_token_ptr", REQUIRED), ("req_pool_indices_ptr", REQUIRED), ("dcp_kernel_lens_ptr", REQUIRED),
+        ("kv_indptr", REQUIRED), ("kv_start_idx", REQUIRED), ("kv_indices_ptr", REQUIRED),
+        ("req_to_token_ptr_stride", REQUIRED), ("dcp_size", REQUIRED), ("dcp_rank", REQUIRED)],
+    "create_mla_kv_page_table_for_dcp": [
+        ("req_to_token_ptr", REQUIRED), ("req_pool_indices_ptr", REQUIRED), ("local_seq_lens_ptr", REQUIRED),
+        ("block_kv_indices_ptr", REQUIRED), ("req_to_token_stride", REQUIRED), ("block_table_stride", REQUIRED),
+        ("PHYSICAL_PAGE_SIZE", REQUIRED), ("DCP_SIZE", REQUIRED), ("DCP_RANK", REQUIRED),
+        ("PAGES_PER_BLOCK", REQUIRED)],
+    "get_dcp_lens": [("lens", REQUIRED), ("dcp_size", REQUIRED), ("dcp_rank", REQUIRED), ("start", None)],
 }
 SGLANG_CONSTANTS = {"KV_INDICES_TOKEN_BLOCKS_MIN_WIDTH": 32768}
 BUILDERS = [name for name in SGLANG_FUNCTIONS if name.startswith("create_")]
