@@ -1,6 +1,7 @@
 """``kvdispatch bench``: the page table and the token CSR through the public API, per backend, against baselines.
 
-Per case (page table ``BATCHxCONTEXTxPAGE`` or token CSR ``csr:BATCHxCONTEXT[:i64][:eE][:map]``) and
+Per case (page table ``BATCHxCONTEXTxPAGE``, token CSR ``csr:BATCHxCONTEXT[:i64][:eE][:map]``, one DCP rank's
+token CSR ``dcp:BATCHxCONTEXTxDCP`` or block table ``dcptable:BATCHxCONTEXTxPAGExDCP``) and
 implementation: correctness against ``kvdispatch.reference`` (a wrong result fails the run), device
 time per call (CUDA-graph replay on a GPU, wall clock on CPU), host time per eager call, ratios to the
 naive loop, the SGLang-design baseline (2-D grid; csr-loop for token CSR) and plain PyTorch, and for
@@ -29,16 +30,21 @@ from kvdispatch import dispatch, reference
 
 POISON = -123456789
 NAIVE, GRID_2D, CSR_LOOP, PLAIN_TORCH = "naive-loop", "2d-grid", "csr-loop", "plain-torch"
-TRITON_BASELINES = {"table": [NAIVE, GRID_2D], "csr": [CSR_LOOP]}  # per op
-SGLANG_BASELINE = {"table": GRID_2D, "csr": CSR_LOOP}  # the /2d and host/launch columns divide by it
+DCP_LOOP, DCP_GRID = "dcp-loop", "dcp-2d-grid"
+TRITON_BASELINES = {"table": [NAIVE, GRID_2D], "csr": [CSR_LOOP], "dcp": [DCP_LOOP], "dcptable": [DCP_GRID]}
+SGLANG_BASELINE = {"table": GRID_2D, "csr": CSR_LOOP, "dcp": DCP_LOOP, "dcptable": DCP_GRID}  # the /2d, host/launch base
+DCP_OPS = ("dcp", "dcptable")
 API_PREFIX = "api:"
 
 GPU_CASES = ["1x131072x64", "64x32768x64", "1x131072x1", "256x32768x1", "1x4096x64", "1x32768x64",
              "8x131072x64", "256x8192x64", "512x4096x64", "64x32768x16"]
 GPU_CASES += ["csr:64x4096", "csr:64x4096:i64", "csr:64x4096:e16:map", "csr:8x32768:i64"]
 GPU_QUICK_CASES = GPU_CASES[:4] + ["csr:64x4096:i64"]
+GPU_CASES += ["dcp:64x32768x4", "dcp:1x131072x8", "dcp:256x8192x2", "dcptable:64x32768x64x4", "dcptable:1x131072x64x8",
+              "dcptable:256x32768x16x2", "dcptable:64x32768x1x8"]
+GPU_QUICK_CASES += ["dcp:64x32768x4", "dcptable:64x32768x64x4"]
 CPU_CASES = ["1x4096x64", "1x32768x64", "1x131072x64", "1x131072x1", "8x4096x1", "64x4096x64", "4x8192x16"]
-CPU_CASES += ["csr:8x4096", "csr:8x4096:i64:e16:map"]
+CPU_CASES += ["csr:8x4096", "csr:8x4096:i64:e16:map", "dcp:8x4096x4", "dcptable:8x4096x16x4"]
 CPU_QUICK_CASES = ["1x4096x64", "2x4096x1", "csr:2x4096:e16:map"]
 # The Triton interpreter (CPU, TRITON_INTERPRET=1) runs only cases with at most this many tokens in all.
 INTERPRETER_MAX_TOKENS = 32768
@@ -51,14 +57,15 @@ Columns (one row per case and implementation; empty columns are left out;
 the lines above the table name what was skipped and why):
   case         BATCHxCONTEXTxPAGE: page table (requests, tokens per request,
                page size) or csr:BATCHxCONTEXT[:i64][:eE][:map]: token CSR
-               (int64 out, entry_page_size E, token_mapping); rows full
-               length, on shuffled physical pages
-  impl         api:<backend>: kvdispatch.create_flashmla_kv_indices (csr:
-               create_flashinfer_kv_indices), backend=<backend>;
+               (int64 out, entry_page_size E, token_mapping); dcp:BxCxD and
+               dcptable:BxCxPxD: DCP rank D-1's token CSR and block table;
+               rows full length, on shuffled physical pages
+  impl         api:<backend>: the op's kvdispatch function, backend=<backend>;
                naive-loop: Triton, one program per request looping over its
                pages; 2d-grid: Triton on a (request, page block) grid after
                SGLang; csr-loop: Triton after SGLang's token CSR, one program
-               per request looping over its tokens; plain-torch: the few
+               per request looping over its tokens; dcp-loop, dcp-2d-grid:
+               those designs for the DCP ops; plain-torch: the few
                PyTorch ops an engine would write
   status       ok; WRONG: differs from kvdispatch.reference (fails the run);
                error: see note
@@ -89,16 +96,22 @@ class Case:
     op: str = "table"
     int64: bool = False
     mapping: bool = False
+    dcp_size: int = 1  # DCP ops: ranks per request
 
     @property
     def width(self) -> int:
-        """Table entries per request: pages (page table), entries of ``page_size`` tokens (token CSR)."""
-        return -(-self.context // self.page_size)
+        """Table entries per request: pages (page table), entries of ``page_size`` tokens (token CSR); for DCP,
+        the rank's tokens (token CSR) or pages (block table)."""
+        return -(-self.context // (self.page_size * self.dcp_size))
 
     @property
     def name(self) -> str:
         if self.op == "table":
             return f"{self.batch}x{self.context}x{self.page_size}"
+        if self.op == "dcp":
+            return f"dcp:{self.batch}x{self.context}x{self.dcp_size}"
+        if self.op == "dcptable":
+            return f"dcptable:{self.batch}x{self.context}x{self.page_size}x{self.dcp_size}"
         options = [":i64"] * self.int64 + [f":e{self.page_size}"] * (self.page_size > 1) + [":map"] * self.mapping
         return f"csr:{self.batch}x{self.context}" + "".join(options)
 
@@ -111,6 +124,8 @@ class Case:
     def parse(cls, text: str) -> "Case":
         if text.lower().startswith("csr:"):
             return cls._parse_csr(text)
+        if text.lower().startswith(tuple(f"{op}:" for op in DCP_OPS)):
+            return cls._parse_dcp(text)
         try:
             batch, context, page = (int(part) for part in text.lower().split("x"))
         except ValueError:
@@ -135,6 +150,21 @@ class Case:
         if batch < 1 or context < 1 or not 1 <= entry <= 4096:
             raise argparse.ArgumentTypeError(f"case {text!r}: batch and context >= 1, E in [1, 4096]")
         return cls(batch, context, entry, "csr", "i64" in options, "map" in options)
+
+    @classmethod
+    def _parse_dcp(cls, text: str) -> "Case":
+        op, shape = text.lower().split(":", 1)
+        usage = {"dcp": "a DCP token-CSR case is dcp:BATCHxCONTEXTxDCP, e.g. dcp:64x32768x4",
+                 "dcptable": "a DCP block-table case is dcptable:BATCHxCONTEXTxPAGExDCP, e.g. dcptable:64x32768x64x4"}
+        try:
+            numbers = [int(part) for part in shape.split("x")]
+            batch, context, page, dcp_size = numbers if op == "dcptable" else numbers[:2] + [1] + numbers[2:]
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{usage[op]}; got {text!r}") from None
+        if batch < 1 or context < 1 or not 1 <= page <= 4096 or not 1 <= dcp_size <= 1024:
+            raise argparse.ArgumentTypeError(f"case {text!r}: batch and context >= 1, page in [1, 4096], "
+                                             "DCP size in [1, 1024]")
+        return cls(batch, context, page, op, op == "dcp", dcp_size=dcp_size)
 
 
 @dataclass(frozen=True)
@@ -306,6 +336,7 @@ class Inputs:
     expected: torch.Tensor
     kv_indptr: torch.Tensor | None = None  # token CSR only
     token_mapping: torch.Tensor | None = None  # token CSR with a mapping only
+    dcp_rank: int = 0  # DCP ops
 
 
 # The token CSR's E == 1 cases read a token-granular table of a pool of pages of this many tokens.
@@ -322,6 +353,8 @@ def make_inputs(case: Case, device: torch.device, seed: int) -> Inputs:
     """
     if case.op == "csr":
         return _make_csr_inputs(case, device, seed)
+    if case.op in DCP_OPS:
+        return _make_dcp_inputs(case, device, seed)
     g = torch.Generator().manual_seed(seed)
     rows = case.batch + max(1, case.batch // 8)
     req_to_token = _page_pool(rows, case.context, case.page_size, g, device)
@@ -350,6 +383,30 @@ def _make_csr_inputs(case: Case, device: torch.device, seed: int) -> Inputs:
     expected = reference.build_token_indices(req_to_token, pool, seq_lens, kv_indptr, out.clone(),
                                              entry_page_size=case.page_size, token_mapping=mapping)
     return Inputs(req_to_token, pool, seq_lens, out, expected, kv_indptr, mapping)
+
+
+def _make_dcp_inputs(case: Case, device: torch.device, seed: int) -> Inputs:
+    """A pool of virtual pages (``page_size * dcp_size`` slots; ``CSR_POOL_PAGE`` for the token CSR), every row
+    full length; built for the last rank (the one whose first position is farthest from 0), its lengths from
+    ``dcp_local_lengths``; the CSR into int64 rows back to back (int32 ``kv_indptr``), as SGLang's Triton
+    backend allocates them."""
+    g = torch.Generator().manual_seed(seed)
+    rows, rank = case.batch + max(1, case.batch // 8), case.dcp_size - 1
+    virtual_page = CSR_POOL_PAGE if case.op == "dcp" else case.page_size * case.dcp_size
+    req_to_token = _page_pool(rows, case.context, virtual_page, g, device)
+    pool = torch.randperm(rows, generator=g)[: case.batch].to(device=device, dtype=torch.int32)
+    seq_lens = torch.full((case.batch,), case.context, dtype=torch.int32, device=device)
+    local = kvdispatch.dcp_local_lengths(seq_lens, case.dcp_size, rank)
+    if case.op == "dcptable":
+        out = torch.full((case.batch, case.width), POISON, dtype=torch.int32, device=device)
+        expected = reference.build_dcp_page_table(req_to_token, pool, local, out.clone(), case.page_size, case.dcp_size,
+                                                  rank)
+        return Inputs(req_to_token, pool, local, out, expected, dcp_rank=rank)
+    owned = case.context // case.dcp_size  # the last rank's tokens of a full row
+    kv_indptr = torch.arange(case.batch + 1, dtype=torch.int32, device=device) * owned
+    out = torch.full((case.batch * owned,), POISON, dtype=torch.int64, device=device)
+    expected = reference.build_dcp_token_indices(req_to_token, pool, local, kv_indptr, out.clone(), case.dcp_size, rank)
+    return Inputs(req_to_token, pool, local, out, expected, kv_indptr, dcp_rank=rank)
 
 
 def _page_pool(rows: int, context: int, page_size: int, g: torch.Generator, device) -> torch.Tensor:
@@ -405,10 +462,46 @@ def plain_torch_csr(req_to_token, req_pool_indices, seq_lens, kv_indptr, out, en
     out.copy_(values if token_mapping is None else token_mapping[values])
 
 
+def plain_torch_dcp(req_to_token, req_pool_indices, local_seq_lens, kv_indptr, out, dcp_size, dcp_rank):
+    """One DCP rank's token CSR in the few PyTorch ops an engine would write (rows full length, back to back)."""
+    positions = dcp_rank + torch.arange(out.shape[0] // req_pool_indices.shape[0], device=out.device) * dcp_size
+    out.copy_((req_to_token[req_pool_indices[:, None].long(), positions] // dcp_size).view(-1))
+
+
+def plain_torch_dcp_table(req_to_token, req_pool_indices, local_seq_lens, out, page_size, dcp_size, dcp_rank):
+    """One DCP rank's block table in the few PyTorch ops an engine would write (valid, full-length data only)."""
+    pages = torch.arange(out.shape[1], device=out.device)
+    slots = req_to_token[req_pool_indices[:, None].long(), dcp_rank + pages * (page_size * dcp_size)]
+    valid = pages < (local_seq_lens[:, None] + page_size - 1) // page_size
+    rows = out[: req_pool_indices.shape[0]]
+    rows.copy_(torch.where(valid, slots // (page_size * dcp_size), rows))
+
+
+def _bind_dcp(impl: str, x: Inputs, case: Case):
+    dcp = (case.dcp_size, x.dcp_rank)
+    if case.op == "dcp":
+        args = (x.req_to_token, x.req_pool_indices, x.seq_lens, x.kv_indptr, x.out)
+        api, plain, baseline = kvdispatch.create_dcp_kv_indices, plain_torch_dcp, "dcp_loop"
+        options = {}
+    else:
+        args = (x.req_to_token, x.req_pool_indices, x.seq_lens, x.out)
+        api, plain, baseline = kvdispatch.create_dcp_page_table, plain_torch_dcp_table, "dcp_grid_2d"
+        args_with_page, options = args + (case.page_size,), dict(page_size=case.page_size)
+        if not impl.startswith(API_PREFIX):
+            args = args_with_page
+    if impl.startswith(API_PREFIX):
+        return functools.partial(api, *args, **options, dcp_size=dcp[0], dcp_rank=dcp[1],
+                                 backend=impl[len(API_PREFIX):])
+    function = plain if impl == PLAIN_TORCH else getattr(_baselines(), baseline)
+    return functools.partial(function, *args, *dcp)
+
+
 def bind(impl: str, x: Inputs, case: Case):
     """A no-argument callable that builds ``x.out`` with ``impl``."""
     if case.op == "csr":
         return _bind_csr(impl, x, case.page_size)
+    if case.op in DCP_OPS:
+        return _bind_dcp(impl, x, case)
     page_size = case.page_size
     args = (x.req_to_token, x.req_pool_indices, x.seq_lens, x.out)
     if impl.startswith(API_PREFIX):
@@ -430,7 +523,7 @@ def _bind_csr(impl: str, x: Inputs, entry_page_size: int):
 
 
 def uses_interpreter(impl: str, device: torch.device) -> bool:
-    return device.type == "cpu" and impl in (API_PREFIX + "triton", NAIVE, GRID_2D, CSR_LOOP)
+    return device.type == "cpu" and impl in (API_PREFIX + "triton", NAIVE, GRID_2D, CSR_LOOP, DCP_LOOP, DCP_GRID)
 
 
 # --------------------------------------------------------------------------------------- measurements
@@ -908,8 +1001,9 @@ def add_arguments(parser: argparse.ArgumentParser):
     """The options of ``kvdispatch bench`` (``--device`` is the command line's, shared with ``demo``)."""
     parser.add_argument("--quick", action="store_true", help="a few cases, fewer repetitions")
     parser.add_argument("--cases", type=parse_cases,
-                        help='comma-separated BATCHxCONTEXTxPAGE (page table) or csr:BATCHxCONTEXT[:i64][:eE][:map] '
-                             '(token CSR), e.g. "1x131072x64,csr:8x32768:i64:e64:map"')
+                        help='comma-separated BATCHxCONTEXTxPAGE (page table), csr:BATCHxCONTEXT[:i64][:eE][:map] '
+                             '(token CSR), dcp:BATCHxCONTEXTxDCP or dcptable:BATCHxCONTEXTxPAGExDCP (one DCP rank\'s '
+                             'token CSR or block table), e.g. "1x131072x64,csr:8x32768:i64:e64:map,dcp:64x32768x4"')
     parser.add_argument("--backends", type=parse_backends,
                         help="comma-separated subset of triton,cupy,torch (default: every one that can run on "
                              "the device; asking for one that cannot is an error)")
