@@ -11,7 +11,9 @@ negative or at the int64 extremes (rows whose offsets would wrap back into ``out
 the end of the table); with and without fill_value; page sizes 1, 16, 64, 96; int32 and int64 index vectors.
 The CSR options too: page-granular tables (entry_page_size 16 and 7, entries at the int32 extremes) with starts
 and lengths at and far past a row's ``C * entry_page_size`` positions, token mappings that values fall outside of
-(negative, at and past the end; one of 3 entries), int32 and int64 outputs.
+(negative, at and past the end; one of 3 entries), int32 and int64 outputs. The decode-context-parallel ops too
+(``create_dcp_kv_indices``, ``create_dcp_page_table``): the same spoilt requests at two DCP sizes and their last
+rank, every CSR layout, rows longer than a program at every kv_indptr extreme.
 The mapped page tables: the TRT-LLM MHA table with and without its SWA twin (full_to_swa of 3 int32 or many int64
 entries at the extremes: slots clamped into it, quotients' low 32 bits) and the translated table (v2p at the
 extremes or empty, multipliers at the int32 extremes, length deltas at the int32 extremes), on slot tables with
@@ -51,6 +53,9 @@ I32_MIN, I32_MAX = -(2**31), 2**31 - 1
 # seqlen_offset for the cases that spoil a length (the others take 1): L = seq_lens + seqlen_offset is exact.
 LENGTH_OFFSETS = (1, -1, I32_MAX, I32_MIN)
 OPTION_ENTRY_PAGE_SIZES = (16, 7)
+# (dcp_size, dcp_rank) of the DCP cases: a power of two and not, the last rank (the farthest first position); the
+# token CSR runs the first without a start, the second with one.
+DCP_RANKS = ((2, 1), (3, 2))
 MAPPED_PAGE_SIZES = (1, 64, 7)
 
 
@@ -298,6 +303,45 @@ def run(device, backends, verbose, shard=(0, 1)):
         if verbose:
             print("ran", what, flush=True)
 
+    def dcp_csr_case(what, data, cpu, indptr, total, with_start, dcp_size, dcp_rank, out_dtype):
+        """The DCP token CSR, the lengths taken as the rank's counts; rounding toward zero with an int64 out."""
+        nonlocal cases, mismatches
+        if not selected():
+            return
+        cases += 1
+        flat = torch.full((total,), POISON, dtype=out_dtype, device=device)
+        expected = flat.cpu().clone()
+        start, start_cpu = (data["start"], cpu["start"]) if with_start else (None, None)
+        toward_zero = out_dtype == torch.int64
+        reference.build_dcp_token_indices(cpu["table"], cpu["pool"], cpu["lens"], indptr, expected, dcp_size,
+                                          dcp_rank, start_cpu, toward_zero)
+        checked(what, lambda: kvdispatch.create_dcp_kv_indices(
+            data["table"], data["pool"], data["lens"], indptr.to(data["pool"].dtype).to(device), flat,
+            dcp_size=dcp_size, dcp_rank=dcp_rank, kv_start_idx=start, round_toward_zero=toward_zero, backend=backend),
+            expected)
+
+    def dcp_table_case(what, data, cpu, page_size, dcp_size, dcp_rank, fill_value):
+        nonlocal cases, mismatches
+        if not selected():
+            return
+        cases += 1
+        out = torch.full((BATCH, 3), POISON, dtype=torch.int32, device=device)
+        expected = out.cpu().clone()
+        reference.build_dcp_page_table(cpu["table"], cpu["pool"], cpu["lens"], expected, page_size, dcp_size,
+                                       dcp_rank, fill_value)
+        checked(what, lambda: kvdispatch.create_dcp_page_table(
+            data["table"], data["pool"], data["lens"], out, page_size=page_size, dcp_size=dcp_size, dcp_rank=dcp_rank,
+            fill_value=fill_value, backend=backend), expected)
+
+    def checked(what, call, expected):
+        """``call()`` (which returns its output) checked against ``expected``; an exception is a mismatch."""
+        nonlocal mismatches
+        try:
+            check(what, call(), expected)
+        except Exception:
+            mismatches += 1
+            print(f"ERROR {what}:\n{traceback.format_exc()}", flush=True)
+
     for backend in backends:
         for page_size in PAGE_SIZES:
             for dtype in (torch.int32, torch.int64):
@@ -371,6 +415,30 @@ def run(device, backends, verbose, shard=(0, 1)):
                 for options in draft_options(cpu, dtype, device, g):
                     draft_decode_case(f"{backend} draft_decode page={page_size} {str(dtype)[6:]} {spoil[0]} "
                                       f"{options.pop('name')}", data, cpu, page_size, **options)
+        for dtype in (torch.int32, torch.int64):
+            for spoil in hostile_requests(BATCH + 3, 5 * 16 + 7, dtype == torch.int64):
+                data, rows, cols = make(16, dtype, device, g, spoil)
+                cpu = {k: v.cpu() for k, v in data.items()}
+                for (dcp_size, dcp_rank), page_size in itertools.product(DCP_RANKS, (1, 16)):
+                    dcp_table_case(f"{backend} dcp_page_table page={page_size} dcp={dcp_size}/{dcp_rank} "
+                                   f"{str(dtype)[6:]} {spoil[0]}", data, cpu, page_size, dcp_size, dcp_rank,
+                                   -1 if page_size == 1 else None)
+                for ((dcp_size, dcp_rank), with_start), (layout, indptr, total) in itertools.product(
+                        zip(DCP_RANKS, (False, True)), csr_layouts(data, cols, dtype, device, g)):
+                    dcp_csr_case(f"{backend} dcp_token_csr dcp={dcp_size}/{dcp_rank} {str(dtype)[6:]} "
+                                 f"{spoil[0]} {layout} start={with_start}", data, cpu, indptr, total, with_start,
+                                 dcp_size, dcp_rank, dtype)
+            # Rows longer than a program, from the last positions of the last table row, at every kv_indptr extreme.
+            total = grid.items_per_program(grid.DCP_TOKEN_CSR) + 300
+            for value in long_row_indptrs(dtype, total):
+                cpu = dict(table=torch.randint(0, I32_MAX, (3, 2 * total), generator=g, dtype=torch.int32),
+                           pool=torch.tensor([2], dtype=dtype), lens=torch.tensor([I32_MAX], dtype=dtype),
+                           start=torch.tensor([3], dtype=dtype))
+                data = {k: v.to(device) for k, v in cpu.items()}
+                for with_start in (False, True):
+                    dcp_csr_case(f"{backend} dcp_token_csr long row {str(dtype)[6:]} indptr={value} "
+                                 f"start={with_start}", data, cpu, torch.tensor([value, 0]), total, with_start, 2, 1,
+                                 torch.int64)
         if device.type == "cuda":
             torch.cuda.synchronize(device)  # surfaces a device-side fault here, under this backend's name
         print(f"backend {backend}: done", flush=True)

@@ -18,6 +18,8 @@ _OWNERS = {
     "build_mha_page_table": "launch",
     "build_translated_page_table": "launch",
     "build_draft_decode_indices": "launch",
+    "build_dcp_token_indices": "launch",
+    "build_dcp_page_table": "launch",
 }
 
 __all__ = sorted(_OWNERS)

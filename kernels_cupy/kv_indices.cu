@@ -213,6 +213,38 @@ __device__ inline kv_i64 kv_token_value(const int* __restrict__ row, kv_i64 q, k
     return v;
 }
 
+// What a CSR kernel loads of its row b: pool index, length, start (0 without KV_START) and first target position
+// (index vectors may be strided views; strides in elements). The loads are independent: issued together.
+struct kv_csr_row {
+    kv_i64 pool, length, start, offset;
+};
+
+__device__ inline kv_csr_row kv_load_csr_row(kv_i64 b, const void* __restrict__ req_pool_indices, kv_i64 pool_stride,
+                                             const void* __restrict__ seq_lens, kv_i64 lens_stride,
+                                             const void* __restrict__ kv_start_idx, kv_i64 start_stride,
+                                             const void* __restrict__ kv_indptr, kv_i64 indptr_stride, kv_i64 flags) {
+    kv_csr_row r;
+    r.pool = kv_load_index(req_pool_indices, b * pool_stride, KV_HAS(KV_WIDE_POOL));
+    r.length = kv_load_index(seq_lens, b * lens_stride, KV_HAS(KV_WIDE_LENS));
+    r.start = KV_HAS(KV_START) ? kv_load_index(kv_start_idx, b * start_stride, KV_HAS(KV_WIDE_START)) : 0;
+    r.offset = kv_load_index(kv_indptr, b * indptr_stride, KV_HAS(KV_WIDE_INDPTR));
+    return r;
+}
+
+// The tokens [lo, hi) of a CSR row that the program owning `items` tokens from `first` writes, where the row's
+// `count` tokens go to out[offset + j] and only those landing in [0, out_len) count; false when there are none.
+// Programs count tokens from the first one that lands in out: a row writes at most min(C, out_len) tokens
+// (its kernel's readable positions), which is what kvdispatch.grid sizes the row's programs for.
+__device__ inline bool kv_program_tokens(kv_i64 offset, kv_i64 count, kv_i64 out_len, kv_i64 first, kv_i64 items,
+                                         kv_i64* lo, kv_i64* hi) {
+    // Checked in this order so that no expression below can overflow, whatever kv_indptr holds.
+    if (offset >= out_len || offset + count <= 0) return false;
+    const kv_i64 skip = offset < 0 ? -offset : 0;
+    *lo = skip + first;
+    *hi = kv_min(kv_min(*lo + items, count), out_len - offset);
+    return *lo < *hi;
+}
+
 // out[kv_indptr[b] + j] = table[pool_b, start_b + j] for j < min(seq_lens[b], C - start_b), skipping
 // every j whose target falls outside [0, out_len). Nothing else in out is touched.
 // Index vectors may be strided views (strides in elements).
@@ -233,23 +265,15 @@ extern "C" __global__ void kv_token_csr(
 #endif
     const kv_i64 b = blockIdx.x;
     const kv_i64 first = kv_row_program(KV_HAS(KV_FOLDED_GRID)) * items;
-    const kv_i64 pool = kv_load_index(req_pool_indices, b * pool_stride, KV_HAS(KV_WIDE_POOL));
-    const kv_i64 length = kv_load_index(seq_lens, b * lens_stride, KV_HAS(KV_WIDE_LENS));
-    const kv_i64 start =
-        KV_HAS(KV_START) ? kv_load_index(kv_start_idx, b * start_stride, KV_HAS(KV_WIDE_START)) : 0;
-    const kv_i64 offset = kv_load_index(kv_indptr, b * indptr_stride, KV_HAS(KV_WIDE_INDPTR));
+    const kv_csr_row r = kv_load_csr_row(b, req_pool_indices, pool_stride, seq_lens, lens_stride, kv_start_idx,
+                                         start_stride, kv_indptr, indptr_stride, flags);
+    const kv_i64 pool = r.pool, length = r.length, start = r.start, offset = r.offset;
 
     const kv_i64 positions = cols * entry_page_size;  // exact: no table has 2**51 columns
     const bool readable = pool >= 0 && pool < rows && start >= 0 && start < positions;
     const kv_i64 count = readable ? kv_min(kv_max(length, 0), positions - start) : 0;
-    // Checked in this order so that no expression below can overflow, whatever kv_indptr holds.
-    if (offset >= out_len || offset + count <= 0) return;
-    // Programs count tokens from the first one that lands in out: a row writes at most
-    // min(C, out_len) tokens, which is what kvdispatch.grid sizes the row's programs for.
-    const kv_i64 skip = offset < 0 ? -offset : 0;
-    const kv_i64 lo = skip + first;
-    const kv_i64 hi = kv_min(kv_min(lo + items, count), out_len - offset);
-    if (lo >= hi) return;
+    kv_i64 lo, hi;
+    if (!kv_program_tokens(offset, count, out_len, first, items, &lo, &hi)) return;
     const bool mapped = KV_HAS(KV_MAPPING), wide_out = KV_HAS(KV_WIDE_OUT);
     if (entry_page_size == 1 && !mapped && !wide_out) {
         kv_copy(table + pool * table_stride + start + lo, (int*)out + offset + lo, (int)(hi - lo));
@@ -465,5 +489,92 @@ extern "C" __global__ void kv_draft_decode(
         kv_store_index(kv_indptr, (it - 1) * indptr_stride + segment + 1, end, wide_indptr);
         if (segment == 0 && KV_HAS(KV_INDPTR_START))
             kv_store_index(kv_indptr, (it - 1) * indptr_stride, 0, wide_indptr);
+    }
+}
+
+// ---- Decode context parallel, token-interleaved: position p of a request belongs to rank p mod D (dcp_size),
+// and a slot id v of the virtual pool is stored on its owner at local slot v / D. Semantics:
+// kvdispatch/reference.py (build_dcp_token_indices, build_dcp_page_table). A launcher may compile one DCP size
+// (-DKV_DCP_SIZE=<D>) as it compiles a page size, so the divisions by D fold into shifts or multiplies.
+
+// a mod d rounded down (in [0, d)) for d > 0.
+__device__ inline kv_i64 kv_floor_mod(kv_i64 a, kv_i64 d) {
+    const kv_i64 r = a % d;
+    return r < 0 ? r + d : r;
+}
+
+// The DCP size: the compile-time one of a specialised build, else the runtime argument.
+__device__ inline kv_i64 kv_dcp_size(kv_i64 dcp_size_arg) {
+#ifdef KV_DCP_SIZE
+    return KV_DCP_SIZE;
+#else
+    return dcp_size_arg;
+#endif
+}
+
+// One rank's token CSR: out[kv_indptr[b] + j] = table[pool_b, first_b + j * D] / D (rounded down, or toward
+// zero with KV_ROUND_TOWARD_ZERO) for j < min(local_seq_lens[b], ceil((C - first_b) / D)), where first_b is
+// the first position >= start_b congruent to dcp_rank mod D, skipping every j whose target falls outside
+// [0, out_len). A first position outside [0, C) or a pool index outside [0, R) gives an empty row.
+extern "C" __global__ void kv_dcp_token_csr(
+    const int* __restrict__ table, kv_i64 rows, kv_i64 cols, kv_i64 table_stride,
+    const void* __restrict__ req_pool_indices, kv_i64 pool_stride, const void* __restrict__ local_seq_lens,
+    kv_i64 lens_stride, const void* __restrict__ kv_start_idx, kv_i64 start_stride,
+    const void* __restrict__ kv_indptr, kv_i64 indptr_stride, void* __restrict__ out, kv_i64 out_len,
+    kv_i64 items, kv_i64 flags, kv_i64 dcp_size_arg, kv_i64 dcp_rank) {
+    const kv_i64 dcp_size = kv_dcp_size(dcp_size_arg);
+    const kv_i64 b = blockIdx.x;
+    const kv_i64 program_first = kv_row_program(KV_HAS(KV_FOLDED_GRID)) * items;
+    const kv_csr_row r = kv_load_csr_row(b, req_pool_indices, pool_stride, local_seq_lens, lens_stride, kv_start_idx,
+                                         start_stride, kv_indptr, indptr_stride, flags);
+    const kv_i64 pool = r.pool, length = r.length, offset = r.offset;
+
+    // A start beyond +-2**62 gives the rows it gives at the bound (no table comes near): then nothing wraps.
+    const kv_i64 bound = 1LL << 62;
+    const kv_i64 bounded = kv_min(kv_max(r.start, -bound), bound);
+    const kv_i64 first = bounded + kv_floor_mod(dcp_rank - bounded, dcp_size);
+    const bool readable = pool >= 0 && pool < rows && first >= 0 && first < cols;
+    const kv_i64 count = readable ? kv_min(kv_max(length, 0), (cols - first + dcp_size - 1) / dcp_size) : 0;
+    kv_i64 lo, hi;
+    if (!kv_program_tokens(offset, count, out_len, program_first, items, &lo, &hi)) return;
+    const int* row = table + pool * table_stride + first;
+    const bool toward_zero = KV_HAS(KV_ROUND_TOWARD_ZERO), wide_out = KV_HAS(KV_WIDE_OUT);
+    for (kv_i64 j = lo + threadIdx.x; j < hi; j += blockDim.x) {
+        const int value = kv_page_div(row[j * dcp_size], (int)dcp_size, toward_zero);
+        if (wide_out) ((kv_i64*)out)[offset + j] = value;
+        else ((int*)out)[offset + j] = value;
+    }
+}
+
+// One rank's block table: with V = page_size * D, out[b, p] = table[pool_b, dcp_rank + p * V] / V (rounded
+// down, or toward zero with KV_ROUND_TOWARD_ZERO) for p < min(ceil(local_seq_lens[b] / page_size),
+// ceil((C - dcp_rank) / V), width); fill_value on the other columns below the width when KV_FILL is set.
+// Rows >= B (= gridDim.x) and unwritten columns are left untouched.
+extern "C" __global__ void kv_dcp_page_table(
+    const int* __restrict__ table, const void* __restrict__ req_pool_indices, const void* __restrict__ local_seq_lens,
+    int* __restrict__ out, kv_i64 rows, kv_i64 cols, kv_i64 table_stride, kv_i64 out_stride, kv_i64 width,
+    kv_i64 items, kv_i64 pool_stride, kv_i64 lens_stride, kv_i64 page_size_arg, kv_i64 dcp_size_arg,
+    kv_i64 dcp_rank, kv_i64 fill_value, kv_i64 flags) {
+#ifdef KV_PAGE_SIZE
+    const kv_i64 page_size = KV_PAGE_SIZE;
+#else
+    const kv_i64 page_size = page_size_arg;
+#endif
+    const kv_i64 dcp_size = kv_dcp_size(dcp_size_arg);
+    const kv_i64 b = blockIdx.x;
+    const kv_i64 first = kv_row_program(KV_HAS(KV_FOLDED_GRID)) * items;
+    const kv_i64 pool = kv_load_index(req_pool_indices, b * pool_stride, KV_HAS(KV_WIDE_POOL));
+    const kv_i64 length = kv_load_index(local_seq_lens, b * lens_stride, KV_HAS(KV_WIDE_LENS));
+    const kv_i64 virtual_page = page_size * dcp_size;
+    const kv_i64 last = kv_min(first + items, width);
+    const bool readable = pool >= 0 && pool < rows && length > 0 && cols > dcp_rank;
+    const kv_i64 pages = readable ? kv_min(kv_min((length - 1) / page_size + 1, (cols - dcp_rank - 1) / virtual_page + 1),
+                                           width) : 0;
+    const int* src = table + (readable ? pool * table_stride + dcp_rank : 0);
+    int* dst = out + b * out_stride;
+    const bool fill = KV_HAS(KV_FILL), toward_zero = KV_HAS(KV_ROUND_TOWARD_ZERO);
+    for (kv_i64 p = first + threadIdx.x; p < last; p += blockDim.x) {
+        if (p < pages) dst[p] = kv_page_div(src[p * virtual_page], (int)virtual_page, toward_zero);
+        else if (fill) dst[p] = (int)fill_value;
     }
 }

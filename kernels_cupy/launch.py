@@ -24,8 +24,8 @@ import torch
 from kvdispatch import grid
 from kvdispatch.reference import draft_prefix_cap
 
-from .build import (DRAFT_DECODE_KERNEL, MHA_PAGE_TABLE_KERNEL, PAGE_TABLE_KERNEL, TOKEN_CSR_KERNEL,
-                    TRANSLATED_PAGE_TABLE_KERNEL)
+from .build import (DCP_PAGE_TABLE_KERNEL, DCP_TOKEN_CSR_KERNEL, DRAFT_DECODE_KERNEL, MHA_PAGE_TABLE_KERNEL,
+                    PAGE_TABLE_KERNEL, TOKEN_CSR_KERNEL, TRANSLATED_PAGE_TABLE_KERNEL)
 
 # Flag bits; the same values as the KV_* macros in kv_indices.cu (tests/test_shared_constants.py).
 WIDE_POOL, WIDE_LENS, WIDE_START, WIDE_INDPTR, FILL, START, LENS_OUT, FOLDED_GRID = 1, 2, 4, 8, 16, 32, 64, 128
@@ -35,6 +35,8 @@ POSITIONS, WIDE_POSITIONS, V2P, WIDE_V2P, INDPTR_START = 4096, 8192, 16384, 3276
 # The geometry depends on a few ints only; caching it keeps the helper off the per-call path.
 _page_table_launch = functools.lru_cache(maxsize=4096)(grid.page_table_launch)
 _token_csr_launch = functools.lru_cache(maxsize=4096)(grid.token_csr_launch)
+_dcp_token_csr_launch = functools.lru_cache(maxsize=4096)(grid.dcp_token_csr_launch)
+_dcp_page_table_launch = functools.lru_cache(maxsize=4096)(grid.dcp_page_table_launch)
 _mapped_page_table_launch = functools.lru_cache(maxsize=4096)(grid.mapped_page_table_launch)
 
 
@@ -243,4 +245,66 @@ def build_draft_decode_indices(req_to_token, req_pool_indices, seq_lens, kv_indp
                              positions, window_size, sink_size, v2p, write_indptr_start, round_toward_zero)
     if call is not None:
         _runtime().launch(call, req_to_token.device)
+    return out
+
+
+def _rounding(round_toward_zero: bool) -> int:
+    return ROUND_TOWARD_ZERO if round_toward_zero else 0
+
+
+def dcp_token_csr_call(req_to_token, req_pool_indices, local_seq_lens, kv_indptr, out, dcp_size, dcp_rank,
+                       kv_start_idx=None, round_toward_zero=False) -> KernelCall | None:
+    """The ``kv_dcp_token_csr`` launch for ``kvdispatch.reference.build_dcp_token_indices``'s arguments, or None
+    when there is nothing to do."""
+    batch, total = req_pool_indices.shape[0], out.shape[0]
+    launch = _dcp_token_csr_launch(batch, req_to_token.shape[1], total, dcp_size)
+    if launch.grid[0] == 0:
+        return None
+    flags = (_wide(req_pool_indices, WIDE_POOL) | _wide(local_seq_lens, WIDE_LENS) | _wide(kv_start_idx, WIDE_START)
+             | _wide(kv_indptr, WIDE_INDPTR) | (START if kv_start_idx is not None else 0) | _folded(launch)
+             | _wide(out, WIDE_OUT) | _rounding(round_toward_zero))
+    args = _table_args(req_to_token) + (
+        req_pool_indices.data_ptr(), req_pool_indices.stride(0), local_seq_lens.data_ptr(), local_seq_lens.stride(0),
+        _ptr(kv_start_idx), _stride(kv_start_idx), kv_indptr.data_ptr(), kv_indptr.stride(0), out.data_ptr(), total,
+        launch.items_per_program, flags, dcp_size, dcp_rank)
+    return KernelCall(DCP_TOKEN_CSR_KERNEL, (("KV_FLAGS", flags), ("KV_DCP_SIZE", dcp_size)), launch.grid,
+                      launch.threads, args)
+
+
+def dcp_page_table_call(req_to_token, req_pool_indices, local_seq_lens, out, page_size, dcp_size, dcp_rank,
+                        fill_value=None, round_toward_zero=False) -> KernelCall | None:
+    """The ``kv_dcp_page_table`` launch for ``kvdispatch.reference.build_dcp_page_table``'s arguments, or None
+    when there is nothing to do."""
+    batch, width = req_pool_indices.shape[0], out.shape[1]
+    launch = _dcp_page_table_launch(batch, width, page_size)
+    if launch.grid[0] == 0:
+        return None
+    flags = (_wide(req_pool_indices, WIDE_POOL) | _wide(local_seq_lens, WIDE_LENS) | _folded(launch)
+             | (FILL if fill_value is not None else 0) | _rounding(round_toward_zero))
+    rows, cols = req_to_token.shape
+    args = (req_to_token.data_ptr(), req_pool_indices.data_ptr(), local_seq_lens.data_ptr(), out.data_ptr(), rows,
+            cols, req_to_token.stride(0), out.stride(0), width, launch.items_per_program, req_pool_indices.stride(0),
+            local_seq_lens.stride(0), page_size, dcp_size, dcp_rank, fill_value or 0, flags)
+    defines = (("KV_PAGE_SIZE", page_size), ("KV_DCP_SIZE", dcp_size), ("KV_FLAGS", flags))
+    return KernelCall(DCP_PAGE_TABLE_KERNEL, defines, launch.grid, launch.threads, args)
+
+
+def build_dcp_token_indices(req_to_token, req_pool_indices, local_seq_lens, kv_indptr, out, dcp_size, dcp_rank,
+                            kv_start_idx=None, round_toward_zero=False):
+    """One DCP rank's token CSR; semantics of ``kvdispatch.create_dcp_kv_indices``. Returns ``out``."""
+    return _launched(dcp_token_csr_call(req_to_token, req_pool_indices, local_seq_lens, kv_indptr, out, dcp_size,
+                                        dcp_rank, kv_start_idx, round_toward_zero), req_to_token.device, out)
+
+
+def build_dcp_page_table(req_to_token, req_pool_indices, local_seq_lens, out, page_size, dcp_size, dcp_rank,
+                         fill_value=None, round_toward_zero=False):
+    """One DCP rank's block table; semantics of ``kvdispatch.create_dcp_page_table``. Returns ``out``."""
+    return _launched(dcp_page_table_call(req_to_token, req_pool_indices, local_seq_lens, out, page_size, dcp_size,
+                                         dcp_rank, fill_value, round_toward_zero), req_to_token.device, out)
+
+
+def _launched(call: KernelCall | None, device, out):
+    """Launch ``call`` (None: nothing to do) on ``device``; returns ``out``."""
+    if call is not None:
+        _runtime().launch(call, device)
     return out

@@ -1,7 +1,7 @@
 """Triton kernels (on the grid of ``kvdispatch.grid``) and their launchers.
 
-``build_page_table`` and ``build_token_indices`` take the arguments of ``kvdispatch.reference`` (already
-validated) and launch one kernel on the tensors' device and current stream. Importing this package
+``build_page_table``, ``build_token_indices``, ``build_dcp_token_indices`` and ``build_dcp_page_table`` take
+the arguments of ``kvdispatch.reference`` (already validated) and launch one kernel on the tensors' device and current stream. Importing this package
 initialises no GPU: compilation happens at the first call per device and specialisation.
 ``on_selected`` and ``on_deselected`` are the selector's hooks (``kvdispatch.dispatch``): they tell the
 compiled launcher (``native.py``) which devices Triton serves.
@@ -25,6 +25,8 @@ _OWNERS = {
     "build_mha_page_table": "mapped_tables",
     "build_translated_page_table": "mapped_tables",
     "build_draft_decode_indices": "draft_decode",
+    "build_dcp_token_indices": "dcp",
+    "build_dcp_page_table": "dcp",
 }
 
 __all__ = sorted(_OWNERS)

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from kvdispatch import grid as launch_grid
 from kvdispatch._env import flag
 
-from . import draft_decode, launch, mapped_tables, page_table, token_csr
+from . import dcp, draft_decode, launch, mapped_tables, page_table, token_csr
 
 PAGE_SIZES = page_table.SPECIALISED_PAGE_SIZES
 TARGETS = (("cuda", 90, 32), ("cuda", 100, 32), ("hip", "gfx942", 64), ("hip", "gfx950", 64))
@@ -79,6 +79,7 @@ def specializations(warp_size: int = 32, page_sizes=PAGE_SIZES, index_types=("i3
     for signature, constexprs in draft_decode.specializations(index_types):
         yield Specialization(draft_kernel, signature, constexprs, max(1, threads // warp_size))
     yield from _mapped_table_specializations(warp_size, page_sizes, index_types)
+    yield from _dcp_specializations(warp_size, index_types)
 
 
 def _mapped_table_specializations(warp_size, page_sizes, index_types):
@@ -92,6 +93,21 @@ def _mapped_table_specializations(warp_size, page_sizes, index_types):
         threads = launch_grid.mapped_page_table_launch(1, 1, page_size).threads
         for name, signature, constexprs in mapped_tables.specializations((page_size,), index_types):
             yield Specialization(kernels[name], signature, constexprs, max(1, threads // warp_size))
+
+
+def _dcp_specializations(warp_size, index_types):
+    """The DCP kernels' specialisations (``kernels_triton.dcp``), with their own page sizes."""
+    import triton  # noqa: PLC0415
+
+    for op, kernel, specs, threads_of in (
+            ("csr", dcp.dcp_token_csr_kernel, dcp.csr_specializations(index_types),
+             lambda c: launch_grid.dcp_token_csr_launch(1, 1, 1, 1).threads),
+            ("table", dcp.dcp_page_table_kernel, dcp.table_specializations(index_types),
+             lambda c: launch_grid.dcp_page_table_launch(1, 1, c["PAGE_SIZE"]).threads)):
+        jitted = triton.runtime.jit.JITFunction(getattr(kernel, "fn", kernel), do_not_specialize=dcp.RUNTIME_INTS[op],
+                                                do_not_specialize_on_alignment=dcp.POINTERS[op])
+        for signature, constexprs in specs:
+            yield Specialization(jitted, signature, constexprs, max(1, threads_of(constexprs) // warp_size))
 
 
 def compile_one(spec: Specialization, target):

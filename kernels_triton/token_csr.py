@@ -69,21 +69,10 @@ def _token_csr_kernel(
     grid's second and third dimensions (``launch.program_in_row``).
     """
     if UNIT_STRIDES:
-        pool_stride, lens_stride, indptr_stride, start_stride = 1, 1, 1, 1
-    if not WIDE_INDEXING:
-        # Already 64-bit when compiled (the annotation); the interpreter types a small int as 32-bit.
-        packed_table, packed_sizes = packed_table.to(tl.int64), packed_sizes.to(tl.int64)
-        table_rows, table_row_stride = packed_table & 0xFFFFFFFF, packed_table >> 32
-        table_cols, out_len = packed_sizes & 0xFFFFFFFF, packed_sizes >> 32
-    row = tl.program_id(0)
-    pool = tl.load(pool_ptr + row * pool_stride).to(tl.int64)
-    length = tl.load(lens_ptr + row * lens_stride).to(tl.int64)
-    target_start = tl.load(indptr_ptr + row * indptr_stride)
-    if target_start.dtype == tl.int64:
-        # A row starting beyond +-2**62 lands wholly outside out, and so does one starting at the bound:
-        # clamped, the offsets below cannot wrap (sizes stay far below 2**62).
-        target_start = tl.minimum(tl.maximum(target_start, -(2**62)), 2**62)
-    target_start = target_start.to(tl.int64)
+        start_stride = 1
+    row, pool, length, target_start, table_rows, table_cols, table_row_stride, out_len = row_header(
+        pool_ptr, lens_ptr, indptr_ptr, packed_table, packed_sizes, table_rows, table_cols, table_row_stride,
+        out_len, pool_stride, lens_stride, indptr_stride, UNIT_STRIDES, WIDE_INDEXING)
     if HAS_START:
         start = tl.load(start_ptr + row * start_stride).to(tl.int64)
     else:
@@ -112,6 +101,31 @@ def _token_csr_kernel(
             mapped = tl.load(mapping_ptr + values, mask=copied & inside)
             values = tl.where(inside, mapped, -1)
         tl.store(out_ptr + target_start + token, values.to(out_ptr.dtype.element_ty), mask=copied)
+
+
+@triton.jit
+def row_header(pool_ptr, lens_ptr, indptr_ptr, packed_table, packed_sizes, table_rows, table_cols, table_row_stride,
+               out_len, pool_stride, lens_stride, indptr_stride, UNIT_STRIDES: tl.constexpr,
+               WIDE_INDEXING: tl.constexpr):
+    """``(row, pool, length, target_start, table_rows, table_cols, table_row_stride, out_len)`` of a CSR
+    kernel's program: its row's pool index, length and first target position in int64 (loads issued together),
+    and the sizes, unpacked from ``packed_table`` and ``packed_sizes`` unless WIDE_INDEXING (``packed_words``)."""
+    if UNIT_STRIDES:
+        pool_stride, lens_stride, indptr_stride = 1, 1, 1
+    if not WIDE_INDEXING:
+        # Already 64-bit when compiled (the annotation); the interpreter types a small int as 32-bit.
+        packed_table, packed_sizes = packed_table.to(tl.int64), packed_sizes.to(tl.int64)
+        table_rows, table_row_stride = packed_table & 0xFFFFFFFF, packed_table >> 32
+        table_cols, out_len = packed_sizes & 0xFFFFFFFF, packed_sizes >> 32
+    row = tl.program_id(0)
+    pool = tl.load(pool_ptr + row * pool_stride).to(tl.int64)
+    length = tl.load(lens_ptr + row * lens_stride).to(tl.int64)
+    target_start = tl.load(indptr_ptr + row * indptr_stride)
+    if target_start.dtype == tl.int64:
+        # A row starting beyond +-2**62 lands wholly outside out, and so does one starting at the bound:
+        # clamped, the offsets below cannot wrap (sizes stay far below 2**62).
+        target_start = tl.minimum(tl.maximum(target_start, -(2**62)), 2**62)
+    return row, pool, length, target_start.to(tl.int64), table_rows, table_cols, table_row_stride, out_len
 
 
 @triton.jit

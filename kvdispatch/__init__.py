@@ -7,8 +7,9 @@ public builder as a PyTorch custom op, ``torch.ops.kvdispatch.<public name>`` (`
 from __future__ import annotations
 
 from . import grid, ops  # ops: torch.ops.kvdispatch.<public name>, registered without touching a device
-from .api import create_draft_decode_kv_indices, create_flashinfer_kv_indices, create_flashmla_kv_indices
-from .api import create_translated_page_table, create_trtllm_mha_page_table
+from .api import (create_dcp_kv_indices, create_dcp_page_table, create_draft_decode_kv_indices,
+                  create_flashinfer_kv_indices, create_flashmla_kv_indices, create_translated_page_table,
+                  create_trtllm_mha_page_table, dcp_local_lengths)
 from .dispatch import BackendUnavailableError, available_backends, reset, select_backend
 from .devices import DeviceInfo, probe
 
@@ -18,13 +19,16 @@ __all__ = [
     "BackendUnavailableError",
     "DeviceInfo",
     "available_backends",
+    "create_dcp_kv_indices",
+    "create_dcp_page_table",
+    "create_draft_decode_kv_indices",
     "create_flashinfer_kv_indices",
     "create_flashmla_kv_indices",
     "create_translated_page_table",
     "create_trtllm_mha_page_table",
+    "dcp_local_lengths",
     "grid",
     "probe",
     "reset",
     "select_backend",
-    "create_draft_decode_kv_indices",
 ]

@@ -9,6 +9,11 @@
   ``(steps, batch, topk)``, each program summing the earlier requests' lengths in one block of
   ``next_power_of_2(batch)`` and copying its prefix ``DRAFT_COPY_BLOCK`` tokens at a time.
 * ``touch``: a trivial one-element kernel, the reference for a plain ``kernel[grid](...)`` launch.
+* ``dcp_loop``: one decode-context-parallel rank's token CSR after SGLang's design, written for kvdispatch: one
+  program per request, looping over its tokens ``CSR_BLOCK`` at a time, reading every ``D``-th position from
+  the rank's first (DCP size and rank compile-time), value ``slot // D``.
+* ``dcp_grid_2d``: that rank's block table after SGLang's design, written for kvdispatch: a 2-D grid
+  ``(batch, blocks)`` of ``4096 // page_size`` pages per program, value ``slot // (page_size * D)``.
 * ``mha_grid_2d``: the TRT-LLM MHA page table (with its SWA twin) after SGLang's design: 2-D grid, ``4096 //
   page_size`` pages per program, programs past a row's tokens exit, block masks.
 * ``v2p_grid_2d``: the unified pool's translated page table after SGLang's design, on the same grid.
@@ -204,3 +209,45 @@ def draft_loop(req_to_token, req_pool_indices, seq_lens, positions, out, kv_indp
         kv_indptr.stride(0), PAGE=page_size, STEPS=num_steps, BS_UPPER=triton.next_power_of_2(batch),
         ITER_UPPER=triton.next_power_of_2(num_steps), TOKENS_UPPER=triton.next_power_of_2(batch * topk),
         BLOCK=DRAFT_COPY_BLOCK)
+
+
+@triton.jit
+def _dcp_loop_kernel(table, pool_idx, lengths, indptr, out, table_stride, DCP_SIZE: tl.constexpr,
+                     DCP_RANK: tl.constexpr, BLOCK: tl.constexpr):
+    b = tl.program_id(0)
+    row = tl.load(pool_idx + b).to(tl.int64)
+    tokens = tl.load(lengths + b)
+    src = table + row * table_stride + DCP_RANK
+    dst = out + tl.load(indptr + b).to(tl.int64)
+    for first in range(0, tokens, BLOCK):
+        j = first + tl.arange(0, BLOCK)
+        mask = j < tokens
+        slots = tl.load(src + j.to(tl.int64) * DCP_SIZE, mask=mask)
+        tl.store(dst + j, (slots // DCP_SIZE).to(out.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _dcp_grid_2d_kernel(table, pool_idx, lengths, out, table_stride, out_stride, PAGE: tl.constexpr,
+                        DCP_SIZE: tl.constexpr, DCP_RANK: tl.constexpr, STEP: tl.constexpr):
+    b = tl.program_id(0)
+    p = tl.program_id(1) * STEP + tl.arange(0, STEP)
+    row = tl.load(pool_idx + b).to(tl.int64)
+    pages = tl.cdiv(tl.load(lengths + b), PAGE)
+    mask = p < pages
+    slots = tl.load(table + row * table_stride + DCP_RANK + p.to(tl.int64) * (PAGE * DCP_SIZE), mask=mask)
+    tl.store(out + b.to(tl.int64) * out_stride + p, slots // DCP_SIZE // PAGE, mask=mask)
+
+
+def dcp_loop(req_to_token, req_pool_indices, local_seq_lens, kv_indptr, out, dcp_size, dcp_rank):
+    """One DCP rank's token CSR into ``out`` (int32/int64 ``[N]``), without a start."""
+    _dcp_loop_kernel[(req_pool_indices.shape[0],)](
+        req_to_token, req_pool_indices, local_seq_lens, kv_indptr, out, req_to_token.stride(0), DCP_SIZE=dcp_size,
+        DCP_RANK=dcp_rank, BLOCK=CSR_BLOCK)
+
+
+def dcp_grid_2d(req_to_token, req_pool_indices, local_seq_lens, out, page_size, dcp_size, dcp_rank):
+    """One DCP rank's block table into ``out`` (int32 ``[>= B, W]``)."""
+    step = pages_per_program(page_size)
+    grid = (req_pool_indices.shape[0], triton.cdiv(out.shape[1], step))
+    _dcp_grid_2d_kernel[grid](req_to_token, req_pool_indices, local_seq_lens, out, req_to_token.stride(0),
+                              out.stride(0), PAGE=page_size, DCP_SIZE=dcp_size, DCP_RANK=dcp_rank, STEP=step)

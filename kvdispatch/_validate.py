@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import torch
 
-from .grid import DRAFT_MAX_STEPS, DRAFT_MAX_TOPK, DRAFT_OFFSET_LIMIT, MAX_PAGE_SIZE
+from .grid import DRAFT_MAX_STEPS, DRAFT_MAX_TOPK, DRAFT_OFFSET_LIMIT, MAX_DCP_SIZE, MAX_PAGE_SIZE
 
 _INT32, _INT64 = torch.int32, torch.int64
 _INDEX_DTYPES = (_INT32, _INT64)
@@ -107,14 +107,15 @@ def _check_rows_apart(out, name="out"):
                          f"(shape {tuple(out.shape)})")
 
 
-def _common(req_to_token, req_pool_indices, seq_lens, kv_start_idx):
-    """Checks shared by both ops; returns the batch size and the device."""
+def _common(req_to_token, req_pool_indices, seq_lens, kv_start_idx, lens_name="seq_lens"):
+    """Checks shared by every op (``lens_name``: what the op calls ``seq_lens``); returns the batch size and the
+    device."""
     _int32_tensor("req_to_token", req_to_token, 2)
     device = req_to_token.device
     _tensor("req_pool_indices", req_pool_indices)
     batch = req_pool_indices.shape[0] if req_pool_indices.dim() == 1 else -1
     _index_vector("req_pool_indices", req_pool_indices, device, batch)
-    _index_vector("seq_lens", seq_lens, device, batch)
+    _index_vector(lens_name, seq_lens, device, batch)
     if kv_start_idx is not None:
         _index_vector("kv_start_idx", kv_start_idx, device, batch)
     return batch, device
@@ -173,10 +174,11 @@ def _small_int(value, low=_INT32_MIN, high=_INT32_MAX):
 
 
 def check_page_table_args(req_to_token, req_pool_indices, seq_lens, out, page_size, kv_start_idx,
-                          seqlen_offset, seq_lens_out, fill_value, round_toward_zero=False, memory=True):
+                          seqlen_offset, seq_lens_out, fill_value, round_toward_zero=False, memory=True,
+                          lens_name="seq_lens"):
     """Validate ``create_flashmla_kv_indices`` arguments; returns the device. ``memory=False`` leaves out
     what needs the tensors' memory (where outputs lie, which fake tensors under ``torch.compile`` lack):
-    the real call checks it."""
+    the real call checks it. ``lens_name``: the name errors give ``seq_lens``."""
     # Hot path: a valid call passes these attribute reads (each tensor's read once) and returns. Anything
     # else, every error included, goes through the detailed checks below, which name the argument. Devices
     # are compared as objects, so CPU calls take this path too (and CI tests it).
@@ -202,7 +204,7 @@ def check_page_table_args(req_to_token, req_pool_indices, seq_lens, out, page_si
                         return device
     except (AttributeError, IndexError, TypeError):
         pass
-    batch, device = _common(req_to_token, req_pool_indices, seq_lens, kv_start_idx)
+    batch, device = _common(req_to_token, req_pool_indices, seq_lens, kv_start_idx, lens_name)
     _int32_tensor("out", out, 2)
     if out.shape[0] < batch:
         raise ValueError(f"out must have at least {batch} rows (the batch), got shape {tuple(out.shape)}")
@@ -226,7 +228,7 @@ def check_page_table_args(req_to_token, req_pool_indices, seq_lens, out, page_si
         return device
     _check_rows_apart(out)
     _check_apart((("out", out), ("seq_lens_out", seq_lens_out)),
-                 (("req_to_token", req_to_token), ("req_pool_indices", req_pool_indices), ("seq_lens", seq_lens),
+                 (("req_to_token", req_to_token), ("req_pool_indices", req_pool_indices), (lens_name, seq_lens),
                   ("kv_start_idx", kv_start_idx)))
     return device
 
@@ -254,9 +256,9 @@ def _mapping_span(t, device):
 
 
 def check_token_csr_args(req_to_token, req_pool_indices, seq_lens, kv_indptr, out, kv_start_idx, entry_page_size=1,
-                         token_mapping=None, memory=True):
-    """Validate ``create_flashinfer_kv_indices`` arguments; returns the device (``memory``: as for
-    ``check_page_table_args``)."""
+                         token_mapping=None, memory=True, lens_name="seq_lens"):
+    """Validate ``create_flashinfer_kv_indices`` arguments; returns the device (``memory``, ``lens_name``: as
+    for ``check_page_table_args``)."""
     try:  # hot path, as in check_page_table_args
         device, batch_shape = req_to_token.device, req_pool_indices.shape
         if memory and len(batch_shape) == 1:
@@ -281,7 +283,7 @@ def check_token_csr_args(req_to_token, req_pool_indices, seq_lens, kv_indptr, ou
                         return device
     except (AttributeError, IndexError, TypeError):
         pass
-    batch, device = _common(req_to_token, req_pool_indices, seq_lens, kv_start_idx)
+    batch, device = _common(req_to_token, req_pool_indices, seq_lens, kv_start_idx, lens_name)
     _index_vector("kv_indptr", kv_indptr, device, batch, at_least=True)
     _tensor("out", out)
     if out.dtype not in _INDEX_DTYPES:
@@ -452,4 +454,49 @@ def check_draft_decode_args(req_to_token, req_pool_indices, seq_lens, kv_indptr,
     _check_apart((("out", out), ("kv_indptr", kv_indptr)),
                  (("req_to_token", req_to_token), ("req_pool_indices", req_pool_indices), ("seq_lens", seq_lens),
                   ("positions", positions), ("v2p", v2p)))
+    return device
+
+
+def _check_dcp(dcp_size, dcp_rank, round_toward_zero):
+    """``dcp_size`` in ``[1, MAX_DCP_SIZE]``, ``dcp_rank`` in ``[0, dcp_size)``, ``round_toward_zero`` a bool."""
+    if _small_int(dcp_size, 1, MAX_DCP_SIZE) and _small_int(dcp_rank, 0, dcp_size - 1) and (
+            round_toward_zero is False or round_toward_zero is True):
+        return
+    _python_int("dcp_size", dcp_size, 1, MAX_DCP_SIZE)
+    _python_int("dcp_rank", dcp_rank, 0, dcp_size - 1)
+    raise TypeError(f"round_toward_zero must be a bool, got {type(round_toward_zero).__name__}")
+
+
+def check_dcp_token_csr_args(req_to_token, req_pool_indices, local_seq_lens, kv_indptr, out, kv_start_idx, dcp_size,
+                             dcp_rank, round_toward_zero=False, memory=True):
+    """Validate ``create_dcp_kv_indices`` arguments (the token CSR's, then the DCP integers); returns the device
+    (``memory``: as for ``check_page_table_args``)."""
+    device = check_token_csr_args(req_to_token, req_pool_indices, local_seq_lens, kv_indptr, out, kv_start_idx,
+                                  memory=memory, lens_name="local_seq_lens")
+    _check_dcp(dcp_size, dcp_rank, round_toward_zero)
+    return device
+
+
+def check_dcp_page_table_args(req_to_token, req_pool_indices, local_seq_lens, out, page_size, dcp_size, dcp_rank,
+                              fill_value=None, round_toward_zero=False, memory=True):
+    """Validate ``create_dcp_page_table`` arguments (the page table's, then the DCP integers); returns the device
+    (``memory``: as for ``check_page_table_args``)."""
+    device = check_page_table_args(req_to_token, req_pool_indices, local_seq_lens, out, page_size, None, 0, None,
+                                   fill_value, round_toward_zero, memory, "local_seq_lens")
+    _check_dcp(dcp_size, dcp_rank, round_toward_zero)
+    return device
+
+
+def dcp_lengths_device(seq_lens, dcp_size, dcp_rank, kv_start_idx, out):
+    """Validate ``dcp_local_lengths`` arguments; returns the device."""
+    _tensor("seq_lens", seq_lens)
+    batch = seq_lens.shape[0] if seq_lens.dim() == 1 else -1
+    device = seq_lens.device
+    _index_vector("seq_lens", seq_lens, device, batch)
+    if kv_start_idx is not None:
+        _index_vector("kv_start_idx", kv_start_idx, device, batch)
+    if out is not None:
+        _index_vector("out", out, device, batch, at_least=True)
+        _check_apart((("out", out),), (("seq_lens", seq_lens), ("kv_start_idx", kv_start_idx)))
+    _check_dcp(dcp_size, dcp_rank, False)
     return device

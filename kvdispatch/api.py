@@ -1,4 +1,4 @@
-"""The two public index builders. Validation, then one dispatch lookup, then one kernel launch.
+"""The public index builders. Validation, then one dispatch lookup, then one kernel launch.
 
 A call the Triton backend has launched before (same device, selection and shapes) is taken whole by its
 compiled launcher (``dispatch.fast_page_table``, ``dispatch.fast_token_csr``): the same checks, in C.
@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import torch
 
-from . import _debug, dispatch
-from ._validate import (check_draft_decode_args, check_mha_page_table_args, check_page_table_args,
-                        check_token_csr_args, check_translated_page_table_args)
+from . import _debug, dispatch, reference
+from ._validate import (check_dcp_page_table_args, check_dcp_token_csr_args, check_draft_decode_args,
+                        check_mha_page_table_args, check_page_table_args, check_token_csr_args,
+                        check_translated_page_table_args, dcp_lengths_device)
 
 # Dynamo reads this as a constant True while tracing; in eager mode it is one call returning False.
 _compiling = torch.compiler.is_compiling
@@ -347,4 +348,121 @@ def _draft_decode_in_graph(req_to_token, req_pool_indices, seq_lens, kv_indptr, 
         page_size=page_size, positions=positions, window_size=window_size, sink_size=sink_size, v2p=v2p,
         write_indptr_start=write_indptr_start, round_toward_zero=round_toward_zero,
         backend=_requested_backend(backend, dispatch.generation))
+    return out
+
+
+def create_dcp_kv_indices(req_to_token, req_pool_indices, local_seq_lens, kv_indptr, out, *, dcp_size, dcp_rank,
+                          kv_start_idx=None, round_toward_zero=False, backend=None):
+    """Build one decode-context-parallel rank's token-level CSR indices into ``out``.
+
+    Token-interleaved DCP: position ``p`` of a request belongs to rank ``p mod D`` (``D = dcp_size``), and
+    slot id ``v`` of the virtual pool is stored on its owner at local slot ``v // D``. For request ``b < B``
+    let ``first_b`` be the first position ``>= kv_start_idx[b]`` (0 when absent) that ``dcp_rank`` owns;
+    for ``j < local_seq_lens[b]``::
+
+        out[kv_indptr[b] + j] = req_to_token[req_pool_indices[b], first_b + j * D] // D
+
+    (floor division; truncation with ``round_toward_zero``), written in ``out``'s dtype.
+    ``local_seq_lens[b]`` is the caller's count of the positions this rank owns (``dcp_local_lengths``).
+
+    Args:
+        req_to_token: int32 ``[R, C]`` virtual slot id per token, last dim contiguous, any row stride.
+        req_pool_indices: int32/int64 ``[B]`` row of ``req_to_token`` per request.
+        local_seq_lens: int32/int64 ``[B]`` tokens this rank holds per request.
+        kv_indptr: int32/int64 ``[>= B]`` first output position per request (only ``[:B]`` is read).
+        out: int32/int64 ``[N]``, contiguous. Written in place.
+        dcp_size: int in ``[1, 1024]``, the ranks a request's tokens are spread over.
+        dcp_rank: int in ``[0, dcp_size)``, this rank.
+        kv_start_idx: optional int32/int64 ``[B]`` first token position per request (the rank starts at its
+            first own position at or after it).
+        round_toward_zero: bool; divide negative slot ids rounding toward zero, as SGLang's kernel does.
+        backend: as for ``create_flashmla_kv_indices``.
+
+    Left untouched: every position no request writes. No write ever lands outside ``out``, whatever
+    ``kv_indptr`` says; a row ends at its first position outside ``[0, C)`` (a first position outside it
+    gives an empty row, as does a pool index outside ``[0, R)`` or a length ``<= 0``); positions and
+    offsets are exact integers. No host sync, no device allocation on the GPU backends.
+    Raises as ``create_flashinfer_kv_indices`` does, also for ``dcp_size``/``dcp_rank`` out of range.
+
+    Returns:
+        ``out``.
+    """
+    _run("dcp_token_csr", torch.ops.kvdispatch.create_dcp_kv_indices, check_dcp_token_csr_args, backend,
+         (req_to_token, req_pool_indices, local_seq_lens, kv_indptr, out),
+         dict(dcp_size=dcp_size, dcp_rank=dcp_rank, kv_start_idx=kv_start_idx, round_toward_zero=round_toward_zero))
+    return out
+
+
+def create_dcp_page_table(req_to_token, req_pool_indices, local_seq_lens, out, *, page_size, dcp_size, dcp_rank,
+                          fill_value=None, round_toward_zero=False, backend=None):
+    """Build one decode-context-parallel rank's paged block table (MLA backends under DCP) into ``out``.
+
+    Token-interleaved DCP with pages: a virtual page of ``V = page_size * D`` positions (``D = dcp_size``)
+    puts ``page_size`` tokens on each rank, which stores them as one local page. For request ``b < B`` and
+    local page ``p < min(ceil(local_seq_lens[b] / page_size), W)``::
+
+        out[b, p] = req_to_token[req_pool_indices[b], dcp_rank + p * V] // V
+
+    (floor division; truncation with ``round_toward_zero``, which equals dividing by ``D`` then by
+    ``page_size`` with truncation), ``W = out.shape[1]``.
+
+    Args:
+        req_to_token: int32 ``[R, C]`` virtual slot id per token, last dim contiguous, any row stride.
+        req_pool_indices: int32/int64 ``[B]`` row of ``req_to_token`` per request.
+        local_seq_lens: int32/int64 ``[B]`` tokens this rank holds per request (``dcp_local_lengths``).
+        out: int32 ``[>= B, W]``, last dim contiguous, any row stride. Written in place.
+        page_size: int in ``[1, 4096]``, tokens per local page.
+        dcp_size: int in ``[1, 1024]``; dcp_rank: int in ``[0, dcp_size)``.
+        fill_value: optional int; when given, columns ``[pages_b, W)`` of each row are set to it.
+        round_toward_zero: bool, as for ``create_dcp_kv_indices``.
+        backend: as for ``create_flashmla_kv_indices``.
+
+    Left untouched: rows ``>= B``; without ``fill_value``, every column past a row's pages. A pool index
+    outside ``[0, R)`` or a length ``<= 0`` gives an empty row; the row ends at its first position at or
+    past column ``C``. No host sync, no device allocation on the GPU backends.
+    Raises as ``create_flashmla_kv_indices`` does, also for ``dcp_size``/``dcp_rank`` out of range.
+
+    Returns:
+        ``out``.
+    """
+    _run("dcp_page_table", torch.ops.kvdispatch.create_dcp_page_table, check_dcp_page_table_args, backend,
+         (req_to_token, req_pool_indices, local_seq_lens, out),
+         dict(page_size=page_size, dcp_size=dcp_size, dcp_rank=dcp_rank, fill_value=fill_value,
+              round_toward_zero=round_toward_zero))
+    return out
+
+
+def _run(op, custom_op, check, backend, tensors, options):
+    """One call of ``op``: validated by ``check`` (which takes ``tensors`` and ``options`` by these names), then
+    dispatched with ``tensors`` and the values of ``options``, in order (the backends' positional parameters);
+    while tracing, the custom op ``custom_op`` with the same arguments instead."""
+    if _compiling():
+        custom_op(*tensors, **options, backend=_requested_backend(backend, dispatch.generation))
+        return
+    device = check(*tensors, **options)
+    dispatch.call(device, op, backend, *tensors, *options.values())
+
+
+def dcp_local_lengths(seq_lens, dcp_size, dcp_rank, kv_start_idx=None, out=None):
+    """Per request, the tokens of ``[start_b, start_b + seq_lens[b])`` that rank ``dcp_rank`` holds under
+    token-interleaved DCP (positions ``p`` with ``p mod dcp_size == dcp_rank``; ``start_b = kv_start_idx[b]``,
+    0 when absent): the ``local_seq_lens`` of ``create_dcp_kv_indices`` and ``create_dcp_page_table``.
+
+    PyTorch operations on the tensors' device: no host sync, capturable in a CUDA graph. Exact for every
+    int32/int64 value; 0 where ``seq_lens[b] <= 0``.
+
+    Args:
+        seq_lens: int32/int64 ``[B]``.
+        dcp_size: int in ``[1, 1024]``; dcp_rank: int in ``[0, dcp_size)``.
+        kv_start_idx: optional int32/int64 ``[B]``.
+        out: optional int32/int64 ``[>= B]``; receives the counts in ``out[:B]`` (the rest is untouched).
+
+    Returns:
+        ``out``, or a new ``[B]`` tensor of ``seq_lens``' dtype.
+    """
+    dcp_lengths_device(seq_lens, dcp_size, dcp_rank, kv_start_idx, out)
+    counts = reference.dcp_owned_counts(seq_lens, dcp_size, dcp_rank, kv_start_idx).clamp_(min=0)
+    if out is None:
+        return counts.to(seq_lens.dtype)
+    out[: counts.shape[0]].copy_(counts)
     return out

@@ -2,7 +2,8 @@
 
 Per case (page table ``BATCHxCONTEXTxPAGE``, token CSR ``csr:BATCHxCONTEXT[:i64][:eE][:map]``, the TRT-LLM MHA
 page table ``mha:BATCHxCONTEXTxPAGE[:swa]``, the unified pool's translated one ``v2p:BATCHxCONTEXTxPAGE`` or
-multi-step draft decode ``draft:BATCHxCONTEXTxSTEPSxTOPK[:pP]``, against draft-loop and a one-step build) and
+multi-step draft decode ``draft:BATCHxCONTEXTxSTEPSxTOPK[:pP]``, against draft-loop and a one-step build, one DCP
+rank's token CSR ``dcp:BATCHxCONTEXTxDCP`` or block table ``dcptable:BATCHxCONTEXTxPAGExDCP``) and
 implementation: correctness against ``kvdispatch.reference`` (a wrong result fails the run), device
 time per call (CUDA-graph replay on a GPU, wall clock on CPU), host time per eager call, ratios to the
 naive loop, the SGLang-design baseline (2-D grid; csr-loop for token CSR; mha-2d-grid and v2p-2d-grid) and
@@ -40,6 +41,11 @@ MAPPED_OPS = ("mha", "v2p")
 # Draft decode cases: the SGLang-design baseline, and the op building step 0 only (S steps against one).
 DRAFT_LOOP, ONE_STEP = "draft-loop", "one-step"
 TRITON_BASELINES["draft"], SGLANG_BASELINE["draft"] = [DRAFT_LOOP], DRAFT_LOOP
+# One decode-context-parallel rank's token CSR and block table.
+DCP_LOOP, DCP_GRID = "dcp-loop", "dcp-2d-grid"
+TRITON_BASELINES.update(dcp=[DCP_LOOP], dcptable=[DCP_GRID])
+SGLANG_BASELINE.update(dcp=DCP_LOOP, dcptable=DCP_GRID)
+DCP_OPS = ("dcp", "dcptable")
 API_PREFIX = "api:"
 
 GPU_CASES = ["1x131072x64", "64x32768x64", "1x131072x1", "256x32768x1", "1x4096x64", "1x32768x64",
@@ -48,9 +54,13 @@ GPU_CASES += ["csr:64x4096", "csr:64x4096:i64", "csr:64x4096:e16:map", "csr:8x32
 GPU_CASES += ["mha:64x32768x64", "mha:64x32768x64:swa", "mha:256x8192x16:swa", "mha:8x131072x1",
               "v2p:64x32768x64", "v2p:256x8192x16", "v2p:8x131072x1"]
 GPU_CASES += ["draft:64x4096x5x1", "draft:64x4096x5x4", "draft:16x4096x5x4:p16", "draft:8x32768x3x1"]
-GPU_QUICK_CASES = GPU_CASES[:4] + ["csr:64x4096:i64", "mha:64x32768x64:swa", "v2p:64x32768x64", "draft:64x4096x5x4"]
+GPU_CASES += ["dcp:64x32768x4", "dcp:1x131072x8", "dcp:256x8192x2", "dcptable:64x32768x64x4", "dcptable:1x131072x64x8",
+              "dcptable:256x32768x16x2", "dcptable:64x32768x1x8"]
+GPU_QUICK_CASES = GPU_CASES[:4] + ["csr:64x4096:i64", "mha:64x32768x64:swa", "v2p:64x32768x64", "draft:64x4096x5x4",
+                                   "dcp:64x32768x4", "dcptable:64x32768x64x4"]
 CPU_CASES = ["1x4096x64", "1x32768x64", "1x131072x64", "1x131072x1", "8x4096x1", "64x4096x64", "4x8192x16"]
-CPU_CASES += ["csr:8x4096", "csr:8x4096:i64:e16:map", "mha:4x4096x16:swa", "v2p:4x4096x16", "draft:4x2048x3x2"]
+CPU_CASES += ["csr:8x4096", "csr:8x4096:i64:e16:map", "mha:4x4096x16:swa", "v2p:4x4096x16", "draft:4x2048x3x2",
+              "dcp:8x4096x4", "dcptable:8x4096x16x4"]
 CPU_QUICK_CASES = ["1x4096x64", "2x4096x1", "csr:2x4096:e16:map"]
 # The Triton interpreter (CPU, TRITON_INTERPRET=1) runs only cases with at most this many tokens in all.
 INTERPRETER_MAX_TOKENS = 32768
@@ -65,15 +75,16 @@ the lines above the table name what was skipped and why):
                page size) or csr:BATCHxCONTEXT[:i64][:eE][:map]: token CSR
                (int64 out, entry_page_size E, token_mapping); rows full
                length, on shuffled physical pages; mha:...[:swa], v2p:...: the
-               TRT-LLM MHA and the unified pool's translated page tables
-  impl         api:<backend>: kvdispatch.create_flashmla_kv_indices (csr:
-               create_flashinfer_kv_indices), backend=<backend>;
+               TRT-LLM MHA and the unified pool's translated page tables;
+               dcp:BxCxD, dcptable:BxCxPxD: DCP rank D-1's CSR and table
+  impl         api:<backend>: the op's kvdispatch function, backend=<backend>;
                naive-loop: Triton, one program per request looping over its
                pages; 2d-grid: Triton on a (request, page block) grid after
                SGLang; csr-loop: Triton after SGLang's token CSR, one program
                per request looping over its tokens; plain-torch: the few
                PyTorch ops an engine would write; draft:BxCxSTEPSxTOPK cases:
-               draft-loop (after SGLang), one-step (the API, step 0 only)
+               draft-loop (after SGLang), one-step (the API, step 0 only);
+               dcp-loop, dcp-2d-grid: those designs for the DCP ops
   status       ok; WRONG: differs from kvdispatch.reference (fails the run);
                error: see note
   µs/call      time per call, the median over interleaved rounds: on a GPU,
@@ -105,11 +116,13 @@ class Case:
     mapping: bool = False
     steps: int = 1  # draft decode: steps and branches per request
     topk: int = 1
+    dcp_size: int = 1  # DCP ops: ranks per request
 
     @property
     def width(self) -> int:
-        """Table entries per request: pages (page table), entries of ``page_size`` tokens (token CSR)."""
-        return -(-self.context // self.page_size)
+        """Table entries per request: pages (page table), entries of ``page_size`` tokens (token CSR); for DCP,
+        the rank's tokens (token CSR) or pages (block table)."""
+        return -(-self.context // (self.page_size * self.dcp_size))
 
     @property
     def name(self) -> str:
@@ -120,6 +133,10 @@ class Case:
             return f"{self.batch}x{self.context}x{self.page_size}"
         if self.op in MAPPED_OPS:
             return f"{self.op}:{self.batch}x{self.context}x{self.page_size}" + ":swa" * self.mapping
+        if self.op == "dcp":
+            return f"dcp:{self.batch}x{self.context}x{self.dcp_size}"
+        if self.op == "dcptable":
+            return f"dcptable:{self.batch}x{self.context}x{self.page_size}x{self.dcp_size}"
         options = [":i64"] * self.int64 + [f":e{self.page_size}"] * (self.page_size > 1) + [":map"] * self.mapping
         return f"csr:{self.batch}x{self.context}" + "".join(options)
 
@@ -134,6 +151,8 @@ class Case:
             return cls._parse_csr(text)
         if text.lower().startswith("draft:"):
             return cls._parse_draft(text)
+        if text.lower().startswith(tuple(f"{op}:" for op in DCP_OPS)):
+            return cls._parse_dcp(text)
         op, _, rest = text.lower().partition(":")
         if op in MAPPED_OPS:
             shape, *options = rest.split(":")
@@ -182,6 +201,21 @@ class Case:
         if batch < 1 or context < 1 or not 1 <= entry <= 4096:
             raise argparse.ArgumentTypeError(f"case {text!r}: batch and context >= 1, E in [1, 4096]")
         return cls(batch, context, entry, "csr", "i64" in options, "map" in options)
+
+    @classmethod
+    def _parse_dcp(cls, text: str) -> "Case":
+        op, shape = text.lower().split(":", 1)
+        usage = {"dcp": "a DCP token-CSR case is dcp:BATCHxCONTEXTxDCP, e.g. dcp:64x32768x4",
+                 "dcptable": "a DCP block-table case is dcptable:BATCHxCONTEXTxPAGExDCP, e.g. dcptable:64x32768x64x4"}
+        try:
+            numbers = [int(part) for part in shape.split("x")]
+            batch, context, page, dcp_size = numbers if op == "dcptable" else numbers[:2] + [1] + numbers[2:]
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{usage[op]}; got {text!r}") from None
+        if batch < 1 or context < 1 or not 1 <= page <= 4096 or not 1 <= dcp_size <= 1024:
+            raise argparse.ArgumentTypeError(f"case {text!r}: batch and context >= 1, page in [1, 4096], "
+                                             "DCP size in [1, 1024]")
+        return cls(batch, context, page, op, op == "dcp", dcp_size=dcp_size)
 
 
 @dataclass(frozen=True)
@@ -353,6 +387,7 @@ class Inputs:
     expected: torch.Tensor
     kv_indptr: torch.Tensor | None = None  # token CSR and draft decode only
     token_mapping: torch.Tensor | None = None  # token CSR with a mapping only
+    dcp_rank: int = 0  # DCP ops
     positions: torch.Tensor | None = None  # draft decode only
     expected_one_step: torch.Tensor | None = None  # draft decode: out after a build of step 0 only
 
@@ -373,6 +408,8 @@ def make_inputs(case: Case, device: torch.device, seed: int) -> Inputs:
         return _make_csr_inputs(case, device, seed)
     if case.op == "draft":
         return _make_draft_inputs(case, device, seed)
+    if case.op in DCP_OPS:
+        return _make_dcp_inputs(case, device, seed)
     if case.op in MAPPED_OPS:
         return _make_mapped_inputs(case, device, seed)
     g = torch.Generator().manual_seed(seed)
@@ -454,6 +491,30 @@ def _make_draft_inputs(case: Case, device: torch.device, seed: int) -> Inputs:
                   expected_one_step=one_step)
 
 
+def _make_dcp_inputs(case: Case, device: torch.device, seed: int) -> Inputs:
+    """A pool of virtual pages (``page_size * dcp_size`` slots; ``CSR_POOL_PAGE`` for the token CSR), every row
+    full length; built for the last rank (the one whose first position is farthest from 0), its lengths from
+    ``dcp_local_lengths``; the CSR into int64 rows back to back (int32 ``kv_indptr``), as SGLang's Triton
+    backend allocates them."""
+    g = torch.Generator().manual_seed(seed)
+    rows, rank = case.batch + max(1, case.batch // 8), case.dcp_size - 1
+    virtual_page = CSR_POOL_PAGE if case.op == "dcp" else case.page_size * case.dcp_size
+    req_to_token = _page_pool(rows, case.context, virtual_page, g, device)
+    pool = torch.randperm(rows, generator=g)[: case.batch].to(device=device, dtype=torch.int32)
+    seq_lens = torch.full((case.batch,), case.context, dtype=torch.int32, device=device)
+    local = kvdispatch.dcp_local_lengths(seq_lens, case.dcp_size, rank)
+    if case.op == "dcptable":
+        out = torch.full((case.batch, case.width), POISON, dtype=torch.int32, device=device)
+        expected = reference.build_dcp_page_table(req_to_token, pool, local, out.clone(), case.page_size, case.dcp_size,
+                                                  rank)
+        return Inputs(req_to_token, pool, local, out, expected, dcp_rank=rank)
+    owned = case.context // case.dcp_size  # the last rank's tokens of a full row
+    kv_indptr = torch.arange(case.batch + 1, dtype=torch.int32, device=device) * owned
+    out = torch.full((case.batch * owned,), POISON, dtype=torch.int64, device=device)
+    expected = reference.build_dcp_token_indices(req_to_token, pool, local, kv_indptr, out.clone(), case.dcp_size, rank)
+    return Inputs(req_to_token, pool, local, out, expected, kv_indptr, dcp_rank=rank)
+
+
 def _page_pool(rows: int, context: int, page_size: int, g: torch.Generator, device) -> torch.Tensor:
     """int32 ``[rows, context]``: each row's slots on its own random physical pages of ``page_size``."""
     width = -(-context // page_size)
@@ -509,6 +570,40 @@ def plain_torch_csr(req_to_token, req_pool_indices, seq_lens, kv_indptr, out, en
     out.copy_(values if token_mapping is None else token_mapping[values])
 
 
+def plain_torch_dcp(req_to_token, req_pool_indices, local_seq_lens, kv_indptr, out, dcp_size, dcp_rank):
+    """One DCP rank's token CSR in the few PyTorch ops an engine would write (rows full length, back to back)."""
+    positions = dcp_rank + torch.arange(out.shape[0] // req_pool_indices.shape[0], device=out.device) * dcp_size
+    out.copy_((req_to_token[req_pool_indices[:, None].long(), positions] // dcp_size).view(-1))
+
+
+def plain_torch_dcp_table(req_to_token, req_pool_indices, local_seq_lens, out, page_size, dcp_size, dcp_rank):
+    """One DCP rank's block table in the few PyTorch ops an engine would write (valid, full-length data only)."""
+    pages = torch.arange(out.shape[1], device=out.device)
+    slots = req_to_token[req_pool_indices[:, None].long(), dcp_rank + pages * (page_size * dcp_size)]
+    valid = pages < (local_seq_lens[:, None] + page_size - 1) // page_size
+    rows = out[: req_pool_indices.shape[0]]
+    rows.copy_(torch.where(valid, slots // (page_size * dcp_size), rows))
+
+
+def _bind_dcp(impl: str, x: Inputs, case: Case):
+    dcp = (case.dcp_size, x.dcp_rank)
+    if case.op == "dcp":
+        args = (x.req_to_token, x.req_pool_indices, x.seq_lens, x.kv_indptr, x.out)
+        api, plain, baseline = kvdispatch.create_dcp_kv_indices, plain_torch_dcp, "dcp_loop"
+        options = {}
+    else:
+        args = (x.req_to_token, x.req_pool_indices, x.seq_lens, x.out)
+        api, plain, baseline = kvdispatch.create_dcp_page_table, plain_torch_dcp_table, "dcp_grid_2d"
+        args_with_page, options = args + (case.page_size,), dict(page_size=case.page_size)
+        if not impl.startswith(API_PREFIX):
+            args = args_with_page
+    if impl.startswith(API_PREFIX):
+        return functools.partial(api, *args, **options, dcp_size=dcp[0], dcp_rank=dcp[1],
+                                 backend=impl[len(API_PREFIX):])
+    function = plain if impl == PLAIN_TORCH else getattr(_baselines(), baseline)
+    return functools.partial(function, *args, *dcp)
+
+
 def bind(impl: str, x: Inputs, case: Case):
     """A no-argument callable that builds ``x.out`` with ``impl``."""
     if case.op == "csr":
@@ -517,6 +612,8 @@ def bind(impl: str, x: Inputs, case: Case):
         return _bind_mapped(impl, x, case)
     if case.op == "draft":
         return _bind_draft(impl, x, case)
+    if case.op in DCP_OPS:
+        return _bind_dcp(impl, x, case)
     page_size = case.page_size
     args = (x.req_to_token, x.req_pool_indices, x.seq_lens, x.out)
     if impl.startswith(API_PREFIX):
@@ -580,7 +677,7 @@ def _expected(fn, x: Inputs) -> torch.Tensor:
 
 def uses_interpreter(impl: str, device: torch.device) -> bool:
     return device.type == "cpu" and impl in (API_PREFIX + "triton", NAIVE, GRID_2D, CSR_LOOP, MHA_GRID_2D,
-                                             V2P_GRID_2D, DRAFT_LOOP)
+                                             V2P_GRID_2D, DRAFT_LOOP, DCP_LOOP, DCP_GRID)
 
 
 # --------------------------------------------------------------------------------------- measurements
@@ -1059,8 +1156,10 @@ def add_arguments(parser: argparse.ArgumentParser):
     parser.add_argument("--quick", action="store_true", help="a few cases, fewer repetitions")
     parser.add_argument("--cases", type=parse_cases,
                         help='comma-separated BATCHxCONTEXTxPAGE (page table), csr:BATCHxCONTEXT[:i64][:eE][:map] '
-                             '(token CSR) or draft:BATCHxCONTEXTxSTEPSxTOPK[:pP] (draft decode), e.g. '
-                             '"1x131072x64,csr:8x32768:i64:e64:map,draft:64x4096x5x4"')
+                             '(token CSR), mha:BATCHxCONTEXTxPAGE[:swa], v2p:BATCHxCONTEXTxPAGE (mapped page tables), '
+                             'draft:BATCHxCONTEXTxSTEPSxTOPK[:pP] (draft decode), dcp:BATCHxCONTEXTxDCP, '
+                             'dcptable:BATCHxCONTEXTxPAGExDCP (one DCP rank), e.g. '
+                             '"1x131072x64,csr:8x32768:i64:e64:map,draft:64x4096x5x4,dcp:64x32768x4"')
     parser.add_argument("--backends", type=parse_backends,
                         help="comma-separated subset of triton,cupy,torch (default: every one that can run on "
                              "the device; asking for one that cannot is an error)")

@@ -45,7 +45,8 @@ CPU_ORDER = ("torch",) + tuple(name for name in BACKENDS if name != "torch")
 CHOICES = ("auto",) + BACKENDS
 OP_FUNCTIONS = {"page_table": "build_page_table", "token_csr": "build_token_indices",
                 "mha_page_table": "build_mha_page_table", "translated_page_table": "build_translated_page_table",
-                "draft_decode": "build_draft_decode_indices"}
+                "draft_decode": "build_draft_decode_indices", "dcp_token_csr": "build_dcp_token_indices",
+                "dcp_page_table": "build_dcp_page_table"}
 
 log = logging.getLogger("kvdispatch")
 

@@ -1,6 +1,6 @@
 """Launch geometry shared by every GPU backend (pure Python: no torch, triton or cupy import).
 
-Both kernels run on a grid ``(batch, programs_per_row)``. Program ``(b, k)`` owns the items
+Every kernel runs on a grid ``(batch, programs_per_row)``. Program ``(b, k)`` owns the items
 ``[k * items_per_program, (k + 1) * items_per_program)`` of row ``b``; programs past a row's length exit
 at once. ``items_per_program`` depends only on the kernel kind and the page size, never on the batch or
 the width, so a compiled kernel is reused for every shape (one compilation per page size and option set).
@@ -27,9 +27,14 @@ TOKEN_CSR = "token_csr"
 # pool's translated table): per page one slot gather then one lookup, on the page table's programs.
 MAPPED_PAGE_TABLE = "mapped_page_table"
 DRAFT_DECODE = "draft_decode"
-KINDS = (PAGE_TABLE, TOKEN_CSR, MAPPED_PAGE_TABLE, DRAFT_DECODE)
+DCP_TOKEN_CSR = "dcp_token_csr"
+DCP_PAGE_TABLE = "dcp_page_table"
+KINDS = (PAGE_TABLE, TOKEN_CSR, MAPPED_PAGE_TABLE, DRAFT_DECODE, DCP_TOKEN_CSR, DCP_PAGE_TABLE)
 
 MAX_PAGE_SIZE = 4096
+# Decode context parallel: ranks per request (dcp_size). A virtual page of page_size * dcp_size positions then
+# stays below 2**22, so every divisor and stride the DCP kernels take is a 32-bit constant.
+MAX_DCP_SIZE = 1024
 # A program of the page-table kernel reads about this many table entries' worth of positions: few pages
 # when pages are large (each page is an independent 4-byte gather), many when pages are small (the
 # positions are then nearly contiguous and are read with wide loads).
@@ -87,11 +92,11 @@ def _clamp(value: int, low: int, high: int) -> int:
 
 def items_per_program(kind: str, page_size: int = 1) -> int:
     """Pages (``page_table``) or tokens (``token_csr``) one program owns; depends on nothing else."""
-    if kind == PAGE_TABLE:
+    if kind in (PAGE_TABLE, DCP_PAGE_TABLE):
         if not 1 <= page_size <= MAX_PAGE_SIZE:
             raise ValueError(f"page_size must be in [1, {MAX_PAGE_SIZE}], got {page_size}")
         return _clamp(_pow2_floor(_PAGE_TABLE_SPAN // page_size), _MIN_PAGES_PER_PROGRAM, _MAX_PAGES_PER_PROGRAM)
-    if kind == TOKEN_CSR:
+    if kind in (TOKEN_CSR, DCP_TOKEN_CSR):
         return _TOKENS_PER_PROGRAM
     if kind == MAPPED_PAGE_TABLE:
         return items_per_program(PAGE_TABLE, page_size)
@@ -177,3 +182,16 @@ def draft_decode_launch(segments: int, table_width: int, out_width: int) -> Laun
     writes the draft slots and ``kv_indptr``)."""
     return _launch(segments, max(min(table_width, out_width), 1), _DRAFT_TOKENS_PER_PROGRAM,
                    "min(req_to_token.shape[1], out.shape[1])")
+
+
+def dcp_token_csr_launch(batch: int, table_width: int, out_len: int, dcp_size: int) -> Launch:
+    """Geometry of the DCP token-CSR kernel: a row reads every ``dcp_size``-th position of its table row, so
+    it writes at most ``min(ceil(table_width / dcp_size), out_len)`` entries."""
+    return _launch(batch, min(-(-table_width // dcp_size), out_len), items_per_program(DCP_TOKEN_CSR),
+                   "min(ceil(req_to_token.shape[1] / dcp_size), out.shape[0])")
+
+
+def dcp_page_table_launch(batch: int, width: int, page_size: int) -> Launch:
+    """Geometry of the DCP page-table kernel for ``batch`` rows of an output ``width`` pages wide (pages per
+    program as the page table's: each page is one gather either way)."""
+    return _launch(batch, width, items_per_program(DCP_PAGE_TABLE, page_size), "the page-table width (out.shape[1])")

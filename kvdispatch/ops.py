@@ -28,8 +28,9 @@ from __future__ import annotations
 import torch
 
 from . import api
-from ._validate import (check_draft_decode_args, check_mha_page_table_args, check_page_table_args,
-                        check_token_csr_args, check_translated_page_table_args)
+from ._validate import (check_dcp_page_table_args, check_dcp_token_csr_args, check_draft_decode_args,
+                        check_mha_page_table_args, check_page_table_args, check_token_csr_args,
+                        check_translated_page_table_args)
 
 NAMESPACE = "kvdispatch"
 PAGE_TABLE_SCHEMA = (
@@ -53,6 +54,15 @@ DRAFT_DECODE_SCHEMA = (
     "Tensor(a!) kv_indptr, Tensor(b!) out, *, int num_steps, int topk, int page_size=1, Tensor? positions=None, "
     "int window_size=0, int sink_size=0, Tensor? v2p=None, bool write_indptr_start=True, "
     "bool round_toward_zero=False, str backend=\"auto\") -> ()")
+
+DCP_TOKEN_CSR_SCHEMA = (
+    "create_dcp_kv_indices(Tensor req_to_token, Tensor req_pool_indices, Tensor local_seq_lens, Tensor kv_indptr, "
+    "Tensor(a!) out, *, int dcp_size, int dcp_rank, Tensor? kv_start_idx=None, bool round_toward_zero=False, "
+    "str backend=\"auto\") -> ()")
+DCP_PAGE_TABLE_SCHEMA = (
+    "create_dcp_page_table(Tensor req_to_token, Tensor req_pool_indices, Tensor local_seq_lens, Tensor(a!) out, *, "
+    "int page_size, int dcp_size, int dcp_rank, int? fill_value=None, bool round_toward_zero=False, "
+    "str backend=\"auto\") -> ()")
 
 # Kept alive for the life of the process: dropping a Library removes its ops.
 _library = torch.library.Library(NAMESPACE, "FRAGMENT")
@@ -140,12 +150,38 @@ def _draft_decode_fake(req_to_token, req_pool_indices, seq_lens, kv_indptr, out,
                             memory=False)
 
 
+def _dcp_token_csr_fake(req_to_token, req_pool_indices, local_seq_lens, kv_indptr, out, *, dcp_size, dcp_rank,
+                        kv_start_idx=None, round_toward_zero=False, backend="auto"):
+    """Metadata only: the argument checks that need no memory."""
+    check_dcp_token_csr_args(req_to_token, req_pool_indices, local_seq_lens, kv_indptr, out, kv_start_idx, dcp_size,
+                             dcp_rank, round_toward_zero, memory=False)
+
+
+def _dcp_page_table_fake(req_to_token, req_pool_indices, local_seq_lens, out, *, page_size, dcp_size, dcp_rank,
+                         fill_value=None, round_toward_zero=False, backend="auto"):
+    """Metadata only: the argument checks that need no memory."""
+    check_dcp_page_table_args(req_to_token, req_pool_indices, local_seq_lens, out, page_size, dcp_size, dcp_rank,
+                              fill_value, round_toward_zero, memory=False)
+
+
+def _dcp_token_csr_kernel(*args, **kwargs):
+    """The DCP token-CSR op on real tensors: the eager call (the schema's arguments are its own)."""
+    api.create_dcp_kv_indices(*args, **kwargs)
+
+
+def _dcp_page_table_kernel(*args, **kwargs):
+    """The DCP page-table op on real tensors: the eager call (the schema's arguments are its own)."""
+    api.create_dcp_page_table(*args, **kwargs)
+
+
 for _schema, _kernel, _fake in ((PAGE_TABLE_SCHEMA, _page_table_kernel, _page_table_fake),
                                 (TOKEN_CSR_SCHEMA, _token_csr_kernel, _token_csr_fake),
                                 (MHA_PAGE_TABLE_SCHEMA, _mha_page_table_kernel, _mha_page_table_fake),
                                 (TRANSLATED_PAGE_TABLE_SCHEMA, _translated_page_table_kernel,
                                  _translated_page_table_fake),
-                                (DRAFT_DECODE_SCHEMA, _draft_decode_kernel, _draft_decode_fake)):
+                                (DRAFT_DECODE_SCHEMA, _draft_decode_kernel, _draft_decode_fake),
+                                (DCP_TOKEN_CSR_SCHEMA, _dcp_token_csr_kernel, _dcp_token_csr_fake),
+                                (DCP_PAGE_TABLE_SCHEMA, _dcp_page_table_kernel, _dcp_page_table_fake)):
     _name = _schema[: _schema.index("(")]
     _library.define(_schema)
     _library.impl(_name, _kernel, "CompositeExplicitAutograd")

@@ -73,7 +73,13 @@ def build_page_table(req_to_token, req_pool_indices, seq_lens, out, page_size, k
         values = torch.div(slots, page_size, rounding_mode=rounding).to(torch.int32)
     else:  # an empty table: every row is empty
         values = torch.zeros(written.shape, dtype=torch.int32, device=out.device)
-    rows = out[:batch]
+    return _store_rows(out, written, values, fill_value)
+
+
+def _store_rows(out, written, values, fill_value):
+    """``out[:B]`` gets ``values`` where ``written`` (both ``[B, W]``), ``fill_value`` elsewhere when given (else
+    it keeps its values); returns ``out``."""
+    rows = out[: written.shape[0]]
     if fill_value is None:
         rows.copy_(torch.where(written, values, rows))
     else:
@@ -112,22 +118,34 @@ def build_token_indices(req_to_token, req_pool_indices, seq_lens, kv_indptr, out
     pool, start, lengths, room = _row_spans(req_to_token, req_pool_indices, seq_lens, kv_start_idx, 0,
                                             entry_page_size)
     count = torch.minimum(lengths.clamp(min=0), room)  # [B]
+    written, owner, token = _csr_targets(kv_indptr, count, total)
+    values = _token_values(req_to_token, pool[owner], start[owner] + token, entry_page_size, token_mapping)
+    out.copy_(torch.where(written, values.to(out.dtype), out))
+    return out
+
+
+def _csr_targets(kv_indptr, count, total):
+    """Which request writes each position of a CSR output of ``total`` entries, request ``b`` writing its
+    ``count[b]`` tokens (int64 ``[B]``, >= 0) from ``kv_indptr[b]`` on, cut to ``[0, total)``.
+
+    Returns ``(written, owner, token)``, each ``[total]``: whether the position is written, by which request
+    (0 where not written) and which of its tokens goes there (0 where not written).
+    """
+    batch, device = count.shape[0], count.device
     begin = kv_indptr[:batch].long().clamp(-BOUND, BOUND)  # beyond it, a row lands outside out either way
     lo, hi = begin.clamp(0, total), (begin + count).clamp(0, total)
     lo = torch.where(lo < hi, lo, total)  # empty rows start at N, past every position
 
     by_start = torch.argsort(lo)
     reach_sorted, reach_index = torch.cummax(hi[by_start], 0)  # [B]: farthest end among the first k starts
-    position = torch.arange(total, device=out.device)
+    position = torch.arange(total, device=device)
     # The number of ranges starting at or before each position, minus one: its last such range in start order.
     last = torch.searchsorted(lo[by_start], position, right=True) - 1
     last_or_0 = last.clamp(min=0)
     written = (last >= 0) & (reach_sorted[last_or_0] > position)
     owner = torch.where(written, by_start[reach_index[last_or_0]], 0)
     token = torch.where(written, position - begin[owner], 0)
-    values = _token_values(req_to_token, pool[owner], start[owner] + token, entry_page_size, token_mapping)
-    out.copy_(torch.where(written, values.to(out.dtype), out))
-    return out
+    return written, owner, token
 
 
 def _token_values(req_to_token, pool, position, entry_page_size, token_mapping):
@@ -166,8 +184,9 @@ def _first_slots(req_to_token, pool, written, page_size):
     return req_to_token[pool[:, None], torch.where(written, page[None, :] * page_size, 0)]
 
 
-def _divide(values, page_size, round_toward_zero):
-    return torch.div(values, page_size, rounding_mode="trunc" if round_toward_zero else "floor")
+def _divide(slots, divisor, round_toward_zero):
+    """``slots // divisor`` rounding down, or toward zero with ``round_toward_zero``."""
+    return torch.div(slots, divisor, rounding_mode="trunc" if round_toward_zero else "floor")
 
 
 def build_mha_page_table(req_to_token, req_pool_indices, seq_lens, page_table, page_size, swa_page_table=None,
@@ -347,3 +366,86 @@ def _translated(values, v2p, page_size):
         return torch.zeros_like(values)
     mapped = v2p[torch.where(inside, page, 0)].long()
     return torch.where(inside & (mapped >= 0), mapped * page_size + (values - page * page_size), 0)
+
+
+def dcp_owned_counts(seq_lens, dcp_size, dcp_rank, kv_start_idx=None):
+    """Per request, how many positions of ``[start_b, start_b + seq_lens[b])`` rank ``dcp_rank`` owns (those
+    with ``p mod dcp_size == dcp_rank``; ``start_b = kv_start_idx[b]``, 0 when absent); int64 ``[B]``, negative
+    where the length is (``-count`` of ``[start_b + seq_lens[b], start_b)``).
+
+    ``floor((start + len - 1 - rank) / D) - floor((start - 1 - rank) / D)``, computed from the quotients and
+    remainders of ``start`` and ``len`` separately so that it is exact for every int32/int64 value.
+    """
+    lengths = seq_lens.long()
+    start = kv_start_idx.long() if kv_start_idx is not None else torch.zeros_like(lengths)
+    start_rem = torch.remainder(start, dcp_size)
+    len_quot = torch.div(lengths, dcp_size, rounding_mode="floor")
+    len_rem = lengths - len_quot * dcp_size
+    before_end = torch.div(start_rem + len_rem - 1 - dcp_rank, dcp_size, rounding_mode="floor")
+    before_start = torch.div(start_rem - 1 - dcp_rank, dcp_size, rounding_mode="floor")
+    return len_quot + before_end - before_start
+
+
+def build_dcp_token_indices(req_to_token, req_pool_indices, local_seq_lens, kv_indptr, out, dcp_size, dcp_rank,
+                            kv_start_idx=None, round_toward_zero=False):
+    """Token-level CSR indices of one decode-context-parallel rank; semantics of
+    ``kvdispatch.create_dcp_kv_indices``.
+
+    ``out``: int32 or int64 ``[N]``. Request ``b`` reads its table row at positions ``first_b + j * D``
+    (``D = dcp_size``), where ``first_b`` is the first position ``>= start_b`` with ``first_b mod D ==
+    dcp_rank``; it has ``count_b = min(local_seq_lens[b], ceil((C - first_b) / D))`` tokens (0 when that is
+    ``<= 0``, when ``first_b`` lies outside ``[0, C)`` or the pool index outside ``[0, R)``) and writes
+    ``out[kv_indptr[b] + j] = req_to_token[req_pool_indices[b], first_b + j * D] // D`` for those whose
+    target lies in ``[0, N)`` (floor division; truncation with ``round_toward_zero``), in ``out``'s dtype.
+    Untouched: every position no request writes. Overlapping rows as in ``build_token_indices``.
+    """
+    batch, total = req_pool_indices.shape[0], out.shape[0]
+    if batch == 0 or total == 0 or req_to_token.numel() == 0:
+        return out
+    rows, cols = req_to_token.shape
+    pool = req_pool_indices.long()
+    start = kv_start_idx.long().clamp(-BOUND, BOUND) if kv_start_idx is not None else torch.zeros_like(pool)
+    first = start + torch.remainder(dcp_rank - start, dcp_size)
+    readable = (pool >= 0) & (pool < rows) & (first >= 0) & (first < cols)
+    room = torch.where(readable, (cols - first + dcp_size - 1) // dcp_size, 0)
+    count = torch.minimum(local_seq_lens.long().clamp(min=0), room)
+    written, owner, token = _csr_targets(kv_indptr, count, total)
+    pool, first = pool.clamp(0, rows - 1)[owner], first.clamp(0, cols - 1)[owner]
+    position = torch.where(written, first + token * dcp_size, 0)
+    values = _divide(req_to_token[pool, position], dcp_size, round_toward_zero)
+    out.copy_(torch.where(written, values.to(out.dtype), out))
+    return out
+
+
+def build_dcp_page_table(req_to_token, req_pool_indices, local_seq_lens, out, page_size, dcp_size, dcp_rank,
+                         fill_value=None, round_toward_zero=False):
+    """Rank-local paged block table under decode context parallel; semantics of
+    ``kvdispatch.create_dcp_page_table``.
+
+    ``out``: int32 ``[>= B, W]``. With ``V = page_size * dcp_size`` (a virtual page), row ``b`` gets
+    ``pages_b = min(ceil(local_seq_lens[b] / page_size), ceil((C - dcp_rank) / V), W)`` pages (0 when the
+    length is ``<= 0`` or the pool index lies outside ``[0, R)``):
+    ``out[b, p] = req_to_token[req_pool_indices[b], dcp_rank + p * V] // V`` (floor division; truncation
+    with ``round_toward_zero``), then ``fill_value`` up to ``W`` when given. Untouched: rows ``>= B``;
+    without ``fill_value``, the columns past each row's pages.
+    """
+    batch, width = req_pool_indices.shape[0], out.shape[1]
+    if batch == 0 or width == 0:
+        return out
+    rows, cols = req_to_token.shape
+    virtual_page = page_size * dcp_size
+    pool = req_pool_indices.long()
+    lengths = local_seq_lens.long().clamp(0, BOUND)
+    wanted = (lengths + page_size - 1) // page_size
+    available = -(-(cols - dcp_rank) // virtual_page) if cols > dcp_rank else 0
+    pages = torch.where((pool >= 0) & (pool < rows), wanted.clamp(max=min(available, width)), 0)  # [B]
+
+    page = torch.arange(width, device=out.device)
+    written = page[None, :] < pages[:, None]  # [B, W]
+    if req_to_token.numel():
+        positions = torch.where(written, dcp_rank + page[None, :] * virtual_page, 0)
+        slots = req_to_token[pool.clamp(0, rows - 1)[:, None], positions]
+        values = _divide(slots, virtual_page, round_toward_zero).to(torch.int32)
+    else:  # an empty table: every row is empty
+        values = torch.zeros(written.shape, dtype=torch.int32, device=out.device)
+    return _store_rows(out, written, values, fill_value)

@@ -102,3 +102,23 @@ def compat(monkeypatch, backend):
     monkeypatch.setattr(sglang, "_build_translated_page_table",
                         lambda *a, backend=None, **k: translated_page_table(name, *a, **k))
     return sglang
+
+
+def dcp_token_csr(backend, *args, **kwargs):
+    """``kvdispatch.create_dcp_kv_indices`` on ``backend`` (``cupy-host``: the CUDA source built for the host)."""
+    if backend == "cupy-host":
+        import cuda_host
+
+        return cuda_host.create_dcp_kv_indices(*args, **kwargs)
+    return kvdispatch.create_dcp_kv_indices(*args, backend=None if backend == os.environ.get(
+        "KVDISPATCH_BACKEND") else backend, **kwargs)
+
+
+def dcp_page_table(backend, *args, **kwargs):
+    """``kvdispatch.create_dcp_page_table`` on ``backend`` (as ``dcp_token_csr``)."""
+    if backend == "cupy-host":
+        import cuda_host
+
+        return cuda_host.create_dcp_page_table(*args, **kwargs)
+    return kvdispatch.create_dcp_page_table(*args, backend=None if backend == os.environ.get(
+        "KVDISPATCH_BACKEND") else backend, **kwargs)

@@ -17,11 +17,12 @@ import subprocess
 from pathlib import Path
 
 from kernels_cupy import build
-from kernels_cupy.launch import (KernelCall, draft_decode_call, mha_page_table_call, page_table_call,
-                                 token_csr_call, translated_page_table_call)
+from kernels_cupy.launch import (KernelCall, dcp_page_table_call, dcp_token_csr_call, draft_decode_call,
+                                 mha_page_table_call, page_table_call, token_csr_call, translated_page_table_call)
 from kvdispatch import _build_cache
-from kvdispatch._validate import (check_draft_decode_args, check_mha_page_table_args, check_page_table_args,
-                                  check_token_csr_args, check_translated_page_table_args)
+from kvdispatch._validate import (check_dcp_page_table_args, check_dcp_token_csr_args, check_draft_decode_args,
+                                  check_mha_page_table_args, check_page_table_args, check_token_csr_args,
+                                  check_translated_page_table_args)
 
 SHIM_PATH = Path(__file__).with_name("cuda_host_shim.h")
 
@@ -157,3 +158,29 @@ def create_draft_decode_kv_indices(req_to_token, req_pool_indices, seq_lens, kv_
 def _require_cpu(tensor):
     if tensor.device.type != "cpu":
         raise ValueError(f"the host build runs on CPU tensors only, got {tensor.device}")
+
+
+def create_dcp_kv_indices(req_to_token, req_pool_indices, local_seq_lens, kv_indptr, out, *, dcp_size, dcp_rank,
+                          kv_start_idx=None, round_toward_zero=False, specialised=False):
+    """``kvdispatch.create_dcp_kv_indices`` on CPU tensors, through the host build of the kernel."""
+    arguments = (req_to_token, req_pool_indices, local_seq_lens, kv_indptr, out)
+    options = dict(dcp_size=dcp_size, dcp_rank=dcp_rank, kv_start_idx=kv_start_idx, round_toward_zero=round_toward_zero)
+    return _checked_run(check_dcp_token_csr_args, dcp_token_csr_call, arguments, options, specialised)
+
+
+def create_dcp_page_table(req_to_token, req_pool_indices, local_seq_lens, out, *, page_size, dcp_size, dcp_rank,
+                          fill_value=None, round_toward_zero=False, specialised=False):
+    """``kvdispatch.create_dcp_page_table`` on CPU tensors, through the host build of the kernel."""
+    arguments = (req_to_token, req_pool_indices, local_seq_lens, out)
+    options = dict(page_size=page_size, dcp_size=dcp_size, dcp_rank=dcp_rank, fill_value=fill_value,
+                   round_toward_zero=round_toward_zero)
+    return _checked_run(check_dcp_page_table_args, dcp_page_table_call, arguments, options, specialised)
+
+
+def _checked_run(check, make_call, arguments, options, specialised):
+    """Validate with ``check`` and run the ``KernelCall`` of ``make_call`` (both take ``arguments`` then
+    ``options`` by name) on the host; returns ``out``, the last of ``arguments``."""
+    check(*arguments, **options)
+    _require_cpu(arguments[0])
+    run(make_call(*arguments, **options), specialised)
+    return arguments[-1]

@@ -9,9 +9,12 @@ from kernels_cupy import build
 
 
 # Specialisations the CuPy launcher compiles (kernels_cupy.launch: KV_PAGE_SIZE and KV_FLAGS): a power of
-# two with int64 indices and every option, a non-power of two with int32 indices, the page-1 copy.
+# two with int64 indices and every option, a non-power of two with int32 indices, the page-1 copy; the DCP
+# kernels' DCP sizes (KV_DCP_SIZE), a power of two and not.
 SPECIALISATIONS = ((("KV_PAGE_SIZE", 64), ("KV_FLAGS", 127)), (("KV_PAGE_SIZE", 96), ("KV_FLAGS", 16)),
-                   (("KV_PAGE_SIZE", 1), ("KV_FLAGS", 0)))
+                   (("KV_PAGE_SIZE", 1), ("KV_FLAGS", 0)),
+                   (("KV_PAGE_SIZE", 16), ("KV_DCP_SIZE", 4), ("KV_FLAGS", 2048 | 256 | 32 | 15)),
+                   (("KV_PAGE_SIZE", 1), ("KV_DCP_SIZE", 3), ("KV_FLAGS", 16)))
 
 
 def _compile_or_skip(function, arch, defines=()):

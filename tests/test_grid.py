@@ -70,6 +70,10 @@ def _launch_of(kind, batch, span):
         return grid.mapped_page_table_launch(batch, span, 64)
     if kind == grid.DRAFT_DECODE:
         return grid.draft_decode_launch(batch, span, span + 5)
+    if kind == grid.DCP_PAGE_TABLE:
+        return grid.dcp_page_table_launch(batch, span, 64)
+    if kind == grid.DCP_TOKEN_CSR:
+        return grid.dcp_token_csr_launch(batch, span * 4, span + 5, 4)
     return grid.token_csr_launch(batch, span, span + 5)
 
 

@@ -64,6 +64,16 @@ SGLANG_FUNCTIONS = {
         ("req_to_token", REQUIRED), ("req_pool_indices", REQUIRED), ("seq_lens", REQUIRED), ("v2p", REQUIRED),
         ("multiplier", REQUIRED), ("page_size", REQUIRED), ("max_pages", REQUIRED), ("out", REQUIRED),
         ("seq_len_delta", 0)],
+    "create_triton_kv_indices_for_dcp_triton": [
+        ("req_to_token_ptr", REQUIRED), ("req_pool_indices_ptr", REQUIRED), ("dcp_kernel_lens_ptr", REQUIRED),
+        ("kv_indptr", REQUIRED), ("kv_start_idx", REQUIRED), ("kv_indices_ptr", REQUIRED),
+        ("req_to_token_ptr_stride", REQUIRED), ("dcp_size", REQUIRED), ("dcp_rank", REQUIRED)],
+    "create_mla_kv_page_table_for_dcp": [
+        ("req_to_token_ptr", REQUIRED), ("req_pool_indices_ptr", REQUIRED), ("local_seq_lens_ptr", REQUIRED),
+        ("block_kv_indices_ptr", REQUIRED), ("req_to_token_stride", REQUIRED), ("block_table_stride", REQUIRED),
+        ("PHYSICAL_PAGE_SIZE", REQUIRED), ("DCP_SIZE", REQUIRED), ("DCP_RANK", REQUIRED),
+        ("PAGES_PER_BLOCK", REQUIRED)],
+    "get_dcp_lens": [("lens", REQUIRED), ("dcp_size", REQUIRED), ("dcp_rank", REQUIRED), ("start", None)],
 }
 SGLANG_CONSTANTS = {"KV_INDICES_TOKEN_BLOCKS_MIN_WIDTH": 32768}
 # Functions whose parameters are all keyword-only in SGLang.

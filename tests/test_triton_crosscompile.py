@@ -18,7 +18,7 @@ import pytest
 
 pytest.importorskip("triton")
 
-from kernels_triton import crosscompile, token_csr  # noqa: E402
+from kernels_triton import crosscompile, dcp, token_csr  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 TARGETS = {f"{b}:{a}:{w}": (b, a, w) for b, a, w in crosscompile.TARGETS}
@@ -87,7 +87,8 @@ def test_native_launch_parameters(reports, target):
 
 def test_specialisations_cover_every_option():
     every_spec = list(crosscompile.specializations())
-    specs = [s for s in every_spec if s.kernel.__name__ != "_draft_decode_kernel"]
+    specs = [s for s in every_spec
+             if s.kernel.__name__ != "_draft_decode_kernel" and not s.kernel.__name__.startswith("_dcp_")]
     page_sizes = {s.constexprs["PAGE_SIZE"] for s in specs if "PAGE_SIZE" in s.constexprs}
     assert page_sizes == set(crosscompile.PAGE_SIZES)
     flags = {tuple(s.constexprs[k] for k in ("HAS_START", "HAS_SEQ_LENS_OUT", "HAS_FILL", "UNIT_STRIDES",
@@ -138,3 +139,14 @@ def test_compile_command_reports_each_target(monkeypatch, capsys):
     compiled.clear()
     assert cli.main(["compile", "hip:gfx942:64"]) == 0
     assert compiled == [("hip", "gfx942", 64)]
+
+
+def test_dcp_specialisations_cover_their_options():
+    specs = [s for s in crosscompile.specializations() if s.kernel.__name__.startswith("_dcp_")]
+    table = {(s.constexprs["PAGE_SIZE"], s.constexprs["VIRTUAL_PAGE"] // s.constexprs["PAGE_SIZE"])
+             for s in specs if "VIRTUAL_PAGE" in s.constexprs}
+    assert table == set(itertools.product(dcp.SPECIALISED_PAGE_SIZES, dcp.SPECIALISED_DCP_SIZES))
+    csr = {(s.constexprs["DCP_SIZE"], s.constexprs["HAS_START"], s.constexprs["ROUND_TOWARD_ZERO"], s.signature["out_ptr"])
+           for s in specs if "DCP_SIZE" in s.constexprs}
+    assert len(csr) == len(dcp.SPECIALISED_DCP_SIZES) * 8
+    assert len({s.label for s in specs}) == len(specs)

@@ -1,7 +1,9 @@
 """A drop-in for SGLang's module ``sglang.kernels.ops.kvcache.kv_indices``, on kvdispatch.
 
 ``from kvdispatch.compat.sglang import X`` replaces ``from sglang.kernels.ops.kvcache.kv_indices import X``
-for each of that module's public names, with the same parameter names, order and defaults:
+for each of that module's public names, with the same parameter names, order and defaults, and likewise the
+decode-context-parallel builders of SGLang's ``sglang.kernels.ops.attention.dcp_kernels`` and its DCP layout
+helper ``get_dcp_lens``:
 
 * the builders ``create_flashinfer_kv_indices_triton`` (token CSR), ``create_chunked_prefix_cache_kv_indices``
   (token CSR of one prefix chunk) and ``create_flashmla_kv_indices_triton`` (paged block table). Each is
@@ -10,6 +12,11 @@ for each of that module's public names, with the same parameter names, order and
   CUDA graph stays valid). The batch is ``req_pool_indices.shape[0]``: SGLang's call sites launch one
   program per entry. They forward to ``kvdispatch.create_flashinfer_kv_indices`` and
   ``kvdispatch.create_flashmla_kv_indices`` and return the output tensor;
+* the decode-context-parallel builders ``create_triton_kv_indices_for_dcp_triton`` (one rank's token CSR) and
+  ``create_mla_kv_page_table_for_dcp`` (one rank's block table), forwarding to ``kvdispatch.create_dcp_kv_indices``
+  and ``kvdispatch.create_dcp_page_table``; unlike the three above they take the batch from the grid
+  (``grid[0]``, as SGLang's kernels do; the block table also its covered width, ``grid[1] * PAGES_PER_BLOCK``),
+  and ``get_dcp_lens``, the per-rank lengths their callers pass;
 * the grid helpers ``get_num_page_per_block_flashmla``, ``get_num_kv_index_blocks_flashmla``,
   ``kv_indices_num_token_blocks``, ``kv_indices_token_blocks_for_copy`` and the constant
   ``KV_INDICES_TOKEN_BLOCKS_MIN_WIDTH``, with SGLang's values (engines size their buffers and grids with
@@ -55,7 +62,11 @@ from __future__ import annotations
 import functools
 import inspect
 
-from .. import api
+import inspect
+
+import torch
+
+from .. import api, reference
 
 # SGLang's page-table kernel gives each program 4096 tokens' worth of pages.
 _TOKENS_PER_PAGE_PROGRAM = 4096
@@ -489,6 +500,120 @@ class _GridLaunch(_LaunchSyntax):
 
 generate_draft_decode_kv_indices = _GridLaunch(_generate_draft_decode_kv_indices, "generate_draft_decode_kv_indices")
 
+# The decode-context-parallel builders, looked up at call time as the two above.
+_build_dcp_token_csr = api.create_dcp_kv_indices
+_build_dcp_page_table = api.create_dcp_page_table
+
+
+class _LaunchWithGrid:
+    """A builder that takes its batch (and covered width) from the grid, as SGLang's kernel does:
+    ``builder[grid](...)`` calls ``launch(grid, ...)`` with the grid as a tuple (a callable grid is called, as
+    Triton does, with the arguments by name); a direct call, ``launch(None, ...)``. Both have the signature of
+    ``launch`` less its first parameter: SGLang's."""
+
+    def __init__(self, launch, name):
+        self._launch = launch
+        self.__signature__ = inspect.Signature(list(inspect.signature(launch).parameters.values())[1:])
+        self.__name__ = self.__qualname__ = name
+        self.__doc__ = launch.__doc__
+
+    def __call__(self, *args, **kwargs):
+        return self._launch(None, *args, **kwargs)
+
+    def __getitem__(self, grid):
+        def launch(*args, **kwargs):
+            dims = grid(dict(self.__signature__.bind(*args, **kwargs).arguments)) if callable(grid) else grid
+            return self._launch(tuple(dims) if isinstance(dims, (tuple, list)) else (dims,), *args, **kwargs)
+
+        launch.__signature__, launch.__name__, launch.__doc__ = self.__signature__, self.__name__, self.__doc__
+        return launch
+
+    def __repr__(self):
+        return f"<kvdispatch.compat.sglang.{self.__name__}>"
+
+
+def _first(tensor, count):
+    """``tensor[:count]``, without a new view when it has exactly ``count`` entries."""
+    return tensor if tensor.shape[0] == count else tensor[:count]
+
+
+def _create_triton_kv_indices_for_dcp(launch_grid, req_to_token_ptr, req_pool_indices_ptr, dcp_kernel_lens_ptr,
+                                      kv_indptr, kv_start_idx, kv_indices_ptr, req_to_token_ptr_stride, dcp_size,
+                                      dcp_rank):
+    """One decode-context-parallel rank's token-level CSR indices (Triton and FlashInfer attention under DCP).
+
+    For request ``b < B`` (``B = grid[0]``, or ``req_pool_indices_ptr.shape[0]`` called directly), with
+    ``first_b`` the first position ``>= kv_start_idx[b]`` (0 when None) congruent to ``dcp_rank`` mod
+    ``dcp_size``: ``kv_indices_ptr[kv_indptr[b] + j] = req_to_token_ptr[req_pool_indices_ptr[b], first_b + j *
+    dcp_size] / dcp_size`` (rounding toward zero) for ``j < dcp_kernel_lens_ptr[b]`` (``get_dcp_lens``'s count).
+    Only ``kv_indptr[:B]`` is read; every other position of ``kv_indices_ptr`` is left untouched. Forwards to
+    ``kvdispatch.create_dcp_kv_indices`` (a row ends at the table's last column; nothing is written outside
+    ``kv_indices_ptr``). ``req_to_token_ptr_stride`` is checked against ``req_to_token_ptr.stride(0)``.
+    Returns ``kv_indices_ptr``.
+    """
+    _check_stride("req_to_token_ptr_stride", req_to_token_ptr_stride, req_to_token_ptr.stride(0))
+    batch = int(launch_grid[0]) if launch_grid else req_pool_indices_ptr.shape[0]
+    _build_dcp_token_csr(req_to_token_ptr, _first(req_pool_indices_ptr, batch), _first(dcp_kernel_lens_ptr, batch),
+                         kv_indptr, kv_indices_ptr, dcp_size=int(dcp_size), dcp_rank=int(dcp_rank),
+                         kv_start_idx=None if kv_start_idx is None else _first(kv_start_idx, batch),
+                         round_toward_zero=True)
+    return kv_indices_ptr
+
+
+def _create_mla_kv_page_table_for_dcp(launch_grid, req_to_token_ptr, req_pool_indices_ptr, local_seq_lens_ptr,
+                                      block_kv_indices_ptr, req_to_token_stride, block_table_stride,
+                                      PHYSICAL_PAGE_SIZE, DCP_SIZE, DCP_RANK, PAGES_PER_BLOCK):
+    """One decode-context-parallel rank's MLA block table (TRT-LLM MLA / Tokenspeed, Aiter under DCP).
+
+    With ``V = PHYSICAL_PAGE_SIZE * DCP_SIZE``: ``block_kv_indices_ptr[r, p] = req_to_token_ptr[
+    req_pool_indices_ptr[r], DCP_RANK + p * V] / V`` (rounding toward zero) for the
+    ``ceil(local_seq_lens_ptr[r] / PHYSICAL_PAGE_SIZE)`` pages of row ``r < grid[0]`` that the grid covers
+    (``p < grid[1] * PAGES_PER_BLOCK``), at most the buffer's width (SGLang writes the pages past it into the
+    next row) and its rows. Called directly: every row of the batch ``req_pool_indices_ptr.shape[0]``, every
+    page of the width. Everything else is left untouched. Forwards to ``kvdispatch.create_dcp_page_table``.
+
+    ``block_kv_indices_ptr``: int32 ``[rows, W]`` (``block_table_stride`` is checked against its row stride) or
+    a flat int32 buffer read as rows of ``block_table_stride`` entries. ``req_to_token_stride`` is checked
+    against ``req_to_token_ptr.stride(0)``. Returns ``block_kv_indices_ptr``.
+    """
+    _check_stride("req_to_token_stride", req_to_token_stride, req_to_token_ptr.stride(0))
+    table = _as_rows(block_kv_indices_ptr, block_table_stride, "block_kv_indices_ptr", "block_table_stride")
+    rows, width = table.shape
+    if launch_grid:
+        rows = min(rows, int(launch_grid[0]))
+        covered = (int(launch_grid[1]) if len(launch_grid) > 1 else 1) * int(PAGES_PER_BLOCK)
+        width = min(width, covered)
+    else:
+        rows = req_pool_indices_ptr.shape[0]
+    if (rows, width) != table.shape:
+        table = table[:rows, :width]
+    _build_dcp_page_table(req_to_token_ptr, _first(req_pool_indices_ptr, rows), _first(local_seq_lens_ptr, rows),
+                          table, page_size=int(PHYSICAL_PAGE_SIZE), dcp_size=int(DCP_SIZE), dcp_rank=int(DCP_RANK),
+                          round_toward_zero=True)
+    return block_kv_indices_ptr
+
+
+def get_dcp_lens(lens, dcp_size, dcp_rank, start=None):
+    """Tokens of each request that rank ``dcp_rank`` holds under token-interleaved DCP: the positions ``p`` of
+    ``[start, start + lens)`` (``start`` None: 0) with ``p mod dcp_size == dcp_rank``, as SGLang's DCP layout
+    helper gives them: ``lens`` itself when ``dcp_size == 1``; without ``start``, ``lens // dcp_size + (dcp_rank <
+    lens % dcp_size)`` (negative for negative lengths); with it, the count clamped at 0, in the promoted dtype of
+    ``start`` and ``lens``. PyTorch operations only (no host sync); exact for every int32/int64 value.
+    ``kvdispatch.dcp_local_lengths`` is the same count, clamped at 0 in every case.
+    """
+    if dcp_size == 1:
+        return lens
+    counts = reference.dcp_owned_counts(lens, dcp_size, dcp_rank, start)
+    if start is None:
+        return counts.to(lens.dtype)
+    return counts.clamp_(min=0).to(torch.result_type(start, lens))
+
+
+create_triton_kv_indices_for_dcp_triton = _LaunchWithGrid(_create_triton_kv_indices_for_dcp,
+                                                          "create_triton_kv_indices_for_dcp_triton")
+create_mla_kv_page_table_for_dcp = _LaunchWithGrid(_create_mla_kv_page_table_for_dcp,
+                                                   "create_mla_kv_page_table_for_dcp")
+
 __all__ = [
     "KV_INDICES_TOKEN_BLOCKS_MIN_WIDTH",
     "create_chunked_prefix_cache_kv_indices",
@@ -501,6 +626,9 @@ __all__ = [
     "get_num_page_per_block_flashmla",
     "kv_indices_num_token_blocks",
     "kv_indices_token_blocks_for_copy",
+    "create_triton_kv_indices_for_dcp_triton",
+    "create_mla_kv_page_table_for_dcp",
+    "get_dcp_lens",
     "update_trtllm_mla_graph_metadata",
     "build_kernel_page_table",
     "build_kv_read_table",

@@ -1,0 +1,204 @@
+"""``kvdispatch.compat.sglang``'s decode-context-parallel drop-ins on SGLang's call patterns, every backend.
+
+Call patterns (from SGLang's call sites): the Triton attention backend under DCP (int64 ``kv_indices``, int32
+``kv_indptr = [0, cumsum(dcp_lens)]``, ``kv_start_idx`` None or a tensor, grid ``(bs,)``); the FlashInfer DCP
+updater (int32 ``kv_indices``, stride ``req_to_token.shape[1]``); the Tokenspeed / TRT-LLM MLA block table
+(int32, ``PAGES_PER_BLOCK = 4096 // page_size``, grid ``(rows, get_num_kv_index_blocks_flashmla(width,
+page_size))``), Aiter's ``build_dcp_page_table`` (zeros, grid ``(bs, blocks)``) and the Tokenspeed unit test
+(grid ``(n, cdiv(width, 16))``, ``PAGES_PER_BLOCK = 16``, a table of -1). Page sizes 1, 16, 32, 64; DCP sizes 2,
+4, 8, every rank. Expected values come from a plain loop of SGLang's rule (truncating division), on data where
+SGLang stays inside the buffers; where it would not, from the reference (the safe result).
+"""
+
+import pytest
+import torch
+
+from conftest import BACKENDS, DEVICE, dcp_page_table, dcp_token_csr
+from kvcases import POISON, assert_same
+from kvdispatch import reference
+
+DCP_SIZES = (2, 4, 8)
+PAGE_SIZES = (1, 16, 32, 64)
+
+
+@pytest.fixture
+def sglang(monkeypatch, backend):
+    """``kvdispatch.compat.sglang`` with its DCP builders routed to ``backend``."""
+    from kvdispatch.compat import sglang as module
+
+    name = backend
+    monkeypatch.setattr(module, "_build_dcp_token_csr",
+                        lambda *a, backend=None, **k: dcp_token_csr(name, *a, **k))
+    monkeypatch.setattr(module, "_build_dcp_page_table",
+                        lambda *a, backend=None, **k: dcp_page_table(name, *a, **k))
+    return module
+
+
+def generator():
+    return torch.Generator().manual_seed(torch.seed() % 2**31)
+
+
+def virtual_pool(batch, context, page_size, dcp_size, g, spare_rows=2):
+    """``req_to_token`` (int32, on DEVICE, rows ``batch + spare_rows``, ``context`` columns) of virtual slot ids:
+    each row owns shuffled virtual pages of ``page_size * dcp_size`` slots, token ``t`` at ``page * V + t % V``;
+    and ``req_pool_indices`` (int64), a random permutation of the rows."""
+    virtual_page = page_size * dcp_size
+    rows = batch + spare_rows
+    pages_per_row = -(-context // virtual_page)
+    pages = torch.randperm(rows * pages_per_row + 5, generator=g)[: rows * pages_per_row].view(rows, -1)
+    token = torch.arange(context)
+    table = pages[:, token // virtual_page] * virtual_page + token % virtual_page
+    pool = torch.randperm(rows, generator=g)[:batch]
+    return table.to(torch.int32).to(DEVICE), pool.to(DEVICE)
+
+
+def sglang_csr_loop(table, pool, lens, indptr, out, dcp_size, dcp_rank, start=None):
+    """SGLang's DCP token-CSR rule on in-bounds data (asserted), truncating division and remainder."""
+    result = out.cpu().clone()
+    values = table.cpu().tolist()
+    for b in range(lens.shape[0]):
+        s = int(start[b]) if start is not None else 0
+        first = s + int(torch.fmod(torch.tensor(dcp_rank + dcp_size - int(torch.fmod(torch.tensor(s), dcp_size))),
+                                   dcp_size))
+        for j in range(int(lens[b])):
+            position = first + j * dcp_size
+            assert 0 <= position < table.shape[1]
+            result[int(indptr[b]) + j] = int(values[int(pool[b])][position] / dcp_size)  # truncating
+    return result
+
+
+def sglang_table_loop(table, pool, lens, out, page_size, dcp_size, dcp_rank, rows, covered):
+    """SGLang's DCP block-table rule for the grid's ``rows`` and ``covered`` pages, on in-bounds data."""
+    result = out.cpu().clone()
+    values = table.cpu().tolist()
+    virtual_page = page_size * dcp_size
+    for r in range(rows):
+        pages = -(-int(lens[r]) // page_size)
+        for p in range(min(pages, covered)):
+            assert p < result.shape[1]
+            result[r, p] = int(values[int(pool[r])][dcp_rank + p * virtual_page] / virtual_page)
+    return result
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("dcp_size", DCP_SIZES)
+@pytest.mark.parametrize("with_start", (False, True))
+@pytest.mark.parametrize("engine", ("triton", "flashinfer"))
+def test_token_csr_call_patterns(sglang, backend, dcp_size, with_start, engine):
+    g = generator()
+    batch, context = int(torch.randint(1, 5, (1,), generator=g)), 200
+    table, pool = virtual_pool(batch, context, 1, dcp_size, g)
+    seq_lens = torch.randint(1, context + 1, (batch,), generator=g).to(DEVICE)
+    # Sliding window: the start is seq_lens - window where positive.
+    start = (seq_lens - torch.randint(1, 64, (batch,), generator=g).to(DEVICE)).clamp(min=0).to(torch.int32) \
+        if with_start else None
+    lengths = seq_lens - (start if with_start else 0)
+    out_dtype, stride = (torch.int64, table.stride(0)) if engine == "triton" else (torch.int32, table.shape[1])
+    for rank in range(dcp_size):
+        dcp_lens = sglang.get_dcp_lens(lengths, dcp_size, rank, start)
+        indptr = torch.zeros(batch + 1, dtype=torch.int32, device=DEVICE)
+        indptr[1:] = torch.cumsum(dcp_lens, 0)
+        out = torch.full((int(indptr[-1]) + 3,), POISON, dtype=out_dtype, device=DEVICE)
+        expected = sglang_csr_loop(table, pool, dcp_lens, indptr, out, dcp_size, rank, start)
+        result = sglang.create_triton_kv_indices_for_dcp_triton[(batch,)](
+            table, pool, dcp_lens, indptr, start, out, stride, dcp_size, rank)
+        assert result is out
+        assert_same(out, expected, f"rank {rank}")
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("page_size", PAGE_SIZES)
+@pytest.mark.parametrize("dcp_size", DCP_SIZES)
+def test_page_table_call_patterns(sglang, backend, page_size, dcp_size):
+    """Tokenspeed (rows of the table, a table of -1) and Aiter (zeros of ``(bs, max_pages)``) at every rank."""
+    g = generator()
+    virtual_page = page_size * dcp_size
+    batch, context = int(torch.randint(1, 4, (1,), generator=g)), 3 * virtual_page + 5
+    table, pool = virtual_pool(batch, context, page_size, dcp_size, g)
+    seq_lens = torch.randint(1, context + 1, (batch,), generator=g).to(DEVICE)
+    width = -(-context // virtual_page)
+    for rank in range(dcp_size):
+        local = sglang.get_dcp_lens(seq_lens, dcp_size, rank).to(torch.int32)
+        per_block = sglang.get_num_page_per_block_flashmla(page_size)
+        assert per_block == 4096 // page_size
+        for fill in (-1, 0):
+            out = torch.full((batch, width), fill, dtype=torch.int32, device=DEVICE)
+            grid = (out.shape[0], sglang.get_num_kv_index_blocks_flashmla(out.shape[1], page_size))
+            expected = sglang_table_loop(table, pool, local, out, page_size, dcp_size, rank, batch, width)
+            sglang.create_mla_kv_page_table_for_dcp[grid](table, pool, local, out, table.stride(0), out.stride(0),
+                                                          PHYSICAL_PAGE_SIZE=page_size, DCP_SIZE=dcp_size,
+                                                          DCP_RANK=rank, PAGES_PER_BLOCK=per_block)
+            assert_same(out, expected, f"rank {rank}")
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_page_table_grid_decides_rows_and_pages(sglang, backend):
+    """Tokenspeed's unit-test launch (16 pages per block): the grid's rows and covered pages are written, the rest
+    untouched; a grid covering more pages than the row holds stops at the row's end (SGLang writes those pages
+    into the next row), as does a flat buffer read as rows of ``block_table_stride``."""
+    g = generator()
+    page_size, dcp_size, rank = 1, 2, 1
+    rows, width = 4, 40
+    context = 2 * 2 * width
+    table, pool = virtual_pool(rows, context, page_size, dcp_size, g, spare_rows=1)
+    local = torch.full((rows,), 2 * width, dtype=torch.int32, device=DEVICE)  # twice the width: rows overflow
+    for grid in ((rows, -(-width // 16)), (2, 1), (rows, 1), (rows, 8)):
+        out = torch.full((rows + 1, width), -1, dtype=torch.int32, device=DEVICE)
+        covered = min(grid[1] * 16, width)
+        expected = out.cpu().clone()
+        reference.build_dcp_page_table(table.cpu(), pool.cpu()[: grid[0]], local.cpu()[: grid[0]],
+                                       expected[: grid[0], :covered], page_size, dcp_size, rank,
+                                       round_toward_zero=True)
+        sglang.create_mla_kv_page_table_for_dcp[grid](table, pool, local, out, table.stride(0), width, page_size,
+                                                      dcp_size, rank, 16)
+        assert_same(out, expected, f"grid {grid}")
+    flat = torch.full((rows * width,), -1, dtype=torch.int32, device=DEVICE)
+    grid = lambda meta: (rows, -(-meta["block_table_stride"] // meta["PAGES_PER_BLOCK"]))  # noqa: E731
+    sglang.create_mla_kv_page_table_for_dcp[grid](table, pool, local, flat, table.stride(0), width, page_size,
+                                                  dcp_size, rank, 16)
+    assert_same(flat.view(rows, width), expected[:rows], "flat buffer")
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_token_csr_takes_the_batch_from_the_grid(sglang, backend):
+    """A grid of fewer programs than entries: only those requests are written; a length past the table's row
+    ends the row there (SGLang would read the next row); the stride is checked."""
+    g = generator()
+    dcp_size, rank = 4, 3
+    table, pool = virtual_pool(3, 50, 1, dcp_size, g)
+    lens = torch.tensor([5, 40, 7], dtype=torch.int32, device=DEVICE)  # 40 runs past the row's 12 owned positions
+    indptr = torch.tensor([0, 5, 45, 52], dtype=torch.int32, device=DEVICE)
+    out = torch.full((60,), POISON, dtype=torch.int64, device=DEVICE)
+    expected = out.cpu().clone()
+    reference.build_dcp_token_indices(table.cpu(), pool.cpu()[:2], lens.cpu()[:2], indptr.cpu(), expected, dcp_size,
+                                      rank, None, True)
+    sglang.create_triton_kv_indices_for_dcp_triton[(2,)](table, pool, lens, indptr, None, out, table.stride(0),
+                                                         dcp_size, rank)
+    assert_same(out, expected, "grid of 2")
+    assert int((out != POISON).sum()) == 5 + 12
+    with pytest.raises(ValueError, match="req_to_token_ptr_stride"):
+        sglang.create_triton_kv_indices_for_dcp_triton[(2,)](table, pool, lens, indptr, None, out, 7, dcp_size, rank)
+
+
+def test_get_dcp_lens_matches_sglang_formulas():
+    """``get_dcp_lens``: without a start ``lens // D + (rank < lens % D)`` in lens' dtype (negative lengths
+    included), with one the count of owned positions clamped at 0 in the promoted dtype; ``lens`` itself at
+    ``D == 1``; at the int64 extremes the exact count."""
+    from kvdispatch.compat.sglang import get_dcp_lens
+
+    g = generator()
+    lens = torch.randint(-20, 300, (64,), generator=g, dtype=torch.int32)
+    start = torch.randint(0, 100, (64,), generator=g)
+    assert get_dcp_lens(lens, 1, 0) is lens
+    for dcp_size in DCP_SIZES:
+        for rank in range(dcp_size):
+            plain = get_dcp_lens(lens, dcp_size, rank)
+            assert plain.dtype == torch.int32
+            assert torch.equal(plain, lens // dcp_size + (rank < lens % dcp_size).to(torch.int32))
+            with_start = get_dcp_lens(lens, dcp_size, rank, start)
+            first = start + torch.remainder(rank - start, dcp_size)
+            expected = torch.clamp((start + lens - first + dcp_size - 1) // dcp_size, min=0)
+            assert with_start.dtype == torch.int64 and torch.equal(with_start, expected)
+    big = torch.tensor([2**63 - 1, -(2**63)], dtype=torch.int64)
+    assert get_dcp_lens(big, 8, 7, torch.tensor([2**63 - 1, 0])).tolist() == [(2**63 - 1 - 7) // 8 + 1, 0]
+    assert get_dcp_lens(big, 8, 7).tolist() == [(2**63 - 1 - 8) // 8 + 1, -(2**63) // 8]
