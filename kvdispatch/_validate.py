@@ -300,7 +300,7 @@ def check_token_csr_args(req_to_token, req_pool_indices, seq_lens, kv_indptr, ou
     if not memory:
         return device
     _check_apart((("out", out),),
-                 (("req_to_token", req_to_token), ("req_pool_indices", req_pool_indices), ("seq_lens", seq_lens),
+                 (("req_to_token", req_to_token), ("req_pool_indices", req_pool_indices), (lens_name, seq_lens),
                   ("kv_indptr", kv_indptr), ("kv_start_idx", kv_start_idx), ("token_mapping", token_mapping)))
     return device
 
