@@ -38,21 +38,42 @@ def _require_tools(name, lane):
 
 def _pytest(args, env=None, python=sys.executable) -> tuple[int, int]:
     """Run pytest; returns (passed, failed) from its JUnit report (errors count as failures)."""
-    with tempfile.TemporaryDirectory() as tmp:
-        report = Path(tmp) / "report.xml"
-        command = [python, "-m", "pytest", "-q", f"--junitxml={report}", *args]
-        print("+", " ".join(command), flush=True)
-        code = subprocess.call(command, cwd=ROOT, env={**os.environ, **(env or {})})
+    return _finish_pytest(_start_pytest(args, env, python, log=None))
+
+
+def _start_pytest(args, env=None, python=sys.executable, log=None):
+    """Start pytest (its output to ``log``, a file, or to this process's); ``_finish_pytest`` waits for it."""
+    tmp = tempfile.TemporaryDirectory()
+    report = Path(tmp.name) / "report.xml"
+    command = [python, "-m", "pytest", "-q", f"--junitxml={report}", *args]
+    print("+", " ".join(command), flush=True)
+    process = subprocess.Popen(command, cwd=ROOT, env={**os.environ, **(env or {})}, stdout=log,
+                               stderr=None if log is None else subprocess.STDOUT)
+    return process, report, tmp, log
+
+
+def _finish_pytest(started) -> tuple[int, int]:
+    """(passed, failed) of a pytest run from ``_start_pytest``, from its JUnit report; the end of its log when
+    something failed."""
+    process, report, tmp, log = started
+    with tmp:
+        code = process.wait()
         if not report.exists():
-            return 0, 1
-        suite = ET.parse(report).getroot()
-        suite = suite if suite.tag == "testsuite" else suite.find("testsuite")
-        total, skipped = int(suite.get("tests")), int(suite.get("skipped"))
-        failed = int(suite.get("failures")) + int(suite.get("errors"))
-        passed = total - skipped - failed
-        if code not in (0, 1) and failed == 0:  # interrupted, internal error, or no tests collected
-            failed = 1
-        return passed, failed
+            passed, failed = 0, 1
+        else:
+            suite = ET.parse(report).getroot()
+            suite = suite if suite.tag == "testsuite" else suite.find("testsuite")
+            total, skipped = int(suite.get("tests")), int(suite.get("skipped"))
+            failed = int(suite.get("failures")) + int(suite.get("errors"))
+            passed = total - skipped - failed
+            if code not in (0, 1) and failed == 0:  # interrupted, internal error, or no tests collected
+                failed = 1
+    if log is not None:
+        log.seek(0)
+        text = log.read()
+        lines = text.strip().splitlines()
+        print(text[-6000:] if failed else (lines[-1] if lines else ""), flush=True)
+    return passed, failed
 
 
 def run_pytest_lane(name, lane):
@@ -162,9 +183,13 @@ def run_gpu(name, lane):
     print(f"lane {name}: {info.name}, {info.arch} ({info.family}), {info.multiprocessors} multiprocessors")
     # memcheck first, in processes of its own that mostly keep CPU cores busy, while the suites run
     hostile = _start_hostile_data(lane)
+    # the suite once per backend, as concurrent processes: mostly host work, and one GPU serves them all
+    suites = {backend: _start_pytest(["tests", "-p", "no:cacheprovider"], {"KVDISPATCH_BACKEND": backend},
+                                     log=tempfile.TemporaryFile(mode="w+"))
+              for backend in lane["backends"]}
     passed = failed = 0
-    for backend in lane["backends"]:
-        p, f = _pytest(["tests"], env={"KVDISPATCH_BACKEND": backend})
+    for backend, started in suites.items():
+        p, f = _finish_pytest(started)
         print(f"  backend {backend}: {p} passed, {f} failed", flush=True)
         passed, failed = passed + p, failed + f
     ok = _finish_hostile_data(hostile)
