@@ -38,42 +38,21 @@ def _require_tools(name, lane):
 
 def _pytest(args, env=None, python=sys.executable) -> tuple[int, int]:
     """Run pytest; returns (passed, failed) from its JUnit report (errors count as failures)."""
-    return _finish_pytest(_start_pytest(args, env, python, log=None))
-
-
-def _start_pytest(args, env=None, python=sys.executable, log=None):
-    """Start pytest (its output to ``log``, a file, or to this process's); ``_finish_pytest`` waits for it."""
-    tmp = tempfile.TemporaryDirectory()
-    report = Path(tmp.name) / "report.xml"
-    command = [python, "-m", "pytest", "-q", f"--junitxml={report}", *args]
-    print("+", " ".join(command), flush=True)
-    process = subprocess.Popen(command, cwd=ROOT, env={**os.environ, **(env or {})}, stdout=log,
-                               stderr=None if log is None else subprocess.STDOUT)
-    return process, report, tmp, log
-
-
-def _finish_pytest(started) -> tuple[int, int]:
-    """(passed, failed) of a pytest run from ``_start_pytest``, from its JUnit report; the end of its log when
-    something failed."""
-    process, report, tmp, log = started
-    with tmp:
-        code = process.wait()
+    with tempfile.TemporaryDirectory() as tmp:
+        report = Path(tmp) / "report.xml"
+        command = [python, "-m", "pytest", "-q", f"--junitxml={report}", *args]
+        print("+", " ".join(command), flush=True)
+        code = subprocess.call(command, cwd=ROOT, env={**os.environ, **(env or {})})
         if not report.exists():
-            passed, failed = 0, 1
-        else:
-            suite = ET.parse(report).getroot()
-            suite = suite if suite.tag == "testsuite" else suite.find("testsuite")
-            total, skipped = int(suite.get("tests")), int(suite.get("skipped"))
-            failed = int(suite.get("failures")) + int(suite.get("errors"))
-            passed = total - skipped - failed
-            if code not in (0, 1) and failed == 0:  # interrupted, internal error, or no tests collected
-                failed = 1
-    if log is not None:
-        log.seek(0)
-        text = log.read()
-        lines = text.strip().splitlines()
-        print(text[-6000:] if failed else (lines[-1] if lines else ""), flush=True)
-    return passed, failed
+            return 0, 1
+        suite = ET.parse(report).getroot()
+        suite = suite if suite.tag == "testsuite" else suite.find("testsuite")
+        total, skipped = int(suite.get("tests")), int(suite.get("skipped"))
+        failed = int(suite.get("failures")) + int(suite.get("errors"))
+        passed = total - skipped - failed
+        if code not in (0, 1) and failed == 0:  # interrupted, internal error, or no tests collected
+            failed = 1
+        return passed, failed
 
 
 def run_pytest_lane(name, lane):
@@ -181,18 +160,15 @@ def run_gpu(name, lane):
         raise LaneError(f"lane {name} expects a {lane['gpu']} GPU {expected or ''} and found "
                         f"{info.vendor} {info.arch} ({info.name}): wrong runner")
     print(f"lane {name}: {info.name}, {info.arch} ({info.family}), {info.multiprocessors} multiprocessors")
-    # memcheck first, in processes of its own that mostly keep CPU cores busy, while the suites run
-    hostile = _start_hostile_data(lane)
-    # the suite once per backend, as concurrent processes: mostly host work, and one GPU serves them all
-    suites = {backend: _start_pytest(["tests", "-p", "no:cacheprovider"], {"KVDISPATCH_BACKEND": backend},
-                                     log=tempfile.TemporaryFile(mode="w+"))
-              for backend in lane["backends"]}
+    # the suite once per backend, one after the other: suites sharing one GPU, or sharing it with memcheck,
+    # slow each other down several times over (each process's kernels wait for the others' contexts)
     passed = failed = 0
-    for backend, started in suites.items():
-        p, f = _finish_pytest(started)
+    for backend in lane["backends"]:
+        p, f = _pytest(["tests", "-p", "no:cacheprovider"], env={"KVDISPATCH_BACKEND": backend})
         print(f"  backend {backend}: {p} passed, {f} failed", flush=True)
         passed, failed = passed + p, failed + f
-    ok = _finish_hostile_data(hostile)
+    # then memcheck over the hostile data, its parts as concurrent processes (mostly host work)
+    ok = _hostile_data(lane)
     passed, failed = passed + ok, failed + (not ok)
     command = [sys.executable, "-m", "kvdispatch", "bench", "--quick"]
     print("+", " ".join(command), flush=True)
@@ -200,10 +176,10 @@ def run_gpu(name, lane):
     return passed + ok, failed + (not ok)
 
 
-def _start_hostile_data(lane):
-    """Start ``ci/sanitize_hostile.py`` per backend (under compute-sanitizer on NVIDIA) as concurrent
-    processes, the torch backend (many small kernels per call) in ``lane['hostile_shards']`` interleaved
-    parts. Returns what ``_finish_hostile_data`` waits for."""
+def _hostile_data(lane) -> bool:
+    """``ci/sanitize_hostile.py`` per backend (under compute-sanitizer on NVIDIA), each backend's cases in
+    ``lane['hostile_shards']`` interleaved parts, all as concurrent processes. Prints each one's summary (and the
+    end of its log when it failed); True when every one exited cleanly."""
     wrap = ["compute-sanitizer", "--tool", "memcheck", "--error-exitcode", "1"] if lane["gpu"] == "nvidia" else []
     started = []
     for backend in lane["backends"]:
@@ -214,12 +190,6 @@ def _start_hostile_data(lane):
             print("+", " ".join(command), flush=True)
             log = tempfile.TemporaryFile(mode="w+")
             started.append((command, subprocess.Popen(command, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT), log))
-    return started
-
-
-def _finish_hostile_data(started) -> bool:
-    """Wait for the processes of ``_start_hostile_data``; print each one's summary (and the end of its log
-    when it failed). True when every one exited cleanly."""
     ok = True
     for command, process, log in started:
         status = process.wait()
