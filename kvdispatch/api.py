@@ -213,6 +213,9 @@ def create_trtllm_mha_page_table(req_to_token, req_pool_indices, seq_lens, page_
         return page_table
     device = check_mha_page_table_args(req_to_token, req_pool_indices, seq_lens, page_table, page_size,
                                        swa_page_table, full_to_swa, round_toward_zero)
+    if _debug.ENABLED:
+        _debug.check_mha_page_table_data(req_to_token, req_pool_indices, seq_lens, page_size, swa_page_table,
+                                         full_to_swa)
     dispatch.call(device, "mha_page_table", backend, req_to_token, req_pool_indices, seq_lens, page_table,
                   page_size, swa_page_table, full_to_swa, round_toward_zero)
     return page_table
@@ -262,6 +265,9 @@ def create_translated_page_table(req_to_token, req_pool_indices, seq_lens, v2p, 
         return out
     device = check_translated_page_table_args(req_to_token, req_pool_indices, seq_lens, v2p, out, page_size,
                                               multiplier, max_pages, seq_len_delta)
+    if _debug.ENABLED:
+        _debug.check_translated_page_table_data(req_to_token, req_pool_indices, seq_lens, v2p, out, page_size,
+                                                max_pages, seq_len_delta)
     dispatch.call(device, "translated_page_table", backend, req_to_token, req_pool_indices, seq_lens, v2p, out,
                   page_size, multiplier, max_pages, seq_len_delta)
     return out
@@ -334,6 +340,9 @@ def create_draft_decode_kv_indices(req_to_token, req_pool_indices, seq_lens, kv_
     device = check_draft_decode_args(req_to_token, req_pool_indices, seq_lens, kv_indptr, out, num_steps, topk,
                                      page_size, positions, window_size, sink_size, v2p, write_indptr_start,
                                      round_toward_zero)
+    if _debug.ENABLED:
+        _debug.check_draft_decode_data(req_to_token, req_pool_indices, seq_lens, out, num_steps, topk, page_size,
+                                       window_size, sink_size, v2p, round_toward_zero)
     dispatch.call(device, "draft_decode", backend, req_to_token, req_pool_indices, seq_lens, kv_indptr, out,
                   num_steps, topk, page_size, positions, window_size, sink_size, v2p, write_indptr_start,
                   round_toward_zero)
@@ -387,7 +396,8 @@ def create_dcp_kv_indices(req_to_token, req_pool_indices, local_seq_lens, kv_ind
     Returns:
         ``out``.
     """
-    _run("dcp_token_csr", torch.ops.kvdispatch.create_dcp_kv_indices, check_dcp_token_csr_args, backend,
+    _run("dcp_token_csr", torch.ops.kvdispatch.create_dcp_kv_indices, check_dcp_token_csr_args,
+         _debug.check_dcp_token_csr_data, backend,
          (req_to_token, req_pool_indices, local_seq_lens, kv_indptr, out),
          dict(dcp_size=dcp_size, dcp_rank=dcp_rank, kv_start_idx=kv_start_idx, round_toward_zero=round_toward_zero))
     return out
@@ -425,21 +435,25 @@ def create_dcp_page_table(req_to_token, req_pool_indices, local_seq_lens, out, *
     Returns:
         ``out``.
     """
-    _run("dcp_page_table", torch.ops.kvdispatch.create_dcp_page_table, check_dcp_page_table_args, backend,
+    _run("dcp_page_table", torch.ops.kvdispatch.create_dcp_page_table, check_dcp_page_table_args,
+         _debug.check_dcp_page_table_data, backend,
          (req_to_token, req_pool_indices, local_seq_lens, out),
          dict(page_size=page_size, dcp_size=dcp_size, dcp_rank=dcp_rank, fill_value=fill_value,
               round_toward_zero=round_toward_zero))
     return out
 
 
-def _run(op, custom_op, check, backend, tensors, options):
-    """One call of ``op``: validated by ``check`` (which takes ``tensors`` and ``options`` by these names), then
-    dispatched with ``tensors`` and the values of ``options``, in order (the backends' positional parameters);
-    while tracing, the custom op ``custom_op`` with the same arguments instead."""
+def _run(op, custom_op, check, check_data, backend, tensors, options):
+    """One call of ``op``: validated by ``check`` (which takes ``tensors`` and ``options`` by these names), its
+    data checked by ``check_data`` (same arguments) under ``KVDISPATCH_DEBUG``, then dispatched with ``tensors``
+    and the values of ``options``, in order (the backends' positional parameters); while tracing, the custom op
+    ``custom_op`` with the same arguments instead."""
     if _compiling():
         custom_op(*tensors, **options, backend=_requested_backend(backend, dispatch.generation))
         return
     device = check(*tensors, **options)
+    if _debug.ENABLED:
+        check_data(*tensors, **options)
     dispatch.call(device, op, backend, *tensors, *options.values())
 
 

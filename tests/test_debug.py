@@ -1,4 +1,5 @@
-"""``KVDISPATCH_DEBUG=1``: hostile data raises a ValueError naming the request and the value, before any write.
+"""``KVDISPATCH_DEBUG=1``: hostile data raises a ValueError naming the request and the value, before any write,
+for every op (the page table and token CSR, then the SGLang-family ops).
 
 Without the switch the same data gives the contract's safe results on every backend under test.
 ``kvdispatch._debug.enabled()`` reads the environment on every call, so it can be flipped mid-process.
@@ -199,3 +200,339 @@ def test_without_debug_csr_indptr_outside_out_is_safe(monkeypatch, backend, wher
     token_csr(backend, case.req_to_token, case.req_pool_indices, case.seq_lens, indptr, flat,
               kv_start_idx=case.kv_start_idx)
     assert torch.equal(flat.cpu(), expected)
+
+
+# -- the SGLang-family ops ---------------------------------------------------------------------------------------
+# Each op gets a valid engine-like call (lengths 0 among them), drawn fresh per case: a dict of its arguments on
+# DEVICE. A spoiler changes one request's data and returns the message the check must raise.
+
+FAMILY_BATCH, FAMILY_ROWS = 5, 8
+
+
+@pytest.fixture
+def debug_on(monkeypatch):
+    monkeypatch.setenv("KVDISPATCH_DEBUG", "1")
+    kvdispatch.reset()  # the switch is read at import and by reset()
+    yield
+    monkeypatch.delenv("KVDISPATCH_DEBUG")
+    kvdispatch.reset()
+
+
+def _draw(low, high, count, g):
+    return torch.randint(low, high, (count,), generator=g)
+
+
+def _poisoned(shape, dtype=torch.int32):
+    return torch.full(shape, POISON, dtype=dtype, device=DEVICE)
+
+
+def _requests(g, cols, longest):
+    """Distinct pool rows and lengths in ``[0, longest]`` for FAMILY_BATCH requests, request 0 empty; a table of
+    FAMILY_ROWS rows of ``cols`` random slot ids in ``[0, 5000)``."""
+    table = _draw(0, 5000, FAMILY_ROWS * cols, g).view(FAMILY_ROWS, cols).to(torch.int32)
+    pool = torch.randperm(FAMILY_ROWS, generator=g)[:FAMILY_BATCH]
+    lens = _draw(1, longest + 1, FAMILY_BATCH, g)
+    lens[0] = 0
+    return table, pool, lens
+
+
+def _dcp_csr_case(g):
+    dcp_size, cols = 3, 60
+    table, pool, lens = _requests(g, cols, 40)
+    start = _draw(0, cols - 40 + 1, FAMILY_BATCH, g)
+    rank = int(_draw(0, dcp_size, 1, g))
+    local = reference.dcp_owned_counts(lens, dcp_size, rank, start)
+    indptr = torch.cat([torch.zeros(1, dtype=torch.long), torch.cumsum(local, 0)])
+    return dict(req_to_token=table, req_pool_indices=pool, local_seq_lens=local, kv_indptr=indptr,
+                out=_poisoned((int(indptr[-1]) + 2,)), dcp_size=dcp_size, dcp_rank=rank, kv_start_idx=start)
+
+
+def _dcp_page_table_case(g):
+    dcp_size, page_size, cols = 2, 4, 50
+    table, pool, lens = _requests(g, cols, cols)
+    rank = int(_draw(0, dcp_size, 1, g))
+    local = reference.dcp_owned_counts(lens, dcp_size, rank)
+    return dict(req_to_token=table, req_pool_indices=pool, local_seq_lens=local, out=_poisoned((FAMILY_BATCH + 1, 5)),
+                page_size=page_size, dcp_size=dcp_size, dcp_rank=rank)
+
+
+def _mha_case(g):
+    page_size, cols, slots = 4, 30, 5000
+    table, pool, lens = _requests(g, cols, cols)
+    return dict(req_to_token=table, req_pool_indices=pool, seq_lens=lens, page_table=_poisoned((FAMILY_BATCH, 8)),
+                page_size=page_size, swa_page_table=_poisoned((FAMILY_BATCH + 1, 5)),
+                full_to_swa=torch.randperm(slots, generator=g))
+
+
+def _translated_case(g):
+    page_size, cols, delta = 4, 30, 2
+    table, pool, lens = _requests(g, cols, cols - delta)
+    table[table % 7 == 0] = -1  # negative tokens read virtual page 0, as documented
+    v2p = _draw(-1, 1000, 5000 // page_size, g)  # -1: freed pages
+    return dict(req_to_token=table, req_pool_indices=pool, seq_lens=lens, v2p=v2p, out=_poisoned((FAMILY_BATCH, 8)),
+                page_size=page_size, multiplier=2, max_pages=7, seq_len_delta=delta)
+
+
+def _draft_case(g):
+    page_size, topk, steps, cols = 4, 2, 3, 60
+    table, pool, lens = _requests(g, cols, 20)  # 20 + a branch's 8 slots + 3 steps < 60 columns
+    width = topk * int(lens.sum()) + FAMILY_BATCH * topk * steps
+    return dict(req_to_token=table, req_pool_indices=pool, seq_lens=lens,
+                kv_indptr=_poisoned((steps, FAMILY_BATCH * topk + 1)), out=_poisoned((steps, width)),
+                num_steps=steps, topk=topk, page_size=page_size, window_size=6, sink_size=2,
+                v2p=_draw(-1, 1000, 5000 // page_size, g))
+
+
+FAMILY = {
+    "dcp_token_csr": (_dcp_csr_case, kvdispatch.create_dcp_kv_indices, ("out",)),
+    "dcp_page_table": (_dcp_page_table_case, kvdispatch.create_dcp_page_table, ("out",)),
+    "mha_page_table": (_mha_case, kvdispatch.create_trtllm_mha_page_table, ("page_table", "swa_page_table")),
+    "translated_page_table": (_translated_case, kvdispatch.create_translated_page_table, ("out",)),
+    "draft_decode": (_draft_case, kvdispatch.create_draft_decode_kv_indices, ("out", "kv_indptr")),
+}
+TENSOR_ARGUMENTS = ("req_to_token", "req_pool_indices", "seq_lens", "local_seq_lens", "kv_indptr", "out", "page_table",
+                    "swa_page_table", "full_to_swa", "v2p", "kv_start_idx")
+
+
+def _family_call(op, args, backend=None):
+    _, function, _ = FAMILY[op]
+    positional = [args[name] for name in TENSOR_ARGUMENTS[:6] + ("page_table",) if name in args
+                  and name not in ("kv_start_idx",)]
+    keywords = {k: v for k, v in args.items() if k not in TENSOR_ARGUMENTS[:6] + ("page_table", "v2p")}
+    if op == "translated_page_table":  # v2p comes before out there
+        positional.insert(3, args["v2p"])
+    elif "v2p" in args:
+        keywords["v2p"] = args["v2p"]
+    function(*positional, **keywords, backend=backend)
+
+
+def _family_case(op, g):
+    args = FAMILY[op][0](g)
+    return {k: (v.to(DEVICE) if isinstance(v, torch.Tensor) else v) for k, v in args.items()}
+
+
+def _lengths_name(args):
+    return "local_seq_lens" if "local_seq_lens" in args else "seq_lens"
+
+
+def _pool_outside(args, b):
+    args["req_pool_indices"][b] = FAMILY_ROWS
+    return rf"request {b}: req_pool_indices\[{b}\] = {FAMILY_ROWS} is outside \[0, {FAMILY_ROWS}\)"
+
+
+def _pool_negative(args, b):
+    args["req_pool_indices"][b] = -1
+    return rf"request {b}: req_pool_indices\[{b}\] = -1 is outside"
+
+
+def _length_negative(args, b):
+    args[_lengths_name(args)][b] = -3 - args.get("seq_len_delta", 0)
+    return rf"request {b}: length -3 \({_lengths_name(args)}( \+ seq_len_delta)?\) is negative"
+
+
+def _length_past_table(args, b):
+    cols = args["req_to_token"].shape[1]
+    length = cols + 1
+    args[_lengths_name(args)][b] = length
+    if "dcp_size" in args:
+        return rf"request {b}: {length} positions every {args['dcp_size']} from \d+ \(rank {args['dcp_rank']}\) " \
+               rf"run past the table's {cols} columns"
+    if "num_steps" in args:
+        return rf"request {b}: start 0 \+ length {length} runs past the table's {cols} columns"
+    length += args.get("seq_len_delta", 0)
+    return rf"request {b}: start 0 \+ length {length} runs past the table's {cols} columns"
+
+
+def _draft_slots_past_table(args, b):
+    cols = args["req_to_token"].shape[1]
+    length = cols - args["num_steps"]  # the prefix fits, branch 1's draft slots do not
+    args["seq_lens"][b] = length
+    return rf"request {b}: draft slots up to position \d+ \(seq_lens\[{b}\] = {length}, 2 branches of 3 steps\) " \
+           rf"run past the table's {cols} columns"
+
+
+def _start_past_table(args, b):
+    cols = args["req_to_token"].shape[1]
+    args["local_seq_lens"][b] = 1
+    args["kv_start_idx"][b] = cols + 4
+    return rf"request {b}: kv_start_idx\[{b}\] = {cols + 4} is outside the table's \[0, {cols}\)"
+
+
+def _first_own_position_past_table(args, b):
+    """The start lies in the table; the rank's first position at or after it does not."""
+    cols, dcp_size = args["req_to_token"].shape[1], args["dcp_size"]
+    rank = args["dcp_rank"] = ((cols - 1) % dcp_size + 1) % dcp_size  # not the owner of the last column
+    _repack(args, args["local_seq_lens"].clamp_(max=1))  # one token each: every other row stays in the table
+    args["local_seq_lens"][b] = 1
+    args["kv_start_idx"][b] = cols - 1
+    return rf"request {b}: 1 positions every {dcp_size} from {cols - 1 + (rank - cols + 1) % dcp_size} \(rank " \
+           rf"{rank}\) run past the table's {cols} columns"
+
+
+def _repack(args, lens):
+    """Rows of ``lens`` one after another in a new poisoned ``out`` with two spare entries."""
+    args["kv_indptr"].copy_(torch.cat([lens.new_zeros(1), torch.cumsum(lens, 0)]))
+    args["out"] = _poisoned((int(lens.sum()) + 2,))
+
+
+def _nonempty(args, b):
+    """Give every request a few tokens, the CSR repacked; returns the lengths."""
+    lens = args["local_seq_lens"].clamp_(min=2, max=6)
+    _repack(args, lens)
+    return lens
+
+
+def _indptr_past_out(args, b):
+    lens = _nonempty(args, b)
+    total = args["out"].shape[0]
+    args["kv_indptr"][b] = total - 1
+    return rf"request {b}: kv_indptr\[{b}\] = {total - 1} with length {int(lens[b])} writes outside out's {total} " \
+           rf"entries"
+
+
+def _indptr_negative(args, b):
+    lens = _nonempty(args, b)
+    args["kv_indptr"][b] = -1
+    return rf"request {b}: kv_indptr\[{b}\] = -1 with length {int(lens[b])} writes outside"
+
+
+def _rows_overlap(args, b):
+    _nonempty(args, b)
+    b = max(b, 1)
+    earlier = int(args["kv_indptr"][b - 1])
+    args["kv_indptr"][b] = earlier + 1
+    return rf"request {b}: kv_indptr\[{b}\] = {earlier + 1} starts inside request {b - 1}'s entries \[{earlier}, "
+
+
+def _slot_outside_mapping(value):
+    def spoil(args, b):
+        args["seq_lens"][b] = max(int(args["seq_lens"][b]), 5)
+        args["req_to_token"][int(args["req_pool_indices"][b]), 4] = value  # page 1's first slot
+        size = args["full_to_swa"].shape[0]
+        return rf"request {b}: slot {value} at req_to_token\[{int(args['req_pool_indices'][b])}, 4\] \(page 1\) is " \
+               rf"outside full_to_swa's \[0, {size}\)"
+    return spoil
+
+
+def _empty_mapping(args, b):
+    args["full_to_swa"] = args["full_to_swa"][:0]
+    first = int((args["seq_lens"].cpu() > 0).nonzero()[0, 0])
+    return rf"request {first}: slot \d+ at req_to_token\[\d+, 0\] \(page 0\) is outside full_to_swa's \[0, 0\)"
+
+
+def _page_past_v2p(args, b):
+    args["seq_lens"][b] = max(int(args["seq_lens"][b]), 5)
+    size, page_size = args["v2p"].shape[0], args["page_size"]
+    args["req_to_token"][int(args["req_pool_indices"][b]), page_size] = size * page_size  # column 1
+    return rf"request {b}: req_to_token\[\d+, {page_size}\] = {size * page_size} is virtual page {size} \(column 1\), " \
+           rf"outside v2p's \[0, {size}\)"
+
+
+def _draft_value_off_v2p(position, value):
+    """A value the draft op reads (``position`` past the prefix: a draft slot of branch 0) off v2p's pages."""
+    def spoil(args, b):
+        length = int(args["seq_lens"][b])
+        row = int(args["req_pool_indices"][b])
+        column = length + position
+        args["req_to_token"][row, column] = value
+        page = value // args["page_size"]
+        return rf"request {b}: req_to_token\[{row}, {column}\] = {value} is on page {page}, outside v2p's"
+    return spoil
+
+
+def _draft_prefix_value_negative(args, b):
+    args["seq_lens"][b] = max(int(args["seq_lens"][b]), 1)
+    row = int(args["req_pool_indices"][b])
+    args["req_to_token"][row, 0] = -1  # position 0: the window's first sink token
+    return rf"request {b}: req_to_token\[{row}, 0\] = -1 is on page -1, outside v2p's"
+
+
+def _segments_past_out(args, b):
+    lens, topk, steps = args["seq_lens"].cpu(), args["topk"], args["num_steps"]
+    counts = lens.clamp(max=args["window_size"] + args["sink_size"])
+    end = topk * (int(counts[: b + 1].sum()) + (b + 1) * steps)
+    args["out"] = args["out"][:, : end - 1]
+    return rf"request {b}: its segments of step {steps - 1} end at column {end}, past out's {end - 1} columns"
+
+
+ROW_SPOILERS = {"pool-outside": _pool_outside, "pool-negative": _pool_negative, "length-negative": _length_negative,
+                "length-past-table": _length_past_table}
+FAMILY_SPOILERS = [(op, kind, spoil) for op in FAMILY for kind, spoil in ROW_SPOILERS.items()] + [
+    ("dcp_token_csr", "start-past-table", _start_past_table),
+    ("dcp_token_csr", "first-own-position-past-table", _first_own_position_past_table),
+    ("dcp_token_csr", "indptr-past-out", _indptr_past_out),
+    ("dcp_token_csr", "indptr-negative", _indptr_negative),
+    ("dcp_token_csr", "rows-overlap", _rows_overlap),
+    ("mha_page_table", "slot-past-mapping", _slot_outside_mapping(5000)),
+    ("mha_page_table", "slot-negative", _slot_outside_mapping(-2)),
+    ("mha_page_table", "mapping-empty", _empty_mapping),
+    ("translated_page_table", "page-past-v2p", _page_past_v2p),
+    ("draft_decode", "draft-slot-past-v2p", _draft_value_off_v2p(1, 5000 // 4 * 4 + 3)),
+    ("draft_decode", "draft-slot-negative", _draft_value_off_v2p(0, -5)),
+    ("draft_decode", "prefix-negative", _draft_prefix_value_negative),
+    ("draft_decode", "segments-past-out", _segments_past_out),
+    ("draft_decode", "draft-slots-past-table", _draft_slots_past_table),
+]
+
+
+@pytest.mark.parametrize("op", sorted(FAMILY))
+def test_family_valid_calls_pass_and_match_the_reference(debug_on, op):
+    g = torch.Generator().manual_seed(torch.seed() % 2**31)
+    for _ in range(3):
+        args = _family_case(op, g)
+        expected = {name: args[name].clone() for name in FAMILY[op][2]}
+        _family_call(op, {**args, **expected}, backend="torch")  # the reference, with the checks
+        _family_call(op, args)
+        for name in FAMILY[op][2]:
+            assert torch.equal(args[name].cpu(), expected[name].cpu()), name
+
+
+@pytest.mark.parametrize("op,kind,spoil", FAMILY_SPOILERS, ids=[f"{op}-{kind}" for op, kind, _ in FAMILY_SPOILERS])
+def test_family_bad_data_names_the_request(debug_on, op, kind, spoil):
+    g = torch.Generator().manual_seed(torch.seed() % 2**31)
+    args = _family_case(op, g)
+    b = random.randrange(1, FAMILY_BATCH)
+    pattern = spoil(args, b)
+    for backend in ("torch", None):
+        with pytest.raises(ValueError, match=pattern):
+            _family_call(op, args, backend)
+        for name in FAMILY[op][2]:
+            assert (args[name] == POISON).all(), f"{name} written before the error"
+
+
+def test_family_checks_only_what_is_read(debug_on):
+    """No false alarms: empty rows point anywhere, values past the written columns are not looked up."""
+    g = torch.Generator().manual_seed(torch.seed() % 2**31)
+    args = _family_case("dcp_token_csr", g)
+    cols, total = args["req_to_token"].shape[1], args["out"].shape[0]
+    args["kv_start_idx"][0], args["kv_indptr"][0] = cols + 9, total  # request 0 is empty
+    _family_call("dcp_token_csr", args)
+
+    args = _family_case("mha_page_table", g)
+    args["seq_lens"][1] = 4 * 6  # six pages: the SWA table (five columns) maps the first five only
+    args["req_to_token"][int(args["req_pool_indices"][1]), 4 * 5] = -1
+    _family_call("mha_page_table", args)
+
+    args = _family_case("translated_page_table", g)
+    args["max_pages"], args["seq_lens"][1] = 5, 4 * 6 - 2  # six pages with the delta, five columns read
+    args["req_to_token"][int(args["req_pool_indices"][1]), 4 * 5] = 10**9
+    _family_call("translated_page_table", args)
+
+    args = _family_case("draft_decode", g)  # a window of 6 + 2 sink tokens: the middle of a long prefix is not read
+    args["seq_lens"][1] = 20
+    args["req_to_token"][int(args["req_pool_indices"][1]), 5] = -1
+    _family_call("draft_decode", args)
+
+
+def test_debug_csr_rows_overlapping(debug_on):
+    case = make_case(6, 8, max_pages=4, device=DEVICE)
+    indptr, flat = case.csr(gap=0)
+    case.seq_lens.clamp_(min=2)
+    indptr.copy_(torch.cat([indptr.new_zeros(1), torch.cumsum(case.seq_lens, 0)]))
+    flat = torch.full((int(indptr[-1]),), POISON, dtype=torch.int32, device=DEVICE)
+    b = random.randrange(1, case.batch)
+    indptr[b] = int(indptr[b - 1]) + 1
+    with pytest.raises(ValueError, match=rf"request {b}: kv_indptr\[{b}\] = {int(indptr[b])} starts inside request "
+                                         rf"{b - 1}'s entries \[{int(indptr[b - 1])}, "):
+        kvdispatch.create_flashinfer_kv_indices(case.req_to_token, case.req_pool_indices, case.seq_lens, indptr, flat)
+    assert (flat == POISON).all()
