@@ -346,3 +346,27 @@ def test_host_build_of_one_specialisation():
     got = cuda_host.create_dcp_page_table(table, pool, lens, torch.full((4, 5), POISON, dtype=torch.int32),
                                           page_size=16, dcp_size=4, dcp_rank=2, fill_value=-1, specialised=True)
     assert_same(got, expected, "specialised DCP page table")
+
+
+@pytest.mark.skipif("triton" not in BACKENDS, reason="Triton is not under test")
+def test_triton_compiles_once_across_batches_widths_ranks_and_strides():
+    """One compilation per kernel for one specialisation (DCP size, page size, dtypes, options), whatever the
+    batch, the table's width and row stride, ``out``'s length or width and row stride, and the rank."""
+    from kernels_triton import dcp as triton_dcp
+    from kernels_triton import launch as triton_launch
+
+    triton_launch.reset(compiled=True)
+    g = generator()
+    dcp_size, page_size = 4, 16
+    for batch, cols, width, gap in ((1, 5, 1, 0), (3, 64, 7, 2), (6, 150, 3, 5), (2, 97, 12, 1)):
+        rank = int(draw(0, dcp_size, 1, g))
+        table = random_table(ROWS, cols, g)  # its row stride is its width
+        pool = draw(0, ROWS, batch, g)
+        start = draw(0, 6, batch, g)
+        lens = reference.dcp_owned_counts(draw(0, cols + 1, batch, g), dcp_size, rank, start).clamp(min=0)
+        indptr, total = packed_indptr(lens, gap, g)
+        check_dcp_csr("triton", table, pool, lens, indptr, total, torch.int64, dcp_size, rank, start)
+        # out's row stride is its width plus the guards
+        check_dcp_page_table("triton", table, pool, lens, width, page_size, dcp_size, rank, spare_rows=gap)
+    assert triton_dcp.csr_launcher.compile_count == 1
+    assert triton_dcp.table_launcher.compile_count == 1

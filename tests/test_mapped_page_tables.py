@@ -418,3 +418,26 @@ def test_int64_values_past_32_bits_in_the_loop_oracles():
                       torch.zeros((1, 1), dtype=torch.int32), torch.zeros((1, 1), dtype=torch.int32),
                       torch.tensor([I64_MIN]), 1, False)
     assert swa.tolist() == [[0]]
+
+
+@pytest.mark.skipif("triton" not in BACKENDS, reason="Triton is not under test")
+def test_triton_compiles_once_across_batches_widths_and_strides():
+    """One compilation per kernel for one specialisation (page size, dtypes, options), whatever the batch, the
+    table's width and row stride (its width), the output widths and row strides (``guarded``: the width plus the
+    guards), ``max_pages``, the lookup's length and the multiplier's and delta's values."""
+    from kernels_triton import launch as triton_launch
+    from kernels_triton import mapped_tables as triton_mapped
+
+    triton_launch.reset(compiled=True)
+    g = generator()
+    page_size = 16
+    for width, swa_width, max_pages, multiplier, delta in ((1, 1, 1, 2, 1), (7, 3, 5, 3, -2), (12, 12, 12, 5, 7),
+                                                           (4, 9, 0, -1, 3)):
+        table = random_table(page_size, g)
+        pool, lens = random_requests(table, page_size, torch.int64, g, bad_pools=False)
+        mapping = random_lookup(torch.int64, int(draw(1, 200, 1, g)), g)
+        check_mha("triton", table, pool, lens, width, page_size, swa_width, mapping, rows=pool.shape[0] + 1)
+        v2p = random_lookup(torch.int32, int(draw(1, 200, 1, g)), g)
+        check_translated("triton", table, pool, lens, v2p, width, page_size, multiplier, min(max_pages, width), delta)
+    assert triton_mapped.mha_launcher.compile_count == 1
+    assert triton_mapped.translated_launcher.compile_count == 1
