@@ -62,7 +62,9 @@ def test_every_specialisation_compiles(reports, target):
     assert len({row["label"] for row in rows}) == len(rows)
     for row in rows:
         assert row["binary_bytes"] > 0, row
-        assert row["shared_bytes"] == 0, row  # no shared memory: nothing to run out of on any part
+        # No shared memory but the draft kernel's prefix-sum reduction scratch (tens of bytes): nothing to
+        # run out of on any part.
+        assert row["shared_bytes"] <= (1024 if row["label"].startswith("_draft_decode_kernel") else 0), row
         warp = TARGETS[target][2]
         assert row["num_warps"] * warp in (64, 128, 256), row
 
