@@ -47,7 +47,7 @@ class PagePool:
         self.free_rows = list(range(max_requests, 0, -1))  # row 0: padding; pop() takes the lowest first
         self.host = torch.full((max_requests + 1, max_context_len), STALE, dtype=torch.int32)
         self.host[0] = 0
-        self.req_to_token = self.host.to(device)
+        self.req_to_token = self.host.to(device, copy=True)  # a copy on every device: only sync() updates it
         self.requests: dict[int, Request] = {}
         self._next_rid = 0
 

@@ -119,6 +119,7 @@ def test_trtllm_mha_kernel_launch(backend, page_size, swa, compat):
     scale = _scale(backend)
     pool = _pool(page_size, scale, seed=page_size + 101 * swa)
     populate(pool, scale.batch, min_len=1, max_len=scale.max_len)
+    pool.sync()
     table = pool.req_to_token
     rids = pool.live()
     rows, lens = _vec(pool.rows(rids), torch.int64), _vec(pool.lengths(rids), torch.int32)
