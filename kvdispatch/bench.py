@@ -53,7 +53,8 @@ GPU_CASES = ["1x131072x64", "64x32768x64", "1x131072x1", "256x32768x1", "1x4096x
 GPU_CASES += ["csr:64x4096", "csr:64x4096:i64", "csr:64x4096:e16:map", "csr:8x32768:i64"]
 GPU_CASES += ["mha:64x32768x64", "mha:64x32768x64:swa", "mha:256x8192x16:swa", "mha:8x131072x1",
               "v2p:64x32768x64", "v2p:256x8192x16", "v2p:8x131072x1"]
-GPU_CASES += ["draft:64x4096x5x1", "draft:64x4096x5x4", "draft:16x4096x5x4:p16", "draft:8x32768x3x1"]
+GPU_CASES += ["draft:64x4096x5x1", "draft:64x4096x5x4", "draft:16x4096x5x4:p16", "draft:8x32768x3x1",
+              "draft:4x2048x5x1", "draft:8x1024x3x4"]  # the last two: few bytes, where latency decides
 GPU_CASES += ["dcp:64x32768x4", "dcp:1x131072x8", "dcp:256x8192x2", "dcptable:64x32768x64x4", "dcptable:1x131072x64x8",
               "dcptable:256x32768x16x2", "dcptable:64x32768x1x8"]
 GPU_QUICK_CASES = GPU_CASES[:4] + ["csr:64x4096:i64", "mha:64x32768x64:swa", "v2p:64x32768x64", "draft:64x4096x5x4",
