@@ -14,8 +14,9 @@ the plan calls that C function itself, with what ``__call__`` would pass: one Py
 microsecond.
 
 Below all of these, a call whose plan exists can skip Python altogether: ``native_kernel`` checks that a
-compiled kernel takes ``cuLaunchKernel``'s parameters the way ``kernels_triton/native_launch.c`` passes
-them, and the page-table launcher then registers its plans there too (``native.py``).
+compiled kernel takes ``cuLaunchKernel``'s (on AMD ``hipModuleLaunchKernel``'s) parameters the way
+``kernels_triton/native_launch.c`` passes them, and the page-table and token-CSR launchers then register their
+plans there too (``native.py``).
 
 ``KVDISPATCH_TRITON_LAUNCH`` = ``auto`` (default: the deepest path detected) | ``native`` or ``direct``
 (required) | ``fast`` (``CompiledKernel.run``) | ``plain`` overrides that choice; it is read when a plan is
@@ -180,7 +181,8 @@ def forwards_to_c_launch(launcher_class) -> bool:
 
 @dataclass(frozen=True)
 class NativeKernel:
-    """What ``native_launch.c`` needs to launch a compiled kernel: ``cuLaunchKernel``'s arguments."""
+    """What ``native_launch.c`` needs to launch a compiled kernel: ``cuLaunchKernel``'s (or
+    ``hipModuleLaunchKernel``'s) arguments."""
 
     function: int
     threads: int
@@ -195,20 +197,88 @@ def _entry_parameter_types(ptx: str) -> list[str]:
     return re.findall(r"\.param\s+\.(\w+)", entry)
 
 
+def _amdgpu_kernel_metadata(amdgcn: str) -> tuple[list[dict[str, str]], dict[str, str]] | None:
+    """The kernel argument list (``.args``: one dict of ``.offset``, ``.size``, ``.value_kind``... per
+    argument) and the other kernel fields (``.wavefront_size``, ``.max_flat_workgroup_size``...) of the one
+    kernel in the AMDGPU metadata block (``.amdgpu_metadata`` ... ``.end_amdgpu_metadata``, YAML) of AMD
+    assembly; None without exactly one kernel there."""
+    if ".amdgpu_metadata" not in amdgcn:
+        return None
+    block = amdgcn.split(".amdgpu_metadata", 1)[1].split(".end_amdgpu_metadata", 1)[0]
+    if block.count(".symbol:") != 1:
+        return None
+    arguments: list[dict[str, str]] = []
+    fields: dict[str, str] = {}
+    args_indent = None
+    for line in block.splitlines():
+        indent = len(line) - len(line.lstrip(" "))
+        text = line.strip()
+        if args_indent is not None and indent <= args_indent and not text.startswith("- "):
+            args_indent = None  # past the argument list
+        if text.startswith("- "):
+            if args_indent is not None:
+                arguments.append({})
+            text = text[2:].strip()
+        name, _, value = text.partition(":")
+        if not name.startswith("."):
+            continue
+        if args_indent is not None:
+            if not arguments:
+                return None
+            arguments[-1][name] = value.strip()
+        elif name == ".args":
+            args_indent = indent
+        else:
+            fields[name] = value.strip()
+    return arguments, fields
+
+
+def _hip_parameter_count(compiled, metadata, target, runtime_args: int) -> int | None:
+    """``native_parameter_count`` of an AMD kernel, read from its AMDGPU metadata: ``runtime_args`` explicit
+    arguments then the two scratch pointers, each 8 bytes at offset 8 * i, one kernel compiled for
+    ``target``'s wavefront and for exactly ``num_warps`` wavefronts per workgroup. Hidden arguments
+    (``hidden_block_count_y``... which ``tl.num_programs`` reads) may follow: the HIP runtime fills them at
+    each launch, from the launch itself, as it does for Triton's own launcher, which passes the same
+    parameters."""
+    asm = getattr(compiled, "asm", None)
+    amdgcn = asm.get("amdgcn") if isinstance(asm, dict) else None
+    found = _amdgpu_kernel_metadata(amdgcn) if isinstance(amdgcn, str) else None
+    if found is None:
+        return None
+    arguments, fields = found
+    hidden = [a.get(".value_kind", "").startswith("hidden_") for a in arguments]
+    explicit = arguments[:hidden.index(True)] if any(hidden) else arguments
+    if (any(not h for h in hidden[len(explicit):])
+            or [(a.get(".offset"), a.get(".size")) for a in explicit] != [(str(8 * i), "8")
+                                                                          for i in range(runtime_args + 2)]
+            or any(a.get(".value_kind") not in ("global_buffer", "by_value") for a in explicit)):
+        return None
+    warp_size = getattr(target, "warp_size", None)
+    if (fields.get(".wavefront_size") != str(warp_size)
+            or fields.get(".max_flat_workgroup_size") != str(warp_size * getattr(metadata, "num_warps", 0))):
+        return None
+    return len(explicit)
+
+
 def native_parameter_count(compiled, runtime_args: int) -> int | None:
-    """How many ``cuLaunchKernel`` parameters ``compiled`` takes, when ``native_launch.c`` can launch it:
-    an NVIDIA kernel whose parameters are its ``runtime_args`` runtime arguments then Triton's two scratch
-    pointers (left null: it needs no scratch memory), all 8 bytes wide, on one CTA per program, neither
-    cooperative nor PDL. What every Triton launcher from 3.0 to 3.8 passes in that case. None otherwise.
+    """How many ``cuLaunchKernel`` (``hipModuleLaunchKernel``) parameters ``compiled`` takes, when
+    ``native_launch.c`` can launch it: a kernel whose parameters are its ``runtime_args`` runtime arguments
+    then Triton's two scratch pointers (left null: it needs no scratch memory), all 8 bytes wide, on one CTA
+    per program, neither cooperative nor PDL. What every Triton launcher from 3.0 to 3.9 passes in that case.
+    NVIDIA: read from the PTX entry, on 32-lane warps. AMD: read from the AMDGPU metadata's kernel argument
+    list, on wavefronts of the target's size (``_hip_parameter_count``). None otherwise.
     """
     metadata = getattr(compiled, "metadata", None)
     target = getattr(metadata, "target", None)
-    if getattr(target, "backend", None) != "cuda" or getattr(target, "warp_size", 32) != 32:
+    backend = getattr(target, "backend", None)
+    if backend not in ("cuda", "hip") or (backend == "cuda" and getattr(target, "warp_size", 32) != 32):
         return None
     if (getattr(metadata, "num_ctas", 1) != 1 or getattr(metadata, "global_scratch_size", 0)
             or getattr(metadata, "profile_scratch_size", 0) or getattr(metadata, "launch_cooperative_grid", False)
             or getattr(metadata, "launch_pdl", False)):
         return None
+    if backend == "hip":
+        return _hip_parameter_count(compiled, metadata, target, runtime_args)
     asm = getattr(compiled, "asm", None)
     ptx = asm.get("ptx") if isinstance(asm, dict) else None
     if not isinstance(ptx, str):
@@ -217,6 +287,13 @@ def native_parameter_count(compiled, runtime_args: int) -> int | None:
     if len(types) != runtime_args + 2 or any(t not in ("u64", "b64", "s64") for t in types):
         return None
     return len(types)
+
+
+def threads_per_program(compiled) -> int:
+    """The threads of one program of ``compiled`` as Triton's launchers start it: ``num_warps`` warps (AMD:
+    wavefronts) of its target's width."""
+    metadata = compiled.metadata
+    return getattr(metadata.target, "warp_size", 32) * metadata.num_warps
 
 
 # The current stream's handle of a device, without creating a Stream object (an alias, not a wrapper: it
@@ -353,17 +430,19 @@ class KernelLauncher:
         values = tuple(constexprs[name] for name in self.constexpr_names)
         return fast_launcher(compiled, convention, grid, values, key[0], direct)
 
-    def native_kernel(self, device_index: int, specialisation, runtime_args: int) -> NativeKernel | None:
+    def native_kernel(self, device_index: int, specialisation, runtime_args: int, threads: int) -> NativeKernel | None:
         """The compiled kernel of ``(device_index, specialisation)`` as ``native_launch.c`` launches it, when
-        the launch mode allows that (``auto``, ``native``) and it can; None otherwise. Raises in ``native``
-        mode when it cannot. Call after ``plan`` (which compiles the kernel)."""
+        the launch mode allows that (``auto``, ``native``) and it can: its parameters as
+        ``native_parameter_count`` requires, and ``threads`` (the grid helper's threads per program) exactly
+        what Triton's launcher starts. None otherwise. Raises in ``native`` mode when it cannot. Call after
+        ``plan`` (which compiles the kernel)."""
         mode = launch_mode()
         if mode not in ("auto", "native") or device_index < 0:
             return None
         key = (device_index, specialisation)
         found = self.native_kernels.get(key, False)
         if found is False:
-            found = self.native_kernels[key] = self._native_kernel(key, runtime_args)
+            found = self.native_kernels[key] = self._native_kernel(key, runtime_args, threads)
         if found is None and mode == "native":
             from . import native  # noqa: PLC0415
 
@@ -373,19 +452,18 @@ class KernelLauncher:
                                f"({reason}); use auto, direct, fast or plain")
         return found
 
-    def _native_kernel(self, key, runtime_args: int) -> NativeKernel | None:
+    def _native_kernel(self, key, runtime_args: int, threads: int) -> NativeKernel | None:
         from . import native  # noqa: PLC0415  (built at first use)
 
         compiled = self.compiled.get(key)
         count = native_parameter_count(compiled, runtime_args)
-        if count is None or native.load() is None:
+        if count is None or native.load(key[0]) is None or threads_per_program(compiled) != threads:
             return None
         with torch.cuda.device(key[0]):
             context = native.current_context()
         if not context:
             return None
-        metadata = compiled.metadata
-        return NativeKernel(compiled.function, 32 * metadata.num_warps, metadata.shared, count, context)
+        return NativeKernel(compiled.function, threads, compiled.metadata.shared, count, context)
 
 
 def nothing(*args):

@@ -13,10 +13,15 @@ It is built at first use, like Triton's own launcher, with the C compiler Triton
 cache (``kvdispatch._build_cache``: ``$KVDISPATCH_CACHE_DIR``, default ``$XDG_CACHE_HOME/kvdispatch`` or
 ``~/.cache/kvdispatch``), which must be private to the current user. A cache directory or library that another user could have written (or a
 symbolic link) is refused and never loaded: one warning is logged, ``failure()`` says why, and launches
-stay on the Python path. Where it cannot be built or loaded otherwise, or on anything but NVIDIA (where
-Triton's kernels take ``cuLaunchKernel``'s parameters as ``launch.native_parameter_count`` checks),
-launches stay on the Python path too (one info line). ``KVDISPATCH_TRITON_LAUNCH=native`` requires it
-and raises with the reason.
+stay on the Python path. Where it cannot be built or loaded otherwise, or for a kernel that does not take
+``cuLaunchKernel``'s parameters as ``launch.native_parameter_count`` checks, launches stay on the Python path
+too (one info line). ``KVDISPATCH_TRITON_LAUNCH=native`` requires it and raises with the reason.
+
+The vendor of the device Triton serves (``kvdispatch.probe``) picks the driver (``devices.DRIVER_LAUNCH_API``):
+libcuda's ``cuLaunchKernel`` on NVIDIA; on AMD, only where ``KVDISPATCH_HIP_HOST_PATH`` is on, the HIP
+runtime's ``hipModuleLaunchKernel`` (same parameters; ROCm's PyTorch devices are ``cuda`` devices, so the C
+source is the same). It is off by default because it has not run on AMD hardware: AMD launches then stay on
+the Python path, and the HIP runtime is never opened from here.
 """
 
 from __future__ import annotations
@@ -35,8 +40,9 @@ from pathlib import Path
 
 import torch
 
-from kvdispatch import _build_cache
+from kvdispatch import _build_cache, devices
 from kvdispatch import grid as launch_grid
+from kvdispatch._env import flag
 
 from . import launch
 
@@ -44,6 +50,7 @@ SOURCE = Path(__file__).with_name("native_launch.c")
 MODULE_NAME = "kvdispatch_native_launch"
 DTYPE_CODES = {None: 0, torch.int32: 1, torch.int64: 2}
 OPS = {"page_table": 0, "token_csr": 1}  # native_launch.c's OP_PAGE_TABLE, OP_TOKEN_CSR (shared_defines)
+HIP_HOST_PATH_ENV = "KVDISPATCH_HIP_HOST_PATH"
 
 log = logging.getLogger("kvdispatch")
 _lock = threading.Lock()
@@ -109,24 +116,66 @@ def build(directory: Path | None = None):
     return module
 
 
-def configure_for_cuda(module) -> None:
-    """Point ``module`` at libcuda's launch and context functions and at PyTorch's raw stream query."""
-    cuda = ctypes.CDLL("libcuda.so.1")
-    module.configure(ctypes.cast(cuda.cuLaunchKernel, ctypes.c_void_p).value,
-                     ctypes.cast(cuda.cuCtxGetCurrent, ctypes.c_void_p).value,
+def open_driver(library: str):
+    """``ctypes.CDLL`` of the driver ``library`` (``devices.DRIVER_LAUNCH_API``): the file of that name this
+    process has already loaded (``libamdhip64.so.6...`` for ``libamdhip64.so``: the HIP runtime PyTorch uses,
+    never a second one), else whatever the dynamic loader finds for the name."""
+    try:
+        with open("/proc/self/maps") as maps:
+            fields = [line.split(None, 5) for line in maps]
+    except OSError:  # not Linux
+        fields = []
+    loaded = sorted({f[5].strip() for f in fields if len(f) == 6 and f[5].startswith("/")})
+    path = next((p for p in loaded if os.path.basename(p).startswith(library)), library)
+    return ctypes.CDLL(path)
+
+
+def _configure_for(module, vendor: str) -> None:
+    """Point ``module`` at ``vendor``'s launch and context functions and at PyTorch's raw stream query (the
+    current ``hipStream_t`` on ROCm builds, whose devices and tensors are PyTorch's ``cuda`` ones)."""
+    api = devices.DRIVER_LAUNCH_API[vendor]
+    driver = open_driver(api.library)
+    module.configure(ctypes.cast(getattr(driver, api.launch), ctypes.c_void_p).value,
+                     ctypes.cast(getattr(driver, api.current_context), ctypes.c_void_p).value,
                      torch._C._cuda_getCurrentRawStream, torch.Tensor, torch.int32, torch.int64, "is_cuda", 0)
 
 
-def load():
-    """The configured extension, or None (the reason is in ``failure()``); built once per process."""
+def configure_for_cuda(module) -> None:
+    """Point ``module`` at libcuda's ``cuLaunchKernel`` and ``cuCtxGetCurrent``."""
+    _configure_for(module, "nvidia")
+
+
+def configure_for_hip(module) -> None:
+    """Point ``module`` at the HIP runtime's ``hipModuleLaunchKernel`` and ``hipCtxGetCurrent``, which take
+    the parameters of their CUDA namesakes."""
+    _configure_for(module, "amd")
+
+
+def configuration_for(device_index: int | None):
+    """How to configure the extension for the vendor of the GPU Triton serves (``device_index``; None: the
+    current device), per the probe: ``configure_for_hip`` on AMD when ``KVDISPATCH_HIP_HOST_PATH`` is on,
+    ``configure_for_cuda`` otherwise. Raises on AMD while the variable is off (the default: this path has not
+    run on AMD hardware), before anything is built or loaded."""
+    device = None if device_index is None else torch.device("cuda", device_index)
+    if devices.probe(device).vendor != "amd":
+        return configure_for_cuda
+    if not flag(HIP_HOST_PATH_ENV):
+        raise RuntimeError(f"{HIP_HOST_PATH_ENV} is off: on AMD, launches take the Python path unless it is set")
+    return configure_for_hip
+
+
+def load(device_index: int | None = None):
+    """The configured extension, or None (the reason is in ``failure()``); built once per process, for the
+    vendor of ``device_index`` (``configuration_for``)."""
     global _module, _failure
     if _module is not None or _failure is not None:
         return _module
     with _lock:
         if _module is None and _failure is None:
             try:
+                configure = configuration_for(device_index)
                 module = build()
-                configure_for_cuda(module)
+                configure(module)
                 for op, index, backend in _approved:
                     module.approve(OPS[op], index, backend, True)
                 from kvdispatch import dispatch  # noqa: PLC0415  (kvdispatch imports this package lazily)

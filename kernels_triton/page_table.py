@@ -247,7 +247,7 @@ def _build_plan(key, out, args):
     specialisation = (page_size, has_start, *flags, geometry.folded) + key[4:7] + (round_toward_zero,)
     warps = _launch.warps_for(out.device, geometry.threads)
     plan, launched = launcher.plan(key[0], specialisation, geometry.grid, constexprs, warps, args)
-    kernel = launcher.native_kernel(key[0], specialisation, len(PARAMETERS))
+    kernel = launcher.native_kernel(key[0], specialisation, len(PARAMETERS), geometry.threads)
     if kernel is not None:  # the compiled launcher takes this key's calls from now on
         native.add_page_table_plan(key, kernel, geometry.grid)
     return _plans.add(key, plan), launched

@@ -175,7 +175,7 @@ def _build_plan(key, out, args):
                                 key[11] is not None)
     plan, launched = launcher.plan(key[0], specialisation, geometry.grid, constexprs, warps, args)
     if is_ordinary(key):  # the compiled launcher takes no call with an option
-        kernel = launcher.native_kernel(key[0], specialisation, len(ORDINARY_PARAMETERS))
+        kernel = launcher.native_kernel(key[0], specialisation, len(ORDINARY_PARAMETERS), geometry.threads)
         if kernel is not None:  # it takes this key's calls from now on
             native.add_token_csr_plan(key, kernel, geometry.grid)
     return _plans.add(key, plan), launched

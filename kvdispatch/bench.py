@@ -88,6 +88,10 @@ the lines above the table name what was skipped and why):
                dcp-loop, dcp-2d-grid: those designs for the DCP ops
   status       ok; WRONG: differs from kvdispatch.reference (fails the run);
                error: see note
+  path         api rows: what launched a repeated eager call, seen in that
+               call: native (the compiled C host path), else the backend's
+               Python path: triton (Triton's launcher; its interpreter on
+               CPU), cupy, torch
   µs/call      time per call, the median over interleaved rounds: on a GPU,
                CUDA-graph replay; on CPU, wall clock
   host µs      host time per eager call (GPU; on CPU it is µs/call)
@@ -246,6 +250,7 @@ class Row:
     width: int
     impl: str
     status: str = "ok"  # ok | WRONG | error
+    path: str = ""  # API rows: how a repeated eager call launched (eager_path)
     time_us: float | None = None  # GPU: CUDA-graph replay (or eager events, see timing); CPU: wall clock
     timing: str = ""  # cuda-graph | eager-events | wall-clock
     host_us: float | None = None  # eager call, host side (GPU); equal to time_us on CPU
@@ -700,14 +705,55 @@ def check_eager(fn, x: Inputs) -> str:
     return mismatch(x.out, _expected(fn, x))
 
 
+# The "path" of an API row whose repeated eager call the compiled entries of dispatch took.
+NATIVE_PATH = "native"
+COMPILED_ENTRIES = ("fast_page_table", "fast_token_csr")
+
+
+def eager_path(fn, x: Inputs, backend: str) -> tuple[str, str]:
+    """``(path, wrong)`` of one more eager call of an API row's ``fn`` (``check_eager``'s verdict in
+    ``wrong``): ``NATIVE_PATH`` when a compiled entry (``dispatch.fast_page_table`` / ``fast_token_csr``, the
+    C host path) launched it, else ``backend``, the one the row asks for, whose Python path then served it.
+    Counted with wrappers around the installed entries, for this call only; an entry installed meanwhile
+    (the first use of the compiled path) is left in place."""
+    launched = []
+
+    def counting(entry):
+        def call(*args):
+            result = entry(*args)
+            if result is not NotImplemented:
+                launched.append(result)
+            return result
+        return call
+
+    wrapped = {name: (entry, counting(entry)) for name in COMPILED_ENTRIES
+               if (entry := getattr(dispatch, name)) is not None}
+    for name, (_, wrapper) in wrapped.items():
+        setattr(dispatch, name, wrapper)
+    try:
+        wrong = check_eager(fn, x)
+    finally:
+        for name, (entry, wrapper) in wrapped.items():
+            if getattr(dispatch, name) is wrapper:
+                setattr(dispatch, name, entry)
+    return (NATIVE_PATH if launched else backend), wrong
+
+
 def measure(impl: str, case: Case, x: Inputs, device: torch.device, reps: Reps) -> Row:
-    """Correctness, then the first round of timings, of one implementation on one case."""
+    """Correctness, then the first round of timings, of one implementation on one case; for API rows a
+    second eager call (plans exist then) says the launch path and is checked too."""
     row = Row(case.name, case.batch, case.context, case.page_size, case.width, impl)
     try:
-        wrong = check_eager(bind(impl, x, case), x)
+        fn = bind(impl, x, case)
+        wrong = check_eager(fn, x)
         if wrong:
             row.status, row.note = "WRONG", f"eager: {wrong}"
             return row
+        if impl.startswith(API_PREFIX):
+            row.path, wrong = eager_path(fn, x, impl[len(API_PREFIX):])
+            if wrong:
+                row.status, row.note = "WRONG", f"eager, repeated ({row.path}): {wrong}"
+                return row
     except Exception as exc:  # one implementation failing must not stop the run
         row.status, row.note = "error", f"{type(exc).__name__}: {exc}".splitlines()[0][:300]
         _recover(device)
@@ -1001,7 +1047,8 @@ def run(cases: list[Case], requested: list[str] | None, device: torch.device, re
 # ---------------------------------------------------------------------------------------------- output
 
 COLUMNS = [  # (header, Row attribute, format)
-    ("case", "case", "s"), ("impl", "impl", "s"), ("status", "status", "s"), ("µs/call", "time_us", "t"),
+    ("case", "case", "s"), ("impl", "impl", "s"), ("status", "status", "s"), ("path", "path", "s"),
+    ("µs/call", "time_us", "t"),
     ("host µs", "host_us", "t"), ("/naive", "vs_naive", "x"), ("/2d", "vs_2d", "x"), ("/torch", "vs_torch", "x"),
     ("GB/s", "gbps", "g"), ("/copy", "copy_fraction", "x"), ("host/add_", "host_vs_add", "x"),
     ("host/launch", "host_vs_launch", "x"), ("note", "note", "s"),

@@ -33,6 +33,24 @@ WARP_SIZE = {"nvidia": 32, "amd": 64}  # when PyTorch does not report it; RDNA G
 
 
 @dataclass(frozen=True)
+class DriverLaunchAPI:
+    """The driver functions a vendor's Triton kernels are launched through, as the compiled host path
+    (``kernels_triton/native_launch.c``) calls them: ``launch`` takes ``cuLaunchKernel``'s parameters (function,
+    grid x/y/z, block x/y/z, shared bytes, stream, kernel parameters, extra) and ``current_context``
+    ``cuCtxGetCurrent``'s (a pointer to the context handle), each returning 0 on success."""
+
+    library: str  # the shared library, as dlopen names it (a file of that name already loaded is preferred)
+    launch: str
+    current_context: str
+
+
+DRIVER_LAUNCH_API = {
+    "nvidia": DriverLaunchAPI("libcuda.so.1", "cuLaunchKernel", "cuCtxGetCurrent"),
+    "amd": DriverLaunchAPI("libamdhip64.so", "hipModuleLaunchKernel", "hipCtxGetCurrent"),
+}
+
+
+@dataclass(frozen=True)
 class DeviceInfo:
     """What ``probe`` found for one device.
 

@@ -58,9 +58,12 @@ def test_quick_json(capsys, tmp_path):
         for row in rows:
             assert row["status"] == "ok" and row["timing"] == "wall-clock"
             assert row["time_us"] > 0 and row["vs_torch"] > 0
+    assert [r["path"] for r in _rows(data, "api:torch")] == ["torch", "torch"]
+    assert [r["path"] for r in _rows(data, bench.PLAIN_TORCH)] == ["", ""]  # baselines: no API path
     if "triton" in data["backends"]:  # the Triton interpreter (TRITON_INTERPRET=1): baselines run too
         for impl in ("api:triton", bench.NAIVE, bench.GRID_2D):
             assert [r["status"] for r in _rows(data, impl)] == ["ok", "ok"]
+        assert [r["path"] for r in _rows(data, "api:triton")] == ["triton", "triton"]  # CPU: never native
         assert all(r["vs_naive"] > 0 and r["vs_2d"] > 0 for r in _rows(data, "api:torch"))
     page1 = [r for r in data["rows"] if r["page_size"] == 1]
     assert all(r["gbps"] > 0 for r in page1)
@@ -73,7 +76,7 @@ def test_markdown(capsys, tmp_path):
     rc, data, out, _ = _run(capsys, tmp_path, "--markdown", "--backends", "torch")
     assert rc == 0
     lines = [line for line in out.splitlines() if line.startswith("|")]
-    assert lines[0].startswith("| case | impl | status | µs/call")
+    assert lines[0].startswith("| case | impl | status | path | µs/call")
     assert set(lines[1]) <= set("|-:")
     assert len(lines) == 2 + len(data["rows"])
     assert any(line.startswith("| 2x128x1 | api:torch | ok |") for line in lines)
@@ -222,6 +225,27 @@ def test_rounds_are_interleaved_and_the_median_counts(monkeypatch):
         assert len(row.time_rounds) == 3
         assert row.time_us == row.host_us == pytest.approx(sorted(row.time_rounds)[1])
         assert row.time_us == pytest.approx(row.time_rounds[0] * 1.2)
+
+
+@pytest.mark.parametrize("takes", [True, False], ids=["entry-launches", "entry-hands-back"])
+def test_path_is_what_launched_the_repeated_call(monkeypatch, takes):
+    """An API row's path: ``native`` when a compiled entry of dispatch launched its repeated eager call, else
+    its backend; the entries are put back afterwards, and that call's result is checked too."""
+    case = bench.Case(2, 128, 16)
+    x = bench.make_inputs(case, torch.device("cpu"), 3)
+    calls = []
+
+    def entry(*args):  # a stand-in for the C path: builds with the reference, or hands the call back
+        calls.append(args)
+        if not takes:
+            return NotImplemented
+        reference.build_page_table(*args[:9])
+        return args[3]
+
+    monkeypatch.setattr(dispatch, "fast_page_table", entry)
+    row = bench.measure("api:torch", case, x, torch.device("cpu"), bench.Reps(rounds=1, host_batches=1))
+    assert row.status == "ok" and row.path == ("native" if takes else "torch")
+    assert dispatch.fast_page_table is entry and len(calls) >= 2
 
 
 def test_host_cost_is_divided_by_the_cases_own_add():

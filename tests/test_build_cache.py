@@ -214,7 +214,7 @@ def test_refusal_logs_one_warning_and_python_serves(tmp_path, plant, marker, mon
     monkeypatch.setattr(launch, "native_parameter_count", lambda compiled, runtime_args: runtime_args + 2)
     monkeypatch.setenv(launch.LAUNCH_ENV, "native")
     with pytest.raises(RuntimeError, match=f"compiled launcher cannot launch this kernel \\({reason}"):
-        launcher.native_kernel(0, "spec", 17)
+        launcher.native_kernel(0, "spec", 17, 128)
 
     case = make_case(5, 16, with_start=True)
     out = case.page_table_out()

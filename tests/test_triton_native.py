@@ -12,6 +12,7 @@ table, the launch and the tensor reads, and has its own packing and hand-back ca
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 
 import pytest
@@ -480,12 +481,12 @@ def test_native_mode_requires_it(monkeypatch):
     launcher = launch.KernelLauncher(page_table.page_table_kernel, page_table.CONSTEXPRS)
     launcher.compiled[(0, "spec")] = object()  # nothing native_launch.c could launch
     with pytest.raises(RuntimeError, match="native"):
-        launcher.native_kernel(0, "spec", 17)
+        launcher.native_kernel(0, "spec", 17, 128)
     monkeypatch.setenv(launch.LAUNCH_ENV, "direct")
-    assert launcher.native_kernel(0, "spec", 17) is None
+    assert launcher.native_kernel(0, "spec", 17, 128) is None
     monkeypatch.setenv(launch.LAUNCH_ENV, "auto")
-    assert launcher.native_kernel(0, "spec", 17) is None
-    assert launcher.native_kernel(-1, "spec", 17) is None  # CPU (the interpreter): never
+    assert launcher.native_kernel(0, "spec", 17, 128) is None
+    assert launcher.native_kernel(-1, "spec", 17, 128) is None  # CPU (the interpreter): never
 
 
 def test_parameter_count_needs_the_plain_case():
@@ -654,11 +655,11 @@ def test_load_failure_leaves_launches_in_python(tmp_path, monkeypatch):
     launcher.compiled[(0, "spec")] = object()
     monkeypatch.setattr(launch, "native_parameter_count", lambda compiled, runtime_args: runtime_args + 2)
     monkeypatch.setenv(launch.LAUNCH_ENV, "auto")
-    assert launcher.native_kernel(0, "spec", 17) is None
+    assert launcher.native_kernel(0, "spec", 17, 128) is None
     monkeypatch.setenv(launch.LAUNCH_ENV, "native")
     launcher.native_kernels.clear()
     with pytest.raises(RuntimeError, match="compiled launcher cannot launch"):
-        launcher.native_kernel(0, "spec", 17)
+        launcher.native_kernel(0, "spec", 17, 128)
 
 
 def test_no_plan_is_registered_for_a_call_with_an_option(stubs):
@@ -673,3 +674,147 @@ def test_no_plan_is_registered_for_a_call_with_an_option(stubs):
         assert native.add_token_csr_plan((0,) + key[1:], kernel, (0, 5, 1)) is False
     key, _ = token_csr.plan_key_and_arguments(*call[:6])
     assert token_csr.is_ordinary(key)
+
+
+# AMD: the same C path, configured with the HIP runtime's functions (KVDISPATCH_HIP_HOST_PATH).
+
+def amdgpu_assembly(sizes, kinds=None, wavefront=64, workgroup=128, kernels=1, offsets=None):
+    """AMD assembly whose AMDGPU metadata describes ``kernels`` kernels with arguments of ``sizes`` bytes
+    at ``offsets`` (default 8 * i; ``kinds``: their ``.value_kind``, default global_buffer), as the compiler
+    writes it."""
+    kinds = kinds or ["global_buffer"] * len(sizes)
+    offsets = offsets or [8 * i for i in range(len(sizes))]
+    arguments = "".join(f"      - .offset:         {offset}\n        .size:           {size}\n"
+                        f"        .value_kind:     {kind}\n" for offset, size, kind in zip(offsets, sizes, kinds))
+    kernel = (f"  - .agpr_count:     0\n    .args:\n{arguments}    .group_segment_fixed_size: 0\n"
+              f"    .kernarg_segment_align: 8\n    .kernarg_segment_size: {8 * len(sizes)}\n"
+              f"    .max_flat_workgroup_size: {workgroup}\n    .name:           k\n    .symbol:         k.kd\n"
+              f"    .wavefront_size: {wavefront}\n")
+    return (f"\t.amdhsa_code_object_version 5\n\t.amdgpu_metadata\n---\namdhsa.kernels:\n{kernel * kernels}"
+            "amdhsa.target:   amdgcn-amd-amdhsa--gfx942\namdhsa.version:\n  - 1\n  - 2\n...\n\n\t.end_amdgpu_metadata\n")
+
+
+def hip_compiled(runtime_args, num_warps=2, **assembly):
+    """A stand-in for a compiled gfx942 kernel: ``runtime_args`` arguments then the two scratch pointers."""
+    target = type("Target", (), {"backend": "hip", "arch": "gfx942", "warp_size": 64})()
+    metadata = type("Metadata", (), {"target": target, "num_warps": num_warps, "num_ctas": 1, "shared": 0,
+                                     "global_scratch_size": 0, "profile_scratch_size": 0,
+                                     "launch_cooperative_grid": False})()
+    assembly.setdefault("sizes", [8] * (runtime_args + 2))
+    assembly.setdefault("workgroup", 64 * num_warps)
+    return type("Compiled", (), {"metadata": metadata, "function": FUNCTION,
+                                 "asm": {"amdgcn": amdgpu_assembly(**assembly)}})()
+
+
+def test_parameter_count_reads_the_amdgpu_kernel_arguments():
+    """An AMD kernel qualifies when its metadata lists exactly the runtime arguments then the two scratch
+    pointers, 8 bytes each at offsets 8 * i, then only hidden arguments (the runtime fills those), for
+    wavefronts of the target's width and num_warps of them."""
+    assert launch.native_parameter_count(hip_compiled(17), 17) == 19
+    assert launch.threads_per_program(hip_compiled(17)) == 128
+    assert launch.native_parameter_count(hip_compiled(17), 16) is None
+    hidden = ["hidden_block_count_x", "hidden_block_count_y", "hidden_group_size_x"]
+    with_hidden = dict(sizes=[8] * 19 + [4, 4, 2], kinds=["global_buffer"] * 19 + hidden)
+    assert launch.native_parameter_count(hip_compiled(17, **with_hidden), 17) == 19
+    refused = {
+        "a 4-byte argument": dict(sizes=[8] * 5 + [4] + [8] * 13),
+        "an argument at another offset": dict(offsets=[8 * i for i in range(18)] + [152]),
+        "a hidden argument among them": dict(kinds=["global_buffer"] * 18 + ["hidden_block_count_x"]),
+        "an explicit argument after a hidden one": dict(sizes=[8] * 20,
+                                                        kinds=["global_buffer"] * 18 + [hidden[0], "by_value"]),
+        "wave32": dict(wavefront=32),
+        "another workgroup size": dict(workgroup=256),
+        "two kernels": dict(kernels=2),
+    }
+    for name, change in refused.items():
+        assert launch.native_parameter_count(hip_compiled(17, **change), 17) is None, name
+    no_metadata = hip_compiled(17)
+    no_metadata.asm = {"amdgcn": "\t.amdhsa_code_object_version 5\n"}
+    assert launch.native_parameter_count(no_metadata, 17) is None
+
+
+@pytest.fixture
+def hip_loading(built, monkeypatch):
+    """``native.load`` with the extension already built, a simulated device and a stand-in for each driver
+    library (its launch and context functions: the Stubs'); returns ``(sim, stubs, opened)``, ``opened``
+    listing the libraries asked for."""
+    from simdevices import Sim
+
+    stubs, opened = Stubs(), []
+
+    def open_driver(library):
+        opened.append(library)
+        api = next(a for a in kvdispatch.devices.DRIVER_LAUNCH_API.values() if a.library == library)
+        return type("Driver", (), {api.launch: stubs.launch, api.current_context: stubs.current_context})
+
+    monkeypatch.setattr(native, "open_driver", open_driver)
+    monkeypatch.setattr(native, "build", lambda: built)
+    monkeypatch.setattr(native, "_module", None)
+    monkeypatch.setattr(native, "_failure", None)
+    monkeypatch.setattr(native, "_approved", set())
+    monkeypatch.setattr(torch._C, "_cuda_getCurrentRawStream", lambda index: STREAM_BASE + index, raising=False)
+    monkeypatch.setattr(dispatch, "fast_page_table", None)
+    monkeypatch.setattr(dispatch, "fast_token_csr", None)
+    monkeypatch.delenv(native.HIP_HOST_PATH_ENV, raising=False)
+    return Sim(monkeypatch), stubs, opened
+
+
+def test_amd_stays_in_python_unless_the_hip_host_path_is_on(hip_loading, monkeypatch):
+    from simdevices import MI300X
+
+    sim, stubs, opened = hip_loading
+    sim.add(MI300X)
+    assert native.load(0) is None
+    assert native.HIP_HOST_PATH_ENV in native.failure()
+    assert opened == [] and dispatch.fast_page_table is None and dispatch.fast_token_csr is None
+    for value in ("0", "off", "maybe"):  # off, or not a boolean: the same, with the reason
+        monkeypatch.setattr(native, "_failure", None)
+        monkeypatch.setenv(native.HIP_HOST_PATH_ENV, value)
+        assert native.load(0) is None and opened == []
+        assert native.HIP_HOST_PATH_ENV in native.failure()
+
+
+@pytest.mark.parametrize("raw, library", [("MI300X", "libamdhip64.so"), ("H200", "libcuda.so.1")])
+def test_the_probe_vendor_picks_the_driver(hip_loading, monkeypatch, raw, library):
+    """With the variable on, an AMD device gets the HIP runtime's functions; an NVIDIA one libcuda's, as
+    without it."""
+    import simdevices
+
+    sim, stubs, opened = hip_loading
+    sim.add(getattr(simdevices, raw))
+    monkeypatch.setenv(native.HIP_HOST_PATH_ENV, "1")
+    module = native.load(0)
+    assert module is not None, native.failure()
+    assert opened == [library]
+    assert native.current_context() == CONTEXT  # the context query is the driver's (here the stub)
+    assert dispatch.fast_page_table == module.page_table and dispatch.fast_token_csr == module.token_csr
+
+
+def test_amd_plan_launches_with_its_wavefronts(stubs, monkeypatch):
+    """A page-table plan of a (stand-in) gfx942 kernel, registered as the Triton launcher registers it: the
+    C path launches it with the grid helper's threads (num_warps wavefronts of 64), the grid, and the
+    parameters the Python path passes, scratch pointers null."""
+    from kernels_triton import page_table as triton_page_table
+    from kvdispatch import grid as launch_grid
+
+    monkeypatch.setattr(torch.cuda, "device", lambda index: contextlib.nullcontext())  # CPU: no device to set
+    monkeypatch.setenv(launch.LAUNCH_ENV, "auto")
+    call = random_call(21)
+    key, _ = triton_page_table.plan_key_and_arguments(*call[:9])
+    geometry = launch_grid.page_table_launch(key[2], key[3], key[1], writes_lengths=key[7])
+    launcher = launch.KernelLauncher(triton_page_table.page_table_kernel, triton_page_table.CONSTEXPRS)
+    warps = geometry.threads // 64
+    launcher.compiled[(0, "amd")] = hip_compiled(len(triton_page_table.PARAMETERS), num_warps=warps)
+    launcher.compiled[(0, "amd wave32")] = hip_compiled(len(triton_page_table.PARAMETERS), num_warps=warps,
+                                                        wavefront=32)
+    launcher.compiled[(0, "amd other warps")] = hip_compiled(len(triton_page_table.PARAMETERS), num_warps=2 * warps)
+    for refused in ("amd wave32", "amd other warps"):  # not the block the grid helper asks for
+        assert launcher.native_kernel(0, refused, len(triton_page_table.PARAMETERS), geometry.threads) is None
+    kernel = launcher.native_kernel(0, "amd", len(triton_page_table.PARAMETERS), geometry.threads)
+    assert kernel == launch.NativeKernel(FUNCTION, geometry.threads, 0, PARAMS, CONTEXT)
+    stubs.module.approve(PAGE_TABLE, 0, None, True)
+    assert native.add_page_table_plan((0,) + key[1:], kernel, geometry.grid)
+    assert stubs.module.page_table(*call) is call[3]
+    (launched,) = stubs.launches
+    assert launched["block"] == (64 * warps, 1, 1) and launched["grid"] == geometry.grid
+    assert launched["params"] == expected_params(call) and launched["function"] == FUNCTION
