@@ -116,17 +116,20 @@ def build(directory: Path | None = None):
     return module
 
 
-def open_driver(library: str):
-    """``ctypes.CDLL`` of the driver ``library`` (``devices.DRIVER_LAUNCH_API``): the file of that name this
-    process has already loaded (``libamdhip64.so.6...`` for ``libamdhip64.so``: the HIP runtime PyTorch uses,
-    never a second one), else whatever the dynamic loader finds for the name."""
-    try:
-        with open("/proc/self/maps") as maps:
-            fields = [line.split(None, 5) for line in maps]
-    except OSError:  # not Linux
-        fields = []
-    loaded = sorted({f[5].strip() for f in fields if len(f) == 6 and f[5].startswith("/")})
-    path = next((p for p in loaded if os.path.basename(p).startswith(library)), library)
+def open_driver(library: str, reuse_loaded: bool):
+    """``ctypes.CDLL`` of the driver ``library`` (``devices.DRIVER_LAUNCH_API``). With ``reuse_loaded`` (AMD),
+    the file of that name this process has already loaded (``libamdhip64.so.6...`` for ``libamdhip64.so``: the
+    HIP runtime PyTorch uses, never a second one), else whatever the dynamic loader finds for the name; without
+    it (NVIDIA), the name as given (``libcuda.so.1``)."""
+    path = library
+    if reuse_loaded:
+        try:
+            with open("/proc/self/maps") as maps:
+                fields = [line.split(None, 5) for line in maps]
+        except OSError:  # not Linux
+            fields = []
+        loaded = sorted({f[5].strip() for f in fields if len(f) == 6 and f[5].startswith("/")})
+        path = next((p for p in loaded if os.path.basename(p).startswith(library)), library)
     return ctypes.CDLL(path)
 
 
@@ -134,7 +137,7 @@ def _configure_for(module, vendor: str) -> None:
     """Point ``module`` at ``vendor``'s launch and context functions and at PyTorch's raw stream query (the
     current ``hipStream_t`` on ROCm builds, whose devices and tensors are PyTorch's ``cuda`` ones)."""
     api = devices.DRIVER_LAUNCH_API[vendor]
-    driver = open_driver(api.library)
+    driver = open_driver(api.library, reuse_loaded=vendor == "amd")
     module.configure(ctypes.cast(getattr(driver, api.launch), ctypes.c_void_p).value,
                      ctypes.cast(getattr(driver, api.current_context), ctypes.c_void_p).value,
                      torch._C._cuda_getCurrentRawStream, torch.Tensor, torch.int32, torch.int64, "is_cuda", 0)

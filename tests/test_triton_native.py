@@ -742,8 +742,8 @@ def hip_loading(built, monkeypatch):
 
     stubs, opened = Stubs(), []
 
-    def open_driver(library):
-        opened.append(library)
+    def open_driver(library, reuse_loaded):
+        opened.append((library, reuse_loaded))
         api = next(a for a in kvdispatch.devices.DRIVER_LAUNCH_API.values() if a.library == library)
         return type("Driver", (), {api.launch: stubs.launch, api.current_context: stubs.current_context})
 
@@ -785,7 +785,7 @@ def test_the_probe_vendor_picks_the_driver(hip_loading, monkeypatch, raw, librar
     monkeypatch.setenv(native.HIP_HOST_PATH_ENV, "1")
     module = native.load(0)
     assert module is not None, native.failure()
-    assert opened == [library]
+    assert opened == [(library, raw == "MI300X")]  # only the HIP runtime is looked up among the loaded files
     assert native.current_context() == CONTEXT  # the context query is the driver's (here the stub)
     assert dispatch.fast_page_table == module.page_table and dispatch.fast_token_csr == module.token_csr
 
