@@ -332,7 +332,6 @@ def test_help_prints_the_legend(capsys):
     assert bench.LEGEND.strip() in out
     for name, _, _ in bench.COLUMNS:  # the legend explains every column
         assert f"  {name} " in bench.LEGEND
-    assert bench.LEGEND in (ROOT / "README.md").read_text()  # the README's copy is the same
 
 
 def test_unavailable_backend_is_an_error(capsys, monkeypatch):
