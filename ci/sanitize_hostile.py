@@ -182,9 +182,12 @@ def run(device, backends, verbose, shard=(0, 1)):
     cases = mismatches = ordinal = 0
 
     def selected():
-        nonlocal ordinal
+        """Whether the next case is this shard's (then it is counted)."""
+        nonlocal ordinal, cases
         ordinal += 1
-        return (ordinal - 1) % shard[1] == shard[0]
+        mine = (ordinal - 1) % shard[1] == shard[0]
+        cases += mine
+        return mine
 
     def check(what, got, expected):
         nonlocal mismatches
@@ -194,10 +197,8 @@ def run(device, backends, verbose, shard=(0, 1)):
             print(f"MISMATCH {what}: {bad.shape[0]} entries differ, first at {bad[0].tolist()}", flush=True)
 
     def page_table_case(what, data, cpu, page_size, with_start, seqlen_offset, fill_value):
-        nonlocal cases, mismatches
         if not selected():
             return
-        cases += 1
         width = 5
         out = torch.full((BATCH, width), POISON, dtype=torch.int32, device=device)
         seq_out = torch.full((BATCH,), POISON, dtype=torch.int32, device=device)
@@ -206,78 +207,52 @@ def run(device, backends, verbose, shard=(0, 1)):
         start, start_cpu = (data["start"], cpu["start"]) if with_start else (None, None)
         reference.build_page_table(cpu["table"], cpu["pool"], cpu["lens"], expected, page_size, start_cpu,
                                    seqlen_offset, expected_seq, fill_value)
-        try:
-            kvdispatch.create_flashmla_kv_indices(
-                data["table"], data["pool"], data["lens"], out, page_size=page_size, kv_start_idx=start,
-                seqlen_offset=seqlen_offset, seq_lens_out=seq_out, fill_value=fill_value, backend=backend)
-            check(what, out, expected)
-            check(what + " seq_lens_out", seq_out, expected_seq)
-        except Exception:
-            mismatches += 1
-            print(f"ERROR {what}:\n{traceback.format_exc()}", flush=True)
-        if verbose:
-            print("ran", what, flush=True)
+        launch_and_check(what, lambda: kvdispatch.create_flashmla_kv_indices(
+            data["table"], data["pool"], data["lens"], out, page_size=page_size, kv_start_idx=start,
+            seqlen_offset=seqlen_offset, seq_lens_out=seq_out, fill_value=fill_value, backend=backend),
+            ((out, expected), (seq_out, expected_seq)))
 
     def token_csr_case(what, data, cpu, indptr, total, with_start, out_dtype=torch.int32, entry_page_size=1,
                        token_mapping=None):
-        nonlocal cases, mismatches
         if not selected():
             return
-        cases += 1
         flat = torch.full((total,), POISON, dtype=out_dtype, device=device)
         expected = flat.cpu().clone()
         start, start_cpu = (data["start"], cpu["start"]) if with_start else (None, None)
         reference.build_token_indices(cpu["table"], cpu["pool"], cpu["lens"], indptr, expected, start_cpu,
                                       entry_page_size, None if token_mapping is None else token_mapping.cpu())
-        try:
-            kvdispatch.create_flashinfer_kv_indices(data["table"], data["pool"], data["lens"],
-                                                    indptr.to(data["pool"].dtype).to(device), flat,
-                                                    kv_start_idx=start, entry_page_size=entry_page_size,
-                                                    token_mapping=token_mapping, backend=backend)
-            check(what, flat, expected)
-        except Exception:
-            mismatches += 1
-            print(f"ERROR {what}:\n{traceback.format_exc()}", flush=True)
-        if verbose:
-            print("ran", what, flush=True)
+        launch_and_check(what, lambda: kvdispatch.create_flashinfer_kv_indices(
+            data["table"], data["pool"], data["lens"], indptr.to(data["pool"].dtype).to(device), flat,
+            kv_start_idx=start, entry_page_size=entry_page_size, token_mapping=token_mapping, backend=backend),
+            ((flat, expected),))
 
     def mapped_case(what, op, data, cpu, page_size, lookup, **options):
         """The MHA page table (``lookup``: full_to_swa, None for none) or the translated one (``lookup``: v2p)
         into exact-size tables: the MHA ones 5 and 7 pages wide, the translated one 5."""
-        nonlocal cases, mismatches
         if not selected():
             return
-        cases += 1
         outs = [torch.full((BATCH, width), POISON, dtype=torch.int32, device=device) for width in (5, 7)]
         expected = [out.cpu().clone() for out in outs]
         lookup_cpu = None if lookup is None else lookup.cpu()
-        try:
-            if op == "mha":
-                swa = None if lookup is None else (outs[1], expected[1])
-                reference.build_mha_page_table(cpu["table"], cpu["pool"], cpu["lens"], expected[0], page_size,
-                                               swa and swa[1], lookup_cpu, options["round_toward_zero"])
-                kvdispatch.create_trtllm_mha_page_table(data["table"], data["pool"], data["lens"], outs[0],
-                                                        page_size=page_size, swa_page_table=swa and swa[0],
-                                                        full_to_swa=lookup, backend=backend, **options)
-            else:
-                reference.build_translated_page_table(cpu["table"], cpu["pool"], cpu["lens"], lookup_cpu, expected[0],
-                                                      page_size, **options)
-                kvdispatch.create_translated_page_table(data["table"], data["pool"], data["lens"], lookup, outs[0],
-                                                        page_size=page_size, backend=backend, **options)
-            for name, out, want in zip(("", " swa"), outs, expected):
-                check(what + name, out, want)
-        except Exception:
-            mismatches += 1
-            print(f"ERROR {what}:\n{traceback.format_exc()}", flush=True)
-        if verbose:
-            print("ran", what, flush=True)
+        if op == "mha":
+            swa = None if lookup is None else (outs[1], expected[1])
+            reference.build_mha_page_table(cpu["table"], cpu["pool"], cpu["lens"], expected[0], page_size,
+                                           swa and swa[1], lookup_cpu, options["round_toward_zero"])
+            launch = lambda: kvdispatch.create_trtllm_mha_page_table(  # noqa: E731
+                data["table"], data["pool"], data["lens"], outs[0], page_size=page_size,
+                swa_page_table=swa and swa[0], full_to_swa=lookup, backend=backend, **options)
+        else:
+            reference.build_translated_page_table(cpu["table"], cpu["pool"], cpu["lens"], lookup_cpu, expected[0],
+                                                  page_size, **options)
+            launch = lambda: kvdispatch.create_translated_page_table(  # noqa: E731
+                data["table"], data["pool"], data["lens"], lookup, outs[0], page_size=page_size, backend=backend,
+                **options)
+        launch_and_check(what, launch, tuple(zip(outs, expected)))
 
     def draft_decode_case(what, data, cpu, page_size, width, positions=None, v2p=None, window_size=0, sink_size=0,
                           out_dtype=torch.int64):
-        nonlocal cases, mismatches
         if not selected():
             return
-        cases += 1
         steps, topk = 3, 2
         out = torch.full((steps, width), POISON, dtype=out_dtype, device=device)
         indptr = torch.full((steps, BATCH * topk + 1), POISON, dtype=torch.int32, device=device)
@@ -305,42 +280,29 @@ def run(device, backends, verbose, shard=(0, 1)):
 
     def dcp_csr_case(what, data, cpu, indptr, total, with_start, dcp_size, dcp_rank, out_dtype):
         """The DCP token CSR, the lengths taken as the rank's counts; rounding toward zero with an int64 out."""
-        nonlocal cases, mismatches
         if not selected():
             return
-        cases += 1
         flat = torch.full((total,), POISON, dtype=out_dtype, device=device)
         expected = flat.cpu().clone()
         start, start_cpu = (data["start"], cpu["start"]) if with_start else (None, None)
         toward_zero = out_dtype == torch.int64
         reference.build_dcp_token_indices(cpu["table"], cpu["pool"], cpu["lens"], indptr, expected, dcp_size,
                                           dcp_rank, start_cpu, toward_zero)
-        checked(what, lambda: kvdispatch.create_dcp_kv_indices(
+        launch_and_check(what, lambda: kvdispatch.create_dcp_kv_indices(
             data["table"], data["pool"], data["lens"], indptr.to(data["pool"].dtype).to(device), flat,
             dcp_size=dcp_size, dcp_rank=dcp_rank, kv_start_idx=start, round_toward_zero=toward_zero, backend=backend),
-            expected)
+            ((flat, expected),))
 
     def dcp_table_case(what, data, cpu, page_size, dcp_size, dcp_rank, fill_value):
-        nonlocal cases, mismatches
         if not selected():
             return
-        cases += 1
         out = torch.full((BATCH, 3), POISON, dtype=torch.int32, device=device)
         expected = out.cpu().clone()
         reference.build_dcp_page_table(cpu["table"], cpu["pool"], cpu["lens"], expected, page_size, dcp_size,
                                        dcp_rank, fill_value)
-        checked(what, lambda: kvdispatch.create_dcp_page_table(
+        launch_and_check(what, lambda: kvdispatch.create_dcp_page_table(
             data["table"], data["pool"], data["lens"], out, page_size=page_size, dcp_size=dcp_size, dcp_rank=dcp_rank,
-            fill_value=fill_value, backend=backend), expected)
-
-    def checked(what, call, expected):
-        """``call()`` (which returns its output) checked against ``expected``; an exception is a mismatch."""
-        nonlocal mismatches
-        try:
-            check(what, call(), expected)
-        except Exception:
-            mismatches += 1
-            print(f"ERROR {what}:\n{traceback.format_exc()}", flush=True)
+            fill_value=fill_value, backend=backend), ((out, expected),))
 
     for backend in backends:
         for page_size in PAGE_SIZES:
