@@ -113,9 +113,9 @@ def _translated_page_table_kernel(
     page_limit`` (min(columns, pages that start inside a table row), from the host) and ``c * PAGE_SIZE <
     seq_lens[b] + seq_len_delta`` on a readable row (``0 <= pool[b] < table_rows``). HAS_MULTIPLIER:
     ``multiplier`` is not 1; HAS_DELTA: ``seq_len_delta`` is not 0 (else neither is read). WIDE_INDEXING: some
-    size or stride is ``WIDE`` or more (``translated_packed_words``): the full-width parameters are read;
-    otherwise ``packed_table`` (rows | row stride << 32) and ``packed_out`` (page limit | out row stride << 32)
-    stand in for them."""
+    size, stride or the map's length is ``WIDE`` or more (``translated_packed_words``): the full-width
+    parameters are read; otherwise ``packed_table`` (rows | row stride << 32) and ``packed_out`` (page limit |
+    out row stride << 32) stand in for them."""
     if UNIT_STRIDES:
         pool_stride, lens_stride = 1, 1
     row = tl.program_id(0).to(tl.int64)
@@ -141,12 +141,17 @@ def _translated_page_table_kernel(
     tokens = tl.load(table_ptr + row_offset + position, mask=live, other=0)
     virtual = tl.where(tokens < 0, 0, _divide(tokens, PAGE_SIZE, PAGE_SHIFT, False))
     # A virtual page past the map reads nothing and gives 0 (``other``), as a freed page (-1) does.
-    physical = tl.load(v2p_ptr + virtual, mask=live & (virtual < v2p_len), other=0).to(tl.int64)
+    if not WIDE_INDEXING:  # the map is shorter than 2**31 too: a 32-bit compare
+        v2p_len = v2p_len.to(tl.int32)
+    physical = tl.load(v2p_ptr + virtual, mask=live & (virtual < v2p_len), other=0)
     if HAS_MULTIPLIER:
         # |physical| <= 2**31 and |multiplier| <= 2**31: an exact product, saturating as the true one.
-        physical = tl.minimum(tl.maximum(physical, -(2**31)), 2**31) * multiplier.to(tl.int64)
-    values = tl.minimum(tl.maximum(physical, 0), 2**31 - 1)
-    tl.store(out_ptr + row * out_row_stride + page, values.to(tl.int32), mask=live)
+        physical = tl.minimum(tl.maximum(physical.to(tl.int64), -(2**31)), 2**31) * multiplier.to(tl.int64)
+    if physical.dtype == tl.int32:  # an int32 entry needs no upper clamp
+        values = tl.maximum(physical, 0)
+    else:
+        values = tl.minimum(tl.maximum(physical, 0), 2**31 - 1).to(tl.int32)
+    tl.store(out_ptr + row * out_row_stride + page, values, mask=live)
 
 
 # Pointers first, then the runtime ints: (kernel, pointer parameters, runtime int parameters) per kernel, for
@@ -184,10 +189,11 @@ def translated_constexprs(page_size: int, has_multiplier: bool, has_delta: bool,
                 HAS_DELTA=has_delta, WIDE_INDEXING=wide_indexing)
 
 
-def translated_packed_words(rows: int, table_stride: int, page_limit: int, out_stride: int) -> tuple[int, int] | None:
+def translated_packed_words(rows: int, table_stride: int, page_limit: int, out_stride: int,
+                            v2p_len: int) -> tuple[int, int] | None:
     """The translated kernel's ``packed_table`` (rows | table row stride << 32) and ``packed_out`` (page limit |
-    out row stride << 32), or None when a value is ``WIDE`` or more."""
-    if (rows | table_stride | page_limit | out_stride) >= _launch.WIDE:  # one of them is (none is negative)
+    out row stride << 32), or None when a value (the map's length included) is ``WIDE`` or more."""
+    if (rows | table_stride | page_limit | out_stride | v2p_len) >= _launch.WIDE:  # none is negative
         return None
     return rows | table_stride << 32, page_limit | out_stride << 32
 
@@ -243,7 +249,7 @@ def build_translated_page_table(req_to_token, req_pool_indices, seq_lens, v2p, o
     has_multiplier, has_delta = multiplier != 1, seq_len_delta != 0
     table_stride, out_stride = req_to_token.stride(0), out.stride(0)
     page_limit = min(columns, -(-cols // page_size))
-    packed = translated_packed_words(rows, table_stride, page_limit, out_stride)
+    packed = translated_packed_words(rows, table_stride, page_limit, out_stride, v2p.shape[0])
     key = (out.get_device(), page_size, req_pool_indices.shape[0], columns, req_pool_indices.dtype, seq_lens.dtype,
            v2p.dtype, has_multiplier, has_delta, unit_strides, packed is None)
     packed_table, packed_out = packed or (0, 0)

@@ -289,6 +289,20 @@ def test_translated_nothing_to_do(backend):
     check_translated(backend, torch.zeros((0, 3), dtype=torch.int32), pool, lens, v2p, 4, 16)
 
 
+def test_translated_packed_words_hold_32_bit_fields_or_nothing():
+    """The Triton kernel's two parameter words, rows | row stride << 32 and page limit | out row stride << 32;
+    None (the full-width parameters) as soon as one value, the map's length included, reaches 2**31."""
+    mapped_tables = pytest.importorskip("kernels_triton.mapped_tables")
+    top = 2**31 - 1
+    packed_table, packed_out = mapped_tables.translated_packed_words(top, top - 1, 7, top, top)
+    assert (packed_table & 0xFFFFFFFF, packed_table >> 32, packed_out & 0xFFFFFFFF, packed_out >> 32) == \
+        (top, top - 1, 7, top)
+    for wide in range(5):
+        values = [1] * 5
+        values[wide] = top + 1
+        assert mapped_tables.translated_packed_words(*values) is None, values
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("edge", ("rows 2**31 - 1", "rows 2**31 + 5", "row stride 2**31 - 1", "row stride 2**31",
                                   "out stride 2**31"))
