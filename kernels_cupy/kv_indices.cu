@@ -390,12 +390,13 @@ extern "C" __global__ void kv_translated_page_table(
 // the branch's draft slots and its kv_indptr entries. Without shared memory, every thread sums the prefix
 // lengths of the earlier requests itself (the same addresses for all threads of a block).
 
-// Independent loads a draft thread keeps in flight: prefix tokens per pass, lengths per pass of its sum.
-#define KV_DRAFT_UNROLL 8
+// Independent loads a draft thread keeps in flight: prefix tokens per pass (kvdispatch.grid gives each thread
+// four), lengths per pass of its sum.
+#define KV_DRAFT_UNROLL 4
 
 // sum(min(max(values[i], 0), cap) for i < count), saturating at `limit` (>= cap): exact, never wraps. The
 // KV_DRAFT_UNROLL partial sums each saturate at `limit` (all terms are non-negative), so their total is below
-// KV_DRAFT_UNROLL * limit <= 2**35.
+// KV_DRAFT_UNROLL * limit <= 2**34.
 __device__ inline kv_i64 kv_counted_sum(const void* __restrict__ values, kv_i64 stride, kv_i64 count, kv_i64 cap,
                                         kv_i64 limit, int wide) {
     kv_i64 partial[KV_DRAFT_UNROLL] = {0};
