@@ -11,13 +11,12 @@ calls per graph, interleaved rounds, medians, ratios to the API as shipped and t
 
 from __future__ import annotations
 
-import functools
 from unittest import mock
 
 from kernels_triton import launch as triton_launch
 from kvdispatch import bench
 from kvdispatch import grid as launch_grid
-from perf_probe import experiment_setup, graph_us, time_case
+from perf_probe import experiment_setup, time_against_api_and_baseline
 
 CASES = "v2p:64x32768x64,v2p:8x131072x64,v2p:256x8192x16,mha:64x32768x64:swa"
 
@@ -50,13 +49,9 @@ def main() -> int:
     for i, case in enumerate(cases):
         x = bench.make_inputs(case, device, i)
         api = bench.bind(bench.API_PREFIX + "triton", x, case)
-        baseline = bench.bind(bench.TRITON_BASELINES[case.op][0], x, case)
-        rows = {"api (as shipped)": api, "2-D grid (SGLang design)": baseline}
-        for pages in pages_options:
-            for threads in threads_options:
-                rows[f"pages={pages:<4} threads={threads}"] = with_geometry(api, pages, threads)
-        time_case(case.name, rows, functools.partial(graph_us, inputs=x), options.rounds,
-                  {"api": "api (as shipped)", "2d": "2-D grid (SGLang design)"}, width=36)
+        variants = {f"pages={pages:<4} threads={threads}": with_geometry(api, pages, threads)
+                    for pages in pages_options for threads in threads_options}
+        time_against_api_and_baseline(case, x, variants, options.rounds, width=36)
         del x
     return 0
 
