@@ -125,18 +125,25 @@ def _translated_page_table_kernel(
         packed_table, packed_out = packed_table.to(tl.int64), packed_out.to(tl.int64)
         table_rows, table_row_stride = packed_table & 0xFFFFFFFF, packed_table >> 32
         page_limit, out_row_stride = packed_out & 0xFFFFFFFF, packed_out >> 32
-    pool = tl.load(pool_ptr + row * pool_stride).to(tl.int64)
+    pool = tl.load(pool_ptr + row * pool_stride)  # in its stored dtype
     length = tl.load(lens_ptr + row * lens_stride).to(tl.int64)
     if HAS_DELTA:  # an int64 length clamped into [-2**62, 2**62] first (no table comes near): no wrap
         length = tl.minimum(tl.maximum(length, -(2**62)), 2**62) + seq_len_delta
-    # An unreadable row's limit is 0, below every position (masks combine blocks only).
-    limit = tl.where((pool >= 0) & (pool < table_rows), length, 0)
-    live = (page < page_limit) & (position < limit)
     if WIDE_INDEXING:
+        pool = pool.to(tl.int64)
+        readable = (pool >= 0) & (pool < table_rows)
         row_offset = pool * table_row_stride
-    else:  # where live, pool and the stride lie in [0, 2**31): one unsigned 32 x 32 -> 64-bit multiply
+    else:
+        # One unsigned compare (a negative index is out of range too); where readable, the index and the
+        # stride lie in [0, 2**31): one unsigned 32 x 32 -> 64-bit multiply.
+        if pool.dtype == tl.int32:
+            readable = pool.to(tl.uint32, bitcast=True) < table_rows.to(tl.uint32)
+        else:
+            readable = pool.to(tl.uint64, bitcast=True) < table_rows.to(tl.uint64)
         row_offset = (pool.to(tl.int32).to(tl.uint32, bitcast=True).to(tl.uint64)
                       * table_row_stride.to(tl.uint64)).to(tl.int64, bitcast=True)
+    # An unreadable row's limit is 0, below every position (masks combine blocks only).
+    live = (page < page_limit) & (position < tl.where(readable, length, 0))
     # Only dereferenced under live, which is empty on an unreadable row.
     tokens = tl.load(table_ptr + row_offset + position, mask=live, other=0)
     virtual = tl.where(tokens < 0, 0, _divide(tokens, PAGE_SIZE, PAGE_SHIFT, False))
