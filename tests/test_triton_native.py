@@ -1,8 +1,8 @@
 """The compiled host path of both index builders (``kvdispatch/host_path.c``) with Triton's plans, on CPU.
 
-The extension is built here and pointed at stubs: a ``cuLaunchKernel`` that records what it is given, a
-``cuCtxGetCurrent`` and a stream query, with CPU tensors as the launch device type (``is_cpu``, device
-index offset 1, so CPU is device 0). Each call is compared with what the Python path would launch
+The extension is built here and pointed at stubs (``host_path_stubs``): a ``cuLaunchKernel`` that records
+what it is given, a ``cuCtxGetCurrent`` and a stream query, with CPU tensors as the launch device type
+(``is_cpu``, device index offset 1, so CPU is device 0). Each call is compared with what the Python path would launch
 (``page_table.plan_key_and_arguments``); every case it must not take returns NotImplemented without a
 launch. On a GPU, ``test_triton_launch.py`` runs the real thing.
 
@@ -13,7 +13,6 @@ table, the launch and the tensor reads, and has its own packing and hand-back ca
 from __future__ import annotations
 
 import contextlib
-import ctypes
 
 import pytest
 import torch
@@ -23,90 +22,25 @@ pytest.importorskip("triton")
 import kvdispatch  # noqa: E402
 from conftest import DEVICE  # noqa: E402
 from kernels_triton import launch, native, page_table, token_csr  # noqa: E402
+from host_path_stubs import (CONTEXT, FUNCTION, PAGE_TABLE, STREAM_BASE, TOKEN_CSR, Stubs, build,  # noqa: E402
+                             check_approvals_follow_the_hooks, install, random_call, random_csr_call, unsigned)
 from kvcases import named_overlap, overlapping_pairs, place_in_one_buffer  # noqa: E402
 from kvdispatch import _build_cache, _debug, _validate, dispatch, host_path, reference  # noqa: E402
 
-CONTEXT = 0xC0FFEE
-FUNCTION = 0xF00D
-STREAM_BASE = 5000
 PARAMS = len(page_table.POINTERS) + len(page_table.RUNTIME_INTS) + 2  # + Triton's two scratch pointers
 CSR_PARAMS = len(token_csr.ORDINARY_PARAMETERS) + 2
-PAGE_TABLE, TOKEN_CSR = host_path.OPS["page_table"], host_path.OPS["token_csr"]
 TRITON = host_path.LAUNCHERS["triton"]
-LAUNCH = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, *[ctypes.c_uint] * 7, ctypes.c_void_p,
-                          ctypes.POINTER(ctypes.c_void_p), ctypes.c_void_p)
-CONTEXT_QUERY = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.POINTER(ctypes.c_void_p))
-
-
-class Stubs:
-    """What the extension is configured with in these tests, and what it was asked to launch."""
-
-    def __init__(self):
-        self.launches = []
-        self.count = PARAMS  # parameters of the registered kernel
-        self.result = 0  # what the stub launch returns (nonzero: a failed launch)
-        self.context = CONTEXT
-        self.launch = LAUNCH(self._launch)
-        self.current_context = CONTEXT_QUERY(self._current_context)
-
-    def _launch(self, function, gx, gy, gz, bx, by, bz, shared, stream, params, extra):
-        values = [ctypes.cast(params[i], ctypes.POINTER(ctypes.c_uint64))[0] for i in range(self.count)]
-        self.launches.append(dict(function=function, grid=(gx, gy, gz), block=(bx, by, bz), shared=shared,
-                                  stream=stream, params=values, extra=extra))
-        return self.result
-
-    def _current_context(self, out):
-        out[0] = self.context
-        return 0
 
 
 @pytest.fixture(scope="module")
 def built(tmp_path_factory):
-    if host_path.compiler() is None:
-        pytest.skip("no C compiler")
-    return host_path.build(tmp_path_factory.mktemp("native"))
+    return build(tmp_path_factory)
 
 
 @pytest.fixture
 def stubs(built, monkeypatch):
     """The extension configured with stubs, installed as ``host_path``'s module (approvals start empty)."""
-    stubs = Stubs()
-    built.configure(ctypes.cast(stubs.launch, ctypes.c_void_p).value,
-                    ctypes.cast(stubs.current_context, ctypes.c_void_p).value,
-                    lambda index: STREAM_BASE + index, torch.Tensor, torch.int32, torch.int64, "is_cpu", 1)
-    monkeypatch.setattr(host_path, "_module", built)
-    monkeypatch.setattr(host_path, "_approved", {})
-    stubs.module = built
-    return stubs
-
-
-def random_call(seed, page_size=None, with_start=None, options=None):
-    """The public arguments of a random valid page-table call: odd shapes, strided and int64 vectors."""
-    g = torch.Generator().manual_seed(seed)
-
-    def pick(choices):
-        return choices[int(torch.randint(len(choices), (1,), generator=g))]
-
-    page_size = page_size or pick((1, 16, 64, 96, 4096))
-    rows, cols, batch, width = (int(torch.randint(lo, hi, (1,), generator=g))
-                                for lo, hi in ((2, 40), (1, 300), (1, 17), (1, 50)))
-    table = torch.randint(-5, 1 << 20, (rows, cols + pick((0, 3))), generator=g, dtype=torch.int32)[:, :cols]
-
-    def vector(low, high):
-        v = torch.randint(low, high, (batch * pick((1, 2)),), generator=g).to(pick((torch.int32, torch.int64)))
-        return v[::2] if v.shape[0] > batch else v
-
-    pool, lens = vector(-1, rows + 1), vector(-3, cols + 5)
-    if with_start is None:
-        with_start = bool(pick((0, 1)))
-    start = vector(-1, cols) if with_start else None
-    out = torch.randint(-9, 9, (batch + pick((0, 2)), width + pick((0, 5))), generator=g, dtype=torch.int32)
-    out = out[:, :width] if pick((0, 1)) else out
-    options = options if options is not None else pick(("", "lens_out", "fill", "lens_out fill"))
-    lens_out = torch.zeros(batch + 1, dtype=torch.int32) if "lens_out" in options else None
-    fill = int(torch.randint(-100, 100, (1,), generator=g)) if "fill" in options else None
-    offset = int(torch.randint(-3, 4, (1,), generator=g))
-    return [table, pool, lens, out, page_size, start, offset, lens_out, fill, None, False]
+    return install(built, monkeypatch, PARAMS)
 
 
 def register(call, threads=128, shared=16):
@@ -121,7 +55,7 @@ def register(call, threads=128, shared=16):
 
 def expected_params(call):
     _, args = page_table.plan_key_and_arguments(*call[:9])
-    return [(a.data_ptr() if isinstance(a, torch.Tensor) else a) % 2**64 for a in args] + [0, 0]
+    return unsigned(args) + [0, 0]
 
 
 @pytest.mark.parametrize("seed", range(40))
@@ -392,20 +326,7 @@ def test_a_failed_launch_is_handed_back(stubs):
 def test_approvals_follow_the_selector_hooks(stubs):
     call = random_call(9)
     register(call)
-    gpu = type("FakeCuda", (), {"type": "cuda", "index": 0})()  # CPU tensors are device 0 here
-    native.on_selected(gpu, "token_csr", None)
-    assert stubs.module.page_table(*call) is NotImplemented  # only the page table has a C path
-    native.on_selected(gpu, "page_table", None)
-    assert stubs.module.page_table(*call) is call[3]
-    native.on_deselected(gpu)
-    assert stubs.module.page_table(*call) is NotImplemented
-    native.on_selected(gpu, "page_table", None)
-    native.on_deselected(None)
-    assert stubs.module.page_table(*call) is NotImplemented
-    assert len(stubs.launches) == 1
-    native.on_selected(gpu, "page_table", None)  # selected again: the plan (kept, as Python's is) serves
-    assert stubs.module.page_table(*call) is call[3]
-    assert len(stubs.launches) == 2
+    check_approvals_follow_the_hooks(stubs, native, call, "cupy")
 
 
 def test_plan_cache_clear_drops_the_c_plans(stubs):
@@ -533,24 +454,6 @@ def test_builds_once_into_the_cache(tmp_path, monkeypatch):
         host_path.build(tmp_path / "elsewhere")
 
 
-def random_csr_call(seed, with_start=None):
-    """The public arguments of a random valid token-CSR call (strided and int64 vectors)."""
-    g = torch.Generator().manual_seed(seed)
-    rows, cols, batch, n = (int(torch.randint(lo, hi, (1,), generator=g)) for lo, hi in ((2, 30), (1, 5000),
-                                                                                        (1, 9), (1, 9000)))
-    table = torch.randint(0, 1 << 20, (rows, cols + 3), generator=g, dtype=torch.int32)[:, :cols]
-
-    def vector(low, high, length=batch):
-        dtype = (torch.int32, torch.int64)[int(torch.randint(2, (1,), generator=g))]
-        return torch.randint(low, high, (2 * length,), generator=g).to(dtype)[::2]
-
-    if with_start is None:
-        with_start = bool(torch.randint(2, (1,), generator=g))
-    start = vector(0, cols) if with_start else None
-    return [table, vector(-1, rows + 1), vector(-2, cols + 3), vector(-5, n, batch + 1),
-            torch.zeros(n, dtype=torch.int32), start, None, 1, None]  # backend, entry_page_size, token_mapping
-
-
 def register_csr(stubs, call, threads=128):
     key, _ = token_csr.plan_key_and_arguments(*call[:6])
     stubs.count = CSR_PARAMS
@@ -567,8 +470,7 @@ def test_token_csr_packs_what_the_python_path_launches(stubs, seed):
     assert stubs.module.token_csr(*call) is call[4]
     (launched,) = stubs.launches
     _, args = token_csr.plan_key_and_arguments(*call[:6])
-    assert launched["params"] == [(a.data_ptr() if isinstance(a, torch.Tensor) else a) % 2**64
-                                  for a in args[:len(token_csr.ORDINARY_PARAMETERS)]] + [0, 0]
+    assert launched["params"] == unsigned(args[:len(token_csr.ORDINARY_PARAMETERS)]) + [0, 0]
     assert launched["grid"] == (call[1].shape[0], 5, 1) and launched["function"] == FUNCTION + 1
 
 
@@ -591,8 +493,7 @@ def test_token_csr_packs_the_edges_as_python_does(stubs, edge, contiguous):
     assert stubs.module.token_csr(*call) is call[4]
     (launched,) = stubs.launches
     _, args = token_csr.plan_key_and_arguments(*call[:6])
-    assert launched["params"] == [(a.data_ptr() if isinstance(a, torch.Tensor) else a) % 2**64
-                                  for a in args[:len(token_csr.ORDINARY_PARAMETERS)]] + [0, 0]
+    assert launched["params"] == unsigned(args[:len(token_csr.ORDINARY_PARAMETERS)]) + [0, 0]
 
 
 @pytest.mark.parametrize("name", ["indptr too short", "indptr float", "out 2-D", "out strided", "out int64",
@@ -741,7 +642,7 @@ def hip_loading(built, monkeypatch):
     listing the libraries asked for."""
     from simdevices import Sim
 
-    stubs, opened = Stubs(), []
+    stubs, opened = Stubs(PARAMS), []
 
     def open_driver(library, reuse_loaded):
         opened.append((library, reuse_loaded))
