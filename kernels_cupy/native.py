@@ -35,6 +35,8 @@ MAX_PLANS = 4096  # the C path's table holds this many CuPy plans (host_path.c, 
 log = logging.getLogger("kvdispatch")
 # Plan keys tried, whether or not the C path took them (a key that failed is not tried again).
 _tried: set[tuple] = set()
+# No plan is registered until reset(): the mode is python, or the C path cannot be loaded (auto mode).
+_off = False
 
 
 def launch_mode() -> str:
@@ -58,6 +60,8 @@ def on_deselected(device=None) -> None:
 
 def reset() -> None:
     """Forget every CuPy plan, here and in the C path (after changing ``KVDISPATCH_CUPY_LAUNCH``)."""
+    global _off
+    _off = False
     _tried.clear()
     host_path.forget_plans(LAUNCHER)
 
@@ -81,16 +85,14 @@ def token_csr_key(req_to_token, req_pool_indices, seq_lens, kv_indptr, out, kv_s
 def add_page_table_plan(call: launch.KernelCall, *args) -> None:
     """After ``call`` (``launch.page_table_call(*args)``, not rounding toward zero) has been launched: register
     its plan, once per key."""
-    key = page_table_key(*args)
-    if key not in _tried:
+    if not _off and (key := page_table_key(*args)) not in _tried:
         add_plan("page_table", key, call)
 
 
 def add_token_csr_plan(call: launch.KernelCall, *args) -> None:
     """After ``call`` (``launch.token_csr_call(*args)``, an ordinary call) has been launched: register its
     plan, once per key."""
-    key = token_csr_key(*args)
-    if key not in _tried:
+    if not _off and (key := token_csr_key(*args)) not in _tried:
         add_plan("token_csr", key, call)
 
 
@@ -98,17 +100,20 @@ def add_plan(op: str, key: tuple, call: launch.KernelCall) -> None:
     """Register the plan of ``key`` (``page_table_key``, ``token_csr_key``) for ``op``, launching as ``call``
     does, with the C path, as the launch mode says. In ``auto`` mode nothing here ever fails the call: a plan
     it cannot register leaves such calls on the Python path."""
+    global _off
     if len(_tried) >= MAX_PLANS:
         reset()
     _tried.add(key)
     mode = launch_mode()
     if mode == "python":
+        _off = True
         return
     try:
         reason = _register(op, key, call)
     except Exception as exc:  # anything unexpected: the Python path keeps serving
         reason = f"{type(exc).__name__}: {exc}"
     if reason is not None:
+        _off = mode == "auto" and host_path.load(key[0]) is None  # it will not come: no more keys to try
         if mode == "native":
             raise RuntimeError(f"{LAUNCH_ENV}=native, but the compiled launcher cannot take this call ({reason}); "
                                "use auto or python")

@@ -34,6 +34,7 @@ def stubs(built, monkeypatch):
     context a registration reads (on a GPU: the ``CUfunction`` and CuPy's context) the stubs' ones."""
     stubs = install(built, monkeypatch, count=0)
     monkeypatch.setattr(cupy_native, "_tried", set())
+    monkeypatch.setattr(cupy_native, "_off", False)
     monkeypatch.setattr(cupy_native, "kernel_and_context", lambda index, call: (FUNCTION, stubs.context))
     monkeypatch.delenv(cupy_native.LAUNCH_ENV, raising=False)
     return stubs
@@ -217,15 +218,19 @@ def test_launch_modes(stubs, monkeypatch):
 
 
 def test_unavailable_host_path(monkeypatch):
-    """Where the extension cannot be loaded, ``auto`` leaves the call to Python and ``native`` raises with
-    the reason."""
+    """Where the extension cannot be loaded, ``auto`` leaves the call to Python and tries no later key (its
+    Python path computes none); ``native`` raises with the reason."""
     monkeypatch.setattr(host_path, "_module", None)
     monkeypatch.setattr(host_path, "_failure", "RuntimeError: no C compiler found")
     monkeypatch.setattr(cupy_native, "_tried", set())
+    monkeypatch.setattr(cupy_native, "_off", False)
     call = random_call(13)
     kernel_call, key = cupy_launch.page_table_call(*call[:9]), cupy_native.page_table_key(*call[:9])
     monkeypatch.setenv(cupy_native.LAUNCH_ENV, "auto")
     cupy_native.add_plan("page_table", key, kernel_call)
+    other = random_call(14)
+    cupy_native.add_page_table_plan(cupy_launch.page_table_call(*other[:9]), *other[:9])
+    assert cupy_native._tried == {key}
     monkeypatch.setenv(cupy_native.LAUNCH_ENV, "native")
     cupy_native._tried.clear()
     with pytest.raises(RuntimeError, match="no C compiler found"):
