@@ -401,7 +401,7 @@ def test_selector_notifies_the_backend(monkeypatch):
 def test_native_mode_requires_it(monkeypatch):
     monkeypatch.setenv(launch.LAUNCH_ENV, "native")
     launcher = launch.KernelLauncher(page_table.page_table_kernel, page_table.CONSTEXPRS)
-    launcher.compiled[(0, "spec")] = object()  # nothing native_launch.c could launch
+    launcher.compiled[(0, "spec")] = object()  # nothing host_path.c could launch
     with pytest.raises(RuntimeError, match="native"):
         launcher.native_kernel(0, "spec", 17, 128)
     monkeypatch.setenv(launch.LAUNCH_ENV, "direct")
