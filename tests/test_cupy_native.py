@@ -303,3 +303,17 @@ def test_plans_past_the_limit_are_forgotten(stubs, monkeypatch):
     for call in calls:
         register(stubs, "page_table", call)
     assert [stubs.module.page_table(*call) is call[3] for call in calls] == [False, False, True]
+
+
+def test_a_kernel_of_another_parameter_count_is_handed_back(stubs):
+    """A CuPy kernel must take exactly the parameters C packs: a plan with any other count is handed back,
+    never launched."""
+    call = random_call(16, page_size=64, with_start=False, options="")
+    stubs.module.approve(PAGE_TABLE, 0, None, CUPY)
+    key = (0,) + cupy_native.page_table_key(*call[:9])[1:]
+    kernel_call = cupy_launch.page_table_call(*call[:9])
+    for count in (len(kernel_call.args) - 1, len(kernel_call.args) + 1):
+        host_path.add_plan("cupy", "page_table", key, stubs.context, FUNCTION, kernel_call.grid, kernel_call.threads,
+                           0, count)
+        assert stubs.module.page_table(*call) is NotImplemented
+    assert stubs.launches == []
