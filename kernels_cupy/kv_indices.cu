@@ -392,24 +392,24 @@ extern "C" __global__ void kv_translated_page_table(
 
 // Independent loads a draft thread keeps in flight: prefix tokens per pass (kvdispatch.grid gives each thread
 // four), lengths per pass of its sum.
-#define KV_DRAFT_UNROLL 4
+constexpr int kv_draft_unroll = 4;
 
 // sum(min(max(values[i], 0), cap) for i < count), saturating at `limit` (>= cap): exact, never wraps. The
-// KV_DRAFT_UNROLL partial sums each saturate at `limit` (all terms are non-negative), so their total is below
-// KV_DRAFT_UNROLL * limit <= 2**34.
+// kv_draft_unroll partial sums each saturate at `limit` (all terms are non-negative), so their total is below
+// kv_draft_unroll * limit <= 2**34.
 __device__ inline kv_i64 kv_counted_sum(const void* __restrict__ values, kv_i64 stride, kv_i64 count, kv_i64 cap,
                                         kv_i64 limit, int wide) {
-    kv_i64 partial[KV_DRAFT_UNROLL] = {0};
-    for (kv_i64 i0 = 0; i0 < count; i0 += KV_DRAFT_UNROLL) {
+    kv_i64 partial[kv_draft_unroll] = {0};
+    for (kv_i64 i0 = 0; i0 < count; i0 += kv_draft_unroll) {
 #pragma unroll
-        for (int k = 0; k < KV_DRAFT_UNROLL; ++k) {
+        for (int k = 0; k < kv_draft_unroll; ++k) {
             const kv_i64 term = i0 + k < count ? kv_load_index(values, (i0 + k) * stride, wide) : 0;
             partial[k] = kv_min(partial[k] + kv_min(kv_max(term, 0), cap), limit);
         }
     }
     kv_i64 total = 0;
 #pragma unroll
-    for (int k = 0; k < KV_DRAFT_UNROLL; ++k) total += partial[k];
+    for (int k = 0; k < kv_draft_unroll; ++k) total += partial[k];
     return kv_min(total, limit);
 }
 
@@ -468,11 +468,11 @@ extern "C" __global__ void kv_draft_decode(
         // Prefix token i reads position q = i below the sink, i + length - count past it (the window).
         const kv_i64 sink_tokens = kv_min(sink, count), last = kv_min(first + items, count), shift = length - count;
         const kv_i64 threads = blockDim.x;
-        for (kv_i64 i0 = first + threadIdx.x; i0 < last; i0 += KV_DRAFT_UNROLL * threads) {
-            kv_i64 value[KV_DRAFT_UNROLL];
-            bool present[KV_DRAFT_UNROLL];
+        for (kv_i64 i0 = first + threadIdx.x; i0 < last; i0 += kv_draft_unroll * threads) {
+            kv_i64 value[kv_draft_unroll];
+            bool present[kv_draft_unroll];
 #pragma unroll
-            for (int k = 0; k < KV_DRAFT_UNROLL; ++k) {  // every load first, then every store
+            for (int k = 0; k < kv_draft_unroll; ++k) {  // every load first, then every store
                 const kv_i64 i = i0 + k * threads, q = i < sink_tokens ? i : i + shift;
                 present[k] = i < last && q < cols;
                 value[k] = present[k] ? kv_draft_value(row[q], page_size, v2p, v2p_len, translate, wide_v2p) : 0;
@@ -480,7 +480,7 @@ extern "C" __global__ void kv_draft_decode(
             for (kv_i64 it = 1; it <= num_steps; ++it) {
                 const kv_i64 offset = kv_segment_offset(base, segments_before, branch, count, it, limit);
 #pragma unroll
-                for (int k = 0; k < KV_DRAFT_UNROLL; ++k) {
+                for (int k = 0; k < kv_draft_unroll; ++k) {
                     const kv_i64 column = offset + i0 + k * threads;
                     if (present[k] && column < out_width)
                         kv_store_index(out, (it - 1) * out_stride + column, value[k], wide_out);
