@@ -233,8 +233,8 @@ def add_page_table_plan(key: tuple, kernel, grid: tuple) -> bool:
     """Register the launch of one page-table call key (``page_table.plan_key_and_arguments``) with
     ``kernel`` (a ``launch.NativeKernel``) on ``grid`` (``kvdispatch.grid.Launch.grid``; its first entry
     is the batch, read from each call); returns whether the C path took it."""
-    device, page_size, batch, width, pool_dtype, lens_dtype, start_dtype, *flags, round_toward_zero = key
-    if round_toward_zero:  # the C path takes no such call (it hands it back), so it has no plan for one
+    device, page_size, batch, width, pool_dtype, lens_dtype, start_dtype, *flags, round_toward_zero, pdl = key
+    if round_toward_zero or pdl:  # the C path takes no such call (it hands it back), so it has no plan for one
         return False
     _, grid_y, grid_z = grid
     return _module.add_page_table_plan(
