@@ -10,6 +10,8 @@ a CUDA graph whose kernels read what the kernel before them wrote.
 
 from __future__ import annotations
 
+import inspect
+
 import pytest
 import torch
 
@@ -132,6 +134,24 @@ def test_the_backends_get_the_pdl_choice(monkeypatch, op, enable_pdl, env, passe
     x, _, call = _op_case(op, torch.device("cpu"), torch.Generator().manual_seed(3))
     call(x, "torch", enable_pdl=enable_pdl)
     assert seen == [passed]
+
+
+def test_sglang_drop_ins_keep_their_signatures_and_follow_the_variable(monkeypatch):
+    from kvdispatch.compat import sglang
+
+    functions = [f for name, f in vars(sglang).items() if inspect.isfunction(f) and not name.startswith("_")]
+    assert sglang.update_trtllm_mla_graph_metadata in functions
+    assert not [f.__name__ for f in functions if "enable_pdl" in inspect.signature(f).parameters]
+    seen = []
+    real_call = dispatch.call
+    monkeypatch.setattr(dispatch, "call", lambda *args: seen.append(args[-1]) or real_call(*args))
+    case = make_case(3, PAGE_SIZE, max_pages=4, generator=torch.Generator().manual_seed(8))
+    for env in ("1", "0"):
+        _use_env(monkeypatch, env)
+        sglang.update_trtllm_mla_graph_metadata(req_pool_indices=case.req_pool_indices, seq_lens=case.seq_lens,
+                                                req_to_token=case.req_to_token, block_kv_indices=case.page_table_out(),
+                                                bs=case.batch, seqlen_offset=0, page_size=PAGE_SIZE)
+    assert seen == [True, False]
 
 
 @pytest.mark.parametrize("op", ["page_table", "token_csr"])
