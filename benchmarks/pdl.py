@@ -47,7 +47,7 @@ def _wrapped(table_ptr, pool_ptr, lens_ptr, out_ptr, packed_table: tl.int64, pac
     _page_table(table_ptr, pool_ptr, lens_ptr, out_ptr, packed_table, packed_out, zero, zero, zero, out_ptr,
                 table_ptr, zero, zero, zero, zero, zero, zero, zero, PAGE_SIZE, PAGE_SHIFT, PAGES_PER_PROGRAM,
                 HAS_START=False, HAS_SEQ_LENS_OUT=False, HAS_FILL=False, HAS_OFFSET=False, UNIT_STRIDES=True,
-                WIDE_INDEXING=False, FOLDED_GRID=False)
+                WIDE_INDEXING=False, FOLDED_GRID=False, ROUND_TOWARD_ZERO=False, PDL=False)
 
 
 wrapped = triton.jit(_wrapped, do_not_specialize=("packed_table", "packed_out"),

@@ -3,7 +3,8 @@
 // Every scalar parameter is 64-bit, so a launcher can pass plain integers (CuPy passes a Python int
 // as int64) and pointers as integers too.
 // One source for NVRTC, hipRTC, nvcc, hipcc and the host build (tests/cuda_host_shim.h): no #include, builtin
-// types only, no intrinsics, no shared memory or barriers, nothing that assumes a warp width.
+// types only, no intrinsics (but the PDL instructions below), no shared memory or barriers, nothing that assumes
+// a warp width.
 // Grid (from kvdispatch.grid): blockIdx.x = request, blockIdx.y = program of the row (plus blockIdx.z *
 // gridDim.y on a grid folded into its third dimension, KV_FOLDED_GRID); a program owns `items` consecutive
 // pages/tokens of its row and its blockDim.x threads stride over them.
@@ -15,6 +16,21 @@ typedef unsigned long long kv_u64;
 struct alignas(16) kv_vec4 {
     int v[4];
 };
+
+// Programmatic dependent launch (-DKV_PDL, a specialisation of its own: kernels_cupy/launch.py with_pdl; NVIDIA
+// compute capability 9.0 and later only, never HIP or the host build, where both are empty): each kernel waits
+// for the previous kernel on the stream (its writes visible) before its first load, and lets the next PDL
+// kernel start launching after its last store. The only inline assembly in this file.
+#if defined(KV_PDL) && defined(__CUDA_ARCH__) && !defined(__HIP_PLATFORM_AMD__)
+#if __CUDA_ARCH__ >= 900
+#define KV_GRID_WAIT() asm volatile("griddepcontrol.wait;" ::: "memory")
+#define KV_GRID_RELEASE() asm volatile("griddepcontrol.launch_dependents;" ::: "memory")
+#endif
+#endif
+#ifndef KV_GRID_WAIT
+#define KV_GRID_WAIT() ((void)0)
+#define KV_GRID_RELEASE() ((void)0)
+#endif
 
 // Bits of the kernels' `flags` argument.
 #define KV_WIDE_POOL 1    // req_pool_indices is int64 (else int32)
@@ -138,6 +154,7 @@ extern "C" __global__ void kv_page_table(
     kv_i64 items, kv_i64 seqlen_offset, kv_i64 pool_stride, kv_i64 lens_stride,
     kv_i64 page_size_arg, const void* __restrict__ kv_start_idx, kv_i64 start_stride,
     int* __restrict__ seq_lens_out, kv_i64 fill_value, kv_i64 flags) {
+    KV_GRID_WAIT();
 #ifdef KV_PAGE_SIZE
     const int page_size = KV_PAGE_SIZE;  // a compile-time page size: divisions become shifts
 #else
@@ -194,6 +211,7 @@ extern "C" __global__ void kv_page_table(
             else if (fill) dst[i] = (int)fill_value;
         }
     }
+    KV_GRID_RELEASE();
 }
 
 // The token-CSR value at position q of a row (E = entry_page_size): row[q] when E is 1, else
@@ -258,6 +276,7 @@ extern "C" __global__ void kv_token_csr(
     const void* __restrict__ kv_indptr, kv_i64 indptr_stride, void* __restrict__ out, kv_i64 out_len,
     kv_i64 items, kv_i64 flags, kv_i64 entry_page_size_arg, const void* __restrict__ token_mapping,
     kv_i64 mapping_len) {
+    KV_GRID_WAIT();
 #ifdef KV_ENTRY_PAGE_SIZE
     const kv_i64 entry_page_size = KV_ENTRY_PAGE_SIZE;  // a compile-time entry page size: divisions fold
 #else
@@ -286,6 +305,7 @@ extern "C" __global__ void kv_token_csr(
         if (wide_out) ((kv_i64*)out)[offset + j] = v;
         else ((int*)out)[offset + j] = (int)(kv_u64)v;  // the low 32 bits, as Tensor.to(torch.int32)
     }
+    KV_GRID_RELEASE();
 }
 
 // ---- Page tables translated through a lookup table (semantics: kvdispatch/reference.py,
@@ -339,6 +359,7 @@ extern "C" __global__ void kv_mha_page_table(
     kv_i64 rows, kv_i64 cols, kv_i64 table_stride, kv_i64 width, kv_i64 page_table_stride, kv_i64 swa_width,
     kv_i64 swa_stride, kv_i64 mapping_len, kv_i64 pool_stride, kv_i64 lens_stride, kv_i64 items,
     kv_i64 page_size_arg, kv_i64 flags) {
+    KV_GRID_WAIT();
     const kv_i64 page_size = kv_specialised_page_size(page_size_arg), b = blockIdx.x;
     const kv_mapped_row r = kv_mapped_row_of(req_pool_indices, pool_stride, seq_lens, lens_stride, rows, cols, 0,
                                              items, flags);
@@ -356,6 +377,7 @@ extern "C" __global__ void kv_mha_page_table(
             swa_page_table[b * swa_stride + p] = (int)(kv_u64)kv_div64(mapped, page_size, toward_zero);
         }
     }
+    KV_GRID_RELEASE();
 }
 
 // t = table[pool_b, c * page_size]; v = t < 0 ? 0 : t / page_size; out[b, c] = min(max(v2p[v] * multiplier, 0),
@@ -366,6 +388,7 @@ extern "C" __global__ void kv_translated_page_table(
     const void* __restrict__ v2p, int* __restrict__ out, kv_i64 rows, kv_i64 cols, kv_i64 table_stride,
     kv_i64 columns, kv_i64 out_stride, kv_i64 v2p_len, kv_i64 multiplier, kv_i64 seq_len_delta, kv_i64 pool_stride,
     kv_i64 lens_stride, kv_i64 items, kv_i64 page_size_arg, kv_i64 flags) {
+    KV_GRID_WAIT();
     const kv_i64 page_size = kv_specialised_page_size(page_size_arg), b = blockIdx.x;
     const kv_mapped_row r = kv_mapped_row_of(req_pool_indices, pool_stride, seq_lens, lens_stride, rows, cols,
                                              seq_len_delta, items, flags);
@@ -381,6 +404,7 @@ extern "C" __global__ void kv_translated_page_table(
         physical = kv_min(kv_max(physical, -bound), bound) * multiplier;
         out[b * out_stride + c] = (int)kv_min(kv_max(physical, 0), bound - 1);
     }
+    KV_GRID_RELEASE();
 }
 
 // ---------------------------------------------------------------------------------------------------------
@@ -444,6 +468,7 @@ extern "C" __global__ void kv_draft_decode(
     kv_i64 out_width, kv_i64 out_stride, kv_i64 num_steps, kv_i64 topk, kv_i64 cap, kv_i64 sink, kv_i64 limit,
     kv_i64 items, kv_i64 flags, kv_i64 page_size_arg, const void* __restrict__ positions, kv_i64 positions_stride,
     const void* __restrict__ v2p, kv_i64 v2p_len) {
+    KV_GRID_WAIT();
 #ifdef KV_PAGE_SIZE
     const kv_i64 page_size = KV_PAGE_SIZE;
 #else
@@ -516,6 +541,7 @@ extern "C" __global__ void kv_draft_decode(
         if (segment == 0 && KV_HAS(KV_INDPTR_START))
             kv_store_index(kv_indptr, (it - 1) * indptr_stride, 0, wide_indptr);
     }
+    KV_GRID_RELEASE();
 }
 
 // ---- Decode context parallel, token-interleaved: position p of a request belongs to rank p mod D (dcp_size),
@@ -548,6 +574,7 @@ extern "C" __global__ void kv_dcp_token_csr(
     kv_i64 lens_stride, const void* __restrict__ kv_start_idx, kv_i64 start_stride,
     const void* __restrict__ kv_indptr, kv_i64 indptr_stride, void* __restrict__ out, kv_i64 out_len,
     kv_i64 items, kv_i64 flags, kv_i64 dcp_size_arg, kv_i64 dcp_rank) {
+    KV_GRID_WAIT();
     const kv_i64 dcp_size = kv_dcp_size(dcp_size_arg);
     const kv_i64 b = blockIdx.x;
     const kv_i64 program_first = kv_row_program(KV_HAS(KV_FOLDED_GRID)) * items;
@@ -570,6 +597,7 @@ extern "C" __global__ void kv_dcp_token_csr(
         if (wide_out) ((kv_i64*)out)[offset + j] = value;
         else ((int*)out)[offset + j] = value;
     }
+    KV_GRID_RELEASE();
 }
 
 // One rank's block table: with V = page_size * D, out[b, p] = table[pool_b, dcp_rank + p * V] / V (rounded
@@ -581,6 +609,7 @@ extern "C" __global__ void kv_dcp_page_table(
     int* __restrict__ out, kv_i64 rows, kv_i64 cols, kv_i64 table_stride, kv_i64 out_stride, kv_i64 width,
     kv_i64 items, kv_i64 pool_stride, kv_i64 lens_stride, kv_i64 page_size_arg, kv_i64 dcp_size_arg,
     kv_i64 dcp_rank, kv_i64 fill_value, kv_i64 flags) {
+    KV_GRID_WAIT();
 #ifdef KV_PAGE_SIZE
     const kv_i64 page_size = KV_PAGE_SIZE;
 #else
@@ -603,4 +632,5 @@ extern "C" __global__ void kv_dcp_page_table(
         if (p < pages) dst[p] = kv_page_div(src[p * virtual_page], (int)virtual_page, toward_zero);
         else if (fill) dst[p] = (int)fill_value;
     }
+    KV_GRID_RELEASE();
 }

@@ -22,7 +22,7 @@ from typing import NamedTuple
 
 import torch
 
-from kvdispatch import grid
+from kvdispatch import devices, grid
 from kvdispatch.reference import draft_prefix_cap
 
 from . import native
@@ -48,6 +48,17 @@ class KernelCall(NamedTuple):
     grid: tuple  # (x, y, z): kvdispatch.grid.Launch.grid
     threads: int
     args: tuple
+    pdl: bool = False  # programmatic dependent launch: KV_PDL is among the defines (``with_pdl``)
+
+
+def with_pdl(call: KernelCall | None, pdl: bool, device) -> KernelCall | None:
+    """``call`` for programmatic dependent launch when ``pdl`` is asked for and ``device`` supports it (the
+    probe's ``supports_pdl``): compiled with ``KV_PDL`` (the kernels wait for the previous kernel before their
+    first load and release the next one after their last store) and launched with the programmatic stream
+    serialisation attribute (``runtime.launch_pdl``). Otherwise ``call`` unchanged."""
+    if call is None or not pdl or not devices.probe(device).supports_pdl:
+        return call
+    return call._replace(defines=call.defines + (("KV_PDL", 1),), pdl=True)
 
 
 def _ptr(t: torch.Tensor | None) -> int:
@@ -170,49 +181,47 @@ def _runtime():
 
 
 def build_page_table(req_to_token, req_pool_indices, seq_lens, out, page_size, kv_start_idx=None,
-                     seqlen_offset=0, seq_lens_out=None, fill_value=None, round_toward_zero=False):
-    """Paged block table; semantics of ``kvdispatch.create_flashmla_kv_indices``. Returns ``out``."""
+                     seqlen_offset=0, seq_lens_out=None, fill_value=None, round_toward_zero=False, pdl=False):
+    """Paged block table; semantics of ``kvdispatch.create_flashmla_kv_indices``; ``pdl``: programmatic
+    dependent launch where the device supports it (``with_pdl``). Returns ``out``."""
     call = page_table_call(req_to_token, req_pool_indices, seq_lens, out, page_size, kv_start_idx,
                            seqlen_offset, seq_lens_out, fill_value, round_toward_zero)
-    if call is not None:
-        _runtime().launch(call, req_to_token.device)
-        if not round_toward_zero:  # the compiled host path takes the next such call (it takes none rounding)
-            native.add_page_table_plan(call, req_to_token, req_pool_indices, seq_lens, out, page_size, kv_start_idx,
-                                       seqlen_offset, seq_lens_out, fill_value)
+    _launched(call, req_to_token.device, out, pdl)
+    if call is not None and not (round_toward_zero or pdl):
+        # the compiled host path takes the next such call (it takes none rounding toward zero or with PDL)
+        native.add_page_table_plan(call, req_to_token, req_pool_indices, seq_lens, out, page_size, kv_start_idx,
+                                   seqlen_offset, seq_lens_out, fill_value)
     return out
 
 
 def build_token_indices(req_to_token, req_pool_indices, seq_lens, kv_indptr, out, kv_start_idx=None,
-                        entry_page_size=1, token_mapping=None):
-    """Token-level CSR indices; semantics of ``kvdispatch.create_flashinfer_kv_indices``. Returns ``out``."""
+                        entry_page_size=1, token_mapping=None, pdl=False):
+    """Token-level CSR indices; semantics of ``kvdispatch.create_flashinfer_kv_indices``; ``pdl`` as for
+    ``build_page_table``. Returns ``out``."""
     call = token_csr_call(req_to_token, req_pool_indices, seq_lens, kv_indptr, out, kv_start_idx, entry_page_size,
                           token_mapping)
-    if call is not None:
-        _runtime().launch(call, req_to_token.device)
-        if entry_page_size == 1 and token_mapping is None and out.dtype is torch.int32:
-            # an ordinary call: the compiled host path takes the next such call
-            native.add_token_csr_plan(call, req_to_token, req_pool_indices, seq_lens, kv_indptr, out, kv_start_idx)
+    _launched(call, req_to_token.device, out, pdl)
+    if call is not None and entry_page_size == 1 and token_mapping is None and out.dtype is torch.int32 and not pdl:
+        # an ordinary call: the compiled host path takes the next such call
+        native.add_token_csr_plan(call, req_to_token, req_pool_indices, seq_lens, kv_indptr, out, kv_start_idx)
     return out
 
 
 def build_mha_page_table(req_to_token, req_pool_indices, seq_lens, page_table, page_size, swa_page_table=None,
-                         full_to_swa=None, round_toward_zero=False):
-    """TRT-LLM MHA page table; semantics of ``kvdispatch.create_trtllm_mha_page_table``. Returns ``page_table``."""
-    call = mha_page_table_call(req_to_token, req_pool_indices, seq_lens, page_table, page_size, swa_page_table,
-                               full_to_swa, round_toward_zero)
-    if call is not None:
-        _runtime().launch(call, req_to_token.device)
-    return page_table
+                         full_to_swa=None, round_toward_zero=False, pdl=False):
+    """TRT-LLM MHA page table; semantics of ``kvdispatch.create_trtllm_mha_page_table``; ``pdl`` as for
+    ``build_page_table``. Returns ``page_table``."""
+    return _launched(mha_page_table_call(req_to_token, req_pool_indices, seq_lens, page_table, page_size,
+                                         swa_page_table, full_to_swa, round_toward_zero),
+                     req_to_token.device, page_table, pdl)
 
 
 def build_translated_page_table(req_to_token, req_pool_indices, seq_lens, v2p, out, page_size, multiplier=1,
-                                max_pages=None, seq_len_delta=0):
-    """Translated page table; semantics of ``kvdispatch.create_translated_page_table``. Returns ``out``."""
-    call = translated_page_table_call(req_to_token, req_pool_indices, seq_lens, v2p, out, page_size, multiplier,
-                                      max_pages, seq_len_delta)
-    if call is not None:
-        _runtime().launch(call, req_to_token.device)
-    return out
+                                max_pages=None, seq_len_delta=0, pdl=False):
+    """Translated page table; semantics of ``kvdispatch.create_translated_page_table``; ``pdl`` as for
+    ``build_page_table``. Returns ``out``."""
+    return _launched(translated_page_table_call(req_to_token, req_pool_indices, seq_lens, v2p, out, page_size,
+                                                multiplier, max_pages, seq_len_delta), req_to_token.device, out, pdl)
 
 
 _draft_decode_launch = functools.lru_cache(maxsize=4096)(grid.draft_decode_launch)
@@ -246,14 +255,12 @@ def draft_decode_call(req_to_token, req_pool_indices, seq_lens, kv_indptr, out, 
 
 def build_draft_decode_indices(req_to_token, req_pool_indices, seq_lens, kv_indptr, out, num_steps, topk,
                                page_size=1, positions=None, window_size=0, sink_size=0, v2p=None,
-                               write_indptr_start=True, round_toward_zero=False):
-    """Every draft step's token CSR in one launch; semantics of ``kvdispatch.create_draft_decode_kv_indices``.
-    Returns ``out``."""
-    call = draft_decode_call(req_to_token, req_pool_indices, seq_lens, kv_indptr, out, num_steps, topk, page_size,
-                             positions, window_size, sink_size, v2p, write_indptr_start, round_toward_zero)
-    if call is not None:
-        _runtime().launch(call, req_to_token.device)
-    return out
+                               write_indptr_start=True, round_toward_zero=False, pdl=False):
+    """Every draft step's token CSR in one launch; semantics of ``kvdispatch.create_draft_decode_kv_indices``;
+    ``pdl`` as for ``build_page_table``. Returns ``out``."""
+    return _launched(draft_decode_call(req_to_token, req_pool_indices, seq_lens, kv_indptr, out, num_steps, topk,
+                                       page_size, positions, window_size, sink_size, v2p, write_indptr_start,
+                                       round_toward_zero), req_to_token.device, out, pdl)
 
 
 def _rounding(round_toward_zero: bool) -> int:
@@ -298,21 +305,29 @@ def dcp_page_table_call(req_to_token, req_pool_indices, local_seq_lens, out, pag
 
 
 def build_dcp_token_indices(req_to_token, req_pool_indices, local_seq_lens, kv_indptr, out, dcp_size, dcp_rank,
-                            kv_start_idx=None, round_toward_zero=False):
-    """One DCP rank's token CSR; semantics of ``kvdispatch.create_dcp_kv_indices``. Returns ``out``."""
+                            kv_start_idx=None, round_toward_zero=False, pdl=False):
+    """One DCP rank's token CSR; semantics of ``kvdispatch.create_dcp_kv_indices``; ``pdl`` as for
+    ``build_page_table``. Returns ``out``."""
     return _launched(dcp_token_csr_call(req_to_token, req_pool_indices, local_seq_lens, kv_indptr, out, dcp_size,
-                                        dcp_rank, kv_start_idx, round_toward_zero), req_to_token.device, out)
+                                        dcp_rank, kv_start_idx, round_toward_zero), req_to_token.device, out, pdl)
 
 
 def build_dcp_page_table(req_to_token, req_pool_indices, local_seq_lens, out, page_size, dcp_size, dcp_rank,
-                         fill_value=None, round_toward_zero=False):
-    """One DCP rank's block table; semantics of ``kvdispatch.create_dcp_page_table``. Returns ``out``."""
+                         fill_value=None, round_toward_zero=False, pdl=False):
+    """One DCP rank's block table; semantics of ``kvdispatch.create_dcp_page_table``; ``pdl`` as for
+    ``build_page_table``. Returns ``out``."""
     return _launched(dcp_page_table_call(req_to_token, req_pool_indices, local_seq_lens, out, page_size, dcp_size,
-                                         dcp_rank, fill_value, round_toward_zero), req_to_token.device, out)
+                                         dcp_rank, fill_value, round_toward_zero), req_to_token.device, out, pdl)
 
 
-def _launched(call: KernelCall | None, device, out):
-    """Launch ``call`` (None: nothing to do) on ``device``; returns ``out``."""
+def _launched(call: KernelCall | None, device, out, pdl=False):
+    """Launch ``call`` (None: nothing to do) on ``device``, with programmatic dependent launch when ``pdl`` is
+    asked for and the device supports it (``with_pdl``); returns ``out``."""
+    if pdl:
+        call = with_pdl(call, pdl, device)
+        if call is not None and call.pdl:
+            _runtime().launch_pdl(call, device)
+            return out
     if call is not None:
         _runtime().launch(call, device)
     return out

@@ -8,6 +8,7 @@ graph once the device's module is compiled (the first call compiles; warm up bef
 
 from __future__ import annotations
 
+import ctypes
 import threading
 
 import cupy
@@ -67,3 +68,60 @@ def launch(call: KernelCall, device: torch.device) -> None:
     else:  # CuPy launches in its current device's context
         with cupy.cuda.Device(index):
             function(call.grid, (call.threads,), call.args, 0, stream)
+
+
+# Programmatic dependent launch (PDL): CuPy's kernel call takes no launch attributes, so a PDL call goes to the
+# driver's ``cuLaunchKernelEx`` itself, with the attribute CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION.
+_PROGRAMMATIC_STREAM_SERIALIZATION = 6  # CUlaunchAttributeID, cuda.h
+
+
+class _LaunchAttribute(ctypes.Structure):
+    """``CUlaunchAttribute``: the id, padding to 8 bytes, then the 64-byte value union."""
+
+    _fields_ = [("id", ctypes.c_int), ("pad", ctypes.c_char * 4), ("value", ctypes.c_int * 16)]
+
+
+class _LaunchConfig(ctypes.Structure):
+    """``CUlaunchConfig``."""
+
+    _fields_ = [("grid", ctypes.c_uint * 3), ("block", ctypes.c_uint * 3), ("shared_bytes", ctypes.c_uint),
+                ("stream", ctypes.c_void_p), ("attrs", ctypes.POINTER(_LaunchAttribute)),
+                ("attr_count", ctypes.c_uint)]
+
+
+_driver_launch_ex = None
+
+
+def _launch_ex():
+    """``cuLaunchKernelEx`` of the CUDA driver (CUDA 12.0 and later), looked up at the first PDL launch."""
+    global _driver_launch_ex
+    if _driver_launch_ex is None:
+        function = ctypes.CDLL(devices.DRIVER_LAUNCH_API["nvidia"].library).cuLaunchKernelEx
+        function.argtypes = (ctypes.POINTER(_LaunchConfig), ctypes.c_void_p, ctypes.POINTER(ctypes.c_void_p),
+                             ctypes.c_void_p)
+        function.restype = ctypes.c_int
+        _driver_launch_ex = function
+    return _driver_launch_ex
+
+
+def launch_pdl(call: KernelCall, device: torch.device) -> None:
+    """Launch ``call`` (compiled with ``KV_PDL``: ``launch.with_pdl``) on ``device``'s current PyTorch stream
+    with programmatic stream serialisation allowed: it may start while the previous kernel on the stream
+    finishes, and waits for it in the kernel (``griddepcontrol.wait``). NVIDIA only (compute capability 9.0
+    and later: the probe's ``supports_pdl``). Allocates no device memory and never synchronises: capturable
+    in a CUDA graph, whose kernel node keeps the attribute. Raises ``RuntimeError`` with the driver's error
+    code when the launch fails."""
+    index = device.index
+    function = kernel(index, call.kernel, call.defines)
+    values = (ctypes.c_int64 * len(call.args))(*call.args)  # every kernel parameter is 8 bytes
+    base = ctypes.addressof(values)
+    parameters = (ctypes.c_void_p * len(call.args))(*(base + 8 * i for i in range(len(call.args))))
+    attribute = _LaunchAttribute(id=_PROGRAMMATIC_STREAM_SERIALIZATION)
+    attribute.value[0] = 1  # programmaticStreamSerializationAllowed
+    config = _LaunchConfig((ctypes.c_uint * 3)(*call.grid), (ctypes.c_uint * 3)(call.threads, 1, 1), 0,
+                           torch._C._cuda_getCurrentRawStream(index), ctypes.pointer(attribute), 1)
+    with cupy.cuda.Device(index):  # the function belongs to the device's context, current under it
+        status = _launch_ex()(ctypes.byref(config), function.ptr, parameters, None)
+    if status:
+        raise RuntimeError(f"cuLaunchKernelEx failed with CUresult {status} launching {call.kernel} "
+                           f"(grid {call.grid}, {call.threads} threads) with programmatic dependent launch")

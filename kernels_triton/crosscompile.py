@@ -5,6 +5,10 @@ builds every kernel for the deployment's GPUs); the CI lanes ``compile-triton`` 
 build for NVIDIA and AMD targets without a GPU, and to report binary size, registers and shared memory.
 It builds its own ``JITFunction`` objects from the kernels' Python source, so it works even when
 ``TRITON_INTERPRET=1`` made ``@triton.jit`` return interpreted functions.
+
+``--pdl`` (``pdl=True``) compiles instead one specialisation per kernel with programmatic dependent launch (the
+``PDL`` constexpr and Triton's ``launch_pdl`` option), for the NVIDIA targets only (AMD GPUs have no PDL); their
+reports list the ``griddepcontrol`` instructions found in the PTX.
 """
 
 from __future__ import annotations
@@ -12,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -51,6 +56,7 @@ class CompileReport:
     num_warps: int
     runtime_args: int
     native_parameters: int | None  # launch.native_parameter_count: what host_path.c would pass, or None
+    griddepcontrol: tuple = ()  # the PTX's griddepcontrol instructions (``wait``, ``launch_dependents``), sorted
 
 
 def _jit(module):
@@ -80,6 +86,16 @@ def specializations(warp_size: int = 32, page_sizes=PAGE_SIZES, index_types=("i3
         yield Specialization(draft_kernel, signature, constexprs, max(1, threads // warp_size))
     yield from _mapped_table_specializations(warp_size, page_sizes, index_types)
     yield from _dcp_specializations(warp_size, index_types)
+
+
+def pdl_specializations(warp_size: int = 32):
+    """The first specialisation of each kernel (page size 64, int32 indices: an engine's usual call) with
+    programmatic dependent launch: ``PDL`` set, compiled with ``launch_pdl``."""
+    seen = set()
+    for spec in specializations(warp_size, (64,), ("i32",)):
+        if spec.kernel.__name__ not in seen:
+            seen.add(spec.kernel.__name__)
+            yield dataclasses.replace(spec, constexprs=dict(spec.constexprs, PDL=True))
 
 
 def _mapped_table_specializations(warp_size, page_sizes, index_types):
@@ -118,7 +134,10 @@ def compile_one(spec: Specialization, target):
     if not isinstance(target, GPUTarget):
         target = GPUTarget(*target)
     source = triton.compiler.ASTSource(fn=spec.kernel, signature=spec.signature, constexprs=spec.constexprs)
-    return triton.compile(source, target=target, options={"num_warps": spec.num_warps})
+    options = {"num_warps": spec.num_warps}
+    if spec.constexprs.get("PDL"):
+        options["launch_pdl"] = True
+    return triton.compile(source, target=target, options=options)
 
 
 def report(spec: Specialization, target, compiled) -> CompileReport:
@@ -127,15 +146,15 @@ def report(spec: Specialization, target, compiled) -> CompileReport:
     if registers is None:
         registers = _registers_from_asm(compiled)
     runtime_args = sum(1 for kind in spec.signature.values() if kind != "constexpr")
+    ptx = compiled.asm.get("ptx")
+    grid_dependency = tuple(sorted(set(re.findall(r"griddepcontrol\.(\w+)", ptx)))) if isinstance(ptx, str) else ()
     return CompileReport(spec.label, f"{target[0]}:{target[1]}", len(binary), registers,
                          compiled.metadata.shared, spec.num_warps, runtime_args,
-                         launch.native_parameter_count(compiled, runtime_args))
+                         launch.native_parameter_count(compiled, runtime_args), grid_dependency)
 
 
 def _registers_from_asm(compiled) -> int | None:
     """Registers per thread read from the AMD assembly (``.vgpr_count``), or None."""
-    import re  # noqa: PLC0415
-
     amdgcn = compiled.asm.get("amdgcn")
     if isinstance(amdgcn, str):
         match = re.search(r"\.vgpr_count:\s+(\d+)", amdgcn)
@@ -144,33 +163,35 @@ def _registers_from_asm(compiled) -> int | None:
     return None
 
 
-def cross_compile(target, page_sizes=PAGE_SIZES, index_types=("i32", "i64")) -> list[CompileReport]:
+def cross_compile(target, page_sizes=PAGE_SIZES, index_types=("i32", "i64"), pdl=False) -> list[CompileReport]:
     """Compile every specialisation for ``target`` (``(backend, arch, warp_size)``, e.g.
-    ``("hip", "gfx942", 64)``); raises on the first failure.
+    ``("hip", "gfx942", 64)``); raises on the first failure. ``pdl``: the ``pdl_specializations`` instead
+    (none for a HIP target).
 
     Under ``TRITON_INTERPRET=1`` Triton's code generator does not work in this process, so the
     compilation runs in a child process without it.
     """
     target = tuple(target)
     if flag("TRITON_INTERPRET"):
-        return _cross_compile_in_child(target, page_sizes, index_types)
-    reports = []
-    for spec in specializations(target[2], page_sizes, index_types):
-        reports.append(report(spec, target, compile_one(spec, target)))
-    return reports
+        return _cross_compile_in_child(target, page_sizes, index_types, pdl)
+    if pdl:
+        specs = pdl_specializations(target[2]) if target[0] == "cuda" else ()
+    else:
+        specs = specializations(target[2], page_sizes, index_types)
+    return [report(spec, target, compile_one(spec, target)) for spec in specs]
 
 
-def _cross_compile_in_child(target, page_sizes, index_types) -> list[CompileReport]:
+def _cross_compile_in_child(target, page_sizes, index_types, pdl=False) -> list[CompileReport]:
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     package_root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [package_root, env.get("PYTHONPATH")]))
     command = [sys.executable, "-m", "kernels_triton.crosscompile", "--json",
                "--page-sizes", ",".join(map(str, page_sizes)), "--index-types", ",".join(index_types),
-               ":".join(map(str, target))]
+               *(["--pdl"] if pdl else []), ":".join(map(str, target))]
     done = subprocess.run(command, capture_output=True, text=True, env=env)
     if done.returncode:
         raise RuntimeError(f"cross-compilation for {target} failed:\n{done.stderr[-4000:]}")
-    return [CompileReport(**row) for row in json.loads(done.stdout)]
+    return [CompileReport(**dict(row, griddepcontrol=tuple(row["griddepcontrol"]))) for row in json.loads(done.stdout)]
 
 
 def parse_target(text: str):
@@ -189,17 +210,20 @@ def main(argv=None) -> int:
     parser.add_argument("--json", action="store_true", help="print the reports as JSON")
     parser.add_argument("--page-sizes", default=",".join(map(str, PAGE_SIZES)))
     parser.add_argument("--index-types", default="i32,i64")
+    parser.add_argument("--pdl", action="store_true",
+                        help="compile one specialisation per kernel with programmatic dependent launch (NVIDIA only)")
     options = parser.parse_args(argv)
     targets = [parse_target(t) for t in options.targets] or list(TARGETS)
     page_sizes = tuple(int(p) for p in options.page_sizes.split(","))
     index_types = tuple(options.index_types.split(","))
-    reports = [r for target in targets for r in cross_compile(target, page_sizes, index_types)]
+    reports = [r for target in targets for r in cross_compile(target, page_sizes, index_types, options.pdl)]
     if options.json:
         print(json.dumps([dataclasses.asdict(r) for r in reports]))
         return 0
     for r in reports:
         print(f"{r.target:12} {r.label:100} warps={r.num_warps} binary={r.binary_bytes}B "
-              f"regs={r.registers} shared={r.shared_bytes}B")
+              f"regs={r.registers} shared={r.shared_bytes}B"
+              + (f" griddepcontrol={','.join(r.griddepcontrol)}" if r.griddepcontrol else ""))
     return 0
 
 

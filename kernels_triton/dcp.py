@@ -34,12 +34,12 @@ CSR_PARAMETERS = ("table_ptr", "pool_ptr", "lens_ptr", "indptr_ptr", "out_ptr", 
                   "dcp_rank", "start_ptr", "table_rows", "table_cols", "table_row_stride", "out_len", "pool_stride",
                   "lens_stride", "indptr_stride", "start_stride")
 CSR_CONSTEXPRS = ("TOKENS_PER_PROGRAM", "DCP_SIZE", "DCP_SHIFT", "HAS_START", "UNIT_STRIDES", "WIDE_INDEXING",
-                  "FOLDED_GRID", "ROUND_TOWARD_ZERO")
+                  "FOLDED_GRID", "ROUND_TOWARD_ZERO", "PDL")
 TABLE_PARAMETERS = ("table_ptr", "pool_ptr", "lens_ptr", "out_ptr", "packed_table", "packed_out", "dcp_rank",
                     "fill_value", "out_width", "table_rows", "table_row_stride", "out_row_stride", "page_limit",
                     "pool_stride", "lens_stride")
 TABLE_CONSTEXPRS = ("PAGE_SIZE", "VIRTUAL_PAGE", "VIRTUAL_SHIFT", "PAGES_PER_PROGRAM", "HAS_FILL", "UNIT_STRIDES",
-                    "WIDE_INDEXING", "FOLDED_GRID", "ROUND_TOWARD_ZERO")
+                    "WIDE_INDEXING", "FOLDED_GRID", "ROUND_TOWARD_ZERO", "PDL")
 # The ``kernel.fn`` parameters of both kernels are the names above; ``crosscompile`` reads these tuples.
 PARAMETERS = {"csr": CSR_PARAMETERS, "table": TABLE_PARAMETERS}
 POINTERS = {op: tuple(n for n in names if n.endswith("_ptr")) for op, names in PARAMETERS.items()}
@@ -52,7 +52,7 @@ def _dcp_token_csr_kernel(
     out_len: tl.int64, pool_stride: tl.int64, lens_stride: tl.int64, indptr_stride: tl.int64, start_stride: tl.int64,
     TOKENS_PER_PROGRAM: tl.constexpr, DCP_SIZE: tl.constexpr, DCP_SHIFT: tl.constexpr, HAS_START: tl.constexpr,
     UNIT_STRIDES: tl.constexpr, WIDE_INDEXING: tl.constexpr, FOLDED_GRID: tl.constexpr,
-    ROUND_TOWARD_ZERO: tl.constexpr,
+    ROUND_TOWARD_ZERO: tl.constexpr, PDL: tl.constexpr,
 ):
     """``out[indptr[b] + j] = table[pool[b], first_b + j * DCP_SIZE] // DCP_SIZE`` for the program's tokens
     ``j`` below ``min(lens[b], ceil((C - first_b) / DCP_SIZE))`` whose target lies in ``[0, out_len)``, where
@@ -62,6 +62,7 @@ def _dcp_token_csr_kernel(
     parameters are read; otherwise ``packed_table`` and ``packed_sizes`` stand in for them. UNIT_STRIDES,
     FOLDED_GRID: as in the token-CSR kernel.
     """
+    _launch.wait_for_producer(PDL)
     if UNIT_STRIDES:
         start_stride = 1
     row, pool, length, target_start, table_rows, table_cols, table_row_stride, out_len = row_header(
@@ -88,6 +89,7 @@ def _dcp_token_csr_kernel(
         slots = tl.load(table_ptr + pool * table_row_stride + first + token * DCP_SIZE, mask=copied)
         values = divide(slots, DCP_SIZE, DCP_SHIFT, ROUND_TOWARD_ZERO)
         tl.store(out_ptr + target_start + token, values.to(out_ptr.dtype.element_ty), mask=copied)
+    _launch.release_dependents(PDL)
 
 
 def _dcp_page_table_kernel(
@@ -96,7 +98,7 @@ def _dcp_page_table_kernel(
     out_row_stride: tl.int64, page_limit: tl.int64, pool_stride: tl.int64, lens_stride: tl.int64,
     PAGE_SIZE: tl.constexpr, VIRTUAL_PAGE: tl.constexpr, VIRTUAL_SHIFT: tl.constexpr,
     PAGES_PER_PROGRAM: tl.constexpr, HAS_FILL: tl.constexpr, UNIT_STRIDES: tl.constexpr,
-    WIDE_INDEXING: tl.constexpr, FOLDED_GRID: tl.constexpr, ROUND_TOWARD_ZERO: tl.constexpr,
+    WIDE_INDEXING: tl.constexpr, FOLDED_GRID: tl.constexpr, ROUND_TOWARD_ZERO: tl.constexpr, PDL: tl.constexpr,
 ):
     """``out[b, p] = table[pool[b], dcp_rank + p * VIRTUAL_PAGE] // VIRTUAL_PAGE`` for the program's pages
     ``p < page_limit`` with ``p * PAGE_SIZE < lens[b]`` on a readable row (``0 <= pool[b] < table_rows``);
@@ -107,6 +109,7 @@ def _dcp_page_table_kernel(
     are read; otherwise ``packed_table`` (rows | row stride << 32) and ``packed_out`` (page limit | out row
     stride << 32) stand in for them.
     """
+    _launch.wait_for_producer(PDL)
     row = tl.program_id(0)
     page = _launch.program_in_row(FOLDED_GRID) * PAGES_PER_PROGRAM + tl.arange(0, PAGES_PER_PROGRAM)
     page = page.to(tl.int64)
@@ -132,6 +135,7 @@ def _dcp_page_table_kernel(
         tl.store(out_row + page, tl.where(in_row, values, fill_value.to(tl.int32)), mask=page < out_width)
     else:
         tl.store(out_row + page, values, mask=in_row)
+    _launch.release_dependents(PDL)
 
 
 dcp_token_csr_kernel = triton.jit(_dcp_token_csr_kernel, do_not_specialize=RUNTIME_INTS["csr"],
@@ -145,21 +149,22 @@ _table_plans = _launch.plan_cache()
 
 
 def csr_constexprs(dcp_size: int, has_start: bool, round_toward_zero: bool = False, unit_strides: bool = True,
-                   wide_indexing: bool = False, folded_grid: bool = False) -> dict:
+                   wide_indexing: bool = False, folded_grid: bool = False, pdl: bool = False) -> dict:
     """The constexpr arguments of one DCP token-CSR specialisation."""
     return dict(TOKENS_PER_PROGRAM=launch_grid.items_per_program(launch_grid.DCP_TOKEN_CSR), DCP_SIZE=dcp_size,
                 DCP_SHIFT=page_shift(dcp_size), HAS_START=has_start, UNIT_STRIDES=unit_strides,
-                WIDE_INDEXING=wide_indexing, FOLDED_GRID=folded_grid, ROUND_TOWARD_ZERO=round_toward_zero)
+                WIDE_INDEXING=wide_indexing, FOLDED_GRID=folded_grid, ROUND_TOWARD_ZERO=round_toward_zero, PDL=pdl)
 
 
 def table_constexprs(page_size: int, dcp_size: int, has_fill: bool, round_toward_zero: bool = False,
-                     unit_strides: bool = True, wide_indexing: bool = False, folded_grid: bool = False) -> dict:
+                     unit_strides: bool = True, wide_indexing: bool = False, folded_grid: bool = False,
+                     pdl: bool = False) -> dict:
     """The constexpr arguments of one DCP page-table specialisation."""
     virtual_page = page_size * dcp_size
     return dict(PAGE_SIZE=page_size, VIRTUAL_PAGE=virtual_page, VIRTUAL_SHIFT=page_shift(virtual_page),
                 PAGES_PER_PROGRAM=launch_grid.items_per_program(launch_grid.DCP_PAGE_TABLE, page_size),
                 HAS_FILL=has_fill, UNIT_STRIDES=unit_strides, WIDE_INDEXING=wide_indexing, FOLDED_GRID=folded_grid,
-                ROUND_TOWARD_ZERO=round_toward_zero)
+                ROUND_TOWARD_ZERO=round_toward_zero, PDL=pdl)
 
 
 def table_packed_words(rows: int, table_stride: int, page_limit: int, out_stride: int) -> tuple[int, int] | None:
@@ -188,9 +193,10 @@ def _run(plans, launcher, key, args, make_plan):
 
 
 def build_dcp_token_indices(req_to_token, req_pool_indices, local_seq_lens, kv_indptr, out, dcp_size, dcp_rank,
-                            kv_start_idx=None, round_toward_zero=False):
+                            kv_start_idx=None, round_toward_zero=False, pdl=False):
     """Write one DCP rank's token CSR into ``out`` (int32/int64 ``[N]``); semantics of
-    ``kvdispatch.reference.build_dcp_token_indices``. Untouched: every position no request writes.
+    ``kvdispatch.reference.build_dcp_token_indices``; ``pdl``: launch with programmatic dependent launch where
+    the device supports it. Untouched: every position no request writes.
     Arguments arrive validated by ``kvdispatch._validate``."""
     has_start = kv_start_idx is not None
     rows, cols = req_to_token.shape
@@ -201,14 +207,14 @@ def build_dcp_token_indices(req_to_token, req_pool_indices, local_seq_lens, kv_i
     packed = csr_packed_words(rows, table_stride, cols, out_len)
     batch, span = req_pool_indices.shape[0], min(-(-cols // dcp_size), out_len)
     key = (out.get_device(), batch, span, dcp_size, req_pool_indices.dtype, local_seq_lens.dtype, kv_indptr.dtype,
-           kv_start_idx.dtype if has_start else None, unit_strides, packed is None, out.dtype, round_toward_zero)
+           kv_start_idx.dtype if has_start else None, unit_strides, packed is None, out.dtype, round_toward_zero, pdl)
     args = (req_to_token, req_pool_indices, local_seq_lens, kv_indptr, out, *(packed or (0, 0)), dcp_rank,
             kv_start_idx if has_start else req_to_token, rows, cols, table_stride, out_len, *strides)
 
     def make_plan():
         geometry = launch_grid.dcp_token_csr_launch(batch, cols, out_len, dcp_size)
         constexprs = csr_constexprs(dcp_size, has_start, round_toward_zero, unit_strides, packed is None,
-                                    geometry.folded)
+                                    geometry.folded, pdl)
         return geometry, key[3:] + (geometry.folded,), constexprs
 
     _run(_csr_plans, csr_launcher, key, args, make_plan)
@@ -216,10 +222,10 @@ def build_dcp_token_indices(req_to_token, req_pool_indices, local_seq_lens, kv_i
 
 
 def build_dcp_page_table(req_to_token, req_pool_indices, local_seq_lens, out, page_size, dcp_size, dcp_rank,
-                         fill_value=None, round_toward_zero=False):
+                         fill_value=None, round_toward_zero=False, pdl=False):
     """Write one DCP rank's block table into ``out`` (int32 ``[>= B, W]``); semantics of
-    ``kvdispatch.reference.build_dcp_page_table``. Untouched: rows ``>= B``; without ``fill_value``, the
-    columns past each row's pages. Arguments arrive validated by ``kvdispatch._validate``."""
+    ``kvdispatch.reference.build_dcp_page_table`` (``pdl`` as for ``build_dcp_token_indices``). Untouched: rows
+    ``>= B``; without ``fill_value``, the columns past each row's pages. Arguments arrive validated by ``kvdispatch._validate``."""
     has_fill = fill_value is not None
     rows, cols = req_to_token.shape
     table_stride, width, out_stride = req_to_token.stride(0), out.shape[1], out.stride(0)
@@ -230,14 +236,14 @@ def build_dcp_page_table(req_to_token, req_pool_indices, local_seq_lens, out, pa
     packed = table_packed_words(rows, table_stride, page_limit, out_stride)
     batch = req_pool_indices.shape[0]
     key = (out.get_device(), batch, width, page_size, dcp_size, req_pool_indices.dtype, local_seq_lens.dtype,
-           has_fill, unit_strides, packed is None, round_toward_zero)
+           has_fill, unit_strides, packed is None, round_toward_zero, pdl)
     args = (req_to_token, req_pool_indices, local_seq_lens, out, *(packed or (0, 0)), dcp_rank,
             fill_value if has_fill else 0, width, rows, table_stride, out_stride, page_limit, *strides)
 
     def make_plan():
         geometry = launch_grid.dcp_page_table_launch(batch, width, page_size)
         constexprs = table_constexprs(page_size, dcp_size, has_fill, round_toward_zero, unit_strides, packed is None,
-                                      geometry.folded)
+                                      geometry.folded, pdl)
         return geometry, key[3:] + (geometry.folded,), constexprs
 
     _run(_table_plans, table_launcher, key, args, make_plan)

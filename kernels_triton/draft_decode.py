@@ -32,7 +32,7 @@ PARAMETERS = ("table_ptr", "pool_ptr", "lens_ptr", "indptr_ptr", "out_ptr", "tab
 POINTERS = tuple(name for name in PARAMETERS if name.endswith("_ptr"))
 RUNTIME_INTS = tuple(name for name in PARAMETERS if not name.endswith("_ptr"))
 CONSTEXPRS = ("TOKENS_PER_PROGRAM", "SUM_BLOCK", "SLOT_BLOCK", "PAGE_SIZE", "OFFSET_LIMIT", "HAS_POSITIONS",
-              "HAS_V2P", "FOLDED_GRID")
+              "HAS_V2P", "FOLDED_GRID", "PDL")
 # Draft slots loaded per pass (a branch has num_steps of them).
 SLOT_BLOCK = 16
 # The page sizes compiled ahead of time (``crosscompile``); any other compiles at its first call.
@@ -47,11 +47,14 @@ def _draft_decode_kernel(
     v2p_ptr, v2p_len,
     TOKENS_PER_PROGRAM: tl.constexpr, SUM_BLOCK: tl.constexpr, SLOT_BLOCK: tl.constexpr, PAGE_SIZE: tl.constexpr,
     OFFSET_LIMIT: tl.constexpr, HAS_POSITIONS: tl.constexpr, HAS_V2P: tl.constexpr, FOLDED_GRID: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     """Segment ``z = program_id(0)`` of every step row; semantics of ``kvdispatch.reference.
     build_draft_decode_indices``. ``cap``: the most prefix tokens (``draft_prefix_cap``); ``sink``: the sink
     tokens with a window, else ``cap`` (the prefix is then positions ``0 .. n - 1``). ``positions_ptr`` /
-    ``positions_stride`` and ``v2p_ptr`` / ``v2p_len`` are None without those options."""
+    ``positions_stride`` and ``v2p_ptr`` / ``v2p_len`` are None without those options. PDL: launched with
+    programmatic dependent launch (``launch.wait_for_producer``)."""
+    _launch.wait_for_producer(PDL)
     segment = tl.program_id(0).to(tl.int64)
     request = segment // topk
     branch = segment - request * topk
@@ -118,6 +121,7 @@ def _draft_decode_kernel(
         if (segment == 0) & (write_indptr_start != 0):
             for step in range(num_steps):
                 tl.store(indptr_ptr + step * indptr_row_stride, tl.zeros((), indptr_dtype))
+    _launch.release_dependents(PDL)
 
 
 @triton.jit
@@ -171,20 +175,20 @@ _plans = _launch.plan_cache()
 
 
 def constexprs_for(page_size: int, has_positions: bool = False, has_v2p: bool = False,
-                   folded_grid: bool = False) -> dict:
+                   folded_grid: bool = False, pdl: bool = False) -> dict:
     """The constexpr arguments of one specialisation (tokens per program and sum block from ``kvdispatch.grid``)."""
     return dict(TOKENS_PER_PROGRAM=launch_grid.items_per_program(launch_grid.DRAFT_DECODE),
                 SUM_BLOCK=launch_grid.DRAFT_SUM_BLOCK, SLOT_BLOCK=SLOT_BLOCK, PAGE_SIZE=page_size,
                 OFFSET_LIMIT=launch_grid.DRAFT_OFFSET_LIMIT, HAS_POSITIONS=has_positions, HAS_V2P=has_v2p,
-                FOLDED_GRID=folded_grid)
+                FOLDED_GRID=folded_grid, PDL=pdl)
 
 
 def plan_key_and_arguments(req_to_token, req_pool_indices, seq_lens, kv_indptr, out, num_steps, topk, page_size=1,
                            positions=None, window_size=0, sink_size=0, v2p=None, write_indptr_start=True,
-                           round_toward_zero=False):
+                           round_toward_zero=False, pdl=False):
     """The launch-plan key of a call and the kernel's runtime arguments. Key: device index, segments,
-    min(C, W) (the geometry: ``kvdispatch.grid.draft_decode_launch``), the page size and the dtypes of the
-    pool, length, indptr, out, positions and v2p tensors (None: absent)."""
+    min(C, W) (the geometry: ``kvdispatch.grid.draft_decode_launch``), the page size, the dtypes of the
+    pool, length, indptr, out, positions and v2p tensors (None: absent), and pdl."""
     rows, cols = req_to_token.shape
     width = out.shape[1]
     segments = req_pool_indices.shape[0] * topk
@@ -192,7 +196,8 @@ def plan_key_and_arguments(req_to_token, req_pool_indices, seq_lens, kv_indptr, 
     sink = min(sink_size, cap) if window_size > 0 else cap
     has_positions, has_v2p = positions is not None, v2p is not None
     key = (out.get_device(), segments, min(cols, width), page_size, req_pool_indices.dtype, seq_lens.dtype,
-           kv_indptr.dtype, out.dtype, positions.dtype if has_positions else None, v2p.dtype if has_v2p else None)
+           kv_indptr.dtype, out.dtype, positions.dtype if has_positions else None, v2p.dtype if has_v2p else None,
+           pdl)
     args = (req_to_token, req_pool_indices, seq_lens, kv_indptr, out, rows, cols, req_to_token.stride(0), width,
             out.stride(0), kv_indptr.stride(0), req_pool_indices.stride(0), seq_lens.stride(0), num_steps, topk,
             cap, sink, int(write_indptr_start), int(round_toward_zero), positions,
@@ -205,7 +210,7 @@ def _build_plan(key, out, args):
     if geometry.grid[0] == 0:
         return _plans.add(key, _launch.nothing), False
     specialisation = (geometry.folded,) + key[3:]
-    constexprs = constexprs_for(key[3], key[8] is not None, key[9] is not None, geometry.folded)
+    constexprs = constexprs_for(key[3], key[8] is not None, key[9] is not None, geometry.folded, key[10])
     warps = _launch.warps_for(out.device, geometry.threads)
     plan, launched = launcher.plan(key[0], specialisation, geometry.grid, constexprs, warps, args)
     return _plans.add(key, plan), launched
@@ -213,14 +218,15 @@ def _build_plan(key, out, args):
 
 def build_draft_decode_indices(req_to_token, req_pool_indices, seq_lens, kv_indptr, out, num_steps, topk,
                                page_size=1, positions=None, window_size=0, sink_size=0, v2p=None,
-                               write_indptr_start=True, round_toward_zero=False):
+                               write_indptr_start=True, round_toward_zero=False, pdl=False):
     """Write every draft step's token CSR into ``out`` and ``kv_indptr`` with one launch; semantics of
-    ``kvdispatch.reference.build_draft_decode_indices``. Arguments arrive validated by ``kvdispatch._validate``."""
+    ``kvdispatch.reference.build_draft_decode_indices``; ``pdl``: launch with programmatic dependent launch
+    where the device supports it. Arguments arrive validated by ``kvdispatch._validate``."""
     if num_steps == 0:
         return out
     key, args = plan_key_and_arguments(req_to_token, req_pool_indices, seq_lens, kv_indptr, out, num_steps, topk,
                                        page_size, positions, window_size, sink_size, v2p, write_indptr_start,
-                                       round_toward_zero)
+                                       round_toward_zero, pdl)
     plan = _plans.get(key) or _plan_unless_launched(key, out, args)
     if plan is not None:
         plan(*args)

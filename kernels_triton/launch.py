@@ -83,6 +83,23 @@ def program_in_row(FOLDED_GRID: tl.constexpr):
     return program
 
 
+@triton.jit
+def wait_for_producer(PDL: tl.constexpr):
+    """Under programmatic dependent launch (PDL), wait until the kernel before this one on the stream has
+    finished and its writes are visible (``griddepcontrol.wait``); the kernels call it before their first
+    load. Compiles to nothing without PDL."""
+    if PDL:
+        tl.extra.cuda.gdc_wait()
+
+
+@triton.jit
+def release_dependents(PDL: tl.constexpr):
+    """Under PDL, let the next PDL kernel on the stream start launching (``griddepcontrol.launch_dependents``);
+    the kernels call it after their last store. Compiles to nothing without PDL."""
+    if PDL:
+        tl.extra.cuda.gdc_launch_dependents()
+
+
 def launch_mode() -> str:
     """``KVDISPATCH_TRITON_LAUNCH``: ``auto`` (the deepest path supported), ``native``, ``direct`` or ``fast``
     (required), or ``plain``."""
@@ -369,8 +386,12 @@ class KernelLauncher:
 
     def plain(self, grid, args, constexprs: dict, num_warps: int):
         """``kernel[grid](...)``: bind, specialise, compile if new, launch. Returns the CompiledKernel
-        (None under the interpreter)."""
+        (None under the interpreter). A ``PDL`` constexpr that is true also asks for Triton's ``launch_pdl``
+        option, which the compiled kernel's metadata keeps: every later launch of it, through ``run`` or its
+        C launch function (``DirectLaunch.pdl``), sets the programmatic stream serialisation attribute."""
         self.plain_launches += 1
+        if constexprs.get("PDL"):
+            return self.kernel[grid](*args, **constexprs, num_warps=num_warps, launch_pdl=True)
         return self.kernel[grid](*args, **constexprs, num_warps=num_warps)
 
     def plan(self, device_index: int, specialisation, grid, constexprs: dict, num_warps: int, first_args):
@@ -378,11 +399,15 @@ class KernelLauncher:
 
         Runs the first launch with ``first_args`` itself when the kernel is new on that device (the
         plain path compiles it), so the caller must not launch again for this call. Returns
-        ``(launch, launched)``.
+        ``(launch, launched)``. A true ``PDL`` constexpr (programmatic dependent launch) is kept only on a
+        device that supports it (``supports_pdl``); elsewhere, CPU tensors included, the kernel compiles
+        without it.
         """
         key = (device_index, specialisation)
         mode = launch_mode()
         launched = False
+        if constexprs.get("PDL") and not supports_pdl(device_index):  # a request the device cannot honour
+            constexprs = dict(constexprs, PDL=False)
         compiled = self.compiled.get(key)
         if compiled is None or device_index < 0:
             with self._lock:
@@ -512,6 +537,14 @@ def reset(compiled: bool = False) -> None:
             launcher.conventions.clear()
             launcher.direct_paths.clear()
             launcher.native_kernels.clear()
+
+
+def supports_pdl(device_index: int) -> bool:
+    """Whether the GPU ``device_index`` supports programmatic dependent launch (the probe's ``supports_pdl``);
+    False for CPU tensors (index < 0), which the interpreter runs."""
+    from kvdispatch import probe  # noqa: PLC0415  (kvdispatch imports this package lazily)
+
+    return device_index >= 0 and probe(torch.device("cuda", device_index)).supports_pdl
 
 
 def warps_for(device, threads: int) -> int:

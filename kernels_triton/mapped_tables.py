@@ -28,14 +28,14 @@ MHA_PARAMETERS = ("table_ptr", "pool_ptr", "lens_ptr", "page_table_ptr", "swa_pt
                   "table_cols", "table_row_stride", "width", "page_table_stride", "swa_width", "swa_stride",
                   "mapping_len", "pool_stride", "lens_stride")
 MHA_CONSTEXPRS = ("PAGE_SIZE", "PAGE_SHIFT", "PAGES_PER_PROGRAM", "HAS_SWA", "ROUND_TOWARD_ZERO", "UNIT_STRIDES",
-                  "FOLDED_GRID")
+                  "FOLDED_GRID", "PDL")
 # What every call reads fills the first 64 bytes (one constant-bank line): the pointers, two packed words
 # (``translated_packed_words``) and the map's length; the full-width values and the options' values follow.
 TRANSLATED_PARAMETERS = ("table_ptr", "pool_ptr", "lens_ptr", "v2p_ptr", "out_ptr", "packed_table", "packed_out",
                          "v2p_len", "table_rows", "table_row_stride", "page_limit", "out_row_stride", "multiplier",
                          "seq_len_delta", "pool_stride", "lens_stride")
 TRANSLATED_CONSTEXPRS = ("PAGE_SIZE", "PAGE_SHIFT", "PAGES_PER_PROGRAM", "HAS_MULTIPLIER", "HAS_DELTA",
-                         "UNIT_STRIDES", "WIDE_INDEXING", "FOLDED_GRID")
+                         "UNIT_STRIDES", "WIDE_INDEXING", "FOLDED_GRID", "PDL")
 
 
 @triton.jit
@@ -67,13 +67,14 @@ def _mha_page_table_kernel(
     table_cols: tl.int64, table_row_stride: tl.int64, width: tl.int64, page_table_stride: tl.int64,
     swa_width: tl.int64, swa_stride: tl.int64, mapping_len: tl.int64, pool_stride: tl.int64, lens_stride: tl.int64,
     PAGE_SIZE: tl.constexpr, PAGE_SHIFT: tl.constexpr, PAGES_PER_PROGRAM: tl.constexpr, HAS_SWA: tl.constexpr,
-    ROUND_TOWARD_ZERO: tl.constexpr, UNIT_STRIDES: tl.constexpr, FOLDED_GRID: tl.constexpr,
+    ROUND_TOWARD_ZERO: tl.constexpr, UNIT_STRIDES: tl.constexpr, FOLDED_GRID: tl.constexpr, PDL: tl.constexpr,
 ):
     """``slot = table[pool[b], p * PAGE_SIZE]``; ``page_table[b, p] = slot // PAGE_SIZE`` for ``p < width`` and,
     with HAS_SWA, ``swa[b, p] = mapping[clamp(slot, 0, mapping_len - 1)] // PAGE_SIZE`` (low 32 bits) for
     ``p < swa_width``, over the row's pages. HAS_SWA only with ``mapping_len > 0``; without it ``swa_ptr`` and
     ``mapping_ptr`` are not read. PAGE_SHIFT: log2(PAGE_SIZE) for powers of two, else -1. UNIT_STRIDES: the
     index vectors are contiguous. FOLDED_GRID: ``launch.program_in_row``."""
+    _launch.wait_for_producer(PDL)
     if UNIT_STRIDES:
         pool_stride, lens_stride = 1, 1
     row = tl.program_id(0).to(tl.int64)
@@ -98,6 +99,7 @@ def _mha_page_table_kernel(
             mapped = tl.load(mapping_ptr + index, mask=in_swa, other=0)
             tl.store(swa_ptr + row * swa_stride + page,
                      _divide(mapped, PAGE_SIZE, PAGE_SHIFT, ROUND_TOWARD_ZERO).to(tl.int32), mask=in_swa)
+    _launch.release_dependents(PDL)
 
 
 def _translated_page_table_kernel(
@@ -106,7 +108,7 @@ def _translated_page_table_kernel(
     out_row_stride: tl.int64, multiplier: tl.int64, seq_len_delta: tl.int64, pool_stride: tl.int64,
     lens_stride: tl.int64, PAGE_SIZE: tl.constexpr, PAGE_SHIFT: tl.constexpr, PAGES_PER_PROGRAM: tl.constexpr,
     HAS_MULTIPLIER: tl.constexpr, HAS_DELTA: tl.constexpr, UNIT_STRIDES: tl.constexpr, WIDE_INDEXING: tl.constexpr,
-    FOLDED_GRID: tl.constexpr,
+    FOLDED_GRID: tl.constexpr, PDL: tl.constexpr,
 ):
     """``t = table[pool[b], c * PAGE_SIZE]``, ``v = 0 if t < 0 else t // PAGE_SIZE``; ``out[b, c] =
     min(max(v2p[v] * multiplier, 0), 2**31 - 1)`` (0 for ``v >= v2p_len``) for the row's live columns: ``c <
@@ -116,6 +118,7 @@ def _translated_page_table_kernel(
     size, stride or the map's length is ``WIDE`` or more (``translated_packed_words``): the full-width
     parameters are read; otherwise ``packed_table`` (rows | row stride << 32) and ``packed_out`` (page limit |
     out row stride << 32) stand in for them."""
+    _launch.wait_for_producer(PDL)
     if UNIT_STRIDES:
         pool_stride, lens_stride = 1, 1
     row = tl.program_id(0).to(tl.int64)
@@ -159,6 +162,7 @@ def _translated_page_table_kernel(
     else:
         values = tl.minimum(tl.maximum(physical, 0), 2**31 - 1).to(tl.int32)
     tl.store(out_ptr + row * out_row_stride + page, values, mask=live)
+    _launch.release_dependents(PDL)
 
 
 # Pointers first, then the runtime ints: (kernel, pointer parameters, runtime int parameters) per kernel, for
@@ -176,23 +180,23 @@ _mha_plans = _launch.plan_cache()
 _translated_plans = _launch.plan_cache()
 
 
-def _common_constexprs(page_size: int, unit_strides: bool, folded_grid: bool) -> dict:
+def _common_constexprs(page_size: int, unit_strides: bool, folded_grid: bool, pdl: bool) -> dict:
     return dict(PAGE_SIZE=page_size, PAGE_SHIFT=page_shift(page_size),
                 PAGES_PER_PROGRAM=launch_grid.items_per_program(launch_grid.MAPPED_PAGE_TABLE, page_size),
-                UNIT_STRIDES=unit_strides, FOLDED_GRID=folded_grid)
+                UNIT_STRIDES=unit_strides, FOLDED_GRID=folded_grid, PDL=pdl)
 
 
 def mha_constexprs(page_size: int, has_swa: bool, round_toward_zero: bool, unit_strides: bool = True,
-                   folded_grid: bool = False) -> dict:
+                   folded_grid: bool = False, pdl: bool = False) -> dict:
     """The constexpr arguments of one MHA page-table specialisation."""
-    return dict(_common_constexprs(page_size, unit_strides, folded_grid), HAS_SWA=has_swa,
+    return dict(_common_constexprs(page_size, unit_strides, folded_grid, pdl), HAS_SWA=has_swa,
                 ROUND_TOWARD_ZERO=round_toward_zero)
 
 
 def translated_constexprs(page_size: int, has_multiplier: bool, has_delta: bool, unit_strides: bool = True,
-                          folded_grid: bool = False, wide_indexing: bool = False) -> dict:
+                          folded_grid: bool = False, wide_indexing: bool = False, pdl: bool = False) -> dict:
     """The constexpr arguments of one translated page-table specialisation."""
-    return dict(_common_constexprs(page_size, unit_strides, folded_grid), HAS_MULTIPLIER=has_multiplier,
+    return dict(_common_constexprs(page_size, unit_strides, folded_grid, pdl), HAS_MULTIPLIER=has_multiplier,
                 HAS_DELTA=has_delta, WIDE_INDEXING=wide_indexing)
 
 
@@ -225,9 +229,10 @@ def _launch_plan(plans, launcher, key, out, args, span, constexprs_of):
 
 
 def build_mha_page_table(req_to_token, req_pool_indices, seq_lens, page_table, page_size, swa_page_table=None,
-                         full_to_swa=None, round_toward_zero=False):
+                         full_to_swa=None, round_toward_zero=False, pdl=False):
     """Write the TRT-LLM MHA page table (and its SWA twin) in one launch; semantics of
-    ``kvdispatch.reference.build_mha_page_table``. Arguments arrive validated by ``kvdispatch._validate``."""
+    ``kvdispatch.reference.build_mha_page_table``; ``pdl``: launch with programmatic dependent launch where the
+    device supports it. Arguments arrive validated by ``kvdispatch._validate``."""
     rows, cols = req_to_token.shape
     width = page_table.shape[1]
     has_swa = swa_page_table is not None and full_to_swa.shape[0] > 0  # an empty mapping: nothing to write
@@ -235,20 +240,21 @@ def build_mha_page_table(req_to_token, req_pool_indices, seq_lens, page_table, p
     pool_stride, lens_stride = req_pool_indices.stride(0), seq_lens.stride(0)
     unit_strides = pool_stride == 1 and lens_stride == 1
     key = (page_table.get_device(), page_size, req_pool_indices.shape[0], max(width, swa_width), req_pool_indices.dtype,
-           seq_lens.dtype, full_to_swa.dtype if has_swa else None, round_toward_zero, unit_strides)
+           seq_lens.dtype, full_to_swa.dtype if has_swa else None, round_toward_zero, unit_strides, pdl)
     args = (req_to_token, req_pool_indices, seq_lens, page_table, swa_page_table if has_swa else page_table,
             full_to_swa if has_swa else req_pool_indices, rows, cols, req_to_token.stride(0), width,
             page_table.stride(0), swa_width, swa_page_table.stride(0) if has_swa else 0,
             full_to_swa.shape[0] if has_swa else 0, pool_stride, lens_stride)
     _launch_plan(_mha_plans, mha_launcher, key, page_table, args, key[3],
-                 lambda folded: mha_constexprs(page_size, has_swa, round_toward_zero, unit_strides, folded))
+                 lambda folded: mha_constexprs(page_size, has_swa, round_toward_zero, unit_strides, folded, pdl))
     return page_table
 
 
 def build_translated_page_table(req_to_token, req_pool_indices, seq_lens, v2p, out, page_size, multiplier=1,
-                                max_pages=None, seq_len_delta=0):
+                                max_pages=None, seq_len_delta=0, pdl=False):
     """Write the translated page table in one launch; semantics of
-    ``kvdispatch.reference.build_translated_page_table``. Arguments arrive validated."""
+    ``kvdispatch.reference.build_translated_page_table`` (``pdl`` as for ``build_mha_page_table``). Arguments
+    arrive validated."""
     rows, cols = req_to_token.shape
     columns = out.shape[1] if max_pages is None else min(max_pages, out.shape[1])
     pool_stride, lens_stride = req_pool_indices.stride(0), seq_lens.stride(0)
@@ -258,13 +264,13 @@ def build_translated_page_table(req_to_token, req_pool_indices, seq_lens, v2p, o
     page_limit = min(columns, -(-cols // page_size))
     packed = translated_packed_words(rows, table_stride, page_limit, out_stride, v2p.shape[0])
     key = (out.get_device(), page_size, req_pool_indices.shape[0], columns, req_pool_indices.dtype, seq_lens.dtype,
-           v2p.dtype, has_multiplier, has_delta, unit_strides, packed is None)
+           v2p.dtype, has_multiplier, has_delta, unit_strides, packed is None, pdl)
     packed_table, packed_out = packed or (0, 0)
     args = (req_to_token, req_pool_indices, seq_lens, v2p, out, packed_table, packed_out, v2p.shape[0], rows,
             table_stride, page_limit, out_stride, multiplier, seq_len_delta, pool_stride, lens_stride)
     _launch_plan(_translated_plans, translated_launcher, key, out, args, columns,
                  lambda folded: translated_constexprs(page_size, has_multiplier, has_delta, unit_strides, folded,
-                                                      packed is None))
+                                                      packed is None, pdl))
     return out
 
 

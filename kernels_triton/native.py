@@ -33,7 +33,7 @@ def add_page_table_plan(key: tuple, kernel, grid: tuple) -> bool:
     """Register the launch of one page-table call key (``page_table.plan_key_and_arguments``) with
     ``kernel`` (a ``launch.NativeKernel``) on ``grid`` (``kvdispatch.grid.Launch.grid``; its first entry
     is the batch, read from each call); returns whether the C path took it."""
-    if key[12]:  # round toward zero: the C path takes no such call (it hands it back), so it has no plan for one
+    if key[12] or key[13]:  # rounding toward zero, PDL: the C path takes no such call (it hands it back)
         return False
     return host_path.add_plan(LAUNCHER, "page_table", key[:12], kernel.context, kernel.function, grid,
                               kernel.threads, kernel.shared, kernel.param_count)

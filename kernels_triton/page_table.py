@@ -31,7 +31,7 @@ PARAMETERS = ("table_ptr", "pool_ptr", "lens_ptr", "out_ptr", "packed_table", "p
 POINTERS = tuple(name for name in PARAMETERS if name.endswith("_ptr"))
 RUNTIME_INTS = tuple(name for name in PARAMETERS if not name.endswith("_ptr"))
 CONSTEXPRS = ("PAGE_SIZE", "PAGE_SHIFT", "PAGES_PER_PROGRAM", "HAS_START", "HAS_SEQ_LENS_OUT", "HAS_FILL",
-              "HAS_OFFSET", "UNIT_STRIDES", "WIDE_INDEXING", "FOLDED_GRID", "ROUND_TOWARD_ZERO")
+              "HAS_OFFSET", "UNIT_STRIDES", "WIDE_INDEXING", "FOLDED_GRID", "ROUND_TOWARD_ZERO", "PDL")
 WIDE = _launch.WIDE
 
 
@@ -43,7 +43,7 @@ def _page_table_kernel(
     PAGE_SIZE: tl.constexpr, PAGE_SHIFT: tl.constexpr, PAGES_PER_PROGRAM: tl.constexpr,
     HAS_START: tl.constexpr, HAS_SEQ_LENS_OUT: tl.constexpr, HAS_FILL: tl.constexpr, HAS_OFFSET: tl.constexpr,
     UNIT_STRIDES: tl.constexpr, WIDE_INDEXING: tl.constexpr, FOLDED_GRID: tl.constexpr,
-    ROUND_TOWARD_ZERO: tl.constexpr,
+    ROUND_TOWARD_ZERO: tl.constexpr, PDL: tl.constexpr,
 ):
     """``out[b, p] = table[pool[b], start[b] + p * PAGE_SIZE] // PAGE_SIZE`` for the program's pages
     (floor division; truncation toward zero with ROUND_TOWARD_ZERO).
@@ -54,8 +54,10 @@ def _page_table_kernel(
     ``WIDE`` or more (``packed_words``; never in practice): the row then takes 64-bit arithmetic and reads
     the full-width parameters, as rows with a start always do; otherwise the kernel reads ``packed_table``
     and ``packed_out`` in their place. FOLDED_GRID: the row's programs span the grid's second and third
-    dimensions (``launch.program_in_row``).
+    dimensions (``launch.program_in_row``). PDL: launched with programmatic dependent launch
+    (``launch.wait_for_producer``).
     """
+    _launch.wait_for_producer(PDL)
     row = tl.program_id(0)
     first = _launch.program_in_row(FOLDED_GRID) * PAGES_PER_PROGRAM
     page = tl.max_contiguous(tl.multiple_of(first + tl.arange(0, PAGES_PER_PROGRAM), PAGES_PER_PROGRAM),
@@ -114,6 +116,7 @@ def _page_table_kernel(
     else:
         _write_pages(source, out_row, page, in_row, in_width, fill_value, PAGE_SIZE, PAGE_SHIFT, HAS_FILL,
                      ROUND_TOWARD_ZERO)
+    _launch.release_dependents(PDL)
 
 
 @triton.jit
@@ -209,13 +212,13 @@ def page_shift(page_size: int) -> int:
 
 def constexprs_for(page_size: int, has_start: bool, has_seq_lens_out: bool, has_fill: bool,
                    unit_strides: bool = True, wide_indexing: bool = False, has_offset: bool = False,
-                   folded_grid: bool = False, round_toward_zero: bool = False) -> dict:
+                   folded_grid: bool = False, round_toward_zero: bool = False, pdl: bool = False) -> dict:
     """The constexpr arguments of one specialisation (pages per program from ``kvdispatch.grid``)."""
     return dict(PAGE_SIZE=page_size, PAGE_SHIFT=page_shift(page_size),
                 PAGES_PER_PROGRAM=launch_grid.items_per_program(launch_grid.PAGE_TABLE, page_size),
                 HAS_START=has_start, HAS_SEQ_LENS_OUT=has_seq_lens_out, HAS_FILL=has_fill, HAS_OFFSET=has_offset,
                 UNIT_STRIDES=unit_strides, WIDE_INDEXING=wide_indexing, FOLDED_GRID=folded_grid,
-                ROUND_TOWARD_ZERO=round_toward_zero)
+                ROUND_TOWARD_ZERO=round_toward_zero, PDL=pdl)
 
 
 def packed_words(rows: int, table_stride: int, cols: int, width: int, out_stride: int, page_size: int,
@@ -241,28 +244,30 @@ def _build_plan(key, out, args):
     geometry = launch_grid.page_table_launch(batch, width, page_size, writes_lengths=flags[0])
     if geometry.grid[0] == 0:
         return _plans.add(key, _launch.nothing), False
-    round_toward_zero = key[12]
+    round_toward_zero, pdl = key[12:14]
     constexprs = constexprs_for(page_size, has_start, *flags, folded_grid=geometry.folded,
-                                round_toward_zero=round_toward_zero)
-    specialisation = (page_size, has_start, *flags, geometry.folded) + key[4:7] + (round_toward_zero,)
+                                round_toward_zero=round_toward_zero, pdl=pdl)
+    specialisation = (page_size, has_start, *flags, geometry.folded) + key[4:7] + (round_toward_zero, pdl)
     warps = _launch.warps_for(out.device, geometry.threads)
     plan, launched = launcher.plan(key[0], specialisation, geometry.grid, constexprs, warps, args)
-    kernel = launcher.native_kernel(key[0], specialisation, len(PARAMETERS), geometry.threads)
+    # The compiled launcher takes no PDL call (the API keeps them off it), so it gets no plan for one.
+    kernel = None if pdl else launcher.native_kernel(key[0], specialisation, len(PARAMETERS), geometry.threads)
     if kernel is not None:  # the compiled launcher takes this key's calls from now on
         native.add_page_table_plan(key, kernel, geometry.grid)
     return _plans.add(key, plan), launched
 
 
 def build_page_table(req_to_token, req_pool_indices, seq_lens, out, page_size, kv_start_idx=None,
-                     seqlen_offset=0, seq_lens_out=None, fill_value=None, round_toward_zero=False):
+                     seqlen_offset=0, seq_lens_out=None, fill_value=None, round_toward_zero=False, pdl=False):
     """Write the paged block table into ``out`` (int32 ``[>= B, W]``); semantics of
-    ``kvdispatch.reference.build_page_table``. Index vectors may be strided views.
+    ``kvdispatch.reference.build_page_table``. Index vectors may be strided views. ``pdl``: launch with
+    programmatic dependent launch where the device supports it (``launch.KernelLauncher.plan``).
 
     Untouched: rows ``>= B``; without ``fill_value``, the columns past each row's pages.
     Arguments arrive validated by ``kvdispatch._validate``.
     """
     key, args = plan_key_and_arguments(req_to_token, req_pool_indices, seq_lens, out, page_size, kv_start_idx,
-                                       seqlen_offset, seq_lens_out, fill_value, round_toward_zero)
+                                       seqlen_offset, seq_lens_out, fill_value, round_toward_zero, pdl)
     plan = _plans.get(key)
     if plan is None:
         plan, launched = _build_plan(key, out, args)
@@ -273,12 +278,12 @@ def build_page_table(req_to_token, req_pool_indices, seq_lens, out, page_size, k
 
 
 def plan_key_and_arguments(req_to_token, req_pool_indices, seq_lens, out, page_size, kv_start_idx=None,
-                           seqlen_offset=0, seq_lens_out=None, fill_value=None, round_toward_zero=False):
+                           seqlen_offset=0, seq_lens_out=None, fill_value=None, round_toward_zero=False, pdl=False):
     """The launch-plan key of a call and the kernel's runtime arguments (tensors in the pointer slots),
     as ``host_path.c`` computes them too. Key: device index, page size, batch, width, the dtypes of
     the pool, length and start vectors (None: no start), seq_lens_out given, fill_value given, unit strides,
-    wide indexing (no start, and no ``packed_words``), seqlen_offset not 0, round_toward_zero (the compiled
-    launcher takes no key with it: its keys are the first 12 entries).
+    wide indexing (no start, and no ``packed_words``), seqlen_offset not 0, round_toward_zero, pdl (the
+    compiled launcher takes no key with either: its keys are the first 12 entries).
     """
     has_start = kv_start_idx is not None
     has_seq_lens_out = seq_lens_out is not None
@@ -297,7 +302,7 @@ def plan_key_and_arguments(req_to_token, req_pool_indices, seq_lens, out, page_s
     packed_table, packed_out = packed or (0, 0)
     key = (out.get_device(), page_size, req_pool_indices.shape[0], width, req_pool_indices.dtype,
            seq_lens.dtype, kv_start_idx.dtype if has_start else None, has_seq_lens_out, has_fill, unit_strides,
-           packed is None and not has_start, seqlen_offset != 0, round_toward_zero)
+           packed is None and not has_start, seqlen_offset != 0, round_toward_zero, pdl)
     args = (req_to_token, req_pool_indices, seq_lens, out, packed_table, packed_out, seqlen_offset,
             fill_value if has_fill else 0, width, seq_lens_out if has_seq_lens_out else out,
             kv_start_idx if has_start else req_to_token, rows, cols, table_stride, out_stride, pool_stride,

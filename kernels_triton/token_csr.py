@@ -38,7 +38,7 @@ RUNTIME_INTS = tuple(name for name in PARAMETERS if not name.endswith("_ptr"))
 # parameters ``host_path.c`` passes (it takes no call with an option).
 ORDINARY_PARAMETERS = PARAMETERS[:-2]
 CONSTEXPRS = ("TOKENS_PER_PROGRAM", "HAS_START", "UNIT_STRIDES", "WIDE_INDEXING", "FOLDED_GRID", "ENTRY_PAGE_SIZE",
-              "ENTRY_SHIFT", "HAS_MAPPING")
+              "ENTRY_SHIFT", "HAS_MAPPING", "PDL")
 # The entry page sizes compiled ahead of time (``crosscompile``); any other in [1, MAX_PAGE_SIZE] compiles
 # at its first call, as a page size of the page-table kernel does.
 SPECIALISED_ENTRY_PAGE_SIZES = (1, 16, 64)
@@ -52,7 +52,7 @@ def _token_csr_kernel(
     mapping_ptr, mapping_len,
     TOKENS_PER_PROGRAM: tl.constexpr, HAS_START: tl.constexpr, UNIT_STRIDES: tl.constexpr,
     WIDE_INDEXING: tl.constexpr, FOLDED_GRID: tl.constexpr, ENTRY_PAGE_SIZE: tl.constexpr,
-    ENTRY_SHIFT: tl.constexpr, HAS_MAPPING: tl.constexpr,
+    ENTRY_SHIFT: tl.constexpr, HAS_MAPPING: tl.constexpr, PDL: tl.constexpr,
 ):
     """``out[indptr[b] + j] = table[pool[b], start[b] + j]`` for the program's tokens ``j`` below
     ``min(lens[b], C - start[b])`` whose target lies in ``[0, out_len)``; the others are masked.
@@ -66,8 +66,10 @@ def _token_csr_kernel(
     UNIT_STRIDES: the index vectors are contiguous (their strides are not read). WIDE_INDEXING: some size
     or stride is ``WIDE`` or more (``packed_words``), so the full-width parameters are read; otherwise
     ``packed_table`` and ``packed_sizes`` stand in for them. FOLDED_GRID: the row's programs span the
-    grid's second and third dimensions (``launch.program_in_row``).
+    grid's second and third dimensions (``launch.program_in_row``). PDL: launched with programmatic dependent
+    launch (``launch.wait_for_producer``).
     """
+    _launch.wait_for_producer(PDL)
     if UNIT_STRIDES:
         start_stride = 1
     row, pool, length, target_start, table_rows, table_cols, table_row_stride, out_len = row_header(
@@ -101,6 +103,7 @@ def _token_csr_kernel(
             mapped = tl.load(mapping_ptr + values, mask=copied & inside)
             values = tl.where(inside, mapped, -1)
         tl.store(out_ptr + target_start + token, values.to(out_ptr.dtype.element_ty), mask=copied)
+    _launch.release_dependents(PDL)
 
 
 @triton.jit
@@ -146,11 +149,13 @@ _plans = _launch.plan_cache(on_clear=functools.partial(native.forget_plans, "tok
 
 
 def constexprs_for(has_start: bool, unit_strides: bool = True, wide_indexing: bool = False,
-                   folded_grid: bool = False, entry_page_size: int = 1, has_mapping: bool = False) -> dict:
+                   folded_grid: bool = False, entry_page_size: int = 1, has_mapping: bool = False,
+                   pdl: bool = False) -> dict:
     """The constexpr arguments of one specialisation (tokens per program from ``kvdispatch.grid``)."""
     return dict(TOKENS_PER_PROGRAM=launch_grid.items_per_program(launch_grid.TOKEN_CSR), HAS_START=has_start,
                 UNIT_STRIDES=unit_strides, WIDE_INDEXING=wide_indexing, FOLDED_GRID=folded_grid,
-                ENTRY_PAGE_SIZE=entry_page_size, ENTRY_SHIFT=page_shift(entry_page_size), HAS_MAPPING=has_mapping)
+                ENTRY_PAGE_SIZE=entry_page_size, ENTRY_SHIFT=page_shift(entry_page_size), HAS_MAPPING=has_mapping,
+                PDL=pdl)
 
 
 def packed_words(rows: int, table_stride: int, cols: int, out_len: int) -> tuple[int, int] | None:
@@ -172,7 +177,7 @@ def _build_plan(key, out, args):
     specialisation = (has_start, geometry.folded) + key[3:]
     warps = _launch.warps_for(out.device, geometry.threads)
     constexprs = constexprs_for(has_start, unit_strides, wide_indexing, geometry.folded, entry_page_size,
-                                key[11] is not None)
+                                key[11] is not None, pdl=key[12])
     plan, launched = launcher.plan(key[0], specialisation, geometry.grid, constexprs, warps, args)
     if is_ordinary(key):  # the compiled launcher takes no call with an option
         kernel = launcher.native_kernel(key[0], specialisation, len(ORDINARY_PARAMETERS), geometry.threads)
@@ -183,20 +188,21 @@ def _build_plan(key, out, args):
 
 def is_ordinary(key) -> bool:
     """Whether the call of ``key`` (``plan_key_and_arguments``) has none of the options: an int32 ``out``,
-    entry page size 1 and no token mapping."""
-    return key[9] is torch.int32 and key[10] == 1 and key[11] is None
+    entry page size 1, no token mapping and no programmatic dependent launch."""
+    return key[9] is torch.int32 and key[10] == 1 and key[11] is None and not key[12]
 
 
 def build_token_indices(req_to_token, req_pool_indices, seq_lens, kv_indptr, out, kv_start_idx=None,
-                        entry_page_size=1, token_mapping=None):
+                        entry_page_size=1, token_mapping=None, pdl=False):
     """Write token-level CSR indices into ``out`` (int32/int64 ``[N]``); semantics of
-    ``kvdispatch.reference.build_token_indices``. Index vectors may be strided views.
+    ``kvdispatch.reference.build_token_indices``. Index vectors may be strided views. ``pdl``: launch with
+    programmatic dependent launch where the device supports it.
 
     Untouched: every position of ``out`` no request writes; nothing lands outside ``[0, N)``.
     Arguments arrive validated by ``kvdispatch._validate``.
     """
     key, args = plan_key_and_arguments(req_to_token, req_pool_indices, seq_lens, kv_indptr, out, kv_start_idx,
-                                       entry_page_size, token_mapping)
+                                       entry_page_size, token_mapping, pdl)
     plan = _plans.get(key)
     if plan is None:
         plan, launched = _build_plan(key, out, args)
@@ -207,13 +213,13 @@ def build_token_indices(req_to_token, req_pool_indices, seq_lens, kv_indptr, out
 
 
 def plan_key_and_arguments(req_to_token, req_pool_indices, seq_lens, kv_indptr, out, kv_start_idx=None,
-                           entry_page_size=1, token_mapping=None):
+                           entry_page_size=1, token_mapping=None, pdl=False):
     """The launch-plan key of a call and the kernel's runtime arguments (tensors in the pointer slots), as
     ``host_path.c`` computes them too for an ordinary call (``is_ordinary``). Key: device index, batch,
     min(C * entry_page_size, N) (the geometry depends on nothing else: ``kvdispatch.grid.token_csr_launch``),
     the dtypes of the pool, length, indptr and start vectors (None: no start), unit strides, wide indexing
     (no ``packed_words``), then the options: out's dtype, the entry page size and the mapping's dtype (None:
-    no mapping). The first nine fields are the compiled launcher's key."""
+    no mapping), and pdl. The first nine fields are the compiled launcher's key."""
     has_start = kv_start_idx is not None
     rows, cols = req_to_token.shape
     table_stride, out_len = req_to_token.stride(0), out.shape[0]
@@ -225,7 +231,7 @@ def plan_key_and_arguments(req_to_token, req_pool_indices, seq_lens, kv_indptr, 
     has_mapping = token_mapping is not None
     key = (out.get_device(), req_pool_indices.shape[0], min(cols * entry_page_size, out_len), req_pool_indices.dtype,
            seq_lens.dtype, kv_indptr.dtype, kv_start_idx.dtype if has_start else None, unit_strides, packed is None,
-           out.dtype, entry_page_size, token_mapping.dtype if has_mapping else None)
+           out.dtype, entry_page_size, token_mapping.dtype if has_mapping else None, pdl)
     args = (req_to_token, req_pool_indices, seq_lens, kv_indptr, out, packed_table, packed_sizes,
             kv_start_idx if has_start else req_to_token, rows, cols, table_stride, out_len, pool_stride, lens_stride,
             indptr_stride, start_stride, token_mapping, token_mapping.shape[0] if has_mapping else None)

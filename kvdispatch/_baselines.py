@@ -17,6 +17,8 @@
 * ``mha_grid_2d``: the TRT-LLM MHA page table (with its SWA twin) after SGLang's design: 2-D grid, ``4096 //
   page_size`` pages per program, programs past a row's tokens exit, block masks.
 * ``v2p_grid_2d``: the unified pool's translated page table after SGLang's design, on the same grid.
+* ``producer``: a one-program copy into an op's input, optionally triggering programmatic dependent launch: the
+  kernel ahead of the op in ``kvdispatch bench --pdl-chain``.
 
 Import this module only after ``TRITON_INTERPRET`` has its final value: ``triton.jit`` reads it. The
 plain-PyTorch baseline is ``bench.plain_torch``: it runs where Triton is not installed.
@@ -251,3 +253,20 @@ def dcp_grid_2d(req_to_token, req_pool_indices, local_seq_lens, out, page_size, 
     grid = (req_pool_indices.shape[0], triton.cdiv(out.shape[1], step))
     _dcp_grid_2d_kernel[grid](req_to_token, req_pool_indices, local_seq_lens, out, req_to_token.stride(0),
                               out.stride(0), PAGE=page_size, DCP_SIZE=dcp_size, DCP_RANK=dcp_rank, STEP=step)
+
+
+@triton.jit
+def _producer_kernel(source, target, n, BLOCK: tl.constexpr, TRIGGER: tl.constexpr):
+    if TRIGGER:  # programmatic dependent launch: the next PDL kernel on the stream may start launching now
+        tl.extra.cuda.gdc_launch_dependents()
+    i = tl.arange(0, BLOCK)
+    tl.store(target + i, tl.load(source + i, mask=i < n), mask=i < n)
+
+
+def producer(source, target, trigger: bool):
+    """Copy ``source`` into ``target`` (1-D, the same length and dtype) with one program: the kernel before an
+    index build in ``kvdispatch bench --pdl-chain``, writing its inputs as an engine's preceding kernel does.
+    ``trigger``: let a following PDL kernel start launching at once (``griddepcontrol.launch_dependents``,
+    NVIDIA sm_90+); without it, as PyTorch's kernels, it does not."""
+    n = source.shape[0]
+    _producer_kernel[(1,)](source, target, n, BLOCK=triton.next_power_of_2(n), TRIGGER=trigger, num_warps=4)

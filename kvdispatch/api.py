@@ -3,7 +3,8 @@
 A call the Triton backend has launched before (same device, selection and shapes) is taken whole by its
 compiled launcher (``dispatch.fast_page_table``, ``dispatch.fast_token_csr``): the same checks, in C.
 Whatever it does not take, first calls, every error and ``KVDISPATCH_DEBUG`` included, goes the Python
-way below. While ``torch.compile`` (or ``torch.export``) traces, a call becomes the op of the same name in
+way below, and so do calls with programmatic dependent launch (``enable_pdl``), which the compiled launcher
+does not take. While ``torch.compile`` (or ``torch.export``) traces, a call becomes the op of the same name in
 ``torch.ops.kvdispatch`` (registered by ``kvdispatch.ops``), for the backend request of that trace.
 """
 
@@ -22,7 +23,7 @@ _compiling = torch.compiler.is_compiling
 
 def create_flashmla_kv_indices(req_to_token, req_pool_indices, seq_lens, out, *, page_size,
                                kv_start_idx=None, seqlen_offset=0, seq_lens_out=None,
-                               fill_value=None, round_toward_zero=False, backend=None):
+                               fill_value=None, round_toward_zero=False, backend=None, enable_pdl=None):
     """Build the paged block table (FlashMLA, CUTLASS MLA, TRT-LLM MLA, Aiter MLA) into ``out``.
 
     For request ``b < B`` and page ``p < min(ceil(L_b / page_size), W)``::
@@ -46,6 +47,12 @@ def create_flashmla_kv_indices(req_to_token, req_pool_indices, seq_lens, out, *,
         round_toward_zero: bool; divide negative slot ids rounding toward zero, as SGLang's kernel does
             (``-65 // 64`` gives -1); the default floors (-2).
         backend: ``"triton"``, ``"cupy"``, ``"torch"``, ``"auto"`` or None (auto, or ``KVDISPATCH_BACKEND``).
+        enable_pdl: bool or None; launch with programmatic dependent launch (PDL): the kernel may start while
+            the previous kernel on the stream finishes, waits for it (``griddepcontrol.wait``) before its first
+            load, and lets the next PDL kernel start after its last store. Only where the device supports it
+            (``kvdispatch.probe(device).supports_pdl``: NVIDIA compute capability 9.0 and later) and on the
+            triton and cupy backends; ignored elsewhere, without an error. None: ``KVDISPATCH_PDL`` (off when
+            unset; read at import and by ``kvdispatch.reset()``). The result is the same either way.
 
     Left untouched: rows ``>= B``; without ``fill_value``, every column past a row's pages. Bad data
     never reads or writes out of bounds: a pool index outside ``[0, R)`` or a length ``<= 0`` gives an
@@ -62,9 +69,11 @@ def create_flashmla_kv_indices(req_to_token, req_pool_indices, seq_lens, out, *,
     """
     if _compiling():
         return _page_table_in_graph(req_to_token, req_pool_indices, seq_lens, out, page_size, kv_start_idx,
-                                    seqlen_offset, seq_lens_out, fill_value, round_toward_zero, backend)
+                                    seqlen_offset, seq_lens_out, fill_value, round_toward_zero, backend,
+                                    enable_pdl)
+    pdl = dispatch.pdl_default if enable_pdl is None else enable_pdl
     fast = dispatch.fast_page_table
-    if fast is not None and not _debug.ENABLED:
+    if fast is not None and not _debug.ENABLED and not pdl:  # the compiled launcher takes no PDL call
         # The compiled launcher hands back (NotImplemented) every call with round_toward_zero set.
         result = fast(req_to_token, req_pool_indices, seq_lens, out, page_size, kv_start_idx, seqlen_offset,
                       seq_lens_out, fill_value, backend, round_toward_zero)
@@ -75,12 +84,13 @@ def create_flashmla_kv_indices(req_to_token, req_pool_indices, seq_lens, out, *,
     if _debug.ENABLED:
         _debug.check_page_table_data(req_to_token, req_pool_indices, seq_lens, kv_start_idx, seqlen_offset)
     dispatch.call(device, "page_table", backend, req_to_token, req_pool_indices, seq_lens, out, page_size,
-                  kv_start_idx, seqlen_offset, seq_lens_out, fill_value, round_toward_zero)
+                  kv_start_idx, seqlen_offset, seq_lens_out, fill_value, round_toward_zero, pdl)
     return out
 
 
 def create_flashinfer_kv_indices(req_to_token, req_pool_indices, seq_lens, kv_indptr, out, *,
-                                 kv_start_idx=None, entry_page_size=1, token_mapping=None, backend=None):
+                                 kv_start_idx=None, entry_page_size=1, token_mapping=None, backend=None,
+                                 enable_pdl=None):
     """Build token-level CSR indices (FlashInfer, Aiter non-MLA) into ``out``.
 
     For request ``b < B`` and ``j < seq_lens[b]``, at token position ``q = start_b + j``::
@@ -103,7 +113,7 @@ def create_flashinfer_kv_indices(req_to_token, req_pool_indices, seq_lens, kv_in
             slots are ``page * E + offset``); a row's readable positions are ``[0, C * E)``.
         token_mapping: optional int32/int64 ``[M]``, contiguous, on the table's device: maps each value
             (a slot) to the written one. Read only inside ``[0, M)``.
-        backend: as for ``create_flashmla_kv_indices``.
+        backend, enable_pdl: as for ``create_flashmla_kv_indices``.
 
     Left untouched: every position no request writes. No write ever lands outside ``out``, whatever
     ``kv_indptr`` says; a row ends at its last readable position; a bad pool index gives an empty row.
@@ -115,9 +125,10 @@ def create_flashinfer_kv_indices(req_to_token, req_pool_indices, seq_lens, kv_in
     """
     if _compiling():
         return _token_csr_in_graph(req_to_token, req_pool_indices, seq_lens, kv_indptr, out, kv_start_idx,
-                                   entry_page_size, token_mapping, backend)
+                                   entry_page_size, token_mapping, backend, enable_pdl)
+    pdl = dispatch.pdl_default if enable_pdl is None else enable_pdl
     fast = dispatch.fast_token_csr
-    if fast is not None and not _debug.ENABLED:
+    if fast is not None and not _debug.ENABLED and not pdl:  # the compiled launcher takes no PDL call
         # The compiled launcher hands back (NotImplemented) every call with an option or an int64 out.
         result = fast(req_to_token, req_pool_indices, seq_lens, kv_indptr, out, kv_start_idx, backend,
                       entry_page_size, token_mapping)
@@ -128,7 +139,7 @@ def create_flashinfer_kv_indices(req_to_token, req_pool_indices, seq_lens, kv_in
     if _debug.ENABLED and entry_page_size == 1:  # its row checks know one position per entry only
         _debug.check_token_csr_data(req_to_token, req_pool_indices, seq_lens, kv_indptr, out, kv_start_idx)
     dispatch.call(device, "token_csr", backend, req_to_token, req_pool_indices, seq_lens, kv_indptr, out,
-                  kv_start_idx, entry_page_size, token_mapping)
+                  kv_start_idx, entry_page_size, token_mapping, pdl)
     return out
 
 
@@ -149,28 +160,29 @@ _requested_backend._dynamo_marked_constant = True
 
 
 def _page_table_in_graph(req_to_token, req_pool_indices, seq_lens, out, page_size, kv_start_idx, seqlen_offset,
-                         seq_lens_out, fill_value, round_toward_zero, backend):
+                         seq_lens_out, fill_value, round_toward_zero, backend, enable_pdl):
     """``create_flashmla_kv_indices`` while tracing: the custom op, for the trace's backend request."""
     torch.ops.kvdispatch.create_flashmla_kv_indices(
         req_to_token, req_pool_indices, seq_lens, out, page_size=page_size, kv_start_idx=kv_start_idx,
         seqlen_offset=seqlen_offset, seq_lens_out=seq_lens_out, fill_value=fill_value,
         round_toward_zero=round_toward_zero,
-        backend=_requested_backend(backend, dispatch.generation))
+        backend=_requested_backend(backend, dispatch.generation), enable_pdl=enable_pdl)
     return out
 
 
 def _token_csr_in_graph(req_to_token, req_pool_indices, seq_lens, kv_indptr, out, kv_start_idx, entry_page_size,
-                        token_mapping, backend):
+                        token_mapping, backend, enable_pdl):
     """``create_flashinfer_kv_indices`` while tracing: the custom op, for the trace's backend request."""
     torch.ops.kvdispatch.create_flashinfer_kv_indices(
         req_to_token, req_pool_indices, seq_lens, kv_indptr, out, kv_start_idx=kv_start_idx,
         entry_page_size=entry_page_size, token_mapping=token_mapping,
-        backend=_requested_backend(backend, dispatch.generation))
+        backend=_requested_backend(backend, dispatch.generation), enable_pdl=enable_pdl)
     return out
 
 
 def create_trtllm_mha_page_table(req_to_token, req_pool_indices, seq_lens, page_table, *, page_size,
-                                 swa_page_table=None, full_to_swa=None, round_toward_zero=False, backend=None):
+                                 swa_page_table=None, full_to_swa=None, round_toward_zero=False, backend=None,
+                                 enable_pdl=None):
     """Build the TRT-LLM MHA page table (and its sliding-window twin) into ``page_table``.
 
     For request ``b < B`` and page ``p < ceil(L_b / page_size)``, with ``L_b = seq_lens[b]``::
@@ -192,6 +204,7 @@ def create_trtllm_mha_page_table(req_to_token, req_pool_indices, seq_lens, page_
             with ``full_to_swa``: int32/int64 ``[M]``, contiguous, the full pool's slot -> SWA pool's slot.
         round_toward_zero: bool; divide negative values rounding toward zero.
         backend: ``"triton"``, ``"cupy"``, ``"torch"``, ``"auto"`` or None (auto, or ``KVDISPATCH_BACKEND``).
+        enable_pdl: programmatic dependent launch, as for ``create_flashmla_kv_indices``.
 
     Left untouched: rows ``>= B`` of both tables and the columns past each row's pages. Bad data never
     reads or writes out of bounds: a pool index outside ``[0, R)`` or a length ``<= 0`` gives an empty row,
@@ -209,7 +222,7 @@ def create_trtllm_mha_page_table(req_to_token, req_pool_indices, seq_lens, page_
         torch.ops.kvdispatch.create_trtllm_mha_page_table(
             req_to_token, req_pool_indices, seq_lens, page_table, page_size=page_size,
             swa_page_table=swa_page_table, full_to_swa=full_to_swa, round_toward_zero=round_toward_zero,
-            backend=_requested_backend(backend, dispatch.generation))
+            backend=_requested_backend(backend, dispatch.generation), enable_pdl=enable_pdl)
         return page_table
     device = check_mha_page_table_args(req_to_token, req_pool_indices, seq_lens, page_table, page_size,
                                        swa_page_table, full_to_swa, round_toward_zero)
@@ -217,12 +230,12 @@ def create_trtllm_mha_page_table(req_to_token, req_pool_indices, seq_lens, page_
         _debug.check_mha_page_table_data(req_to_token, req_pool_indices, seq_lens, page_size, swa_page_table,
                                          full_to_swa)
     dispatch.call(device, "mha_page_table", backend, req_to_token, req_pool_indices, seq_lens, page_table,
-                  page_size, swa_page_table, full_to_swa, round_toward_zero)
+                  page_size, swa_page_table, full_to_swa, round_toward_zero, _pdl(enable_pdl))
     return page_table
 
 
 def create_translated_page_table(req_to_token, req_pool_indices, seq_lens, v2p, out, *, page_size, multiplier=1,
-                                 max_pages=None, seq_len_delta=0, backend=None):
+                                 max_pages=None, seq_len_delta=0, backend=None, enable_pdl=None):
     """Build a page table translated through a virtual-to-physical page map (SGLang's unified pool) into ``out``.
 
     For request ``b < B`` and column ``c < min(ceil(L_b / page_size), max_pages)``, ``L_b = seq_lens[b] +
@@ -245,7 +258,7 @@ def create_translated_page_table(req_to_token, req_pool_indices, seq_lens, v2p, 
         multiplier: 32-bit int; physical pages are scaled by it (a sub-pool's blocks per page).
         max_pages: optional int in ``[0, W]``: the columns a row may write (None: ``W``).
         seq_len_delta: 32-bit int added to every length (draft tokens in whole-sequence verify).
-        backend: as for ``create_trtllm_mha_page_table``.
+        backend, enable_pdl: as for ``create_trtllm_mha_page_table``.
 
     Left untouched: rows ``>= B``, columns ``>= max_pages`` and the columns past each row's live ones (a reused
     buffer keeps its stale tail). Bad data never reads or writes out of bounds: a bad pool index or a length
@@ -261,7 +274,8 @@ def create_translated_page_table(req_to_token, req_pool_indices, seq_lens, v2p, 
     if _compiling():
         torch.ops.kvdispatch.create_translated_page_table(
             req_to_token, req_pool_indices, seq_lens, v2p, out, page_size=page_size, multiplier=multiplier,
-            max_pages=max_pages, seq_len_delta=seq_len_delta, backend=_requested_backend(backend, dispatch.generation))
+            max_pages=max_pages, seq_len_delta=seq_len_delta, backend=_requested_backend(backend, dispatch.generation),
+            enable_pdl=enable_pdl)
         return out
     device = check_translated_page_table_args(req_to_token, req_pool_indices, seq_lens, v2p, out, page_size,
                                               multiplier, max_pages, seq_len_delta)
@@ -269,13 +283,13 @@ def create_translated_page_table(req_to_token, req_pool_indices, seq_lens, v2p, 
         _debug.check_translated_page_table_data(req_to_token, req_pool_indices, seq_lens, v2p, out, page_size,
                                                 max_pages, seq_len_delta)
     dispatch.call(device, "translated_page_table", backend, req_to_token, req_pool_indices, seq_lens, v2p, out,
-                  page_size, multiplier, max_pages, seq_len_delta)
+                  page_size, multiplier, max_pages, seq_len_delta, _pdl(enable_pdl))
     return out
 
 
 def create_draft_decode_kv_indices(req_to_token, req_pool_indices, seq_lens, kv_indptr, out, *, num_steps, topk,
                                    page_size=1, positions=None, window_size=0, sink_size=0, v2p=None,
-                                   write_indptr_start=True, round_toward_zero=False, backend=None):
+                                   write_indptr_start=True, round_toward_zero=False, backend=None, enable_pdl=None):
     """Build the token CSR of every step of a speculative multi-step draft decode (EAGLE with ``topk``
     branches per request) into ``out`` and ``kv_indptr``, all steps in one launch.
 
@@ -314,7 +328,7 @@ def create_draft_decode_kv_indices(req_to_token, req_pool_indices, seq_lens, kv_
         out: int32/int64 ``[>= S, W]``, last dim contiguous, any row stride, ``W <= 2**32``. Written in place.
         num_steps: int in ``[0, 1024]``; topk: int in ``[1, 1024]``; page_size: int in ``[1, 4096]``.
         window_size, sink_size: ints in ``[0, 2**31 - 1]``.
-        backend: as for ``create_flashmla_kv_indices``.
+        backend, enable_pdl: as for ``create_flashmla_kv_indices``.
 
     Values are stored in the output's dtype (int32: the low 32 bits). Integers are exact: offsets and sums
     saturate at ``kvdispatch.grid.DRAFT_OFFSET_LIMIT`` (``2**32``, past any ``out``), which is what
@@ -336,7 +350,7 @@ def create_draft_decode_kv_indices(req_to_token, req_pool_indices, seq_lens, kv_
     if _compiling():
         return _draft_decode_in_graph(req_to_token, req_pool_indices, seq_lens, kv_indptr, out, num_steps, topk,
                                       page_size, positions, window_size, sink_size, v2p, write_indptr_start,
-                                      round_toward_zero, backend)
+                                      round_toward_zero, backend, enable_pdl)
     device = check_draft_decode_args(req_to_token, req_pool_indices, seq_lens, kv_indptr, out, num_steps, topk,
                                      page_size, positions, window_size, sink_size, v2p, write_indptr_start,
                                      round_toward_zero)
@@ -345,23 +359,24 @@ def create_draft_decode_kv_indices(req_to_token, req_pool_indices, seq_lens, kv_
                                        window_size, sink_size, v2p, round_toward_zero)
     dispatch.call(device, "draft_decode", backend, req_to_token, req_pool_indices, seq_lens, kv_indptr, out,
                   num_steps, topk, page_size, positions, window_size, sink_size, v2p, write_indptr_start,
-                  round_toward_zero)
+                  round_toward_zero, _pdl(enable_pdl))
     return out
 
 
 def _draft_decode_in_graph(req_to_token, req_pool_indices, seq_lens, kv_indptr, out, num_steps, topk, page_size,
-                           positions, window_size, sink_size, v2p, write_indptr_start, round_toward_zero, backend):
+                           positions, window_size, sink_size, v2p, write_indptr_start, round_toward_zero, backend,
+                           enable_pdl):
     """``create_draft_decode_kv_indices`` while tracing: the custom op, for the trace's backend request."""
     torch.ops.kvdispatch.create_draft_decode_kv_indices(
         req_to_token, req_pool_indices, seq_lens, kv_indptr, out, num_steps=num_steps, topk=topk,
         page_size=page_size, positions=positions, window_size=window_size, sink_size=sink_size, v2p=v2p,
         write_indptr_start=write_indptr_start, round_toward_zero=round_toward_zero,
-        backend=_requested_backend(backend, dispatch.generation))
+        backend=_requested_backend(backend, dispatch.generation), enable_pdl=enable_pdl)
     return out
 
 
 def create_dcp_kv_indices(req_to_token, req_pool_indices, local_seq_lens, kv_indptr, out, *, dcp_size, dcp_rank,
-                          kv_start_idx=None, round_toward_zero=False, backend=None):
+                          kv_start_idx=None, round_toward_zero=False, backend=None, enable_pdl=None):
     """Build one decode-context-parallel rank's token-level CSR indices into ``out``.
 
     Token-interleaved DCP: position ``p`` of a request belongs to rank ``p mod D`` (``D = dcp_size``), and
@@ -385,7 +400,7 @@ def create_dcp_kv_indices(req_to_token, req_pool_indices, local_seq_lens, kv_ind
         kv_start_idx: optional int32/int64 ``[B]`` first token position per request (the rank starts at its
             first own position at or after it).
         round_toward_zero: bool; divide negative slot ids rounding toward zero, as SGLang's kernel does.
-        backend: as for ``create_flashmla_kv_indices``.
+        backend, enable_pdl: as for ``create_flashmla_kv_indices``.
 
     Left untouched: every position no request writes. No write ever lands outside ``out``, whatever
     ``kv_indptr`` says; a row ends at its first position outside ``[0, C)`` (a first position outside it
@@ -397,14 +412,14 @@ def create_dcp_kv_indices(req_to_token, req_pool_indices, local_seq_lens, kv_ind
         ``out``.
     """
     _run("dcp_token_csr", torch.ops.kvdispatch.create_dcp_kv_indices, check_dcp_token_csr_args,
-         _debug.check_dcp_token_csr_data, backend,
+         _debug.check_dcp_token_csr_data, backend, enable_pdl,
          (req_to_token, req_pool_indices, local_seq_lens, kv_indptr, out),
          dict(dcp_size=dcp_size, dcp_rank=dcp_rank, kv_start_idx=kv_start_idx, round_toward_zero=round_toward_zero))
     return out
 
 
 def create_dcp_page_table(req_to_token, req_pool_indices, local_seq_lens, out, *, page_size, dcp_size, dcp_rank,
-                          fill_value=None, round_toward_zero=False, backend=None):
+                          fill_value=None, round_toward_zero=False, backend=None, enable_pdl=None):
     """Build one decode-context-parallel rank's paged block table (MLA backends under DCP) into ``out``.
 
     Token-interleaved DCP with pages: a virtual page of ``V = page_size * D`` positions (``D = dcp_size``)
@@ -425,7 +440,7 @@ def create_dcp_page_table(req_to_token, req_pool_indices, local_seq_lens, out, *
         dcp_size: int in ``[1, 1024]``; dcp_rank: int in ``[0, dcp_size)``.
         fill_value: optional int; when given, columns ``[pages_b, W)`` of each row are set to it.
         round_toward_zero: bool, as for ``create_dcp_kv_indices``.
-        backend: as for ``create_flashmla_kv_indices``.
+        backend, enable_pdl: as for ``create_flashmla_kv_indices``.
 
     Left untouched: rows ``>= B``; without ``fill_value``, every column past a row's pages. A pool index
     outside ``[0, R)`` or a length ``<= 0`` gives an empty row; the row ends at its first position at or
@@ -436,25 +451,32 @@ def create_dcp_page_table(req_to_token, req_pool_indices, local_seq_lens, out, *
         ``out``.
     """
     _run("dcp_page_table", torch.ops.kvdispatch.create_dcp_page_table, check_dcp_page_table_args,
-         _debug.check_dcp_page_table_data, backend,
+         _debug.check_dcp_page_table_data, backend, enable_pdl,
          (req_to_token, req_pool_indices, local_seq_lens, out),
          dict(page_size=page_size, dcp_size=dcp_size, dcp_rank=dcp_rank, fill_value=fill_value,
               round_toward_zero=round_toward_zero))
     return out
 
 
-def _run(op, custom_op, check, check_data, backend, tensors, options):
+def _run(op, custom_op, check, check_data, backend, enable_pdl, tensors, options):
     """One call of ``op``: validated by ``check`` (which takes ``tensors`` and ``options`` by these names), its
-    data checked by ``check_data`` (same arguments) under ``KVDISPATCH_DEBUG``, then dispatched with ``tensors``
-    and the values of ``options``, in order (the backends' positional parameters); while tracing, the custom op
-    ``custom_op`` with the same arguments instead."""
+    data checked by ``check_data`` (same arguments) under ``KVDISPATCH_DEBUG``, then dispatched with ``tensors``,
+    the values of ``options``, in order (the backends' positional parameters), and the PDL choice
+    (``_pdl``); while tracing, the custom op ``custom_op`` with the same arguments instead."""
     if _compiling():
-        custom_op(*tensors, **options, backend=_requested_backend(backend, dispatch.generation))
+        custom_op(*tensors, **options, backend=_requested_backend(backend, dispatch.generation),
+                  enable_pdl=enable_pdl)
         return
     device = check(*tensors, **options)
     if _debug.ENABLED:
         check_data(*tensors, **options)
-    dispatch.call(device, op, backend, *tensors, *options.values())
+    dispatch.call(device, op, backend, *tensors, *options.values(), _pdl(enable_pdl))
+
+
+def _pdl(enable_pdl):
+    """The backends' ``pdl`` argument: ``enable_pdl``, or ``KVDISPATCH_PDL`` (``dispatch.pdl_default``) for
+    None. Each backend honours it only where the device supports PDL."""
+    return dispatch.pdl_default if enable_pdl is None else enable_pdl
 
 
 def dcp_local_lengths(seq_lens, dcp_size, dcp_rank, kv_start_idx=None, out=None):

@@ -104,6 +104,10 @@ the lines above the table name what was skipped and why):
                in the same case's rounds (GPU)
   host/launch  api rows: host µs divided by the 2d-grid (csr-loop) row's
                host µs, a plain kernel[grid](...) launch of this op (GPU)
+  /no-pdl      --pdl-chain: a +pdl row's µs/call divided by the same row's
+               without programmatic dependent launch, same run (rows:
+               chain, after-trigger and after-plain, per backend; see
+               kvdispatch/bench_pdl.py)
   note         why WRONG or error; the timing when not CUDA-graph replay
 """
 
@@ -262,6 +266,7 @@ class Row:
     host_vs_add: float | None = None  # API rows: host_us / add_host_us
     add_host_us: float | None = None  # API rows: host µs of x.add_(1), measured in the same rounds
     host_vs_launch: float | None = None  # API rows: host_us / host_us of the 2-D baseline (its plain launch)
+    vs_no_pdl: float | None = None  # --pdl-chain rows with PDL: time_us / the same row's without PDL
     note: str = ""
     time_rounds: list = field(default_factory=list)  # time_us of each round (time_us is their median)
     host_rounds: list = field(default_factory=list)
@@ -1051,7 +1056,7 @@ COLUMNS = [  # (header, Row attribute, format)
     ("µs/call", "time_us", "t"),
     ("host µs", "host_us", "t"), ("/naive", "vs_naive", "x"), ("/2d", "vs_2d", "x"), ("/torch", "vs_torch", "x"),
     ("GB/s", "gbps", "g"), ("/copy", "copy_fraction", "x"), ("host/add_", "host_vs_add", "x"),
-    ("host/launch", "host_vs_launch", "x"), ("note", "note", "s"),
+    ("host/launch", "host_vs_launch", "x"), ("/no-pdl", "vs_no_pdl", "x"), ("note", "note", "s"),
 ]
 
 
@@ -1216,6 +1221,10 @@ def add_arguments(parser: argparse.ArgumentParser):
                         help="write a PNG (log-scale µs per case and backend; needs matplotlib)")
     parser.add_argument("--markdown", action="store_true", help="print the table as markdown")
     parser.add_argument("--seed", type=int, default=0, help="random seed of the page pools")
+    parser.add_argument("--pdl-chain", action="store_true",
+                        help="instead: CUDA graphs of page-table calls back to back and behind a producer kernel "
+                             "(triggering its dependents or not), with and without enable_pdl, per backend "
+                             "(skipped, with the reason, on a device without PDL)")
 
 
 def default_cases(device: torch.device, quick: bool) -> list[Case]:

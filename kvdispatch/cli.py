@@ -103,10 +103,15 @@ def _bench(args) -> int:
 
     device = torch.device(kvdispatch.probe(args.device).device)
     gpu = device.type == "cuda"
-    cases = args.cases or bench_command.default_cases(device, args.quick)
     reps = bench_command.QUICK_REPS if args.quick else bench_command.Reps()
+    if args.pdl_chain:
+        from . import bench_pdl
+
+        cases, run = args.cases or bench_pdl.default_cases(args.quick), bench_pdl.run
+    else:
+        cases, run = args.cases or bench_command.default_cases(device, args.quick), bench_command.run
     with torch.cuda.device(device) if gpu else contextlib.nullcontext():
-        report = bench_command.run(cases, args.backends, device, reps, args.seed)
+        report = run(cases, args.backends, device, reps, args.seed)
     bench_command.print_report(report, args.markdown)
     if args.json:
         with open(args.json, "w") as f:

@@ -30,6 +30,9 @@ AMD_FAMILIES = {
     "gfx1200": "rdna4", "gfx1201": "rdna4",
 }
 WARP_SIZE = {"nvidia": 32, "amd": 64}  # when PyTorch does not report it; RDNA GPUs run wave32 (below)
+# Programmatic dependent launch (``griddepcontrol`` and the launch attribute that lets a kernel start while
+# the previous one finishes): NVIDIA compute capability 9.0 (Hopper) and later. AMD GPUs have no equivalent.
+PDL_MIN_NVIDIA_CAPABILITY = 90
 
 
 @dataclass(frozen=True)
@@ -57,6 +60,7 @@ class DeviceInfo:
     runtimes: ``(name, reason)`` per backend in ``dispatch.DESCRIPTORS`` (auto order); ``reason`` is None when it can serve the
     device, else why it cannot. A reason names a package to install (``pip install "..."``) when a
     missing package is why, and only then; otherwise it says what else to change.
+    supports_pdl: whether kernels can be launched with programmatic dependent launch (``pdl_capable``).
     """
 
     device: str
@@ -67,6 +71,7 @@ class DeviceInfo:
     multiprocessors: int
     warp_size: int
     runtimes: tuple[tuple[str, str | None], ...] = field(default=())
+    supports_pdl: bool = False
 
     def reason(self, runtime: str) -> str | None:
         """Why ``runtime`` cannot serve this device, or None when it can."""
@@ -111,6 +116,13 @@ def read_device(device: torch.device) -> RawDevice:
                      getattr(props, "warp_size", None))
 
 
+def pdl_capable(vendor: str, arch: str) -> bool:
+    """Whether a device of ``vendor`` and ``arch`` supports programmatic dependent launch: NVIDIA ``sm_XY``
+    with ``XY >= PDL_MIN_NVIDIA_CAPABILITY``; never AMD, CPU or anything else."""
+    digits = arch[3:] if vendor == "nvidia" and arch.startswith("sm_") else ""
+    return digits.isdigit() and int(digits) >= PDL_MIN_NVIDIA_CAPABILITY
+
+
 def _module_present(name: str) -> bool:
     return importlib.util.find_spec(name) is not None
 
@@ -123,7 +135,8 @@ def describe(raw: RawDevice) -> DeviceInfo:
     family = family_of(raw.vendor, raw.arch)
     warp = raw.warp_size or (32 if family.startswith("rdna") else WARP_SIZE.get(raw.vendor, 1))
     runtimes = tuple((backend.NAME, backend.reason_if_unsupported(raw, family)) for backend in DESCRIPTORS)
-    return DeviceInfo(raw.device, raw.vendor, raw.arch, family, raw.name, raw.multiprocessors, warp, runtimes)
+    return DeviceInfo(raw.device, raw.vendor, raw.arch, family, raw.name, raw.multiprocessors, warp, runtimes,
+                      pdl_capable(raw.vendor, raw.arch))
 
 
 _cache: dict[torch.device, DeviceInfo] = {}

@@ -56,6 +56,10 @@ log = logging.getLogger("kvdispatch")
 fast_page_table = None
 fast_token_csr = None
 
+# ``KVDISPATCH_PDL``: what ``enable_pdl=None`` means. Read at import and by ``reset()``, not per call (an
+# environment lookup costs more host time than a whole call's checks).
+pdl_default = flag("KVDISPATCH_PDL")
+
 # Bumped by ``reset()``. Code traced by ``torch.compile`` reads it (``kvdispatch.ops``), so Dynamo guards
 # on it and traces again after a reset instead of reusing a graph built for the old selection.
 generation = 0
@@ -268,11 +272,12 @@ def call(device, op, backend, *args):
 
 
 def reset() -> None:
-    """Forget every selection, disabled backend and probed device, and re-read ``KVDISPATCH_DEBUG``
-    (tests; after changing environment variables). Functions compiled with ``torch.compile`` trace again
-    at their next call."""
-    global generation
+    """Forget every selection, disabled backend and probed device, and re-read ``KVDISPATCH_DEBUG`` and
+    ``KVDISPATCH_PDL`` (tests; after changing environment variables). Functions compiled with
+    ``torch.compile`` trace again at their next call."""
+    global generation, pdl_default
     generation += 1
+    pdl_default = flag("KVDISPATCH_PDL")
     selector.reset()
     devices.clear_cache()
     _debug.refresh()

@@ -11,7 +11,7 @@ import torch
 
 from . import devices, dispatch
 
-ENV_VARS = ("KVDISPATCH_BACKEND", "KVDISPATCH_STRICT", "KVDISPATCH_DEBUG", "KVDISPATCH_TRITON_LAUNCH",
+ENV_VARS = ("KVDISPATCH_BACKEND", "KVDISPATCH_STRICT", "KVDISPATCH_DEBUG", "KVDISPATCH_PDL", "KVDISPATCH_TRITON_LAUNCH",
             "KVDISPATCH_CUPY_LAUNCH", "KVDISPATCH_HIP_HOST_PATH", "KVDISPATCH_CACHE_DIR", "TRITON_INTERPRET",
             "CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES")
 
@@ -90,6 +90,8 @@ def report(as_json: bool = False) -> int:
         print(f"  vendor {entry['vendor']}, arch {entry['arch']}, family {entry['family']}, "
               f"multiprocessors {entry['multiprocessors']}, warp size {entry['warp_size']}")
         print(f"  chosen backend (both ops): {entry['chosen']}")
+        print("  programmatic dependent launch (enable_pdl, KVDISPATCH_PDL): "
+              + ("available" if entry["supports_pdl"] else "unavailable (ignored on this device)"))
         for name, reason in entry["rejected"].items():
             print(f"  rejected {name}: {reason}")
     return 0

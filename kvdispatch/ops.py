@@ -5,8 +5,9 @@ while tracing, the public functions call these ops instead (``kvdispatch.api``):
 op per call, its declared mutated outputs (``out``, ``seq_lens_out``) let AOTAutograd functionalise it and
 Inductor write in place, and Inductor's CUDA graphs (``mode="reduce-overhead"``) capture the launch.
 
-Each op takes the public function's arguments, with the same keyword options, plus ``backend`` as a string;
-it mutates its outputs and returns nothing (``PAGE_TABLE_SCHEMA``, ``TOKEN_CSR_SCHEMA``).
+Each op takes the public function's arguments, with the same keyword options, plus ``backend`` as a string
+and ``enable_pdl`` (None: ``KVDISPATCH_PDL`` when the op runs); it mutates its outputs and returns nothing
+(``PAGE_TABLE_SCHEMA``, ``TOKEN_CSR_SCHEMA``).
 
 * Real kernel, on every device: the eager call with ``backend=<the op's backend>``, i.e. its checks, its
   dispatch and its compiled fast path. (An eager call routes to the op only while
@@ -36,33 +37,33 @@ NAMESPACE = "kvdispatch"
 PAGE_TABLE_SCHEMA = (
     "create_flashmla_kv_indices(Tensor req_to_token, Tensor req_pool_indices, Tensor seq_lens, Tensor(a!) out, *, "
     "int page_size, Tensor? kv_start_idx=None, int seqlen_offset=0, Tensor(b!)? seq_lens_out=None, "
-    "int? fill_value=None, bool round_toward_zero=False, str backend=\"auto\") -> ()")
+    "int? fill_value=None, bool round_toward_zero=False, str backend=\"auto\", bool? enable_pdl=None) -> ()")
 TOKEN_CSR_SCHEMA = (
     "create_flashinfer_kv_indices(Tensor req_to_token, Tensor req_pool_indices, Tensor seq_lens, Tensor kv_indptr, "
     "Tensor(a!) out, *, Tensor? kv_start_idx=None, int entry_page_size=1, Tensor? token_mapping=None, "
-    "str backend=\"auto\") -> ()")
+    "str backend=\"auto\", bool? enable_pdl=None) -> ()")
 MHA_PAGE_TABLE_SCHEMA = (
     "create_trtllm_mha_page_table(Tensor req_to_token, Tensor req_pool_indices, Tensor seq_lens, "
     "Tensor(a!) page_table, *, int page_size, Tensor(b!)? swa_page_table=None, Tensor? full_to_swa=None, "
-    "bool round_toward_zero=False, str backend=\"auto\") -> ()")
+    "bool round_toward_zero=False, str backend=\"auto\", bool? enable_pdl=None) -> ()")
 TRANSLATED_PAGE_TABLE_SCHEMA = (
     "create_translated_page_table(Tensor req_to_token, Tensor req_pool_indices, Tensor seq_lens, Tensor v2p, "
     "Tensor(a!) out, *, int page_size, int multiplier=1, int? max_pages=None, int seq_len_delta=0, "
-    "str backend=\"auto\") -> ()")
+    "str backend=\"auto\", bool? enable_pdl=None) -> ()")
 DRAFT_DECODE_SCHEMA = (
     "create_draft_decode_kv_indices(Tensor req_to_token, Tensor req_pool_indices, Tensor seq_lens, "
     "Tensor(a!) kv_indptr, Tensor(b!) out, *, int num_steps, int topk, int page_size=1, Tensor? positions=None, "
     "int window_size=0, int sink_size=0, Tensor? v2p=None, bool write_indptr_start=True, "
-    "bool round_toward_zero=False, str backend=\"auto\") -> ()")
+    "bool round_toward_zero=False, str backend=\"auto\", bool? enable_pdl=None) -> ()")
 
 DCP_TOKEN_CSR_SCHEMA = (
     "create_dcp_kv_indices(Tensor req_to_token, Tensor req_pool_indices, Tensor local_seq_lens, Tensor kv_indptr, "
     "Tensor(a!) out, *, int dcp_size, int dcp_rank, Tensor? kv_start_idx=None, bool round_toward_zero=False, "
-    "str backend=\"auto\") -> ()")
+    "str backend=\"auto\", bool? enable_pdl=None) -> ()")
 DCP_PAGE_TABLE_SCHEMA = (
     "create_dcp_page_table(Tensor req_to_token, Tensor req_pool_indices, Tensor local_seq_lens, Tensor(a!) out, *, "
     "int page_size, int dcp_size, int dcp_rank, int? fill_value=None, bool round_toward_zero=False, "
-    "str backend=\"auto\") -> ()")
+    "str backend=\"auto\", bool? enable_pdl=None) -> ()")
 
 # Kept alive for the life of the process: dropping a Library removes its ops.
 _library = torch.library.Library(NAMESPACE, "FRAGMENT")
@@ -70,61 +71,62 @@ _library = torch.library.Library(NAMESPACE, "FRAGMENT")
 
 def _page_table_kernel(req_to_token, req_pool_indices, seq_lens, out, *, page_size, kv_start_idx=None,
                        seqlen_offset=0, seq_lens_out=None, fill_value=None, round_toward_zero=False,
-                       backend="auto"):
+                       backend="auto", enable_pdl=None):
     """The page-table op on real tensors: the eager call, which fills ``out`` (and ``seq_lens_out``)."""
     api.create_flashmla_kv_indices(req_to_token, req_pool_indices, seq_lens, out, page_size=page_size,
                                    kv_start_idx=kv_start_idx, seqlen_offset=seqlen_offset,
                                    seq_lens_out=seq_lens_out, fill_value=fill_value,
-                                   round_toward_zero=round_toward_zero, backend=backend)
+                                   round_toward_zero=round_toward_zero, backend=backend, enable_pdl=enable_pdl)
 
 
 def _token_csr_kernel(req_to_token, req_pool_indices, seq_lens, kv_indptr, out, *, kv_start_idx=None,
-                      entry_page_size=1, token_mapping=None, backend="auto"):
+                      entry_page_size=1, token_mapping=None, backend="auto", enable_pdl=None):
     """The token-CSR op on real tensors: the eager call, which fills ``out``."""
     api.create_flashinfer_kv_indices(req_to_token, req_pool_indices, seq_lens, kv_indptr, out,
                                      kv_start_idx=kv_start_idx, entry_page_size=entry_page_size,
-                                     token_mapping=token_mapping, backend=backend)
+                                     token_mapping=token_mapping, backend=backend, enable_pdl=enable_pdl)
 
 
 def _page_table_fake(req_to_token, req_pool_indices, seq_lens, out, *, page_size, kv_start_idx=None,
-                     seqlen_offset=0, seq_lens_out=None, fill_value=None, round_toward_zero=False, backend="auto"):
+                     seqlen_offset=0, seq_lens_out=None, fill_value=None, round_toward_zero=False, backend="auto",
+                     enable_pdl=None):
     """Metadata only: the argument checks that need no memory; nothing to allocate (the op returns nothing)."""
     check_page_table_args(req_to_token, req_pool_indices, seq_lens, out, page_size, kv_start_idx, seqlen_offset,
                           seq_lens_out, fill_value, round_toward_zero, memory=False)
 
 
 def _token_csr_fake(req_to_token, req_pool_indices, seq_lens, kv_indptr, out, *, kv_start_idx=None,
-                    entry_page_size=1, token_mapping=None, backend="auto"):
+                    entry_page_size=1, token_mapping=None, backend="auto", enable_pdl=None):
     """Metadata only: the argument checks that need no memory."""
     check_token_csr_args(req_to_token, req_pool_indices, seq_lens, kv_indptr, out, kv_start_idx, entry_page_size,
                          token_mapping, memory=False)
 
 
 def _mha_page_table_kernel(req_to_token, req_pool_indices, seq_lens, page_table, *, page_size, swa_page_table=None,
-                           full_to_swa=None, round_toward_zero=False, backend="auto"):
+                           full_to_swa=None, round_toward_zero=False, backend="auto", enable_pdl=None):
     """The TRT-LLM MHA page-table op on real tensors: the eager call."""
     api.create_trtllm_mha_page_table(req_to_token, req_pool_indices, seq_lens, page_table, page_size=page_size,
                                      swa_page_table=swa_page_table, full_to_swa=full_to_swa,
-                                     round_toward_zero=round_toward_zero, backend=backend)
+                                     round_toward_zero=round_toward_zero, backend=backend, enable_pdl=enable_pdl)
 
 
 def _mha_page_table_fake(req_to_token, req_pool_indices, seq_lens, page_table, *, page_size, swa_page_table=None,
-                         full_to_swa=None, round_toward_zero=False, backend="auto"):
+                         full_to_swa=None, round_toward_zero=False, backend="auto", enable_pdl=None):
     """Metadata only: the argument checks that need no memory."""
     check_mha_page_table_args(req_to_token, req_pool_indices, seq_lens, page_table, page_size, swa_page_table,
                               full_to_swa, round_toward_zero, memory=False)
 
 
 def _translated_page_table_kernel(req_to_token, req_pool_indices, seq_lens, v2p, out, *, page_size, multiplier=1,
-                                  max_pages=None, seq_len_delta=0, backend="auto"):
+                                  max_pages=None, seq_len_delta=0, backend="auto", enable_pdl=None):
     """The translated page-table op on real tensors: the eager call."""
     api.create_translated_page_table(req_to_token, req_pool_indices, seq_lens, v2p, out, page_size=page_size,
                                      multiplier=multiplier, max_pages=max_pages, seq_len_delta=seq_len_delta,
-                                     backend=backend)
+                                     backend=backend, enable_pdl=enable_pdl)
 
 
 def _translated_page_table_fake(req_to_token, req_pool_indices, seq_lens, v2p, out, *, page_size, multiplier=1,
-                                max_pages=None, seq_len_delta=0, backend="auto"):
+                                max_pages=None, seq_len_delta=0, backend="auto", enable_pdl=None):
     """Metadata only: the argument checks that need no memory."""
     check_translated_page_table_args(req_to_token, req_pool_indices, seq_lens, v2p, out, page_size, multiplier,
                                      max_pages, seq_len_delta, memory=False)
@@ -132,18 +134,18 @@ def _translated_page_table_fake(req_to_token, req_pool_indices, seq_lens, v2p, o
 
 def _draft_decode_kernel(req_to_token, req_pool_indices, seq_lens, kv_indptr, out, *, num_steps, topk, page_size=1,
                          positions=None, window_size=0, sink_size=0, v2p=None, write_indptr_start=True,
-                         round_toward_zero=False, backend="auto"):
+                         round_toward_zero=False, backend="auto", enable_pdl=None):
     """The draft-decode op on real tensors: the eager call, which fills ``out`` and ``kv_indptr``."""
     api.create_draft_decode_kv_indices(req_to_token, req_pool_indices, seq_lens, kv_indptr, out,
                                        num_steps=num_steps, topk=topk, page_size=page_size, positions=positions,
                                        window_size=window_size, sink_size=sink_size, v2p=v2p,
                                        write_indptr_start=write_indptr_start, round_toward_zero=round_toward_zero,
-                                       backend=backend)
+                                       backend=backend, enable_pdl=enable_pdl)
 
 
 def _draft_decode_fake(req_to_token, req_pool_indices, seq_lens, kv_indptr, out, *, num_steps, topk, page_size=1,
                        positions=None, window_size=0, sink_size=0, v2p=None, write_indptr_start=True,
-                       round_toward_zero=False, backend="auto"):
+                       round_toward_zero=False, backend="auto", enable_pdl=None):
     """Metadata only: the argument checks that need no memory."""
     check_draft_decode_args(req_to_token, req_pool_indices, seq_lens, kv_indptr, out, num_steps, topk, page_size,
                             positions, window_size, sink_size, v2p, write_indptr_start, round_toward_zero,
@@ -151,14 +153,14 @@ def _draft_decode_fake(req_to_token, req_pool_indices, seq_lens, kv_indptr, out,
 
 
 def _dcp_token_csr_fake(req_to_token, req_pool_indices, local_seq_lens, kv_indptr, out, *, dcp_size, dcp_rank,
-                        kv_start_idx=None, round_toward_zero=False, backend="auto"):
+                        kv_start_idx=None, round_toward_zero=False, backend="auto", enable_pdl=None):
     """Metadata only: the argument checks that need no memory."""
     check_dcp_token_csr_args(req_to_token, req_pool_indices, local_seq_lens, kv_indptr, out, kv_start_idx, dcp_size,
                              dcp_rank, round_toward_zero, memory=False)
 
 
 def _dcp_page_table_fake(req_to_token, req_pool_indices, local_seq_lens, out, *, page_size, dcp_size, dcp_rank,
-                         fill_value=None, round_toward_zero=False, backend="auto"):
+                         fill_value=None, round_toward_zero=False, backend="auto", enable_pdl=None):
     """Metadata only: the argument checks that need no memory."""
     check_dcp_page_table_args(req_to_token, req_pool_indices, local_seq_lens, out, page_size, dcp_size, dcp_rank,
                               fill_value, round_toward_zero, memory=False)

@@ -7,6 +7,9 @@ pool. Arguments arrive validated (see ``kvdispatch._validate``).
 Integers are exact for every int32/int64 value: an int64 length or CSR pointer is first clamped into
 ``[-BOUND, BOUND]``, which changes no result (no table, output or page count comes near ``BOUND``) and
 leaves room for the sums below, so nothing wraps.
+
+Every builder takes the backends' ``pdl`` argument (programmatic dependent launch) and ignores it: PyTorch
+launches its own kernels.
 """
 
 from __future__ import annotations
@@ -44,7 +47,7 @@ def _low_32_bits_of_sum(values, offset):
 
 
 def build_page_table(req_to_token, req_pool_indices, seq_lens, out, page_size, kv_start_idx=None,
-                     seqlen_offset=0, seq_lens_out=None, fill_value=None, round_toward_zero=False):
+                     seqlen_offset=0, seq_lens_out=None, fill_value=None, round_toward_zero=False, pdl=False):
     """Paged block table; semantics of ``kvdispatch.create_flashmla_kv_indices``.
 
     ``out``: int32 ``[>= B, W]``. Row ``b`` gets ``pages_b = min(ceil(L_b / page_size), pages that start
@@ -88,7 +91,7 @@ def _store_rows(out, written, values, fill_value):
 
 
 def build_token_indices(req_to_token, req_pool_indices, seq_lens, kv_indptr, out, kv_start_idx=None,
-                        entry_page_size=1, token_mapping=None):
+                        entry_page_size=1, token_mapping=None, pdl=False):
     """Token-level CSR indices; semantics of ``kvdispatch.create_flashinfer_kv_indices``.
 
     ``out``: int32 or int64 ``[N]``. With ``E = entry_page_size``, request ``b`` has ``count_b =
@@ -190,7 +193,7 @@ def _divide(slots, divisor, round_toward_zero):
 
 
 def build_mha_page_table(req_to_token, req_pool_indices, seq_lens, page_table, page_size, swa_page_table=None,
-                         full_to_swa=None, round_toward_zero=False):
+                         full_to_swa=None, round_toward_zero=False, pdl=False):
     """The TRT-LLM MHA page table, with its SWA twin; semantics of ``kvdispatch.create_trtllm_mha_page_table``.
 
     Request ``b`` has ``pages_b`` pages (``_readable_pages``: its length, cut where the table row ends; 0 for
@@ -226,7 +229,7 @@ INT32_MAX = 2**31 - 1
 
 
 def build_translated_page_table(req_to_token, req_pool_indices, seq_lens, v2p, out, page_size, multiplier=1,
-                                max_pages=None, seq_len_delta=0):
+                                max_pages=None, seq_len_delta=0, pdl=False):
     """The unified pool's translated page table; semantics of ``kvdispatch.create_translated_page_table``.
 
     Request ``b`` has ``pages_b`` live columns (``_readable_pages`` of ``L_b = seq_lens[b] + seq_len_delta``,
@@ -267,7 +270,7 @@ def draft_prefix_cap(window_size, sink_size):
 
 def build_draft_decode_indices(req_to_token, req_pool_indices, seq_lens, kv_indptr, out, num_steps, topk,
                                page_size=1, positions=None, window_size=0, sink_size=0, v2p=None,
-                               write_indptr_start=True, round_toward_zero=False):
+                               write_indptr_start=True, round_toward_zero=False, pdl=False):
     """Multi-step speculative draft decode indices; semantics of ``kvdispatch.create_draft_decode_kv_indices``.
 
     ``S = num_steps`` rows of token CSR at once, row ``s`` for ``it = s + 1`` draft tokens. With
@@ -387,7 +390,7 @@ def dcp_owned_counts(seq_lens, dcp_size, dcp_rank, kv_start_idx=None):
 
 
 def build_dcp_token_indices(req_to_token, req_pool_indices, local_seq_lens, kv_indptr, out, dcp_size, dcp_rank,
-                            kv_start_idx=None, round_toward_zero=False):
+                            kv_start_idx=None, round_toward_zero=False, pdl=False):
     """Token-level CSR indices of one decode-context-parallel rank; semantics of
     ``kvdispatch.create_dcp_kv_indices``.
 
@@ -418,7 +421,7 @@ def build_dcp_token_indices(req_to_token, req_pool_indices, local_seq_lens, kv_i
 
 
 def build_dcp_page_table(req_to_token, req_pool_indices, local_seq_lens, out, page_size, dcp_size, dcp_rank,
-                         fill_value=None, round_toward_zero=False):
+                         fill_value=None, round_toward_zero=False, pdl=False):
     """Rank-local paged block table under decode context parallel; semantics of
     ``kvdispatch.create_dcp_page_table``.
 

@@ -408,3 +408,29 @@ def test_example_with_an_unknown_backend(capsys):
                                  "got 'bogus'"]
     assert example.main(["--backend", "bogus", "--steps", "1", "--verbose"]) == 2
     assert capsys.readouterr().err.startswith("Traceback (most recent call last):")
+
+
+def test_pdl_chain_is_skipped_with_its_reason_without_a_gpu(capsys, tmp_path):
+    """``--pdl-chain`` on CPU: nothing timed, the reason printed and in the JSON; the run still succeeds."""
+    rc, data, out, _ = _run(capsys, tmp_path, "--pdl-chain", cases="1x256x16,csr:2x128")
+    assert rc == 0 and data["rows"] == []
+    assert data["skipped"]["PDL chains"] == "measured on a GPU only"
+    assert data["skipped"]["PDL chains of csr:2x128"] == "measured on page-table cases (BATCHxCONTEXTxPAGE)"
+    assert "skipped PDL chains: measured on a GPU only" in out.splitlines()
+
+
+def test_pdl_chain_needs_a_device_with_pdl(monkeypatch):
+    import simdevices
+    from kvdispatch import bench_pdl
+
+    sim = simdevices.Sim(monkeypatch)
+    for raw, says in ((simdevices.H200, None), (simdevices.A100, "has no programmatic dependent launch"),
+                      (simdevices.MI300X, "has no programmatic dependent launch")):
+        device = sim.add(raw)
+        dispatch.reset()
+        reason = bench_pdl.unavailable(device)
+        assert reason is None if says is None else says in reason
+    sim.modules(triton=False)
+    dispatch.reset()
+    assert bench_pdl.unavailable(sim.add(simdevices.H200)).startswith("the producer kernel is a Triton kernel")
+    assert [c.name for c in bench_pdl.default_cases(quick=True)] == bench_pdl.CASES[:2]

@@ -248,6 +248,28 @@ def test_rounding_toward_zero_reaches_the_op(backend):
     assert counter.frame_count == 1
 
 
+@pytest.mark.parametrize("backend", COMPILE_BACKENDS)
+def test_enable_pdl_reaches_the_op(backend):
+    """``enable_pdl`` is traced into the op (a ``bool?`` in the schema) and the compiled call equals eager, with
+    programmatic dependent launch where the device supports it."""
+
+    def step(req_to_token, req_pool_indices, seq_lens, out):
+        return kvdispatch.create_flashmla_kv_indices(req_to_token, req_pool_indices, seq_lens, out, page_size=16,
+                                                     backend=_request(backend), enable_pdl=True)
+
+    case = make_case(4, 16, max_pages=3, device=DEVICE)
+    out = case.page_table_out()
+    expected = loop_page_table(case, out)
+    counter = torch._dynamo.testing.CompileCounterWithBackend("aot_eager")
+    torch.compile(step, backend=counter, fullgraph=True)(case.req_to_token, case.req_pool_indices, case.seq_lens, out)
+    _assert_equal(backend, out, expected)
+    assert counter.frame_count == 1
+    indptr, flat = case.csr()
+    torch.library.opcheck(torch.ops.kvdispatch.create_flashinfer_kv_indices.default,
+                          (case.req_to_token, case.req_pool_indices, case.seq_lens, indptr, flat),
+                          dict(backend=backend, enable_pdl=True))
+
+
 def test_graph_holds_one_custom_op_per_call():
     graphs = []
 

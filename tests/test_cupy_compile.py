@@ -1,7 +1,11 @@
 """kv_indices.cu compiles offline for NVIDIA (nvcc) and AMD (hipcc; clang-19 for gfx942) and stays within the
 portable subset that NVRTC, hipRTC and the host shim all accept. Skips (with the reason) where a compiler is missing."""
 
+import os
 import re
+import shutil
+import subprocess
+import tempfile
 
 import pytest
 
@@ -82,13 +86,56 @@ def test_clang_hip_page1_copy_is_wide():
     assert not any(build.wide_global_accesses(gather.assembly, build.PAGE_TABLE_KERNEL).values())
 
 
+# The one block of inline assembly: programmatic dependent launch, compiled only with -DKV_PDL for NVIDIA sm_90+.
+PDL_BLOCK = re.compile(r"#if defined\(KV_PDL\).*?#ifndef KV_GRID_WAIT", re.S)
+
+
 def test_source_is_in_the_portable_subset():
-    code = re.sub(r"//[^\n]*", "", build.source())
+    code = PDL_BLOCK.sub("", re.sub(r"//[^\n]*", "", build.source()))
     for construct in ("#include", "__shared__", "__syncthreads", "__shfl", "warpSize", "__ldg", "__forceinline__",
                       "template", "int4", "cooperative_groups", "asm", "atomic"):
         assert not re.search(rf"(?<!\w){re.escape(construct)}", code), construct
     for name in build.KERNELS:
         assert re.search(rf'extern "C" __global__ void {name}\(', code)
+
+
+def test_pdl_block_is_guarded_and_used_by_every_kernel():
+    """The PDL instructions exist only under KV_PDL on NVIDIA sm_90+ (never HIP, never the host build), and every
+    kernel waits before its first statement and releases after its last."""
+    code = re.sub(r"//[^\n]*", "", build.source())
+    block = PDL_BLOCK.search(code).group(0)
+    assert "!defined(__HIP_PLATFORM_AMD__)" in block and "__CUDA_ARCH__ >= 900" in block
+    assert re.findall(r'asm volatile\("([^"]*)"', code) == ["griddepcontrol.wait;",
+                                                            "griddepcontrol.launch_dependents;"]
+    for name in build.KERNELS:
+        body = re.search(rf'__global__ void {name}\(.*?\) {{\n(.*?)\n}}\n', code, re.S).group(1)
+        assert body.lstrip().startswith("KV_GRID_WAIT();") and body.rstrip().endswith("KV_GRID_RELEASE();"), name
+
+
+def _ptx_entries(arch, defines):
+    """``{kernel: PTX body}`` of ``nvcc -ptx`` for ``arch`` with ``defines`` (skips without nvcc)."""
+    nvcc = shutil.which("nvcc")
+    if nvcc is None:
+        pytest.skip("nvcc is not on PATH")
+    with tempfile.TemporaryDirectory() as tmp:
+        output = os.path.join(tmp, "kv_indices.ptx")
+        subprocess.run([nvcc, f"-arch={arch}", "-ptx", build.STD_FLAG, *build.define_flags(defines), "-o", output,
+                        str(build.SOURCE_PATH)], check=True, capture_output=True)
+        ptx = open(output).read()
+    return dict(re.findall(r"\.entry (\w+)\((.*?)\n}", ptx, re.S))
+
+
+@pytest.mark.parametrize("arch", ("sm_90", "sm_100"))
+def test_nvcc_pdl_specialisation_has_the_grid_dependency_instructions(arch):
+    entries = _ptx_entries(arch, (("KV_PAGE_SIZE", 64), ("KV_FLAGS", 0), ("KV_PDL", 1)))
+    assert set(entries) == set(build.KERNELS)
+    for name, body in entries.items():
+        assert "griddepcontrol.wait" in body and "griddepcontrol.launch_dependents" in body, name
+
+
+@pytest.mark.parametrize("arch, defines", (("sm_90", ()), ("sm_80", (("KV_PDL", 1),))))
+def test_nvcc_without_pdl_has_no_grid_dependency_instructions(arch, defines):
+    assert not any("griddepcontrol" in body for body in _ptx_entries(arch, defines).values())
 
 
 def test_define_flags():

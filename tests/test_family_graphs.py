@@ -45,7 +45,8 @@ def _refresh(x, g, step):
 
 
 def _case(op, device, g):
-    """(buffers, outputs, public call, reference call) of ``op``."""
+    """(buffers, output names, call) of ``op``: ``call(buffers)`` runs the reference, ``call(buffers, backend,
+    **options)`` the public op with those extra keyword options."""
     table = torch.randint(-3, 2**20, (ROWS, COLS), generator=g, dtype=torch.int32).to(device)
     x = dict(table=table, **_vectors(g, device))
     if op == "mha":
@@ -53,77 +54,84 @@ def _case(op, device, g):
                  swa=torch.full((BATCH, 40), POISON, dtype=torch.int32, device=device),
                  mapping=torch.randint(-5, 2**20, (2**20,), generator=g, dtype=torch.int64).to(device))
 
-        def call(t, backend=None):
+        def call(t, backend=None, **options):
             fn = kvdispatch.create_trtllm_mha_page_table if backend is not None else reference.build_mha_page_table
             if backend is None:
                 return fn(t["table"], t["pool"], t["lens"], t["page"], 32, t["swa"], t["mapping"])
             return fn(t["table"], t["pool"], t["lens"], t["page"], page_size=32, swa_page_table=t["swa"],
-                      full_to_swa=t["mapping"], backend=backend)
+                      full_to_swa=t["mapping"], backend=backend, **options)
         return x, ("page", "swa"), call
     if op == "translated":
         x.update(out=torch.full((BATCH, 40), POISON, dtype=torch.int32, device=device),
                  v2p=torch.randint(-1, 2**16, (2**16,), generator=g, dtype=torch.int64).to(device))
 
-        def call(t, backend=None):
+        def call(t, backend=None, **options):
             if backend is None:
                 return reference.build_translated_page_table(t["table"], t["pool"], t["lens"], t["v2p"], t["out"], 16,
                                                              3, 30, 2)
             return kvdispatch.create_translated_page_table(t["table"], t["pool"], t["lens"], t["v2p"], t["out"],
                                                            page_size=16, multiplier=3, max_pages=30, seq_len_delta=2,
-                                                           backend=backend)
+                                                           backend=backend, **options)
         return x, ("out",), call
     if op == "draft":
         steps, topk = 3, 2
         x.update(draft_indptr=torch.zeros(steps, BATCH * topk + 1, dtype=torch.int32, device=device),
                  out=torch.full((steps, BATCH * topk * COLS), POISON, dtype=torch.int64, device=device))
 
-        def call(t, backend=None):
+        def call(t, backend=None, **options):
             if backend is None:
                 return reference.build_draft_decode_indices(t["table"], t["pool"], t["lens"], t["draft_indptr"],
                                                             t["out"], steps, topk, 16)
             return kvdispatch.create_draft_decode_kv_indices(t["table"], t["pool"], t["lens"], t["draft_indptr"], t["out"],
-                                                             num_steps=steps, topk=topk, page_size=16, backend=backend)
+                                                             num_steps=steps, topk=topk, page_size=16, backend=backend,
+                                                             **options)
         return x, ("draft_indptr", "out"), call
     if op == "dcp_csr":
         x.update(local=torch.zeros(BATCH, dtype=torch.int64, device=device),
                  indptr=torch.zeros(BATCH + 1, dtype=torch.int64, device=device),
                  out=torch.full((BATCH * COLS // 3 + 8,), POISON, dtype=torch.int64, device=device))
 
-        def call(t, backend=None):
+        def call(t, backend=None, **options):
             if backend is None:
                 return reference.build_dcp_token_indices(t["table"], t["pool"], t["local"], t["indptr"], t["out"], 3, 1)
             return kvdispatch.create_dcp_kv_indices(t["table"], t["pool"], t["local"], t["indptr"], t["out"],
-                                                    dcp_size=3, dcp_rank=1, backend=backend)
+                                                    dcp_size=3, dcp_rank=1, backend=backend, **options)
         return x, ("out",), call
     assert op == "dcp_table"
     x.update(local=torch.zeros(BATCH, dtype=torch.int64, device=device),
              out=torch.full((BATCH, 20), POISON, dtype=torch.int32, device=device))
 
-    def call(t, backend=None):
+    def call(t, backend=None, **options):
         if backend is None:
             return reference.build_dcp_page_table(t["table"], t["pool"], t["local"], t["out"], 16, 3, 1)
         return kvdispatch.create_dcp_page_table(t["table"], t["pool"], t["local"], t["out"], page_size=16, dcp_size=3,
-                                                dcp_rank=1, backend=backend)
+                                                dcp_rank=1, backend=backend, **options)
     return x, ("out",), call
 
 
+FAMILY_OPS = ["mha", "translated", "draft", "dcp_csr", "dcp_table"]
+
+
 @pytest.mark.parametrize("backend", GRAPH_BACKENDS)
-@pytest.mark.parametrize("op", ["mha", "translated", "draft", "dcp_csr", "dcp_table"])
-def test_replays_match_the_reference(backend, op):
+@pytest.mark.parametrize("op", FAMILY_OPS)
+@pytest.mark.parametrize("enable_pdl", [None, True])
+def test_replays_match_the_reference(backend, op, enable_pdl):
+    """With ``enable_pdl=True`` the op is launched with programmatic dependent launch where the GPU supports
+    it (the graph's kernel node keeps the attribute): the same results."""
     device = torch.device("cuda")
     g = torch.Generator().manual_seed(len(op))
     x, outputs, call = _case(op, device, g)
     _refresh(x, g, 0)
-    call(x, backend)  # warm-up: compiles, selects, plans
+    call(x, backend, enable_pdl=enable_pdl)  # warm-up: compiles, selects, plans
     torch.cuda.synchronize()
     if backend != "torch":
         before = torch.cuda.memory_allocated()
-        call(x, backend)
+        call(x, backend, enable_pdl=enable_pdl)
         torch.cuda.synchronize()
         assert torch.cuda.memory_allocated() == before
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        call(x, backend)
+        call(x, backend, enable_pdl=enable_pdl)
     for step in range(1, REPLAYS + 1):
         _refresh(x, g, step)
         expected = {k: v.cpu() for k, v in x.items()}

@@ -28,16 +28,16 @@ POOL_ROWS = 24
 SEQLEN_OFFSET = 2
 
 
-def _call_page_table(backend, buffers, page_size, fill_value):
+def _call_page_table(backend, buffers, page_size, fill_value, **options):
     kvdispatch.create_flashmla_kv_indices(
         buffers["table"], buffers["pool"], buffers["lens"], buffers["out"], page_size=page_size,
         kv_start_idx=buffers["start"], seqlen_offset=SEQLEN_OFFSET, seq_lens_out=buffers["seq_out"],
-        fill_value=fill_value, backend=backend)
+        fill_value=fill_value, backend=backend, **options)
 
 
-def _call_token_csr(backend, buffers):
+def _call_token_csr(backend, buffers, **options):
     kvdispatch.create_flashinfer_kv_indices(buffers["table"], buffers["pool"], buffers["lens"], buffers["indptr"],
-                                            buffers["flat"], kv_start_idx=buffers["start"], backend=backend)
+                                            buffers["flat"], kv_start_idx=buffers["start"], backend=backend, **options)
 
 
 def _buffers(page_size, device):
@@ -175,16 +175,18 @@ def test_token_csr_graph_replay(backend, page_size):
 
 
 @pytest.mark.parametrize("backend", GRAPH_BACKENDS)
-def test_both_ops_in_one_graph(backend):
-    """An engine's decode step captures both builders (and more) in one graph."""
+@pytest.mark.parametrize("enable_pdl", [None, True])
+def test_both_ops_in_one_graph(backend, enable_pdl):
+    """An engine's decode step captures both builders (and more) in one graph; with ``enable_pdl=True`` both are
+    launched with programmatic dependent launch where the GPU supports it, one right behind the other."""
     page_size = 64
     device = torch.device("cuda", torch.cuda.current_device())
     buffers, g = _buffers(page_size, device)
     _new_step(buffers, g, page_size, 0)
 
     def call():
-        _call_page_table(backend, buffers, page_size, -1)
-        _call_token_csr(backend, buffers)
+        _call_page_table(backend, buffers, page_size, -1, enable_pdl=enable_pdl)
+        _call_token_csr(backend, buffers, enable_pdl=enable_pdl)
 
     _no_alloc_no_sync(backend, call)
     graph = bench.capture(call, 1)

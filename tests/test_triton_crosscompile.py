@@ -67,6 +67,7 @@ def test_every_specialisation_compiles(reports, target):
         assert row["shared_bytes"] <= (1024 if row["label"].startswith("_draft_decode_kernel") else 0), row
         warp = TARGETS[target][2]
         assert row["num_warps"] * warp in (64, 128, 256), row
+        assert not row["griddepcontrol"], row  # no PDL instruction without the PDL specialisation
 
 
 @pytest.mark.crosscompile
@@ -85,6 +86,51 @@ def test_native_launch_parameters(reports, target):
             assert row["native_parameters"] == row["runtime_args"] + 2, row
         else:  # a mapping's length is 32-bit: never launched from C anyway
             assert row["native_parameters"] is None, row
+
+
+PDL_TARGETS = [name for name, (backend, _, _) in TARGETS.items() if backend == "cuda"]
+
+
+@pytest.fixture(scope="module")
+def pdl_reports(tmp_path_factory):
+    """``--pdl`` reports for every target (none for HIP), compiled in one child process per target."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["TRITON_CACHE_DIR"] = str(tmp_path_factory.mktemp("triton-cache-pdl"))
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+    children = {name: subprocess.Popen([sys.executable, "-m", "kernels_triton.crosscompile", "--json", "--pdl", name],
+                                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT)
+                for name in TARGETS}
+    results = {}
+    for name, child in children.items():
+        stdout, stderr = child.communicate(timeout=1200)
+        assert child.returncode == 0, stderr[-4000:]
+        results[name] = json.loads(stdout)
+    return results
+
+
+@pytest.mark.crosscompile
+@pytest.mark.parametrize("target", list(TARGETS))
+def test_pdl_specialisations_compile_with_the_grid_dependency_instructions(pdl_reports, target):
+    """Hopper and Blackwell: each kernel's PDL specialisation compiles, its PTX holds ``griddepcontrol.wait``
+    and ``griddepcontrol.launch_dependents``, and the compiled host path refuses it (``launch_pdl``). AMD
+    targets have no PDL specialisation."""
+    rows = pdl_reports[target]
+    if target not in PDL_TARGETS:
+        assert rows == []
+        return
+    kernels = {spec.kernel.__name__ for spec in crosscompile.specializations(32, (64,), ("i32",))}
+    assert {row["label"].split("[")[0] for row in rows} == kernels and len(rows) == len(kernels)
+    for row in rows:
+        assert "PDL=1" in row["label"] and row["binary_bytes"] > 0, row
+        assert row["griddepcontrol"] == ["launch_dependents", "wait"], row
+        assert row["native_parameters"] is None, row
+
+
+def test_pdl_specialisations_are_one_per_kernel_with_pdl_set():
+    specs = list(crosscompile.pdl_specializations())
+    assert len({s.kernel.__name__ for s in specs}) == len(specs) == 7
+    assert all(s.constexprs["PDL"] is True and s.signature["PDL"] == "constexpr" for s in specs)
+    assert all(s.constexprs["PDL"] is False for s in crosscompile.specializations())
 
 
 def test_specialisations_cover_every_option():

@@ -261,6 +261,33 @@ def test_plan_takes_the_direct_path_where_it_is_detected(fake_device, monkeypatc
     assert len(run.calls) == (1 if mode == "fast" else 0)  # direct: run.__call__ never ran
 
 
+@pytest.mark.parametrize("supported", (False, True))
+def test_plan_asks_for_launch_pdl_only_where_the_device_supports_it(fake_device, monkeypatch, supported):
+    """A true PDL constexpr compiles the kernel with Triton's ``launch_pdl`` option where the device supports
+    programmatic dependent launch; elsewhere PDL is compiled out and the option not passed."""
+    monkeypatch.setenv(launch.LAUNCH_ENV, "plain")
+    monkeypatch.setattr(launch, "supports_pdl", lambda index: supported)
+    kernel = FakeKernel(Launcher38())
+    plan, _ = launch.KernelLauncher(kernel, CONSTEXPR_NAMES).plan(3, ("spec", True), (2, 4, 1),
+                                                                  {"BLOCK": 128, "PDL": True}, 4, ("t", 9))
+    plan("t", 10)
+    expected = dict(BLOCK=128, PDL=True, num_warps=4, launch_pdl=True) if supported else dict(BLOCK=128, PDL=False,
+                                                                                              num_warps=4)
+    assert [call[2] for call in kernel.plain_calls] == [expected, expected]
+
+
+def test_pdl_flag_follows_the_compiled_kernel_on_the_direct_path(fake_device, monkeypatch):
+    """The direct path passes the launcher's own ``launch_pdl`` (set from the compiled kernel's metadata)."""
+    monkeypatch.setenv(launch.LAUNCH_ENV, "direct")
+    run = ForwardingLauncher36()
+    run.launch_pdl = True
+    launcher = launch.KernelLauncher(FakeKernel(run), CONSTEXPR_NAMES)
+    launcher.plan(3, ("spec",), (2, 4, 1), {"BLOCK": 128}, 4, ("t", 9))
+    plan, _ = launcher.plan(3, ("spec",), (2, 4, 1), {"BLOCK": 128}, 4, ("t", 9))
+    plan(torch.zeros(2), 10)
+    assert run.launch_calls[-1][5:7] == (run.launch_cooperative_grid, True)
+
+
 def test_direct_mode_raises_without_a_direct_path(fake_device, monkeypatch):
     monkeypatch.setenv(launch.LAUNCH_ENV, "direct")
     launcher = launch.KernelLauncher(FakeKernel(Launcher38()), CONSTEXPR_NAMES)

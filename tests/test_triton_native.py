@@ -158,10 +158,12 @@ def test_hands_back_what_it_must_not_take(stubs, name):
     assert stubs.launches == []
 
 
-def test_no_plan_for_rounding_toward_zero(stubs):
-    """A key with round_toward_zero gets no C plan: the C path hands every such call back."""
+@pytest.mark.parametrize("option", ("round_toward_zero", "pdl"))
+def test_no_plan_for_rounding_toward_zero_or_pdl(stubs, option):
+    """A key with round_toward_zero or programmatic dependent launch gets no C plan: the C path hands every
+    such call back (the API does not even offer it a PDL call)."""
     call = random_call(101, page_size=64, with_start=False, options="")
-    key, _ = page_table.plan_key_and_arguments(*call[:9], round_toward_zero=True)
+    key, _ = page_table.plan_key_and_arguments(*call[:9], **{option: True})
     kernel = launch.NativeKernel(FUNCTION, 128, 16, PARAMS, CONTEXT)
     assert not native.add_page_table_plan((0,) + key[1:], kernel, (0, 7, 3))
 
@@ -565,12 +567,13 @@ def test_load_failure_leaves_launches_in_python(tmp_path, monkeypatch):
 
 
 def test_no_plan_is_registered_for_a_call_with_an_option(stubs):
-    """Keys with an int64 out, an entry page size or a token mapping are refused at registration."""
+    """Keys with an int64 out, an entry page size, a token mapping or PDL are refused at registration."""
     call = random_csr_call(14)
     kernel = launch.NativeKernel(FUNCTION + 1, 128, 0, CSR_PARAMS, CONTEXT)
     out64 = call[4].long()
     mapping = torch.zeros(3, dtype=torch.int64)
-    for options in ((out64, 1, None), (call[4], 16, None), (call[4], 1, mapping)):
+    for options in ((out64, 1, None, False), (call[4], 16, None, False), (call[4], 1, mapping, False),
+                    (call[4], 1, None, True)):
         key, _ = token_csr.plan_key_and_arguments(*call[:4], options[0], call[5], *options[1:])
         assert not token_csr.is_ordinary(key)
         assert native.add_token_csr_plan((0,) + key[1:], kernel, (0, 5, 1)) is False
