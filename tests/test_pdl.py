@@ -145,7 +145,7 @@ def test_sglang_drop_ins_keep_their_signatures_and_follow_the_variable(monkeypat
     seen = []
     real_call = dispatch.call
     monkeypatch.setattr(dispatch, "call", lambda *args: seen.append(args[-1]) or real_call(*args))
-    case = make_case(3, PAGE_SIZE, max_pages=4, generator=torch.Generator().manual_seed(8))
+    case = make_case(3, PAGE_SIZE, max_pages=4, generator=torch.Generator().manual_seed(8), device=DEVICE)
     for env in ("1", "0"):
         _use_env(monkeypatch, env)
         sglang.update_trtllm_mla_graph_metadata(req_pool_indices=case.req_pool_indices, seq_lens=case.seq_lens,
