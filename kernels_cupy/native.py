@@ -143,3 +143,18 @@ def _register(op: str, key: tuple, call: launch.KernelCall) -> str | None:
                               flags):
         return "its plan table is full"
     return None
+
+
+def replay_launch(call: launch.KernelCall, index: int) -> host_path.Launch | None:
+    """``call`` (launched on device ``index``) as a replay plan's launch (``host_path.register_replay``): its
+    parameters with each pointer as its tensor (``call.pointers``); None where the C path takes no CuPy call
+    (the launch mode, the extension not available, no current context)."""
+    if _off or launch_mode() == "python" or host_path.load(index) is None:
+        return None
+    function, context = kernel_and_context(index, call)
+    if not context:
+        return None
+    params = list(call.args)
+    for position, tensor in call.pointers:
+        params[position] = tensor
+    return host_path.Launch(LAUNCHER, context, function, call.grid, call.threads, 0, tuple(params))

@@ -55,6 +55,9 @@ log = logging.getLogger("kvdispatch")
 # the path below (validation, selection, the backend's Python launcher) serves.
 fast_page_table = None
 fast_token_csr = None
+# ``replay(op code, backend, *public arguments)``: the same for the other ops (``host_path.REPLAYED``), from
+# the replay plans the Python path registered (``host_path.call_and_register``).
+fast_replay = None
 
 # ``KVDISPATCH_PDL``: what ``enable_pdl=None`` means. Read at import and by ``reset()``, not per call (an
 # environment lookup costs more host time than a whole call's checks).

@@ -436,9 +436,12 @@ def test_parameter_count_needs_the_plain_case():
         assert launch.native_parameter_count(compiled(**change), 17) is None, change
     hip = type("Target", (), {"backend": "hip", "warp_size": 64})()
     assert launch.native_parameter_count(compiled(target=hip), 17) is None
-    narrow_ptx = entry.replace(".u64 k_param_3", ".u32 k_param_3")
-    narrow = type("Compiled", (), {"metadata": Metadata(), "asm": {"ptx": narrow_ptx}})()
-    assert launch.native_parameter_count(narrow, 17) is None
+    # A 32-bit int reads the low half of the 64-bit word the C path passes (little-endian); narrower ones are
+    # not taken.
+    for width, taken in ((".u32", True), (".b32", True), (".u16", False), (".u8", False), (".f32", False)):
+        narrow_ptx = entry.replace(".u64 k_param_3", f"{width} k_param_3")
+        narrow = type("Compiled", (), {"metadata": Metadata(), "asm": {"ptx": narrow_ptx}})()
+        assert launch.native_parameter_count(narrow, 17) == (19 if taken else None), width
 
 
 def test_builds_once_into_the_cache(tmp_path, monkeypatch):
