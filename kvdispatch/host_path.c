@@ -114,11 +114,11 @@ static void clear_replays(int launcher, int op);
 static void clear_plans_only(void) {
     memset(plans, 0, sizeof(plans));
     plan_count = 0;
-    clear_replays(-1, -1);
 }
 
 static void clear_all(void) {
     clear_plans_only();
+    clear_replays(-1, -1);
     memset(approved, 0, sizeof(approved));
 }
 
@@ -164,11 +164,11 @@ static PyObject *clear(PyObject *self, PyObject *unused) {
 static PyObject *clear_plans(PyObject *self, PyObject *args) {
     int launcher = -1, op = -1;
     if (!PyArg_ParseTuple(args, "|ii", &launcher, &op)) return NULL;
+    clear_replays(launcher, op);
     if (launcher < 0) {
         clear_plans_only();
         Py_RETURN_NONE;
     }
-    clear_replays(launcher, op);
     static plan kept[TABLE_SLOTS / 2];  // the table is at most half full
     int count = 0;
     for (int i = 0; i < TABLE_SLOTS; ++i)
