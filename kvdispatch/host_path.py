@@ -9,6 +9,15 @@ only when it is exactly a case the Python path has already launched: same device
 launcher: ``on_selected``), shape key and current context. For anything else it returns ``NotImplemented``
 and the Python path runs, so errors, fallbacks and first calls are unchanged.
 
+The other ops (``REPLAYED``) have one generic entry, ``replay``: validation stays in Python. A call of such
+an op that the Python path validated and served with exactly one launch (``call_and_register``: the backends
+describe what they launch while ``recording()``) leaves that launch as the replay plan of the call's key:
+the op, the requested backend, the launcher, and each public argument's dtype, device, shape, strides and
+16-byte alignment, None, or exact int or bool value. Its parameters are kept as words, but for the pointer
+slots: the parameters that are an argument's tensor (``register_replay``). A later call of the same key
+gets that launch with its own pointers, once C has found each output apart from every other tensor
+argument (``REPLAYED`` names the outputs) and the plan's context current.
+
 It is built at first use with the system's C compiler (``CC``, else ``cc``, ``gcc`` or ``clang``) and
 Python's headers, once per source and Python version, into the build cache (``kvdispatch._build_cache``:
 ``$KVDISPATCH_CACHE_DIR``, default ``$XDG_CACHE_HOME/kvdispatch`` or ``~/.cache/kvdispatch``), which must be

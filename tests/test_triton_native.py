@@ -663,6 +663,7 @@ def hip_loading(built, monkeypatch):
     monkeypatch.setattr(torch._C, "_cuda_getCurrentRawStream", lambda index: STREAM_BASE + index, raising=False)
     monkeypatch.setattr(dispatch, "fast_page_table", None)
     monkeypatch.setattr(dispatch, "fast_token_csr", None)
+    monkeypatch.setattr(dispatch, "fast_replay", None)
     monkeypatch.delenv(host_path.HIP_HOST_PATH_ENV, raising=False)
     return Sim(monkeypatch), stubs, opened
 
@@ -696,6 +697,7 @@ def test_the_probe_vendor_picks_the_driver(hip_loading, monkeypatch, raw, librar
     assert opened == [(library, raw == "MI300X")]  # only the HIP runtime is looked up among the loaded files
     assert host_path.current_context() == CONTEXT  # the context query is the driver's (here the stub)
     assert dispatch.fast_page_table == module.page_table and dispatch.fast_token_csr == module.token_csr
+    assert dispatch.fast_replay == module.replay
 
 
 def test_amd_plan_launches_with_its_wavefronts(stubs, monkeypatch):
