@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import torch
 
-from . import _debug, dispatch, host_path, reference
+from . import _debug, dispatch, reference
 from ._validate import (check_dcp_page_table_args, check_dcp_token_csr_args, check_draft_decode_args,
                         check_mha_page_table_args, check_page_table_args, check_token_csr_args,
                         check_translated_page_table_args, dcp_lengths_device)
@@ -24,8 +24,10 @@ from ._validate import (check_dcp_page_table_args, check_dcp_token_csr_args, che
 _compiling = torch.compiler.is_compiling
 # The replay entry's op codes (``dispatch.fast_replay``).
 _DRAFT_DECODE, _DCP_TOKEN_CSR, _DCP_PAGE_TABLE, _MHA_PAGE_TABLE, _TRANSLATED_PAGE_TABLE = (
-    host_path.OPS[op] for op in ("draft_decode", "dcp_token_csr", "dcp_page_table", "mha_page_table",
-                                 "translated_page_table"))
+    dispatch.HOST_PATH_OPS[op] for op in ("draft_decode", "dcp_token_csr", "dcp_page_table", "mha_page_table",
+                                          "translated_page_table"))
+# ``kvdispatch.host_path``, imported by the first GPU call that may register a replay plan (``_dispatch``).
+_host_path = None
 
 
 def create_flashmla_kv_indices(req_to_token, req_pool_indices, seq_lens, out, *, page_size,
@@ -516,12 +518,20 @@ def _run(op, custom_op, check, check_data, backend, enable_pdl, tensors, options
 def _dispatch(device, op, backend, pdl, args):
     """``dispatch.call`` of ``op`` with ``args`` (the public arguments in the API's order, without ``backend``
     and ``enable_pdl``: what the backends and the replay entry take) and ``pdl``. Where the compiled host path
-    may take later such calls (no PDL, no ``KVDISPATCH_DEBUG``, the extension not known to be unavailable),
-    the call's one launch becomes the replay plan of its key (``host_path.call_and_register``)."""
-    if pdl or _debug.ENABLED or host_path.failure() is not None:
+    may take later such calls (a GPU, no PDL, no ``KVDISPATCH_DEBUG``, the extension not known to be
+    unavailable), the call's one launch becomes the replay plan of its key (``host_path.call_and_register``)."""
+    global _host_path
+    if pdl or _debug.ENABLED or device.type != "cuda":
+        dispatch.call(device, op, backend, *args, pdl)
+        return
+    if _host_path is None:
+        from . import host_path  # noqa: PLC0415  (import kvdispatch does not import it)
+
+        _host_path = host_path
+    if _host_path.failure() is not None:
         dispatch.call(device, op, backend, *args, pdl)
     else:
-        host_path.call_and_register(op, backend, args, lambda: dispatch.call(device, op, backend, *args, pdl))
+        _host_path.call_and_register(op, backend, args, lambda: dispatch.call(device, op, backend, *args, pdl))
 
 
 def _pdl(enable_pdl):

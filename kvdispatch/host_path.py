@@ -53,7 +53,7 @@ from pathlib import Path
 
 import torch
 
-from . import _build_cache, devices
+from . import _build_cache, devices, dispatch
 from . import grid as launch_grid
 from ._env import flag
 
@@ -61,9 +61,8 @@ SOURCE = Path(__file__).with_name("host_path.c")
 MODULE_NAME = "kvdispatch_host_path"
 DTYPE_CODES = {None: 0, torch.int32: 1, torch.int64: 2}
 # host_path.c's op codes (shared_defines): OP_PAGE_TABLE, OP_TOKEN_CSR (entries of their own), then the ops
-# replay() takes (REPLAYED); OP_COUNT of them.
-OPS = {"page_table": 0, "token_csr": 1, "draft_decode": 2, "dcp_token_csr": 3, "dcp_page_table": 4,
-       "mha_page_table": 5, "translated_page_table": 6}
+# replay() takes (REPLAYED); OP_COUNT of them. The API reads them from dispatch without importing this module.
+OPS = dispatch.HOST_PATH_OPS
 # The ops the generic replay entry takes, each with the positions of its output arguments among the public
 # call's arguments as ``replay()`` takes them (the API's order, ``backend`` and ``enable_pdl`` left out), the
 # first being the one the call returns. Every output must share no byte with any other tensor argument
@@ -206,8 +205,6 @@ def load(device_index: int | None = None):
                 configure(module)
                 for (op, index, backend), launcher in _approved.items():
                     module.approve(OPS[op], index, backend, LAUNCHERS[launcher])
-                from . import dispatch  # noqa: PLC0415  (it imports the backends' descriptors)
-
                 dispatch.fast_page_table = module.page_table
                 dispatch.fast_token_csr = module.token_csr
                 dispatch.fast_replay = module.replay
