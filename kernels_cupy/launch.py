@@ -2,7 +2,8 @@
 CuPy launcher (GPU) and the host build (CI); neither decides a grid itself, ``kvdispatch.grid`` does.
 The backend's builders (``build_page_table``, ``build_token_indices``) describe the call here and hand it
 to ``runtime.py``, imported (with CuPy) at the first launch; those two then register the call's plan with the
-compiled host path (``native.py``), which takes the next such call.
+compiled host path (``native.py``), which takes the next such call. The other ops' launches are recorded
+(``host_path.recording``) and become replay plans there (``native.replay_launch``).
 
 Arguments are plain Python ints in the kernels' parameter order: pointers (0 for an absent tensor),
 element strides (index vectors may be any 1-D view) and values. The builders write each pointer as its tensor

@@ -10,6 +10,9 @@ word); the C path then takes such calls. A plan key is what ``host_path.c`` comp
 size, batch, width, the index vectors' dtypes and which options are given (page table); device, batch,
 ``min(C, N)`` and the dtypes (token CSR, ordinary calls: int32 out, entry page size 1, no mapping).
 
+The other ops' launches become replay plans (``host_path.register_replay``) as ``replay_launch`` describes
+them: the call's parameters with each pointer as its tensor (``launch.KernelCall.pointers``).
+
 ``KVDISPATCH_CUPY_LAUNCH`` = ``auto`` (default: the C path where it is available) | ``native`` (required: a
 plan it cannot take raises with the reason) | ``python`` (never); read when a plan is registered, so call
 ``reset()`` after changing it. On AMD the C path stays off unless ``KVDISPATCH_HIP_HOST_PATH`` is on.

@@ -16,7 +16,8 @@ microsecond.
 Below all of these, a call whose plan exists can skip Python altogether: ``native_kernel`` checks that a
 compiled kernel takes ``cuLaunchKernel``'s (on AMD ``hipModuleLaunchKernel``'s) parameters the way
 ``kvdispatch/host_path.c`` passes them, and the page-table and token-CSR launchers then register their
-plans there too (``native.py``).
+plans there too (``native.py``). The other ops' plans describe their launches for it
+(``KernelLauncher.replay_launch``, recorded by ``record``), which become replay plans there.
 
 ``KVDISPATCH_TRITON_LAUNCH`` = ``auto`` (default: the deepest path detected) | ``native`` or ``direct``
 (required) | ``fast`` (``CompiledKernel.run``) | ``plain`` overrides that choice; it is read when a plan is

@@ -1,5 +1,7 @@
-// The host path of both index builders in C: the validator's hot-path checks, the launch-plan lookup, the
-// argument packing and the kernel launch, for a call whose plan the Python path has already built.
+// The host path of the index builders in C: for the page table and the token CSR, the validator's hot-path
+// checks, the launch-plan lookup, the argument packing and the kernel launch, for a call whose plan the
+// Python path has already built; for the other ops, the replay of the launch the Python path made for a call
+// of the same key.
 //
 // Built at first use by kvdispatch/host_path.py with the system's C compiler; only the
 // Python C API (3.9+) is used: no torch or CUDA headers. Tensor metadata is read through the tensors'
@@ -9,6 +11,9 @@
 // Two launchers register plans here: Triton's (kernels_triton/native.py) and CuPy's (kernels_cupy/native.py).
 // The selector's approval of (op, device, requested backend) names the launcher; the call's key, the plan
 // and the parameter order are that launcher's.
+//
+// The other ops have one generic entry, replay(op, backend, ...): see "Replay plans" below; validation
+// stays in Python.
 //
 // page_table(...) and token_csr(...) return `out` after launching, or NotImplemented whenever anything is
 // not exactly the plain valid case they know (an unexpected type, a failed check, no plan, another current
@@ -610,6 +615,7 @@ static replay_plan *find_replay_slot(const int64_t *key, int len) {
 
 // key[0..2]: op, backend code, launcher (key[2] is the launcher word).
 static void clear_replays(int launcher, int op) {
+    if (replay_count == 0) return;  // nothing to forget (every slot is unused)
     if (launcher < 0) {
         memset(replays, 0, sizeof(replays));
         replay_count = 0;
@@ -620,6 +626,7 @@ static void clear_replays(int launcher, int op) {
     for (int i = 0; i < REPLAY_SLOTS; ++i)
         if (replays[i].used && (replays[i].key[2] != launcher || (op >= 0 && replays[i].key[0] != op)))
             kept[count++] = replays[i];
+    if (count == replay_count) return;  // none of theirs
     memset(replays, 0, sizeof(replays));
     for (int i = 0; i < count; ++i) *find_replay_slot(kept[i].key, kept[i].key_len) = kept[i];
     replay_count = count;

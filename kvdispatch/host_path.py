@@ -1,4 +1,4 @@
-"""The host path of both index builders in C (``host_path.c``), for calls whose launch plan exists, whichever
+"""The host path of the index builders in C (``host_path.c``), for calls whose launch plan exists, whichever
 launcher made the plan: Triton's (``kernels_triton/native.py``) or CuPy's (``kernels_cupy/native.py``).
 
 The Python path of one public call costs about 1.6x ``x.add_(1)`` of host time on an H200 host with Triton
