@@ -230,10 +230,24 @@ def hostile_args(op, seed, kind):
     elif kind == "int edges":
         for index, (high, low) in INT_EDGES.get(op, {}).items():
             args[index] = high if seed % 2 else low
+    elif kind == "out past 2**31" and op in OUT_TABLES:  # a one-row table whose row stride is 2**31
+        index = OUT_TABLES[op]
+        args[index] = torch.zeros(args[index].shape[1], dtype=args[index].dtype).as_strided(
+            (1, args[index].shape[1]), (2**31, 1))
+        for vector in (1, 2):
+            args[vector] = args[vector][:1]
+    elif kind == "out past 2**31" and op == "dcp_token_csr":  # an out of 2**31 entries
+        args[4] = args[4][:1].expand(2**31)
+    elif kind == "map past 2**31" and op in MAPS and args[MAPS[op]] is not None:
+        args[MAPS[op]] = args[MAPS[op]][:1].expand(2**31)
     return args
 
 
-HOSTILE = ("table rows 2**31", "table rows below", "table row stride 2**31", "pool stride 0", "int edges")
+# The ops' 2-D outputs of one row per request, and their lookup tables.
+OUT_TABLES = {"dcp_page_table": 3, "mha_page_table": 3, "translated_page_table": 4}
+MAPS = {"mha_page_table": 6, "translated_page_table": 3}
+HOSTILE = ("table rows 2**31", "table rows below", "table row stride 2**31", "pool stride 0", "int edges",
+           "out past 2**31", "map past 2**31")
 
 
 def sibling(t, fill_seed=0):
@@ -262,7 +276,7 @@ def approve(stubs, op, launcher):
 
 @pytest.mark.parametrize("launcher", LAUNCHERS)
 @pytest.mark.parametrize("op", OPS)
-@pytest.mark.parametrize("seed", range(12))
+@pytest.mark.parametrize("seed", range(7 + 2 * len(HOSTILE)))
 def test_replays_what_the_python_path_launches(stubs, op, launcher, seed):
     first = random_args(op, seed)
     if seed >= 7:
