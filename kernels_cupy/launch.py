@@ -2,10 +2,13 @@
 CuPy launcher (GPU) and the host build (CI); neither decides a grid itself, ``kvdispatch.grid`` does.
 The backend's builders (``build_page_table``, ``build_token_indices``) describe the call here and hand it
 to ``runtime.py``, imported (with CuPy) at the first launch; those two then register the call's plan with the
-compiled host path (``native.py``), which takes the next such call.
+compiled host path (``native.py``), which takes the next such call. The other ops' launches are recorded
+(``host_path.recording``) and become replay plans there (``native.replay_launch``).
 
 Arguments are plain Python ints in the kernels' parameter order: pointers (0 for an absent tensor),
-element strides (index vectors may be any 1-D view) and values. Every kernel parameter is 8 bytes
+element strides (index vectors may be any 1-D view) and values. The builders write each pointer as its tensor
+(None: absent) and ``_kernel_call`` converts: the call's ``pointers`` say which parameter is which tensor's
+address (what the compiled host path's replay plans fill in per call). Every kernel parameter is 8 bytes
 (pointers and ``long long``), which is exactly what CuPy makes of a Python int (int64), so no per-call
 NumPy scalar is needed. Reads tensor attributes only.
 
@@ -22,7 +25,7 @@ from typing import NamedTuple
 
 import torch
 
-from kvdispatch import devices, grid
+from kvdispatch import devices, grid, host_path
 from kvdispatch.reference import draft_prefix_cap
 
 from . import native
@@ -49,6 +52,21 @@ class KernelCall(NamedTuple):
     threads: int
     args: tuple
     pdl: bool = False  # programmatic dependent launch: KV_PDL is among the defines (``with_pdl``)
+    pointers: tuple = ()  # ((parameter index, tensor), ...): the parameters that are these tensors' addresses
+
+
+def _kernel_call(kernel: str, defines: tuple, launch: grid.Launch, raw: tuple) -> KernelCall:
+    """The call of ``kernel`` on ``launch``'s grid with the arguments ``raw``, where each pointer parameter is
+    its tensor, or None for an absent one: ``args`` holds their addresses (0 for None), ``pointers`` the
+    tensors by parameter."""
+    pointers = tuple((i, a) for i, a in enumerate(raw) if isinstance(a, torch.Tensor))
+    args = list(raw)
+    for i, a in enumerate(args):
+        if a is None:
+            args[i] = 0
+    for i, t in pointers:
+        args[i] = t.data_ptr()
+    return KernelCall(kernel, defines, launch.grid, launch.threads, tuple(args), pointers=pointers)
 
 
 def with_pdl(call: KernelCall | None, pdl: bool, device) -> KernelCall | None:
@@ -59,10 +77,6 @@ def with_pdl(call: KernelCall | None, pdl: bool, device) -> KernelCall | None:
     if call is None or not pdl or not devices.probe(device).supports_pdl:
         return call
     return call._replace(defines=call.defines + (("KV_PDL", 1),), pdl=True)
-
-
-def _ptr(t: torch.Tensor | None) -> int:
-    return 0 if t is None else t.data_ptr()
 
 
 def _stride(t: torch.Tensor | None) -> int:
@@ -79,7 +93,7 @@ def _folded(launch: grid.Launch) -> int:
 
 def _table_args(req_to_token):
     rows, cols = req_to_token.shape
-    return (req_to_token.data_ptr(), rows, cols, req_to_token.stride(0))
+    return (req_to_token, rows, cols, req_to_token.stride(0))
 
 
 def page_table_call(req_to_token, req_pool_indices, seq_lens, out, page_size, kv_start_idx=None,
@@ -95,12 +109,11 @@ def page_table_call(req_to_token, req_pool_indices, seq_lens, out, page_size, kv
              | (LENS_OUT if seq_lens_out is not None else 0) | _folded(launch)
              | (ROUND_TOWARD_ZERO if round_toward_zero else 0))
     rows, cols = req_to_token.shape
-    args = (req_to_token.data_ptr(), req_pool_indices.data_ptr(), seq_lens.data_ptr(), out.data_ptr(), rows, cols,
-            req_to_token.stride(0), out.stride(0), width, launch.items_per_program, seqlen_offset,
-            req_pool_indices.stride(0), seq_lens.stride(0), page_size, _ptr(kv_start_idx), _stride(kv_start_idx),
-            _ptr(seq_lens_out), fill_value or 0, flags)
+    args = (req_to_token, req_pool_indices, seq_lens, out, rows, cols, req_to_token.stride(0), out.stride(0), width,
+            launch.items_per_program, seqlen_offset, req_pool_indices.stride(0), seq_lens.stride(0), page_size,
+            kv_start_idx, _stride(kv_start_idx), seq_lens_out, fill_value or 0, flags)
     defines = (("KV_PAGE_SIZE", page_size), ("KV_FLAGS", flags))
-    return KernelCall(PAGE_TABLE_KERNEL, defines, launch.grid, launch.threads, args)
+    return _kernel_call(PAGE_TABLE_KERNEL, defines, launch, args)
 
 
 def token_csr_call(req_to_token, req_pool_indices, seq_lens, kv_indptr, out, kv_start_idx=None, entry_page_size=1,
@@ -116,13 +129,12 @@ def token_csr_call(req_to_token, req_pool_indices, seq_lens, kv_indptr, out, kv_
              | _wide(out, WIDE_OUT) | (MAPPING if token_mapping is not None else 0)
              | _wide(token_mapping, WIDE_MAPPING))
     args = _table_args(req_to_token) + (
-        req_pool_indices.data_ptr(), req_pool_indices.stride(0), seq_lens.data_ptr(), seq_lens.stride(0),
-        _ptr(kv_start_idx), _stride(kv_start_idx), kv_indptr.data_ptr(), kv_indptr.stride(0), out.data_ptr(), total,
-        launch.items_per_program, flags, entry_page_size, _ptr(token_mapping),
-        0 if token_mapping is None else token_mapping.shape[0])
+        req_pool_indices, req_pool_indices.stride(0), seq_lens, seq_lens.stride(0), kv_start_idx,
+        _stride(kv_start_idx), kv_indptr, kv_indptr.stride(0), out, total, launch.items_per_program, flags,
+        entry_page_size, token_mapping, 0 if token_mapping is None else token_mapping.shape[0])
     defines = (("KV_FLAGS", flags),) if entry_page_size == 1 else (("KV_FLAGS", flags),
                                                                   ("KV_ENTRY_PAGE_SIZE", entry_page_size))
-    return KernelCall(TOKEN_CSR_KERNEL, defines, launch.grid, launch.threads, args)
+    return _kernel_call(TOKEN_CSR_KERNEL, defines, launch, args)
 
 
 def mha_page_table_call(req_to_token, req_pool_indices, seq_lens, page_table, page_size, swa_page_table=None,
@@ -139,13 +151,13 @@ def mha_page_table_call(req_to_token, req_pool_indices, seq_lens, page_table, pa
              | (MAPPING | _wide(full_to_swa, WIDE_MAPPING) if swa else 0)
              | (ROUND_TOWARD_ZERO if round_toward_zero else 0))
     rows, cols = req_to_token.shape
-    args = (req_to_token.data_ptr(), req_pool_indices.data_ptr(), seq_lens.data_ptr(), page_table.data_ptr(),
-            _ptr(swa_page_table) if swa else 0, _ptr(full_to_swa) if swa else 0, rows, cols, req_to_token.stride(0),
+    args = (req_to_token, req_pool_indices, seq_lens, page_table, swa_page_table if swa else None,
+            full_to_swa if swa else None, rows, cols, req_to_token.stride(0),
             width, page_table.stride(0), swa_width, _stride(swa_page_table) if swa else 0,
             full_to_swa.shape[0] if swa else 0, req_pool_indices.stride(0), seq_lens.stride(0),
             launch.items_per_program, page_size, flags)
     defines = (("KV_PAGE_SIZE", page_size), ("KV_FLAGS", flags))
-    return KernelCall(MHA_PAGE_TABLE_KERNEL, defines, launch.grid, launch.threads, args)
+    return _kernel_call(MHA_PAGE_TABLE_KERNEL, defines, launch, args)
 
 
 def translated_page_table_call(req_to_token, req_pool_indices, seq_lens, v2p, out, page_size, multiplier=1,
@@ -159,11 +171,10 @@ def translated_page_table_call(req_to_token, req_pool_indices, seq_lens, v2p, ou
     flags = (_wide(req_pool_indices, WIDE_POOL) | _wide(seq_lens, WIDE_LENS) | _folded(launch)
              | _wide(v2p, WIDE_MAPPING))
     rows, cols = req_to_token.shape
-    args = (req_to_token.data_ptr(), req_pool_indices.data_ptr(), seq_lens.data_ptr(), v2p.data_ptr(), out.data_ptr(),
-            rows, cols, req_to_token.stride(0), columns, out.stride(0), v2p.shape[0], multiplier, seq_len_delta,
+    args = (req_to_token, req_pool_indices, seq_lens, v2p, out, rows, cols, req_to_token.stride(0), columns, out.stride(0), v2p.shape[0], multiplier, seq_len_delta,
             req_pool_indices.stride(0), seq_lens.stride(0), launch.items_per_program, page_size, flags)
     defines = (("KV_PAGE_SIZE", page_size), ("KV_FLAGS", flags))
-    return KernelCall(TRANSLATED_PAGE_TABLE_KERNEL, defines, launch.grid, launch.threads, args)
+    return _kernel_call(TRANSLATED_PAGE_TABLE_KERNEL, defines, launch, args)
 
 
 _runtime_module = None
@@ -245,12 +256,12 @@ def draft_decode_call(req_to_token, req_pool_indices, seq_lens, kv_indptr, out, 
              | (POSITIONS if positions is not None else 0) | _wide(positions, WIDE_POSITIONS)
              | (V2P if v2p is not None else 0) | _wide(v2p, WIDE_V2P) | (INDPTR_START if write_indptr_start else 0))
     args = _table_args(req_to_token) + (
-        req_pool_indices.data_ptr(), req_pool_indices.stride(0), seq_lens.data_ptr(), seq_lens.stride(0),
-        kv_indptr.data_ptr(), kv_indptr.stride(0), out.data_ptr(), width, out.stride(0), num_steps, topk, cap,
-        min(sink_size, cap) if window_size > 0 else cap, grid.DRAFT_OFFSET_LIMIT, launch.items_per_program, flags,
-        page_size, _ptr(positions), _stride(positions), _ptr(v2p), 0 if v2p is None else v2p.shape[0])
+        req_pool_indices, req_pool_indices.stride(0), seq_lens, seq_lens.stride(0), kv_indptr, kv_indptr.stride(0), out,
+        width, out.stride(0), num_steps, topk, cap, min(sink_size, cap) if window_size > 0 else cap,
+        grid.DRAFT_OFFSET_LIMIT, launch.items_per_program, flags, page_size, positions, _stride(positions), v2p,
+        0 if v2p is None else v2p.shape[0])
     defines = (("KV_FLAGS", flags), ("KV_PAGE_SIZE", page_size))
-    return KernelCall(DRAFT_DECODE_KERNEL, defines, launch.grid, launch.threads, args)
+    return _kernel_call(DRAFT_DECODE_KERNEL, defines, launch, args)
 
 
 def build_draft_decode_indices(req_to_token, req_pool_indices, seq_lens, kv_indptr, out, num_steps, topk,
@@ -279,11 +290,10 @@ def dcp_token_csr_call(req_to_token, req_pool_indices, local_seq_lens, kv_indptr
              | _wide(kv_indptr, WIDE_INDPTR) | (START if kv_start_idx is not None else 0) | _folded(launch)
              | _wide(out, WIDE_OUT) | _rounding(round_toward_zero))
     args = _table_args(req_to_token) + (
-        req_pool_indices.data_ptr(), req_pool_indices.stride(0), local_seq_lens.data_ptr(), local_seq_lens.stride(0),
-        _ptr(kv_start_idx), _stride(kv_start_idx), kv_indptr.data_ptr(), kv_indptr.stride(0), out.data_ptr(), total,
-        launch.items_per_program, flags, dcp_size, dcp_rank)
-    return KernelCall(DCP_TOKEN_CSR_KERNEL, (("KV_FLAGS", flags), ("KV_DCP_SIZE", dcp_size)), launch.grid,
-                      launch.threads, args)
+        req_pool_indices, req_pool_indices.stride(0), local_seq_lens, local_seq_lens.stride(0), kv_start_idx,
+        _stride(kv_start_idx), kv_indptr, kv_indptr.stride(0), out, total, launch.items_per_program, flags, dcp_size,
+        dcp_rank)
+    return _kernel_call(DCP_TOKEN_CSR_KERNEL, (("KV_FLAGS", flags), ("KV_DCP_SIZE", dcp_size)), launch, args)
 
 
 def dcp_page_table_call(req_to_token, req_pool_indices, local_seq_lens, out, page_size, dcp_size, dcp_rank,
@@ -297,11 +307,10 @@ def dcp_page_table_call(req_to_token, req_pool_indices, local_seq_lens, out, pag
     flags = (_wide(req_pool_indices, WIDE_POOL) | _wide(local_seq_lens, WIDE_LENS) | _folded(launch)
              | (FILL if fill_value is not None else 0) | _rounding(round_toward_zero))
     rows, cols = req_to_token.shape
-    args = (req_to_token.data_ptr(), req_pool_indices.data_ptr(), local_seq_lens.data_ptr(), out.data_ptr(), rows,
-            cols, req_to_token.stride(0), out.stride(0), width, launch.items_per_program, req_pool_indices.stride(0),
+    args = (req_to_token, req_pool_indices, local_seq_lens, out, rows, cols, req_to_token.stride(0), out.stride(0), width, launch.items_per_program, req_pool_indices.stride(0),
             local_seq_lens.stride(0), page_size, dcp_size, dcp_rank, fill_value or 0, flags)
     defines = (("KV_PAGE_SIZE", page_size), ("KV_DCP_SIZE", dcp_size), ("KV_FLAGS", flags))
-    return KernelCall(DCP_PAGE_TABLE_KERNEL, defines, launch.grid, launch.threads, args)
+    return _kernel_call(DCP_PAGE_TABLE_KERNEL, defines, launch, args)
 
 
 def build_dcp_token_indices(req_to_token, req_pool_indices, local_seq_lens, kv_indptr, out, dcp_size, dcp_rank,
@@ -330,4 +339,7 @@ def _launched(call: KernelCall | None, device, out, pdl=False):
             return out
     if call is not None:
         _runtime().launch(call, device)
+        launches = host_path.recording()
+        if launches is not None:  # a call that may register a replay plan (kvdispatch.host_path)
+            launches.append(functools.partial(native.replay_launch, call, device.index))
     return out

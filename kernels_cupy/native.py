@@ -10,6 +10,9 @@ word); the C path then takes such calls. A plan key is what ``host_path.c`` comp
 size, batch, width, the index vectors' dtypes and which options are given (page table); device, batch,
 ``min(C, N)`` and the dtypes (token CSR, ordinary calls: int32 out, entry page size 1, no mapping).
 
+The other ops' launches become replay plans (``host_path.register_replay``) as ``replay_launch`` describes
+them: the call's parameters with each pointer as its tensor (``launch.KernelCall.pointers``).
+
 ``KVDISPATCH_CUPY_LAUNCH`` = ``auto`` (default: the C path where it is available) | ``native`` (required: a
 plan it cannot take raises with the reason) | ``python`` (never); read when a plan is registered, so call
 ``reset()`` after changing it. On AMD the C path stays off unless ``KVDISPATCH_HIP_HOST_PATH`` is on.
@@ -143,3 +146,18 @@ def _register(op: str, key: tuple, call: launch.KernelCall) -> str | None:
                               flags):
         return "its plan table is full"
     return None
+
+
+def replay_launch(call: launch.KernelCall, index: int) -> host_path.Launch | None:
+    """``call`` (launched on device ``index``) as a replay plan's launch (``host_path.register_replay``): its
+    parameters with each pointer as its tensor (``call.pointers``); None where the C path takes no CuPy call
+    (the launch mode, the extension not available, no current context)."""
+    if _off or launch_mode() == "python" or host_path.load(index) is None:
+        return None
+    function, context = kernel_and_context(index, call)
+    if not context:
+        return None
+    params = list(call.args)
+    for position, tensor in call.pointers:
+        params[position] = tensor
+    return host_path.Launch(LAUNCHER, context, function, call.grid, call.threads, 0, tuple(params))

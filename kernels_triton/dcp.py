@@ -16,6 +16,7 @@ everything the kernel reads before its gather).
 
 from __future__ import annotations
 
+import functools
 import itertools
 
 import triton
@@ -24,6 +25,7 @@ import triton.language as tl
 from kvdispatch import grid as launch_grid
 
 from . import launch as _launch
+from . import native
 from .page_table import divide, page_shift
 from .token_csr import packed_words as csr_packed_words
 from .token_csr import row_header
@@ -144,8 +146,8 @@ dcp_page_table_kernel = triton.jit(_dcp_page_table_kernel, do_not_specialize=RUN
                                    do_not_specialize_on_alignment=POINTERS["table"])
 csr_launcher = _launch.register(_launch.KernelLauncher(dcp_token_csr_kernel, CSR_CONSTEXPRS))
 table_launcher = _launch.register(_launch.KernelLauncher(dcp_page_table_kernel, TABLE_CONSTEXPRS))
-_csr_plans = _launch.plan_cache()
-_table_plans = _launch.plan_cache()
+_csr_plans = _launch.plan_cache(on_clear=functools.partial(native.forget_plans, "dcp_token_csr"))
+_table_plans = _launch.plan_cache(on_clear=functools.partial(native.forget_plans, "dcp_page_table"))
 
 
 def csr_constexprs(dcp_size: int, has_start: bool, round_toward_zero: bool = False, unit_strides: bool = True,
@@ -187,9 +189,11 @@ def _run(plans, launcher, key, args, make_plan):
         warps = _launch.warps_for(args[3].device, geometry.threads)
         plan, launched = launcher.plan(key[0], specialisation, geometry.grid, constexprs, warps, args)
         plans.add(key, plan)
-        if launched:
-            return
-    plan(*args)
+        if not launched:
+            plan(*args)
+    else:
+        plan(*args)
+    _launch.record(plan, args)
 
 
 def build_dcp_token_indices(req_to_token, req_pool_indices, local_seq_lens, kv_indptr, out, dcp_size, dcp_rank,

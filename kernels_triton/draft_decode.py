@@ -15,6 +15,7 @@ divisions become shifts), as are the options (positions, v2p) and the folded gri
 
 from __future__ import annotations
 
+import functools
 import itertools
 
 import triton
@@ -24,6 +25,7 @@ from kvdispatch import grid as launch_grid
 from kvdispatch.reference import draft_prefix_cap
 
 from . import launch as _launch
+from . import native
 
 PARAMETERS = ("table_ptr", "pool_ptr", "lens_ptr", "indptr_ptr", "out_ptr", "table_rows", "table_cols",
               "table_row_stride", "out_width", "out_row_stride", "indptr_row_stride", "pool_stride", "lens_stride",
@@ -171,7 +173,7 @@ def _stored_values(values, loaded, v2p_ptr, v2p_len, out_ptr, PAGE_SIZE: tl.cons
 draft_decode_kernel = triton.jit(_draft_decode_kernel, do_not_specialize=RUNTIME_INTS,
                                  do_not_specialize_on_alignment=POINTERS)
 launcher = _launch.register(_launch.KernelLauncher(draft_decode_kernel, CONSTEXPRS))
-_plans = _launch.plan_cache()
+_plans = _launch.plan_cache(on_clear=functools.partial(native.forget_plans, "draft_decode"))
 
 
 def constexprs_for(page_size: int, has_positions: bool = False, has_v2p: bool = False,
@@ -227,16 +229,15 @@ def build_draft_decode_indices(req_to_token, req_pool_indices, seq_lens, kv_indp
     key, args = plan_key_and_arguments(req_to_token, req_pool_indices, seq_lens, kv_indptr, out, num_steps, topk,
                                        page_size, positions, window_size, sink_size, v2p, write_indptr_start,
                                        round_toward_zero, pdl)
-    plan = _plans.get(key) or _plan_unless_launched(key, out, args)
-    if plan is not None:
+    plan = _plans.get(key)
+    if plan is None:
+        plan, launched = _build_plan(key, out, args)  # launched: a new specialisation, compiled by this call
+        if not launched:
+            plan(*args)
+    else:
         plan(*args)
+    _launch.record(plan, args)
     return out
-
-
-def _plan_unless_launched(key, out, args):
-    """Build the plan of ``key``; None when building it launched this call (a new specialisation)."""
-    plan, launched = _build_plan(key, out, args)
-    return None if launched else plan
 
 
 def specializations(index_types=("i32", "i64"), page_sizes=SPECIALISED_PAGE_SIZES):

@@ -16,7 +16,8 @@ microsecond.
 Below all of these, a call whose plan exists can skip Python altogether: ``native_kernel`` checks that a
 compiled kernel takes ``cuLaunchKernel``'s (on AMD ``hipModuleLaunchKernel``'s) parameters the way
 ``kvdispatch/host_path.c`` passes them, and the page-table and token-CSR launchers then register their
-plans there too (``native.py``).
+plans there too (``native.py``). The other ops' plans describe their launches for it
+(``KernelLauncher.replay_launch``, recorded by ``record``), which become replay plans there.
 
 ``KVDISPATCH_TRITON_LAUNCH`` = ``auto`` (default: the deepest path detected) | ``native`` or ``direct``
 (required) | ``fast`` (``CompiledKernel.run``) | ``plain`` overrides that choice; it is read when a plan is
@@ -28,6 +29,7 @@ The fast path passes no launch hooks and no launch metadata (Triton's profiler h
 
 from __future__ import annotations
 
+import functools
 import inspect
 import os
 import re
@@ -39,6 +41,8 @@ import triton
 import triton.language as tl
 
 from kvdispatch import host_path
+
+from . import native
 
 LAUNCH_ENV = "KVDISPATCH_TRITON_LAUNCH"
 LAUNCH_MODES = ("auto", "native", "direct", "fast", "plain")
@@ -280,7 +284,8 @@ def _hip_parameter_count(compiled, metadata, target, runtime_args: int) -> int |
 def native_parameter_count(compiled, runtime_args: int) -> int | None:
     """How many ``cuLaunchKernel`` (``hipModuleLaunchKernel``) parameters ``compiled`` takes, when
     ``host_path.c`` can launch it: a kernel whose parameters are its ``runtime_args`` runtime arguments
-    then Triton's two scratch pointers (left null: it needs no scratch memory), all 8 bytes wide, on one CTA
+    then Triton's two scratch pointers (left null: it needs no scratch memory), all 8 bytes wide (on NVIDIA a
+    ``tl.int32`` parameter may be 4: it reads the low half of the word ``host_path.c`` passes), on one CTA
     per program, neither cooperative nor PDL. What every Triton launcher from 3.0 to 3.9 passes in that case.
     NVIDIA: read from the PTX entry, on 32-lane warps. AMD: read from the AMDGPU metadata's kernel argument
     list, on wavefronts of the target's size (``_hip_parameter_count``). None otherwise.
@@ -301,7 +306,8 @@ def native_parameter_count(compiled, runtime_args: int) -> int | None:
     if not isinstance(ptx, str):
         return None
     types = _entry_parameter_types(ptx)
-    if len(types) != runtime_args + 2 or any(t not in ("u64", "b64", "s64") for t in types):
+    # 32-bit ints (``tl.int32`` parameters) read the low half of the 64-bit word host_path.c passes.
+    if len(types) != runtime_args + 2 or any(t not in ("u64", "b64", "s64", "u32", "b32", "s32") for t in types):
         return None
     return len(types)
 
@@ -414,14 +420,13 @@ class KernelLauncher:
                 compiled = self._plain_on(device_index, grid, first_args, constexprs, num_warps)
                 self.compiled.setdefault(key, compiled)
                 launched = True
+        launch = None
         if device_index >= 0 and mode != "plain":
-            fast = self._fast_plan(key, compiled, mode, grid, constexprs)
-            if fast is not None:
-                return fast, launched
-
-        def launch(*args):
-            self._plain_on(device_index, grid, args, constexprs, num_warps)
-
+            launch = self._fast_plan(key, compiled, mode, grid, constexprs)
+        if launch is None:
+            def launch(*args):
+                self._plain_on(device_index, grid, args, constexprs, num_warps)
+        launch.describe = functools.partial(self.replay_launch, device_index, specialisation, grid)
         return launch, launched
 
     def _plain_on(self, device_index: int, grid, args, constexprs: dict, num_warps: int):
@@ -475,6 +480,28 @@ class KernelLauncher:
                                f"({reason}); use auto, direct, fast or plain")
         return found
 
+    def replay_launch(self, device_index: int, specialisation, grid, args) -> host_path.Launch | None:
+        """The launch of ``args`` (a plan's runtime arguments, tensors in the pointer slots) through the plan
+        of ``(device_index, specialisation)`` on ``grid``, as a replay plan's launch
+        (``host_path.register_replay``): the arguments the compiled kernel takes (its signature's constexprs,
+        None ones included, left out), then Triton's two scratch pointers (0). None where ``host_path.c``
+        cannot launch the kernel (``native_parameter_count``; the launch mode ``auto`` or ``native`` only;
+        never raises for it)."""
+        key = (device_index, specialisation)
+        compiled = self.compiled.get(key)
+        signature = getattr(getattr(compiled, "src", None), "signature", None)
+        if device_index < 0 or launch_mode() not in ("auto", "native") or not isinstance(signature, dict):
+            return None
+        params = tuple(value for name, value in zip(self.arg_names, args) if signature.get(name) != "constexpr")
+        kernel = self.native_kernels.get(key, False)
+        if kernel is False:
+            kernel = self.native_kernels[key] = self._native_kernel(key, len(params), threads_per_program(compiled))
+        if kernel is None:
+            return None
+        scratch = (0,) * (kernel.param_count - len(params))
+        return host_path.Launch(native.LAUNCHER, kernel.context, kernel.function, tuple(grid), kernel.threads,
+                                kernel.shared, params + scratch)
+
     def _native_kernel(self, key, runtime_args: int, threads: int) -> NativeKernel | None:
         compiled = self.compiled.get(key)
         count = native_parameter_count(compiled, runtime_args)
@@ -489,6 +516,14 @@ class KernelLauncher:
 
 def nothing(*args):
     """The launch plan of a call with an empty grid."""
+
+
+def record(plan, args) -> None:
+    """After ``plan(*args)`` (a plan of ``KernelLauncher.plan``) has launched for a call that may register a
+    replay plan (``host_path.recording``): note the launch, described when the call registers."""
+    launches = host_path.recording()
+    if launches is not None and plan is not nothing:
+        launches.append(functools.partial(plan.describe, args))
 
 
 class PlanCache(dict):

@@ -14,6 +14,7 @@ size and option set, whatever the shapes), in 64-bit arithmetic; masks are block
 
 from __future__ import annotations
 
+import functools
 import itertools
 
 import triton
@@ -22,6 +23,7 @@ import triton.language as tl
 from kvdispatch import grid as launch_grid
 
 from . import launch as _launch
+from . import native
 from .page_table import page_shift
 
 MHA_PARAMETERS = ("table_ptr", "pool_ptr", "lens_ptr", "page_table_ptr", "swa_ptr", "mapping_ptr", "table_rows",
@@ -176,8 +178,8 @@ mha_page_table_kernel, translated_page_table_kernel = (
     for function, pointers, ints in KERNEL_PARAMETERS.values())
 mha_launcher = _launch.register(_launch.KernelLauncher(mha_page_table_kernel, MHA_CONSTEXPRS))
 translated_launcher = _launch.register(_launch.KernelLauncher(translated_page_table_kernel, TRANSLATED_CONSTEXPRS))
-_mha_plans = _launch.plan_cache()
-_translated_plans = _launch.plan_cache()
+_mha_plans = _launch.plan_cache(on_clear=functools.partial(native.forget_plans, "mha_page_table"))
+_translated_plans = _launch.plan_cache(on_clear=functools.partial(native.forget_plans, "translated_page_table"))
 
 
 def _common_constexprs(page_size: int, unit_strides: bool, folded_grid: bool, pdl: bool) -> dict:
@@ -223,9 +225,11 @@ def _launch_plan(plans, launcher, key, out, args, span, constexprs_of):
         plan, launched = launcher.plan(key[0], specialisation, geometry.grid, constexprs_of(geometry.folded), warps,
                                        args)
         plans.add(key, plan)
-        if launched:
-            return
-    plan(*args)
+        if not launched:
+            plan(*args)
+    else:
+        plan(*args)
+    _launch.record(plan, args)
 
 
 def build_mha_page_table(req_to_token, req_pool_indices, seq_lens, page_table, page_size, swa_page_table=None,

@@ -1,6 +1,8 @@
 """The Triton launchers' side of the compiled host path (``kvdispatch/host_path.py``, ``host_path.c``): the
 selector's hooks, which approve the C path for the calls Triton serves, and the registration of the page
-table's and the token CSR's launch plans, in Triton's parameter order. ``launch.native_kernel`` decides
+table's and the token CSR's launch plans, in Triton's parameter order. The other ops' launches become replay
+plans (``host_path.register_replay``) as ``launch.KernelLauncher.replay_launch`` describes them; their plan
+caches drop them through ``forget_plans`` too. ``launch.native_kernel`` decides
 whether a compiled kernel takes ``cuLaunchKernel``'s parameters as the C path passes them;
 ``KVDISPATCH_TRITON_LAUNCH=native`` requires the C path and raises with the reason.
 """
@@ -24,8 +26,8 @@ def on_deselected(device=None) -> None:
 
 
 def forget_plans(op: str) -> None:
-    """Drop the C path's Triton plans of ``op`` along with the Python launcher's (its plan cache calls this
-    when it forgets)."""
+    """Drop the C path's Triton plans of ``op`` (replay plans included) along with the Python launcher's (its
+    plan cache calls this when it forgets)."""
     host_path.forget_plans(LAUNCHER, op)
 
 

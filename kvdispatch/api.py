@@ -1,10 +1,13 @@
 """The public index builders. Validation, then one dispatch lookup, then one kernel launch.
 
-A call the Triton backend has launched before (same device, selection and shapes) is taken whole by its
-compiled launcher (``dispatch.fast_page_table``, ``dispatch.fast_token_csr``): the same checks, in C.
-Whatever it does not take, first calls, every error and ``KVDISPATCH_DEBUG`` included, goes the Python
-way below, and so do calls with programmatic dependent launch (``enable_pdl``), which the compiled launcher
-does not take. While ``torch.compile`` (or ``torch.export``) traces, a call becomes the op of the same name in
+A call the Triton or CuPy backend has launched before (same device, selection and shapes) is taken whole by
+the compiled host path (``kvdispatch/host_path.c``): the page table and the token CSR by entries of their own
+(``dispatch.fast_page_table``, ``dispatch.fast_token_csr``: the same checks, in C), the other ops by the
+replay entry (``dispatch.fast_replay``), which launches what the Python path launched for a call of the same
+key (every argument's metadata and int values) with the new call's pointers, once the outputs are found
+apart from the other arguments. Whatever it does not take, first calls, every error and ``KVDISPATCH_DEBUG``
+included, goes the Python way below (which registers the replay plans), and so do calls with programmatic
+dependent launch (``enable_pdl``), which the compiled host path does not take. While ``torch.compile`` (or ``torch.export``) traces, a call becomes the op of the same name in
 ``torch.ops.kvdispatch`` (registered by ``kvdispatch.ops``), for the backend request of that trace.
 """
 
@@ -19,6 +22,12 @@ from ._validate import (check_dcp_page_table_args, check_dcp_token_csr_args, che
 
 # Dynamo reads this as a constant True while tracing; in eager mode it is one call returning False.
 _compiling = torch.compiler.is_compiling
+# The replay entry's op codes (``dispatch.fast_replay``).
+_DRAFT_DECODE, _DCP_TOKEN_CSR, _DCP_PAGE_TABLE, _MHA_PAGE_TABLE, _TRANSLATED_PAGE_TABLE = (
+    dispatch.HOST_PATH_OPS[op] for op in ("draft_decode", "dcp_token_csr", "dcp_page_table", "mha_page_table",
+                                          "translated_page_table"))
+# ``kvdispatch.host_path``, imported by the first GPU call that may register a replay plan (``_dispatch``).
+_host_path = None
 
 
 def create_flashmla_kv_indices(req_to_token, req_pool_indices, seq_lens, out, *, page_size,
@@ -224,13 +233,19 @@ def create_trtllm_mha_page_table(req_to_token, req_pool_indices, seq_lens, page_
             swa_page_table=swa_page_table, full_to_swa=full_to_swa, round_toward_zero=round_toward_zero,
             backend=_requested_backend(backend, dispatch.generation), enable_pdl=enable_pdl)
         return page_table
+    pdl = dispatch.pdl_default if enable_pdl is None else enable_pdl
+    replay = dispatch.fast_replay
+    if replay is not None and not _debug.ENABLED and not pdl:  # the compiled launcher takes no PDL call
+        if replay(_MHA_PAGE_TABLE, backend, req_to_token, req_pool_indices, seq_lens, page_table, page_size,
+                  swa_page_table, full_to_swa, round_toward_zero) is not NotImplemented:
+            return page_table
     device = check_mha_page_table_args(req_to_token, req_pool_indices, seq_lens, page_table, page_size,
                                        swa_page_table, full_to_swa, round_toward_zero)
     if _debug.ENABLED:
         _debug.check_mha_page_table_data(req_to_token, req_pool_indices, seq_lens, page_size, swa_page_table,
                                          full_to_swa)
-    dispatch.call(device, "mha_page_table", backend, req_to_token, req_pool_indices, seq_lens, page_table,
-                  page_size, swa_page_table, full_to_swa, round_toward_zero, _pdl(enable_pdl))
+    _dispatch(device, "mha_page_table", backend, pdl, (req_to_token, req_pool_indices, seq_lens, page_table,
+                                                       page_size, swa_page_table, full_to_swa, round_toward_zero))
     return page_table
 
 
@@ -277,13 +292,19 @@ def create_translated_page_table(req_to_token, req_pool_indices, seq_lens, v2p, 
             max_pages=max_pages, seq_len_delta=seq_len_delta, backend=_requested_backend(backend, dispatch.generation),
             enable_pdl=enable_pdl)
         return out
+    pdl = dispatch.pdl_default if enable_pdl is None else enable_pdl
+    replay = dispatch.fast_replay
+    if replay is not None and not _debug.ENABLED and not pdl:  # the compiled launcher takes no PDL call
+        if replay(_TRANSLATED_PAGE_TABLE, backend, req_to_token, req_pool_indices, seq_lens, v2p, out, page_size,
+                  multiplier, max_pages, seq_len_delta) is not NotImplemented:
+            return out
     device = check_translated_page_table_args(req_to_token, req_pool_indices, seq_lens, v2p, out, page_size,
                                               multiplier, max_pages, seq_len_delta)
     if _debug.ENABLED:
         _debug.check_translated_page_table_data(req_to_token, req_pool_indices, seq_lens, v2p, out, page_size,
                                                 max_pages, seq_len_delta)
-    dispatch.call(device, "translated_page_table", backend, req_to_token, req_pool_indices, seq_lens, v2p, out,
-                  page_size, multiplier, max_pages, seq_len_delta, _pdl(enable_pdl))
+    _dispatch(device, "translated_page_table", backend, pdl,
+              (req_to_token, req_pool_indices, seq_lens, v2p, out, page_size, multiplier, max_pages, seq_len_delta))
     return out
 
 
@@ -351,15 +372,22 @@ def create_draft_decode_kv_indices(req_to_token, req_pool_indices, seq_lens, kv_
         return _draft_decode_in_graph(req_to_token, req_pool_indices, seq_lens, kv_indptr, out, num_steps, topk,
                                       page_size, positions, window_size, sink_size, v2p, write_indptr_start,
                                       round_toward_zero, backend, enable_pdl)
+    pdl = dispatch.pdl_default if enable_pdl is None else enable_pdl
+    replay = dispatch.fast_replay
+    if replay is not None and not _debug.ENABLED and not pdl:  # the compiled launcher takes no PDL call
+        if replay(_DRAFT_DECODE, backend, req_to_token, req_pool_indices, seq_lens, kv_indptr, out, num_steps, topk,
+                  page_size, positions, window_size, sink_size, v2p, write_indptr_start,
+                  round_toward_zero) is not NotImplemented:
+            return out
     device = check_draft_decode_args(req_to_token, req_pool_indices, seq_lens, kv_indptr, out, num_steps, topk,
                                      page_size, positions, window_size, sink_size, v2p, write_indptr_start,
                                      round_toward_zero)
     if _debug.ENABLED:
         _debug.check_draft_decode_data(req_to_token, req_pool_indices, seq_lens, out, num_steps, topk, page_size,
                                        window_size, sink_size, v2p, round_toward_zero)
-    dispatch.call(device, "draft_decode", backend, req_to_token, req_pool_indices, seq_lens, kv_indptr, out,
-                  num_steps, topk, page_size, positions, window_size, sink_size, v2p, write_indptr_start,
-                  round_toward_zero, _pdl(enable_pdl))
+    _dispatch(device, "draft_decode", backend, pdl,
+              (req_to_token, req_pool_indices, seq_lens, kv_indptr, out, num_steps, topk, page_size, positions,
+               window_size, sink_size, v2p, write_indptr_start, round_toward_zero))
     return out
 
 
@@ -411,6 +439,13 @@ def create_dcp_kv_indices(req_to_token, req_pool_indices, local_seq_lens, kv_ind
     Returns:
         ``out``.
     """
+    if not _compiling():
+        pdl = dispatch.pdl_default if enable_pdl is None else enable_pdl
+        replay = dispatch.fast_replay
+        if replay is not None and not _debug.ENABLED and not pdl:  # the compiled launcher takes no PDL call
+            if replay(_DCP_TOKEN_CSR, backend, req_to_token, req_pool_indices, local_seq_lens, kv_indptr, out,
+                      dcp_size, dcp_rank, kv_start_idx, round_toward_zero) is not NotImplemented:
+                return out
     _run("dcp_token_csr", torch.ops.kvdispatch.create_dcp_kv_indices, check_dcp_token_csr_args,
          _debug.check_dcp_token_csr_data, backend, enable_pdl,
          (req_to_token, req_pool_indices, local_seq_lens, kv_indptr, out),
@@ -450,6 +485,13 @@ def create_dcp_page_table(req_to_token, req_pool_indices, local_seq_lens, out, *
     Returns:
         ``out``.
     """
+    if not _compiling():
+        pdl = dispatch.pdl_default if enable_pdl is None else enable_pdl
+        replay = dispatch.fast_replay
+        if replay is not None and not _debug.ENABLED and not pdl:  # the compiled launcher takes no PDL call
+            if replay(_DCP_PAGE_TABLE, backend, req_to_token, req_pool_indices, local_seq_lens, out, page_size,
+                      dcp_size, dcp_rank, fill_value, round_toward_zero) is not NotImplemented:
+                return out
     _run("dcp_page_table", torch.ops.kvdispatch.create_dcp_page_table, check_dcp_page_table_args,
          _debug.check_dcp_page_table_data, backend, enable_pdl,
          (req_to_token, req_pool_indices, local_seq_lens, out),
@@ -470,7 +512,26 @@ def _run(op, custom_op, check, check_data, backend, enable_pdl, tensors, options
     device = check(*tensors, **options)
     if _debug.ENABLED:
         check_data(*tensors, **options)
-    dispatch.call(device, op, backend, *tensors, *options.values(), _pdl(enable_pdl))
+    _dispatch(device, op, backend, _pdl(enable_pdl), tensors + tuple(options.values()))
+
+
+def _dispatch(device, op, backend, pdl, args):
+    """``dispatch.call`` of ``op`` with ``args`` (the public arguments in the API's order, without ``backend``
+    and ``enable_pdl``: what the backends and the replay entry take) and ``pdl``. Where the compiled host path
+    may take later such calls (a GPU, no PDL, no ``KVDISPATCH_DEBUG``, the extension not known to be
+    unavailable), the call's one launch becomes the replay plan of its key (``host_path.call_and_register``)."""
+    global _host_path
+    if pdl or _debug.ENABLED or device.type != "cuda":
+        dispatch.call(device, op, backend, *args, pdl)
+        return
+    if _host_path is None:
+        from . import host_path  # noqa: PLC0415  (import kvdispatch does not import it)
+
+        _host_path = host_path
+    if _host_path.failure() is not None:
+        dispatch.call(device, op, backend, *args, pdl)
+    else:
+        _host_path.call_and_register(op, backend, args, lambda: dispatch.call(device, op, backend, *args, pdl))
 
 
 def _pdl(enable_pdl):

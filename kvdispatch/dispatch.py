@@ -55,6 +55,13 @@ log = logging.getLogger("kvdispatch")
 # the path below (validation, selection, the backend's Python launcher) serves.
 fast_page_table = None
 fast_token_csr = None
+# ``replay(op code, backend, *public arguments)``: the same for the other ops (``host_path.REPLAYED``), from
+# the replay plans the Python path registered (``host_path.call_and_register``).
+fast_replay = None
+# The compiled host path's op codes (``host_path.c``'s ``OP_*`` values, given as ``-D`` options): the page table
+# and the token CSR have entries of their own; the others are replayed (``fast_replay``'s first argument).
+HOST_PATH_OPS = {"page_table": 0, "token_csr": 1, "draft_decode": 2, "dcp_token_csr": 3, "dcp_page_table": 4,
+                 "mha_page_table": 5, "translated_page_table": 6}
 
 # ``KVDISPATCH_PDL``: what ``enable_pdl=None`` means. Read at import and by ``reset()``, not per call (an
 # environment lookup costs more host time than a whole call's checks).

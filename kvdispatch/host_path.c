@@ -1,5 +1,7 @@
-// The host path of both index builders in C: the validator's hot-path checks, the launch-plan lookup, the
-// argument packing and the kernel launch, for a call whose plan the Python path has already built.
+// The host path of the index builders in C: for the page table and the token CSR, the validator's hot-path
+// checks, the launch-plan lookup, the argument packing and the kernel launch, for a call whose plan the
+// Python path has already built; for the other ops, the replay of the launch the Python path made for a call
+// of the same key.
 //
 // Built at first use by kvdispatch/host_path.py with the system's C compiler; only the
 // Python C API (3.9+) is used: no torch or CUDA headers. Tensor metadata is read through the tensors'
@@ -9,6 +11,9 @@
 // Two launchers register plans here: Triton's (kernels_triton/native.py) and CuPy's (kernels_cupy/native.py).
 // The selector's approval of (op, device, requested backend) names the launcher; the call's key, the plan
 // and the parameter order are that launcher's.
+//
+// The other ops have one generic entry, replay(op, backend, ...): see "Replay plans" below; validation
+// stays in Python.
 //
 // page_table(...) and token_csr(...) return `out` after launching, or NotImplemented whenever anything is
 // not exactly the plain valid case they know (an unexpected type, a failed check, no plan, another current
@@ -35,13 +40,14 @@ typedef int (*context_fn)(void **context);
 // Values shared with the Python side come from kvdispatch/host_path.py (shared_defines) as -D options:
 // the op codes (host_path.OPS), the launcher codes (host_path.LAUNCHERS), the largest page size
 // (kvdispatch.grid.MAX_PAGE_SIZE) and host_path.WIDE.
-#if !defined(OP_PAGE_TABLE) || !defined(OP_TOKEN_CSR) || !defined(LAUNCHER_TRITON) || !defined(LAUNCHER_CUPY) || \
-    !defined(MAX_PAGE_SIZE) || !defined(WIDE)
+#if !defined(OP_PAGE_TABLE) || !defined(OP_TOKEN_CSR) || !defined(OP_COUNT) || !defined(LAUNCHER_TRITON) || \
+    !defined(LAUNCHER_CUPY) || !defined(MAX_PAGE_SIZE) || !defined(WIDE)
 #error "built by kvdispatch/host_path.py, which passes the values shared with Python as -D options"
 #endif
-#define MAX_PARAMS 24
-#if OP_PAGE_TABLE < 0 || OP_PAGE_TABLE > 1 || OP_TOKEN_CSR < 0 || OP_TOKEN_CSR > 1 || OP_PAGE_TABLE == OP_TOKEN_CSR
-#error "the op codes index approved[2]: they must be 0 and 1"
+#define MAX_PARAMS 32
+#if OP_PAGE_TABLE < 0 || OP_PAGE_TABLE > 1 || OP_TOKEN_CSR < 0 || OP_TOKEN_CSR > 1 || OP_PAGE_TABLE == OP_TOKEN_CSR || \
+    OP_COUNT < 2 || OP_COUNT > 16
+#error "the op codes index approved[OP_COUNT]: the page table and token CSR are 0 and 1, the replayed ops follow"
 #endif
 #if LAUNCHER_TRITON < 0 || LAUNCHER_TRITON > 1 || LAUNCHER_CUPY < 0 || LAUNCHER_CUPY > 1 || \
     LAUNCHER_TRITON == LAUNCHER_CUPY
@@ -63,7 +69,7 @@ static PyObject *s_dtype, *s_shape, *s_stride, *s_data_ptr, *s_get_device, *s_au
 // Which launcher the selector resolved (op, device, requested backend) to: 0 none, else its code + 1.
 #define MAX_DEVICES 64
 #define BACKEND_CODES 4  // None, "auto", "triton", "cupy"
-static unsigned char approved[2][MAX_DEVICES][BACKEND_CODES];
+static unsigned char approved[OP_COUNT][MAX_DEVICES][BACKEND_CODES];
 
 // The launch-plan keys. Triton's are its Python launchers' (page_table.plan_key_and_arguments,
 // token_csr.plan_key_and_arguments); CuPy's drop the fields its kernels take at run time
@@ -107,6 +113,9 @@ static plan *find_slot(const plan_key *key) {
     return NULL;  // unreachable: the table is never more than half full
 }
 
+// The replay plans (the ops without an entry of their own: replay()); -1 for every launcher or op.
+static void clear_replays(int launcher, int op);
+
 static void clear_plans_only(void) {
     memset(plans, 0, sizeof(plans));
     plan_count = 0;
@@ -114,6 +123,7 @@ static void clear_plans_only(void) {
 
 static void clear_all(void) {
     clear_plans_only();
+    clear_replays(-1, -1);
     memset(approved, 0, sizeof(approved));
 }
 
@@ -159,6 +169,7 @@ static PyObject *clear(PyObject *self, PyObject *unused) {
 static PyObject *clear_plans(PyObject *self, PyObject *args) {
     int launcher = -1, op = -1;
     if (!PyArg_ParseTuple(args, "|ii", &launcher, &op)) return NULL;
+    clear_replays(launcher, op);
     if (launcher < 0) {
         clear_plans_only();
         Py_RETURN_NONE;
@@ -195,7 +206,7 @@ static PyObject *approve(PyObject *self, PyObject *args) {
     if (!PyArg_ParseTuple(args, "ilOi", &op, &device, &backend, &launcher)) return NULL;
     int code = backend_code(backend);
     if (PyErr_Occurred()) return NULL;
-    if ((op == OP_PAGE_TABLE || op == OP_TOKEN_CSR) && device >= 0 && device < MAX_DEVICES && code >= 0)
+    if (op >= 0 && op < OP_COUNT && device >= 0 && device < MAX_DEVICES && code >= 0)
         approved[op][device][code] =
             (unsigned char)(launcher == LAUNCHER_TRITON || launcher == LAUNCHER_CUPY ? launcher + 1 : 0);
     Py_RETURN_NONE;
@@ -261,6 +272,7 @@ static PyObject *add_plan(PyObject *self, PyObject *args) {
 }
 
 typedef struct {
+    int dim;
     int64_t size[2], stride[2];
     uint64_t data;
     uint64_t span[2];  // [first byte, past the last) of its elements, as _validate._span; {0, 0} without any
@@ -277,8 +289,8 @@ static int overlaps_any(const tensor_info *a, const tensor_info *const *others, 
     return 0;
 }
 
-// What the validator's hot path reads, for a tensor of exactly `dim` dimensions on the launch device type.
-// Returns 0, or -1 with no error set when anything does not fit.
+// What the validator's hot path reads, for a tensor of exactly `dim` dimensions (-1: any up to 2) on the launch
+// device type. Returns 0, or -1 with no error set when anything does not fit.
 static int read_tensor(PyObject *t, int dim, tensor_info *info) {
     if (Py_TYPE(t) != (PyTypeObject *)tensor_type) return -1;
     PyObject *flag = PyObject_GetAttr(t, device_flag);
@@ -289,9 +301,11 @@ static int read_tensor(PyObject *t, int dim, tensor_info *info) {
     PyObject *stride = shape ? PyObject_CallMethodNoArgs(t, s_stride) : NULL;
     PyObject *data = stride ? PyObject_CallMethodNoArgs(t, s_data_ptr) : NULL;
     PyObject *device = data ? PyObject_CallMethodNoArgs(t, s_get_device) : NULL;
-    ok = device && PyTuple_Check(shape) && PyTuple_Check(stride) && PyTuple_GET_SIZE(shape) == dim &&
-         PyTuple_GET_SIZE(stride) == dim;
+    ok = device && PyTuple_Check(shape) && PyTuple_Check(stride) && PyTuple_GET_SIZE(shape) == PyTuple_GET_SIZE(stride);
+    if (ok && dim < 0) dim = (int)PyTuple_GET_SIZE(shape);
+    ok = ok && PyTuple_GET_SIZE(shape) == dim && dim <= 2;
     if (ok) {
+        info->dim = dim;
         for (int i = 0; i < dim; ++i) {
             info->size[i] = PyLong_AsLongLong(PyTuple_GET_ITEM(shape, i));
             info->stride[i] = PyLong_AsLongLong(PyTuple_GET_ITEM(stride, i));
@@ -348,12 +362,24 @@ static const plan *find_plan(plan_key *key) {
 // The launch of plan `p` for a call on `device` with `batch` rows: current-context check, stream query,
 // launch. `values` holds the kernel's `count` arguments; Triton's kernels take two more (scratch pointers,
 // passed as 0), CuPy's exactly these. Returns a new reference to `result`, or NotImplemented.
+static PyObject *launch_on(long device, void *context, uint64_t function, const unsigned grid[3], unsigned threads,
+                           unsigned shared, uint64_t *values, unsigned param_count, PyObject *result);
+
 static PyObject *launch_plan(const plan *p, long device, int64_t batch, uint64_t *values, unsigned count,
                              PyObject *result) {
     if (p->key.launcher == LAUNCHER_CUPY ? p->param_count != count : p->param_count < count)
         Py_RETURN_NOTIMPLEMENTED;
+    const unsigned grid[3] = {(unsigned)batch, p->grid_y, p->grid_z};
+    return launch_on(device, p->context, p->function, grid, p->threads, p->shared, values, p->param_count, result);
+}
+
+// The launch of `function` (loaded in `context`, which must be the current one) with the `param_count` values
+// as its parameters, on the current stream of `device`. Returns a new reference to `result`, or NotImplemented.
+static PyObject *launch_on(long device, void *context, uint64_t function_handle, const unsigned grid[3],
+                           unsigned threads, unsigned shared, uint64_t *values, unsigned param_count,
+                           PyObject *result) {
     void *ctx = NULL;
-    if (current_context(&ctx) != 0 || ctx != p->context) Py_RETURN_NOTIMPLEMENTED;
+    if (current_context(&ctx) != 0 || ctx != context) Py_RETURN_NOTIMPLEMENTED;
     PyObject *index = PyLong_FromLong(device);
     PyObject *stream_obj = index ? PyObject_CallOneArg(stream_query, index) : NULL;
     Py_XDECREF(index);
@@ -362,13 +388,11 @@ static PyObject *launch_plan(const plan *p, long device, int64_t batch, uint64_t
     Py_DECREF(stream_obj);
     if (PyErr_Occurred()) return NULL;
     void *params[MAX_PARAMS];
-    for (unsigned i = 0; i < p->param_count; ++i) params[i] = &values[i];
-    void *function = (void *)(uintptr_t)p->function;
-    unsigned grid_x = (unsigned)batch, grid_y = p->grid_y, grid_z = p->grid_z, threads = p->threads,
-             shared = p->shared;
+    for (unsigned i = 0; i < param_count; ++i) params[i] = &values[i];
+    void *function = (void *)(uintptr_t)function_handle;
     int rc;
     Py_BEGIN_ALLOW_THREADS;
-    rc = launch_kernel(function, grid_x, grid_y, grid_z, threads, 1, 1, shared, (void *)(uintptr_t)stream, params,
+    rc = launch_kernel(function, grid[0], grid[1], grid[2], threads, 1, 1, shared, (void *)(uintptr_t)stream, params,
                        NULL);
     Py_END_ALLOW_THREADS;
     if (rc != 0) Py_RETURN_NOTIMPLEMENTED;  // the Python path makes this call and reports what it finds
@@ -533,6 +557,238 @@ static PyObject *token_csr(PyObject *self, PyObject *const *args, Py_ssize_t nar
     return launch_plan(p, device, batch, values, count, args[4]);
 }
 
+// ---- Replay plans: the ops without an entry of their own (host_path.REPLAYED) -----------------------------
+//
+// After the Python path has validated a call of such an op and launched exactly one kernel for it,
+// add_replay() stores that launch under the call's replay key: the op, the requested backend, the launcher
+// the selector resolved them to, then each public argument in the API's order: a tensor's dtype, device,
+// shape, strides and whether its data is 16-byte aligned; None; an exact int or bool's value. The launch's
+// parameters are fixed values but for its pointer slots (parameter -> argument whose data_ptr() goes there).
+// replay() computes the key of a call, finds the plan, checks what depends on the pointers only (the
+// declared outputs share no byte with any other tensor argument, as the validator requires; the current
+// context) and launches with the call's pointers in the slots. Anything else: NotImplemented.
+
+#define MAX_ARGS 16
+#define MAX_KEY_WORDS 96  // 3 header words, then at most 9 per argument (2-D tensors); the longest op needs 72
+#define REPLAY_SLOTS 4096 // open addressing, at most half full
+#define KEY_TENSOR 1
+#define KEY_NONE 2
+#define KEY_INT 3
+#define KEY_BOOL 4
+
+typedef struct {
+    int used, key_len;
+    int64_t key[MAX_KEY_WORDS];
+    void *context;
+    uint64_t function;
+    unsigned grid[3], threads, shared, param_count, slot_count, arg_count;
+    uint64_t values[MAX_PARAMS];
+    unsigned char slot_param[MAX_PARAMS], slot_arg[MAX_PARAMS];
+    uint32_t outputs;             // bit i: argument i is an output
+    uint64_t extent[MAX_ARGS];    // bytes from a tensor argument's first element to past its last (0: none)
+    unsigned char result_arg;     // the argument replay() returns
+} replay_plan;
+
+static replay_plan replays[REPLAY_SLOTS];
+static int replay_count = 0;
+
+// What replay() reads of one argument: whether it is a tensor, and its data pointer.
+typedef struct {
+    int is_tensor;
+    uint64_t data;
+} arg_info;
+
+static uint64_t hash_words(const int64_t *words, int count) {
+    uint64_t h = 1469598103934665603ull;
+    for (int i = 0; i < count; ++i) h = (h ^ (uint64_t)words[i]) * 1099511628211ull;
+    return h;
+}
+
+static replay_plan *find_replay_slot(const int64_t *key, int len) {
+    uint64_t slot = hash_words(key, len) % REPLAY_SLOTS;
+    for (int probe = 0; probe < REPLAY_SLOTS; ++probe, slot = (slot + 1) % REPLAY_SLOTS) {
+        replay_plan *p = &replays[slot];
+        if (!p->used || (p->key_len == len && memcmp(p->key, key, len * sizeof(int64_t)) == 0)) return p;
+    }
+    return NULL;  // unreachable: the table is never more than half full
+}
+
+// key[0..2]: op, backend code, launcher (key[2] is the launcher word).
+static void clear_replays(int launcher, int op) {
+    if (replay_count == 0) return;  // nothing to forget (every slot is unused)
+    if (launcher < 0) {
+        memset(replays, 0, sizeof(replays));
+        replay_count = 0;
+        return;
+    }
+    static replay_plan kept[REPLAY_SLOTS / 2];
+    int count = 0;
+    for (int i = 0; i < REPLAY_SLOTS; ++i)
+        if (replays[i].used && (replays[i].key[2] != launcher || (op >= 0 && replays[i].key[0] != op)))
+            kept[count++] = replays[i];
+    if (count == replay_count) return;  // none of theirs
+    memset(replays, 0, sizeof(replays));
+    for (int i = 0; i < count; ++i) *find_replay_slot(kept[i].key, kept[i].key_len) = kept[i];
+    replay_count = count;
+}
+
+// The replay key of `count` public arguments (the launcher word key[2] left 0), each argument's info and
+// tensor byte extent (NULL: not wanted), and the device of the first (a tensor). Returns the key's length,
+// or 0 (no error set) when an argument is none of the kinds a key holds.
+static int replay_key(int op, int backend, PyObject *const *args, Py_ssize_t count, int64_t *key, arg_info *infos,
+                      uint64_t *extents, long *device) {
+    if (count < 1 || count > MAX_ARGS) return 0;
+    int len = 0;
+    key[len++] = op, key[len++] = backend, key[len++] = 0;
+    for (Py_ssize_t i = 0; i < count; ++i) {
+        PyObject *a = args[i];
+        infos[i].is_tensor = 0, infos[i].data = 0;
+        if (extents) extents[i] = 0;
+        if (a == Py_None) {
+            key[len++] = KEY_NONE;
+        } else if (a == Py_True || a == Py_False) {
+            key[len++] = KEY_BOOL, key[len++] = a == Py_True;
+        } else if (PyLong_CheckExact(a)) {
+            int overflow = 0;
+            long long v = PyLong_AsLongLongAndOverflow(a, &overflow);
+            if (overflow || (v == -1 && PyErr_Occurred())) {
+                PyErr_Clear();
+                return 0;
+            }
+            key[len++] = KEY_INT, key[len++] = v;
+        } else {
+            tensor_info t;
+            if (read_tensor(a, -1, &t) || t.dtype == 0) return 0;
+            if (i == 0) *device = t.device;
+            key[len++] = KEY_TENSOR, key[len++] = t.dtype, key[len++] = t.device, key[len++] = t.dim;
+            for (int d = 0; d < t.dim; ++d) key[len++] = t.size[d], key[len++] = t.stride[d];
+            key[len++] = t.data % 16 == 0;
+            infos[i].is_tensor = 1, infos[i].data = t.data;
+            if (extents) {  // as _validate._span, from the metadata alone
+                uint64_t elements = 1;
+                for (int d = 0; d < t.dim; ++d) {
+                    if (t.size[d] == 0) elements = 0;
+                    if (elements) elements += (uint64_t)(t.size[d] - 1) * (uint64_t)t.stride[d];
+                }
+                extents[i] = elements * (t.dtype == 2 ? 8 : 4);
+            }
+        }
+        if (len > MAX_KEY_WORDS - 9) return 0;
+    }
+    return infos[0].is_tensor ? len : 0;
+}
+
+// add_replay(op, backend, args, launcher, context, function, grid, threads, shared, values, slots, outputs)
+//   -> added
+// args: the public arguments of the call just launched (tuple, the API's order, as replay() takes them);
+// grid: (x, y, z); values: the kernel's parameters as 64-bit words (tuple of ints); slots: ((parameter,
+// argument), ...) for each parameter that is an argument's data pointer (its value must be that pointer);
+// outputs: the indices of the output arguments, the first being what replay() returns.
+static PyObject *add_replay(PyObject *self, PyObject *args) {
+    int op, launcher;
+    PyObject *backend, *call_args, *values, *slots, *outputs;
+    unsigned long long ctx, function;
+    unsigned grid[3], threads, shared;
+    if (!PyArg_ParseTuple(args, "iOO!iKK(III)IIO!O!O!", &op, &backend, &PyTuple_Type, &call_args, &launcher, &ctx,
+                          &function, &grid[0], &grid[1], &grid[2], &threads, &shared, &PyTuple_Type, &values,
+                          &PyTuple_Type, &slots, &PyTuple_Type, &outputs))
+        return NULL;
+    int code = backend_code(backend);
+    if (PyErr_Occurred()) return NULL;
+    Py_ssize_t count = PyTuple_GET_SIZE(call_args), param_count = PyTuple_GET_SIZE(values);
+    Py_ssize_t slot_count = PyTuple_GET_SIZE(slots), output_count = PyTuple_GET_SIZE(outputs);
+    if (op < 2 || op >= OP_COUNT || (launcher != LAUNCHER_TRITON && launcher != LAUNCHER_CUPY) || code < 0 ||
+        param_count > MAX_PARAMS || slot_count > param_count || output_count < 1 || count > MAX_ARGS)
+        Py_RETURN_FALSE;
+    replay_plan plan;
+    memset(&plan, 0, sizeof(plan));
+    arg_info infos[MAX_ARGS];
+    long device = -1;
+    plan.key_len = replay_key(op, code, &PyTuple_GET_ITEM(call_args, 0), count, plan.key, infos, plan.extent,
+                              &device);
+    if (plan.key_len == 0) Py_RETURN_FALSE;
+    plan.key[2] = launcher;
+    for (Py_ssize_t i = 0; i < param_count; ++i)
+        plan.values[i] = PyLong_AsUnsignedLongLongMask(PyTuple_GET_ITEM(values, i));
+    for (Py_ssize_t i = 0; i < slot_count; ++i) {
+        PyObject *pair = PyTuple_GET_ITEM(slots, i);
+        if (!PyTuple_Check(pair) || PyTuple_GET_SIZE(pair) != 2) Py_RETURN_FALSE;
+        long parameter = PyLong_AsLong(PyTuple_GET_ITEM(pair, 0)), argument = PyLong_AsLong(PyTuple_GET_ITEM(pair, 1));
+        if (PyErr_Occurred()) return NULL;
+        // A slot names a tensor argument whose pointer the recorded launch passed there.
+        if (parameter < 0 || parameter >= param_count || argument < 0 || argument >= count ||
+            !infos[argument].is_tensor || plan.values[parameter] != infos[argument].data)
+            Py_RETURN_FALSE;
+        plan.slot_param[i] = (unsigned char)parameter, plan.slot_arg[i] = (unsigned char)argument;
+    }
+    for (Py_ssize_t i = 0; i < output_count; ++i) {
+        long argument = PyLong_AsLong(PyTuple_GET_ITEM(outputs, i));
+        if (PyErr_Occurred()) return NULL;
+        if (argument < 0 || argument >= count) Py_RETURN_FALSE;
+        if (i == 0) plan.result_arg = (unsigned char)argument;
+        plan.outputs |= 1u << argument;
+    }
+    if (PyErr_Occurred()) return NULL;
+    plan.used = 1;
+    plan.context = (void *)(uintptr_t)ctx;
+    plan.function = function;
+    memcpy(plan.grid, grid, sizeof(grid));
+    plan.threads = threads, plan.shared = shared, plan.param_count = (unsigned)param_count;
+    plan.slot_count = (unsigned)slot_count, plan.arg_count = (unsigned)count;
+    replay_plan *p = find_replay_slot(plan.key, plan.key_len);
+    if (p == NULL) Py_RETURN_FALSE;
+    if (!p->used) {
+        if (replay_count * 2 >= REPLAY_SLOTS) Py_RETURN_FALSE;  // full: such calls stay on the Python path
+        ++replay_count;
+    }
+    *p = plan;
+    Py_RETURN_TRUE;
+}
+
+// Whether an output argument of `p` shares a byte with any other tensor argument (the byte ranges from each
+// data pointer over its extent; an empty one meets none), as the validator's overlap check finds.
+static int outputs_overlap(const replay_plan *p, const arg_info *infos) {
+    for (unsigned o = 0; o < p->arg_count; ++o) {
+        if (!(p->outputs >> o & 1) || !infos[o].data || !p->extent[o]) continue;
+        uint64_t begin = infos[o].data, end = begin + p->extent[o];
+        for (unsigned i = 0; i < p->arg_count; ++i) {
+            if (i == o || !infos[i].data || !p->extent[i]) continue;  // a null pointer: no memory
+            if (infos[i].data < end && begin < infos[i].data + p->extent[i]) return 1;
+        }
+    }
+    return 0;
+}
+
+// replay(op, backend, *public arguments): the call's launch from its replay plan; returns the op's first
+// output, or NotImplemented (no plan, not approved, an output overlapping another argument, another current
+// context, a failed launch), and the Python path serves the call.
+static PyObject *replay(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs < 3 || launch_kernel == NULL) Py_RETURN_NOTIMPLEMENTED;
+    int64_t op;
+    if (!small_int(args[0], 2, OP_COUNT - 1, &op)) Py_RETURN_NOTIMPLEMENTED;
+    int backend = backend_code(args[1]);
+    if (backend < 0) {
+        PyErr_Clear();
+        Py_RETURN_NOTIMPLEMENTED;
+    }
+    int64_t key[MAX_KEY_WORDS];
+    arg_info infos[MAX_ARGS];
+    long device = -1;
+    int len = replay_key((int)op, backend, args + 2, nargs - 2, key, infos, NULL, &device);
+    if (len == 0 || device < 0 || device >= MAX_DEVICES || !approved[op][device][backend]) Py_RETURN_NOTIMPLEMENTED;
+    key[2] = approved[op][device][backend] - 1;
+    const replay_plan *p = find_replay_slot(key, len);
+    if (p == NULL || !p->used || outputs_overlap(p, infos)) Py_RETURN_NOTIMPLEMENTED;
+    uint64_t values[MAX_PARAMS];
+    memcpy(values, p->values, sizeof(values));
+    for (unsigned i = 0; i < p->slot_count; ++i) values[p->slot_param[i]] = infos[p->slot_arg[i]].data;
+    return launch_on(device, p->context, p->function, p->grid, p->threads, p->shared, values, p->param_count,
+                     args[2 + p->result_arg]);
+}
+
+// replay_plan_count(): the replay plans held.
+static PyObject *replay_plan_count(PyObject *self, PyObject *unused) { return PyLong_FromLong(replay_count); }
+
 static PyMethodDef methods[] = {
     {"configure", configure, METH_VARARGS,
      "configure(launch address, context address, stream query, tensor type, int32, int64, device flag)"},
@@ -549,6 +805,11 @@ static PyMethodDef methods[] = {
      "the public token-CSR call's arguments; returns out, or NotImplemented"},
     {"page_table", (PyCFunction)(void (*)(void))page_table, METH_FASTCALL,
      "the public page-table call's arguments; returns out, or NotImplemented"},
+    {"add_replay", add_replay, METH_VARARGS,
+     "add_replay(op, backend, args, launcher, context, function, grid, threads, shared, values, slots, outputs)"},
+    {"replay", (PyCFunction)(void (*)(void))replay, METH_FASTCALL,
+     "replay(op, backend, *public arguments): launches from the call's replay plan, or returns NotImplemented"},
+    {"replay_plan_count", replay_plan_count, METH_NOARGS, "the replay plans held"},
     {NULL, NULL, 0, NULL}};
 
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "kvdispatch_host_path", NULL, -1, methods};

@@ -1,4 +1,4 @@
-"""The host path of both index builders in C (``host_path.c``), for calls whose launch plan exists, whichever
+"""The host path of the index builders in C (``host_path.c``), for calls whose launch plan exists, whichever
 launcher made the plan: Triton's (``kernels_triton/native.py``) or CuPy's (``kernels_cupy/native.py``).
 
 The Python path of one public call costs about 1.6x ``x.add_(1)`` of host time on an H200 host with Triton
@@ -8,6 +8,15 @@ per op (0.9x ``add_`` for the page table, measured with ``benchmarks/native_laun
 only when it is exactly a case the Python path has already launched: same device, selection (which names the
 launcher: ``on_selected``), shape key and current context. For anything else it returns ``NotImplemented``
 and the Python path runs, so errors, fallbacks and first calls are unchanged.
+
+The other ops (``REPLAYED``) have one generic entry, ``replay``: validation stays in Python. A call of such
+an op that the Python path validated and served with exactly one launch (``call_and_register``: the backends
+describe what they launch while ``recording()``) leaves that launch as the replay plan of the call's key:
+the op, the requested backend, the launcher, and each public argument's dtype, device, shape, strides and
+16-byte alignment, None, or exact int or bool value. Its parameters are kept as words, but for the pointer
+slots: the parameters that are an argument's tensor (``register_replay``). A later call of the same key
+gets that launch with its own pointers, once C has found each output apart from every other tensor
+argument (``REPLAYED`` names the outputs) and the plan's context current.
 
 It is built at first use with the system's C compiler (``CC``, else ``cc``, ``gcc`` or ``clang``) and
 Python's headers, once per source and Python version, into the build cache (``kvdispatch._build_cache``:
@@ -39,18 +48,27 @@ import subprocess
 import sys
 import sysconfig
 import threading
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
-from . import _build_cache, devices
+from . import _build_cache, devices, dispatch
 from . import grid as launch_grid
 from ._env import flag
 
 SOURCE = Path(__file__).with_name("host_path.c")
 MODULE_NAME = "kvdispatch_host_path"
 DTYPE_CODES = {None: 0, torch.int32: 1, torch.int64: 2}
-OPS = {"page_table": 0, "token_csr": 1}  # host_path.c's OP_PAGE_TABLE, OP_TOKEN_CSR (shared_defines)
+# host_path.c's op codes (shared_defines): OP_PAGE_TABLE, OP_TOKEN_CSR (entries of their own), then the ops
+# replay() takes (REPLAYED); OP_COUNT of them. The API reads them from dispatch without importing this module.
+OPS = dispatch.HOST_PATH_OPS
+# The ops the generic replay entry takes, each with the positions of its output arguments among the public
+# call's arguments as ``replay()`` takes them (the API's order, ``backend`` and ``enable_pdl`` left out), the
+# first being the one the call returns. Every output must share no byte with any other tensor argument
+# (``kvdispatch._validate``: outputs apart from the inputs and from each other); C checks that per call.
+REPLAYED = {"draft_decode": (4, 3), "dcp_token_csr": (4,), "dcp_page_table": (3,), "mha_page_table": (3, 5),
+            "translated_page_table": (4,)}
 # The launchers whose plans it takes, by the backend names that select them: LAUNCHER_TRITON, LAUNCHER_CUPY.
 LAUNCHERS = {"triton": 0, "cupy": 1}
 # A size or stride this large does not fit the 32-bit fields the Triton kernels pack their parameters into
@@ -81,6 +99,7 @@ def shared_defines() -> tuple[str, ...]:
     values = {
         "OP_PAGE_TABLE": OPS["page_table"],
         "OP_TOKEN_CSR": OPS["token_csr"],
+        "OP_COUNT": len(OPS),
         "LAUNCHER_TRITON": LAUNCHERS["triton"],
         "LAUNCHER_CUPY": LAUNCHERS["cupy"],
         "MAX_PAGE_SIZE": launch_grid.MAX_PAGE_SIZE,
@@ -186,10 +205,9 @@ def load(device_index: int | None = None):
                 configure(module)
                 for (op, index, backend), launcher in _approved.items():
                     module.approve(OPS[op], index, backend, LAUNCHERS[launcher])
-                from . import dispatch  # noqa: PLC0415  (it imports the backends' descriptors)
-
                 dispatch.fast_page_table = module.page_table
                 dispatch.fast_token_csr = module.token_csr
+                dispatch.fast_replay = module.replay
                 _module = module
             except Exception as exc:  # any failure: the Python path serves
                 _failure = f"{type(exc).__name__}: {exc}"
@@ -247,3 +265,68 @@ def add_plan(launcher: str, op: str, key: tuple, context: int, function: int, gr
                    for field in key)
     return _module.add_plan(LAUNCHERS[launcher], OPS[op], fields, context, function, grid_y, grid_z, threads, shared,
                             param_count, items, flags)
+
+
+# Replay plans (the ops in ``REPLAYED``): while the Python path serves one such call, the backends append a
+# ``describe()`` for each kernel they launch to the calling thread's list here (``recording()``); a call
+# that launched exactly one kernel that can be described registers its launch (``call_and_register``).
+_recording = threading.local()
+
+
+@dataclass(frozen=True)
+class Launch:
+    """One kernel launch as ``cuLaunchKernel`` takes it: the kernel ``function`` loaded in ``context``, on
+    ``grid`` (x, y, z) with ``threads`` per block and ``shared`` bytes of dynamic shared memory. ``params``:
+    its parameters in order, each a tensor (its ``data_ptr()`` is passed) or an int (passed as a 64-bit word;
+    a 32-bit parameter reads its low half)."""
+
+    launcher: str
+    context: int
+    function: int
+    grid: tuple
+    threads: int
+    shared: int
+    params: tuple
+
+
+def recording() -> list | None:
+    """The list the backend appends a ``describe()`` (returning a ``Launch``, or None where the C path cannot
+    launch that kernel) to for each launch, while a call may register a replay plan; None otherwise."""
+    return getattr(_recording, "launches", None)
+
+
+def call_and_register(op: str, backend, args: tuple, call) -> None:
+    """``call()`` (the Python path's dispatch of one validated call of ``op``, whose public arguments are
+    ``args``, as ``replay()`` takes them), then, if it launched exactly one kernel that can be described,
+    that launch as the replay plan of its key. What registering finds wrong only means no plan."""
+    launches = _recording.launches = []
+    try:
+        call()
+    finally:
+        _recording.launches = None
+    if len(launches) == 1:
+        launch = launches[0]()
+        if launch is not None:
+            register_replay(op, backend, args, launch)
+
+
+def register_replay(op: str, backend, args: tuple, launch: Launch) -> bool:
+    """Register ``launch`` (what the Python path launched for the call with public arguments ``args``) as the
+    replay plan of the call's key; returns whether the C path took it. Each tensor among the parameters must
+    be exactly one of the arguments (by identity): its parameter becomes that argument's pointer slot."""
+    if _module is None:
+        return False
+    values, slots = [], []
+    for index, value in enumerate(launch.params):
+        if isinstance(value, torch.Tensor):
+            owners = [i for i, arg in enumerate(args) if arg is value]
+            if len(owners) != 1:  # derived from an argument, or passed twice: its pointer has no one source
+                return False
+            slots.append((index, owners[0]))
+            value = value.data_ptr()
+        elif type(value) is not int:
+            return False
+        values.append(value % 2**64)
+    return _module.add_replay(OPS[op], backend, tuple(args), LAUNCHERS[launch.launcher], launch.context,
+                              launch.function, tuple(launch.grid), launch.threads, launch.shared, tuple(values),
+                              tuple(slots), REPLAYED[op])

@@ -27,12 +27,17 @@ def test_host_path_defines_match_the_python_constants():
     assert values == {
         "OP_PAGE_TABLE": str(host_path.OPS["page_table"]),
         "OP_TOKEN_CSR": str(host_path.OPS["token_csr"]),
+        "OP_COUNT": str(len(host_path.OPS)),
         "LAUNCHER_TRITON": str(host_path.LAUNCHERS["triton"]),
         "LAUNCHER_CUPY": str(host_path.LAUNCHERS["cupy"]),
         "MAX_PAGE_SIZE": str(grid.MAX_PAGE_SIZE),
         "WIDE": f"{launch.WIDE}LL",
     }
-    assert sorted(host_path.OPS.values()) == [0, 1]  # they index approved[2] in the C source
+    # They index approved[OP_COUNT] in the C source; the ops with entries of their own are 0 and 1, the replayed
+    # ones (codes from 2) follow.
+    assert sorted(host_path.OPS.values()) == list(range(len(host_path.OPS)))
+    assert {host_path.OPS["page_table"], host_path.OPS["token_csr"]} == {0, 1}
+    assert set(host_path.REPLAYED) == set(host_path.OPS) - {"page_table", "token_csr"}
     assert sorted(host_path.LAUNCHERS.values()) == [0, 1]
 
 

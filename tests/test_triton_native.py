@@ -436,9 +436,12 @@ def test_parameter_count_needs_the_plain_case():
         assert launch.native_parameter_count(compiled(**change), 17) is None, change
     hip = type("Target", (), {"backend": "hip", "warp_size": 64})()
     assert launch.native_parameter_count(compiled(target=hip), 17) is None
-    narrow_ptx = entry.replace(".u64 k_param_3", ".u32 k_param_3")
-    narrow = type("Compiled", (), {"metadata": Metadata(), "asm": {"ptx": narrow_ptx}})()
-    assert launch.native_parameter_count(narrow, 17) is None
+    # A 32-bit int reads the low half of the 64-bit word the C path passes (little-endian); narrower ones are
+    # not taken.
+    for width, taken in ((".u32", True), (".b32", True), (".u16", False), (".u8", False), (".f32", False)):
+        narrow_ptx = entry.replace(".u64 k_param_3", f"{width} k_param_3")
+        narrow = type("Compiled", (), {"metadata": Metadata(), "asm": {"ptx": narrow_ptx}})()
+        assert launch.native_parameter_count(narrow, 17) == (19 if taken else None), width
 
 
 def test_builds_once_into_the_cache(tmp_path, monkeypatch):
@@ -660,6 +663,7 @@ def hip_loading(built, monkeypatch):
     monkeypatch.setattr(torch._C, "_cuda_getCurrentRawStream", lambda index: STREAM_BASE + index, raising=False)
     monkeypatch.setattr(dispatch, "fast_page_table", None)
     monkeypatch.setattr(dispatch, "fast_token_csr", None)
+    monkeypatch.setattr(dispatch, "fast_replay", None)
     monkeypatch.delenv(host_path.HIP_HOST_PATH_ENV, raising=False)
     return Sim(monkeypatch), stubs, opened
 
@@ -693,6 +697,7 @@ def test_the_probe_vendor_picks_the_driver(hip_loading, monkeypatch, raw, librar
     assert opened == [(library, raw == "MI300X")]  # only the HIP runtime is looked up among the loaded files
     assert host_path.current_context() == CONTEXT  # the context query is the driver's (here the stub)
     assert dispatch.fast_page_table == module.page_table and dispatch.fast_token_csr == module.token_csr
+    assert dispatch.fast_replay == module.replay
 
 
 def test_amd_plan_launches_with_its_wavefronts(stubs, monkeypatch):
