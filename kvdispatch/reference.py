@@ -72,7 +72,7 @@ def _page_reads(req_to_token, req_pool_indices, lengths, width, page_size, lengt
 def _store(target, live, values):
     """``target`` gets ``values`` where ``live`` (all ``[B, W]`` or ``[N]``) and keeps its values elsewhere;
     ``values`` of another dtype are cast as ``Tensor.to`` casts (int32: the low 32 bits)."""
-    if values.dtype == target.dtype:
+    if torch.promote_types(values.dtype, target.dtype) == target.dtype:
         torch.where(live, values, target, out=target)
     else:
         target.copy_(torch.where(live, values, target))
@@ -324,68 +324,89 @@ def build_draft_decode_indices(req_to_token, req_pool_indices, seq_lens, kv_indp
     device = out.device
     cap = draft_prefix_cap(window_size, sink_size)
     lengths = seq_lens[:batch].long().clamp(-BOUND, BOUND)
-    counts = lengths.clamp(0, cap)  # [B]
-    request = torch.arange(segments, device=device) // topk
-    branch = torch.arange(segments, device=device) % topk
-    draft = torch.arange(1, steps + 1, device=device)  # it, per step
+    counts = lengths.clamp(0, cap)  # n_b, [B]
     before = (torch.cumsum(counts, 0) - counts).clamp(max=DRAFT_OFFSET_LIMIT)  # exact: < 2**31 terms of <= 2**32
-    offsets = (before[request] * topk)[None, :] + (request * topk)[None, :] * draft[:, None] \
-        + branch[None, :] * (counts[request][None, :] + draft[:, None])
-    offsets = offsets.clamp(max=DRAFT_OFFSET_LIMIT)  # [S, B*K]
-    ends = (offsets + counts[request][None, :] + draft[:, None]).clamp(max=DRAFT_OFFSET_LIMIT)
+    draft = torch.arange(1, steps + 1, device=device)[:, None]  # it, per step
+    segment_number = torch.arange(1, segments + 1, device=device)  # z + 1
+    # end(s, z) = offset(s, z) + n_b + it = K * before_b + (k + 1) * n_b + (z + 1) * it: each step's segments lie
+    # back to back, segment z + 1 starting where z ends.
+    first_step_part = torch.addcmul((before * topk)[:, None], counts[:, None],
+                                    torch.arange(1, topk + 1, device=device)).view(-1)  # [B*K]
+    ends = torch.addcmul(first_step_part, segment_number, draft).clamp_(max=DRAFT_OFFSET_LIMIT)  # [S, B*K]
 
     indptr_rows = kv_indptr[:steps]
     if positions is None:
         indptr_values = ends
     else:
         counted = positions[:segments].long().clamp(0, cap)
-        through = torch.cumsum(counted, 0).clamp(max=DRAFT_OFFSET_LIMIT)  # exact, as `before`
-        segment_number = torch.arange(1, segments + 1, device=device)
-        indptr_values = (through[None, :] + segment_number[None, :] * draft[:, None]).clamp(max=DRAFT_OFFSET_LIMIT)
-    indptr_rows[:, 1: segments + 1] = indptr_values.to(kv_indptr.dtype)
+        through = torch.cumsum(counted, 0).clamp_(max=DRAFT_OFFSET_LIMIT)  # exact, as `before`
+        indptr_values = torch.addcmul(through, segment_number, draft).clamp_(max=DRAFT_OFFSET_LIMIT)
+    indptr_rows[:, 1: segments + 1] = indptr_values  # cast to kv_indptr's dtype as Tensor.to casts
     if write_indptr_start:
         indptr_rows[:, 0] = 0
 
-    width = out.shape[1]
-    if width == 0:
-        return out
-    column = torch.arange(width, device=device)
-    owner = torch.searchsorted(ends, column[None, :].expand(steps, width).contiguous(), right=True)  # [S, W]
-    inside = owner < segments
-    owner = owner.clamp(max=segments - 1)
-    entry = column[None, :] - torch.gather(offsets, 1, owner)  # < the segment's length where inside
-    b = request[owner]
-    length, count = lengths[b], counts[b]
-    sink = torch.clamp(count, max=sink_size) if window_size > 0 else count
-    in_prefix = entry < count
-    prefix_position = torch.where(entry < sink, entry, length - count + entry)
-    remainder = torch.fmod(length, page_size) if round_toward_zero else torch.remainder(length, page_size)
-    pages_per_branch = torch.div(remainder + steps + page_size - 1, page_size, rounding_mode="floor")
-    slot_start = length + branch[owner] * pages_per_branch * page_size
-    position = torch.where(in_prefix, prefix_position, slot_start + entry - count)
     rows, cols = req_to_token.shape
-    pool = req_pool_indices[:batch].long()[b]
-    readable = inside & (pool >= 0) & (pool < rows) & (position >= 0) & (position < cols)
-    if rows == 0 or cols == 0:
+    width = out.shape[1]
+    if width == 0 or rows == 0 or cols == 0:
         return out
-    values = req_to_token[torch.where(readable, pool, 0), torch.where(readable, position, 0)].long()
+    segment_table = _draft_segments(req_to_token, req_pool_indices[:batch], lengths, counts, topk, steps, page_size,
+                                    window_size > 0, sink_size, round_toward_zero)
+    column = torch.arange(width, device=device)
+    owner = torch.searchsorted(ends, column.expand(steps, width).contiguous(), right=True)  # [S, W], in [0, B*K]
+    # Segment z starts where z - 1 ends (segment 0 at 0); the row past the last segment starts at its end.
+    entry = column - torch.nn.functional.pad(ends, (1, 0)).gather(1, owner)
+    count, prefix_shift, window_shift, draft_shift, sink, pool = segment_table[owner].unbind(-1)
+    if window_size > 0:
+        prefix_shift = torch.where(entry < sink, prefix_shift, window_shift)
+    position = entry + torch.where(entry < count, prefix_shift, draft_shift)
+    clamped = position.clamp(0, cols - 1)
+    values = req_to_token[pool, clamped]
     if v2p is not None:
         values = _translated(values, v2p, page_size)
-    target = out[:steps]
-    target.copy_(torch.where(readable, values.to(out.dtype), target))
+    _store(out[:steps], clamped == position, values)
     return out
+
+
+def _draft_segments(req_to_token, req_pool_indices, lengths, counts, topk, steps, page_size, window, sink_size,
+                    round_toward_zero):
+    """Per draft segment ``z = b * K + k``, and one more row for the columns past the last segment: int64
+    ``[B*K + 1, 6]`` of ``(n_b, prefix shift, window shift, draft shift, sink_b, pool row)``.
+
+    An entry ``e`` of segment ``z`` reads position ``e + shift``: the prefix shift (0) for ``e < sink_b``, the
+    window shift (``L_b - n_b``) for ``sink_b <= e < n_b`` and the draft shift (``start - n_b``, ``start`` of
+    ``build_draft_decode_indices``) for ``e >= n_b``. A segment whose pool row lies outside ``[0, R)``, and the
+    last row, get shifts of at least ``BOUND``: every position they read lies past the table.
+    """
+    batch, device = counts.shape[0], counts.device
+    pool, outside = _clamped_pool(req_to_token, req_pool_indices)
+    window_shift = (lengths - counts).masked_fill_(outside, BOUND)  # [B]
+    branch = torch.arange(topk, device=device)
+    if page_size == 1:  # ceil((L mod 1 + S) / 1) * 1 == S
+        draft_shift = torch.add(window_shift[:, None], branch, alpha=steps)
+    else:
+        remainder = torch.fmod(lengths, page_size) if round_toward_zero else torch.remainder(lengths, page_size)
+        branch_room = (remainder + (steps + page_size - 1)) // page_size * page_size  # ceil((L mod P + S) / P) * P
+        draft_shift = torch.addcmul(window_shift[:, None], branch_room[:, None], branch)  # [B, K]
+    sink = counts.clamp(max=sink_size) if window else counts
+    table = torch.zeros((batch * topk + 1, 6), dtype=torch.int64, device=device)
+    table[-1, 3] = BOUND
+    per_request = [counts, outside * BOUND, window_shift, None, sink, pool]
+    columns = [draft_shift if c is None else c[:, None].expand(batch, topk) for c in per_request]
+    torch.stack(columns, -1, out=table[:-1].view(batch, topk, 6))
+    return table
 
 
 def _translated(values, v2p, page_size):
     """``v2p[x // P] * P + x % P`` (the low 64 bits of the exact value) for ``x >= 0`` with ``x // P`` inside
-    ``v2p`` and a non-negative entry there; 0 otherwise."""
+    ``v2p`` and a non-negative entry there; 0 otherwise. int64, the shape of ``values``."""
     size = v2p.shape[0]
-    page = torch.div(values, page_size, rounding_mode="floor")
-    inside = (values >= 0) & (page < size)
     if size == 0:
-        return torch.zeros_like(values)
-    mapped = v2p[torch.where(inside, page, 0)].long()
-    return torch.where(inside & (mapped >= 0), mapped * page_size + (values - page * page_size), 0)
+        return torch.zeros_like(values, dtype=torch.int64)
+    page = torch.div(values, page_size, rounding_mode="floor")
+    clamped = page.clamp(0, min(size - 1, torch.iinfo(page.dtype).max))
+    mapped = v2p[clamped].long()
+    translated = torch.add(torch.remainder(values, page_size), mapped, alpha=page_size)
+    return translated * ((clamped == page) & (mapped >= 0))
 
 
 def dcp_owned_counts(seq_lens, dcp_size, dcp_rank, kv_start_idx=None):
