@@ -72,7 +72,7 @@ def _page_reads(req_to_token, req_pool_indices, lengths, width, page_size, lengt
 def _store(target, live, values):
     """``target`` gets ``values`` where ``live`` (all ``[B, W]`` or ``[N]``) and keeps its values elsewhere;
     ``values`` of another dtype are cast as ``Tensor.to`` casts (int32: the low 32 bits)."""
-    if torch.promote_types(values.dtype, target.dtype) == target.dtype:
+    if values.dtype == target.dtype or target.dtype == torch.int64:  # the integer values promote to target's dtype
         torch.where(live, values, target, out=target)
     else:
         target.copy_(torch.where(live, values, target))
@@ -181,7 +181,7 @@ def _mapped(values, token_mapping):
 def _csr_reads(kv_indptr, count, max_count, pool, first, stride, total, limit):
     """Which request writes each position of a CSR output of ``total`` entries, and what it reads there.
 
-    Request ``b`` writes its ``count[b]`` tokens (int64 ``[B]``, in ``[0, max_count]``) from ``kv_indptr[b]``
+    Request ``b`` writes its ``count[b]`` tokens (int32/int64 ``[B]``, in ``[0, max_count]``) from ``kv_indptr[b]``
     on, those landing in ``[0, total)``; its token ``j`` reads position ``first[b] + j * stride`` of table row
     ``pool[b]`` (``first``: int64 ``[B]`` or an int; ``pool``: ``[B]``, inside ``[0, R)``).
 
@@ -198,19 +198,19 @@ def _csr_reads(kv_indptr, count, max_count, pool, first, stride, total, limit):
     begin = kv_indptr[:batch]
     # Exact from here on: below -max_count a row reaches no position, from total on it starts past them all.
     begin = begin.clamp(-max_count, total) if begin.dtype == torch.int64 else begin.long()
-    begin_sorted, by_start = torch.sort(begin)
-    reach, reach_at = torch.cummax((begin + count)[by_start], 0)  # [B]: farthest end among the first k starts
-    owner = by_start[reach_at]
     # Token j = t - begin[b] of row b, written at t, reads first[b] + (t - begin[b]) * stride.
     if torch.is_tensor(first):
         base = torch.sub(first, begin, alpha=stride)
     else:
         base = begin * -stride + first if first else begin * -stride
-    # Row k + 1: the owner of the first k + 1 starts; row 0 (reaching nothing) for positions before them all.
+    begin_sorted, by_start = torch.sort(begin)
+    rows = torch.stack([begin + count, pool, base], 1).index_select(0, by_start)  # [B, 3]: (end, pool, base)
+    reach_at = torch.cummax(rows[:, 0], 0).indices  # the row reaching farthest among the first k + 1 starts
+    # Row k + 1: that row, for the positions after k + 1 starts; row 0 (reaching nothing) before them all.
     owners = torch.zeros((batch + 1, 3), dtype=torch.int64, device=device)
-    torch.stack([reach, pool[owner], base[owner]], 1, out=owners[1:])
+    torch.index_select(rows, 0, reach_at, out=owners[1:])
     position = torch.arange(total, device=device)
-    found = owners[torch.searchsorted(begin_sorted, position, right=True)]  # [N, 3]
+    found = owners.index_select(0, torch.searchsorted(begin_sorted, position, right=True))  # [N, 3]
     written = position < found[:, 0]
     source = torch.add(found[:, 2], position, alpha=stride).clamp_(0, limit - 1)
     return written, found[:, 1], source
