@@ -1,6 +1,6 @@
 // Experiment (not shipped): the floor of any launcher, cuLaunchKernel from C with its parameters given as
 // ints. Built at run time by native_launch.py; see there. (Its first version, at 47b76d6, also did the checks
-// and the packing: that is kernels_triton/native_launch.c now.)
+// and the packing: that is kvdispatch/host_path.c now.)
 
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>

@@ -1,5 +1,5 @@
-"""Experiment: the host µs of the public page-table call through the compiled path (kernels_triton/
-native_launch.c) against what bounds it, in interleaved rounds:
+"""Experiment: the host µs of the public page-table call through the compiled path (kvdispatch/
+host_path.c) against what bounds it, in interleaved rounds:
 
 * ``x.add_(1)``, and a plain ``kernel[grid](...)`` of the 2-D baseline (the targets' references);
 * the public API as shipped (its compiled path), and its Python path (the compiled entry unset);
@@ -8,7 +8,7 @@ native_launch.c) against what bounds it, in interleaved rounds:
   attributes (what linking against torch would buy), where a torch extension builds.
 
 Written to decide whether to build the compiled path (its first version, at 47b76d6, did in its own C
-what kernels_triton/native_launch.c does now); each variant is checked against what the public API writes.
+what kvdispatch/host_path.c does now); each variant is checked against what the public API writes.
 
     PYTHONPATH=. python3 benchmarks/native_launch.py
 """
@@ -24,12 +24,11 @@ from pathlib import Path
 
 import torch
 
-import kernels_triton.native
 import kvdispatch
 from host_cost import host_case, host_us
 from kernels_triton import launch
 from kernels_triton import page_table as triton_page_table
-from kvdispatch import _baselines, dispatch
+from kvdispatch import _baselines, dispatch, host_path
 from perf_probe import interleaved_rounds, print_medians
 
 
@@ -70,8 +69,8 @@ def main() -> int:
     out = args[3]
     api = kvdispatch.create_flashmla_kv_indices
     api(*args, page_size=64)  # the plan exists: the next calls take the compiled path
-    taken = kernels_triton.native._module
-    print(f"compiled launcher: {'loaded' if taken else kernels_triton.native.failure()}")
+    taken = host_path._module
+    print(f"compiled launcher: {'loaded' if taken else host_path.failure()}")
     _baselines.grid_2d(*args, 64)
     x = torch.zeros(16, device="cuda")
 

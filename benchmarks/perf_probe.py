@@ -82,6 +82,18 @@ def time_case(title: str, rows: dict, measure, rounds: int, references: dict, wi
     return results
 
 
+API_ROW, BASELINE_ROW = "api (as shipped)", "2-D grid (SGLang design)"
+
+
+def time_against_api_and_baseline(case, x, variants: dict, rounds: int, width: int = 40) -> dict:
+    """``variants`` (``{name: fn}``) of ``case`` on the inputs ``x``, next to the op's API as shipped (Triton)
+    and its first SGLang-design baseline, timed by ``graph_us`` in interleaved rounds, with ratios to both."""
+    rows = {API_ROW: bench.bind(bench.API_PREFIX + "triton", x, case),
+            BASELINE_ROW: bench.bind(bench.TRITON_BASELINES[case.op][0], x, case), **variants}
+    return time_case(case.name, rows, functools.partial(graph_us, inputs=x), rounds,
+                     {"api": API_ROW, "2d": BASELINE_ROW}, width)
+
+
 def experiment_setup(default_cases: str, add_arguments=None):
     """The shared start of the experiment scripts: ``--cases`` and ``--rounds`` (plus what ``add_arguments``
     adds to the parser) parsed, the GPU's clocks warmed up; returns ``(options, device, cases)``."""

@@ -2,7 +2,8 @@
 
 ``build_page_table`` / ``build_token_indices`` take ``kvdispatch.reference``'s positional arguments
 (already validated, CUDA tensors on one device) and write ``out`` in place with one kernel launch on
-PyTorch's current stream.
+PyTorch's current stream. ``on_selected`` and ``on_deselected`` are the selector's hooks
+(``kvdispatch.dispatch``): they tell the compiled host path (``native.py``) which devices CuPy serves.
 
 Importing this package (or its descriptor, ``backend.py``, which ``import kvdispatch`` does) imports
 neither CuPy nor the kernel modules: the builders are imported from ``launch.py`` at their first access,
@@ -20,6 +21,8 @@ _OWNERS = {
     "build_draft_decode_indices": "launch",
     "build_dcp_token_indices": "launch",
     "build_dcp_page_table": "launch",
+    "on_deselected": "native",
+    "on_selected": "native",
 }
 
 __all__ = sorted(_OWNERS)

@@ -390,13 +390,27 @@ extern "C" __global__ void kv_translated_page_table(
 // the branch's draft slots and its kv_indptr entries. Without shared memory, every thread sums the prefix
 // lengths of the earlier requests itself (the same addresses for all threads of a block).
 
-// sum(min(max(values[i], 0), cap) for i < count), saturating at `limit` (>= cap): exact, never wraps.
+// Independent loads a draft thread keeps in flight: prefix tokens per pass (kvdispatch.grid gives each thread
+// four), lengths per pass of its sum.
+constexpr int kv_draft_unroll = 4;
+
+// sum(min(max(values[i], 0), cap) for i < count), saturating at `limit` (>= cap): exact, never wraps. The
+// kv_draft_unroll partial sums each saturate at `limit` (all terms are non-negative), so their total is below
+// kv_draft_unroll * limit <= 2**34.
 __device__ inline kv_i64 kv_counted_sum(const void* __restrict__ values, kv_i64 stride, kv_i64 count, kv_i64 cap,
                                         kv_i64 limit, int wide) {
+    kv_i64 partial[kv_draft_unroll] = {0};
+    for (kv_i64 i0 = 0; i0 < count; i0 += kv_draft_unroll) {
+#pragma unroll
+        for (int k = 0; k < kv_draft_unroll; ++k) {
+            const kv_i64 term = i0 + k < count ? kv_load_index(values, (i0 + k) * stride, wide) : 0;
+            partial[k] = kv_min(partial[k] + kv_min(kv_max(term, 0), cap), limit);
+        }
+    }
     kv_i64 total = 0;
-    for (kv_i64 i = 0; i < count; ++i)
-        total = kv_min(total + kv_min(kv_max(kv_load_index(values, i * stride, wide), 0), cap), limit);
-    return total;
+#pragma unroll
+    for (int k = 0; k < kv_draft_unroll; ++k) total += partial[k];
+    return kv_min(total, limit);
 }
 
 // A table value as out stores it: with v2p, v2p[x / P] * P + x % P (the low 64 bits of the exact value) for
@@ -451,14 +465,26 @@ extern "C" __global__ void kv_draft_decode(
     const bool wide_out = KV_HAS(KV_WIDE_OUT), translate = KV_HAS(KV_V2P), wide_v2p = KV_HAS(KV_WIDE_V2P);
 
     if (row_readable && first < count) {
-        const kv_i64 sink_tokens = kv_min(sink, count), last = kv_min(first + items, count);
-        for (kv_i64 i = first + threadIdx.x; i < last; i += blockDim.x) {
-            const kv_i64 q = i < sink_tokens ? i : length - count + i;
-            if (q >= cols) continue;
-            const kv_i64 v = kv_draft_value(row[q], page_size, v2p, v2p_len, translate, wide_v2p);
+        // Prefix token i reads position q = i below the sink, i + length - count past it (the window).
+        const kv_i64 sink_tokens = kv_min(sink, count), last = kv_min(first + items, count), shift = length - count;
+        const kv_i64 threads = blockDim.x;
+        for (kv_i64 i0 = first + threadIdx.x; i0 < last; i0 += kv_draft_unroll * threads) {
+            kv_i64 value[kv_draft_unroll];
+            bool present[kv_draft_unroll];
+#pragma unroll
+            for (int k = 0; k < kv_draft_unroll; ++k) {  // every load first, then every store
+                const kv_i64 i = i0 + k * threads, q = i < sink_tokens ? i : i + shift;
+                present[k] = i < last && q < cols;
+                value[k] = present[k] ? kv_draft_value(row[q], page_size, v2p, v2p_len, translate, wide_v2p) : 0;
+            }
             for (kv_i64 it = 1; it <= num_steps; ++it) {
-                const kv_i64 column = kv_segment_offset(base, segments_before, branch, count, it, limit) + i;
-                if (column < out_width) kv_store_index(out, (it - 1) * out_stride + column, v, wide_out);
+                const kv_i64 offset = kv_segment_offset(base, segments_before, branch, count, it, limit);
+#pragma unroll
+                for (int k = 0; k < kv_draft_unroll; ++k) {
+                    const kv_i64 column = offset + i0 + k * threads;
+                    if (present[k] && column < out_width)
+                        kv_store_index(out, (it - 1) * out_stride + column, value[k], wide_out);
+                }
             }
         }
     }

@@ -1,7 +1,8 @@
 """What one kernel call is: kernel name, specialisation, grid, threads and typed arguments. Shared by the
 CuPy launcher (GPU) and the host build (CI); neither decides a grid itself, ``kvdispatch.grid`` does.
 The backend's builders (``build_page_table``, ``build_token_indices``) describe the call here and hand it
-to ``runtime.py``, imported (with CuPy) at the first launch.
+to ``runtime.py``, imported (with CuPy) at the first launch; those two then register the call's plan with the
+compiled host path (``native.py``), which takes the next such call.
 
 Arguments are plain Python ints in the kernels' parameter order: pointers (0 for an absent tensor),
 element strides (index vectors may be any 1-D view) and values. Every kernel parameter is 8 bytes
@@ -24,6 +25,7 @@ import torch
 from kvdispatch import grid
 from kvdispatch.reference import draft_prefix_cap
 
+from . import native
 from .build import (DCP_PAGE_TABLE_KERNEL, DCP_TOKEN_CSR_KERNEL, DRAFT_DECODE_KERNEL, MHA_PAGE_TABLE_KERNEL,
                     PAGE_TABLE_KERNEL, TOKEN_CSR_KERNEL, TRANSLATED_PAGE_TABLE_KERNEL)
 
@@ -174,6 +176,9 @@ def build_page_table(req_to_token, req_pool_indices, seq_lens, out, page_size, k
                            seqlen_offset, seq_lens_out, fill_value, round_toward_zero)
     if call is not None:
         _runtime().launch(call, req_to_token.device)
+        if not round_toward_zero:  # the compiled host path takes the next such call (it takes none rounding)
+            native.add_page_table_plan(call, req_to_token, req_pool_indices, seq_lens, out, page_size, kv_start_idx,
+                                       seqlen_offset, seq_lens_out, fill_value)
     return out
 
 
@@ -184,6 +189,9 @@ def build_token_indices(req_to_token, req_pool_indices, seq_lens, kv_indptr, out
                           token_mapping)
     if call is not None:
         _runtime().launch(call, req_to_token.device)
+        if entry_page_size == 1 and token_mapping is None and out.dtype is torch.int32:
+            # an ordinary call: the compiled host path takes the next such call
+            native.add_token_csr_plan(call, req_to_token, req_pool_indices, seq_lens, kv_indptr, out, kv_start_idx)
     return out
 
 

@@ -50,7 +50,7 @@ class CompileReport:
     shared_bytes: int
     num_warps: int
     runtime_args: int
-    native_parameters: int | None  # launch.native_parameter_count: what native_launch.c would pass, or None
+    native_parameters: int | None  # launch.native_parameter_count: what host_path.c would pass, or None
 
 
 def _jit(module):

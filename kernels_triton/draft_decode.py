@@ -68,6 +68,24 @@ def _draft_decode_kernel(
     row_readable = (pool >= 0) & (pool < table_rows)
     row_ptr = table_ptr + pool * table_row_stride
 
+    # Program 0 of a segment also writes the branch's draft slots and its kv_indptr entries. What they read
+    # (the first SLOT_BLOCK slots, the positions' sum) is loaded here, with the prefix: no load waits for a
+    # store. Masks and counts take the leading test as a bound (masks combine blocks only).
+    leads = first == 0
+    if HAS_POSITIONS:
+        through = _saturated_prefix_sum(positions_ptr, positions_stride, tl.where(leads, segment + 1, 0), cap,
+                                        SUM_BLOCK, OFFSET_LIMIT)
+    # Draft slots: the branch owns ceil((L mod P + S) / P) pages past the request's length.
+    floor_remainder = (length % PAGE_SIZE + PAGE_SIZE) % PAGE_SIZE  # whichever way % rounds
+    remainder = tl.where((round_toward_zero != 0) & (length < 0) & (floor_remainder != 0),
+                         floor_remainder - PAGE_SIZE, floor_remainder)
+    slot_start = length + branch * ((remainder + num_steps + PAGE_SIZE - 1) // PAGE_SIZE * PAGE_SIZE)
+    slot = tl.arange(0, SLOT_BLOCK).to(tl.int64)
+    slots_read = tl.where(leads & row_readable, num_steps, 0)
+    first_slots = _slot_mask(slot, slot_start, slots_read, table_cols)
+    first_values = _stored_values(tl.load(row_ptr + slot_start + slot, mask=first_slots), first_slots, v2p_ptr,
+                                  v2p_len, out_ptr, PAGE_SIZE, HAS_V2P)
+
     if row_readable & (first < count):
         token = first + tl.arange(0, TOKENS_PER_PROGRAM)
         position = tl.where(token < tl.minimum(sink, count), token, length - count + token)
@@ -79,29 +97,16 @@ def _draft_decode_kernel(
             column = tl.minimum(base + segments_before * it + branch * (count + it), OFFSET_LIMIT) + token
             tl.store(out_ptr + step * out_row_stride + column, values, mask=copied & (column < out_width))
 
-    if first == 0:
-        # Draft slots: the branch owns ceil((L mod P + S) / P) pages past the request's length.
-        floor_remainder = (length % PAGE_SIZE + PAGE_SIZE) % PAGE_SIZE  # whichever way % rounds
-        remainder = tl.where((round_toward_zero != 0) & (length < 0) & (floor_remainder != 0),
-                             floor_remainder - PAGE_SIZE, floor_remainder)
-        slot_start = length + branch * ((remainder + num_steps + PAGE_SIZE - 1) // PAGE_SIZE * PAGE_SIZE)
-        if row_readable:
-            for first_slot in range(0, num_steps, SLOT_BLOCK):
-                slot = first_slot + tl.arange(0, SLOT_BLOCK).to(tl.int64)
-                position = slot_start + slot
-                readable = (slot < num_steps) & (position >= 0) & (position < table_cols)
-                values = tl.load(row_ptr + position, mask=readable)
-                values = _stored_values(values, readable, v2p_ptr, v2p_len, out_ptr, PAGE_SIZE, HAS_V2P)
-                for step in range(first_slot, num_steps):
-                    it = step + 1
-                    column = tl.minimum(base + segments_before * it + branch * (count + it), OFFSET_LIMIT)
-                    column = column + count + slot
-                    tl.store(out_ptr + step * out_row_stride + column, values,
-                             mask=readable & (slot < it) & (column < out_width))
-
-        if HAS_POSITIONS:
-            through = _saturated_prefix_sum(positions_ptr, positions_stride, segment + 1, cap, SUM_BLOCK,
-                                            OFFSET_LIMIT)
+    if leads:
+        _store_slots(out_ptr, first_values, first_slots, slot, 0, num_steps, base, segments_before, branch, count,
+                     out_row_stride, out_width, OFFSET_LIMIT)
+        for first_slot in range(SLOT_BLOCK, slots_read, SLOT_BLOCK):  # more than SLOT_BLOCK steps
+            later = first_slot + slot
+            readable = _slot_mask(later, slot_start, slots_read, table_cols)
+            values = _stored_values(tl.load(row_ptr + slot_start + later, mask=readable), readable, v2p_ptr,
+                                    v2p_len, out_ptr, PAGE_SIZE, HAS_V2P)
+            _store_slots(out_ptr, values, readable, later, first_slot, num_steps, base, segments_before, branch,
+                         count, out_row_stride, out_width, OFFSET_LIMIT)
         indptr_dtype = indptr_ptr.dtype.element_ty
         for step in range(num_steps):
             it = step + 1
@@ -113,6 +118,25 @@ def _draft_decode_kernel(
         if (segment == 0) & (write_indptr_start != 0):
             for step in range(num_steps):
                 tl.store(indptr_ptr + step * indptr_row_stride, tl.zeros((), indptr_dtype))
+
+
+@triton.jit
+def _slot_mask(slot, slot_start, slots_read, table_cols):
+    """Which of the draft slots ``slot`` (a block of indices below ``slots_read``) lie inside the table row."""
+    position = slot_start + slot
+    return (slot < slots_read) & (position >= 0) & (position < table_cols)
+
+
+@triton.jit
+def _store_slots(out_ptr, values, readable, slot, first_slot, num_steps, base, segments_before, branch, count,
+                 out_row_stride, out_width, OFFSET_LIMIT: tl.constexpr):
+    """Store draft slot ``j`` (``slot``, from ``first_slot``) into every step row ``it - 1`` with ``j < it``,
+    after the segment's ``count`` prefix tokens."""
+    for step in range(first_slot, num_steps):
+        it = step + 1
+        column = tl.minimum(base + segments_before * it + branch * (count + it), OFFSET_LIMIT) + count + slot
+        tl.store(out_ptr + step * out_row_stride + column, values,
+                 mask=readable & (slot < it) & (column < out_width))
 
 
 @triton.jit

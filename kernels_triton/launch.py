@@ -15,7 +15,7 @@ microsecond.
 
 Below all of these, a call whose plan exists can skip Python altogether: ``native_kernel`` checks that a
 compiled kernel takes ``cuLaunchKernel``'s (on AMD ``hipModuleLaunchKernel``'s) parameters the way
-``kernels_triton/native_launch.c`` passes them, and the page-table and token-CSR launchers then register their
+``kvdispatch/host_path.c`` passes them, and the page-table and token-CSR launchers then register their
 plans there too (``native.py``).
 
 ``KVDISPATCH_TRITON_LAUNCH`` = ``auto`` (default: the deepest path detected) | ``native`` or ``direct``
@@ -38,14 +38,14 @@ import torch
 import triton
 import triton.language as tl
 
+from kvdispatch import host_path
+
 LAUNCH_ENV = "KVDISPATCH_TRITON_LAUNCH"
 LAUNCH_MODES = ("auto", "native", "direct", "fast", "plain")
 # Launch plans are kept per shape; engines use a handful of (batch, width) pairs, but a caller that
 # varies them freely must not grow the cache without bound.
 MAX_PLANS = 4096
-# A size or stride this large does not fit the 32-bit fields the kernels pack their parameters into
-# (``page_table.packed_words``, ``token_csr.packed_words``): such a call reads the full-width ones.
-WIDE = 2**31
+WIDE = host_path.WIDE  # sizes and strides from here on do not fit the kernels' packed 32-bit fields
 
 # Triton's interpreter (CPU tensors, device index -1) replaces functions of ``triton.language`` for the length
 # of a launch and restores them at its end, and keeps the program being run in one global builder: two
@@ -181,7 +181,7 @@ def forwards_to_c_launch(launcher_class) -> bool:
 
 @dataclass(frozen=True)
 class NativeKernel:
-    """What ``native_launch.c`` needs to launch a compiled kernel: ``cuLaunchKernel``'s (or
+    """What ``host_path.c`` needs to launch a compiled kernel: ``cuLaunchKernel``'s (or
     ``hipModuleLaunchKernel``'s) arguments."""
 
     function: int
@@ -262,7 +262,7 @@ def _hip_parameter_count(compiled, metadata, target, runtime_args: int) -> int |
 
 def native_parameter_count(compiled, runtime_args: int) -> int | None:
     """How many ``cuLaunchKernel`` (``hipModuleLaunchKernel``) parameters ``compiled`` takes, when
-    ``native_launch.c`` can launch it: a kernel whose parameters are its ``runtime_args`` runtime arguments
+    ``host_path.c`` can launch it: a kernel whose parameters are its ``runtime_args`` runtime arguments
     then Triton's two scratch pointers (left null: it needs no scratch memory), all 8 bytes wide, on one CTA
     per program, neither cooperative nor PDL. What every Triton launcher from 3.0 to 3.9 passes in that case.
     NVIDIA: read from the PTX entry, on 32-lane warps. AMD: read from the AMDGPU metadata's kernel argument
@@ -431,7 +431,7 @@ class KernelLauncher:
         return fast_launcher(compiled, convention, grid, values, key[0], direct)
 
     def native_kernel(self, device_index: int, specialisation, runtime_args: int, threads: int) -> NativeKernel | None:
-        """The compiled kernel of ``(device_index, specialisation)`` as ``native_launch.c`` launches it, when
+        """The compiled kernel of ``(device_index, specialisation)`` as ``host_path.c`` launches it, when
         the launch mode allows that (``auto``, ``native``) and it can: its parameters as
         ``native_parameter_count`` requires, and ``threads`` (the grid helper's threads per program) exactly
         what Triton's launcher starts. None otherwise. Raises in ``native`` mode when it cannot. Call after
@@ -444,23 +444,19 @@ class KernelLauncher:
         if found is False:
             found = self.native_kernels[key] = self._native_kernel(key, runtime_args, threads)
         if found is None and mode == "native":
-            from . import native  # noqa: PLC0415
-
-            reason = native.failure() or "the compiled kernel does not take cuLaunchKernel's parameters as " \
-                                         "native_launch.c passes them"
+            reason = host_path.failure() or "the compiled kernel does not take cuLaunchKernel's parameters " \
+                                            "as host_path.c passes them"
             raise RuntimeError(f"{LAUNCH_ENV}=native, but the compiled launcher cannot launch this kernel "
                                f"({reason}); use auto, direct, fast or plain")
         return found
 
     def _native_kernel(self, key, runtime_args: int, threads: int) -> NativeKernel | None:
-        from . import native  # noqa: PLC0415  (built at first use)
-
         compiled = self.compiled.get(key)
         count = native_parameter_count(compiled, runtime_args)
-        if count is None or native.load(key[0]) is None or threads_per_program(compiled) != threads:
+        if count is None or host_path.load(key[0]) is None or threads_per_program(compiled) != threads:
             return None
         with torch.cuda.device(key[0]):
-            context = native.current_context()
+            context = host_path.current_context()
         if not context:
             return None
         return NativeKernel(compiled.function, threads, compiled.metadata.shared, count, context)

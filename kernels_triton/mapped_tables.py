@@ -29,11 +29,13 @@ MHA_PARAMETERS = ("table_ptr", "pool_ptr", "lens_ptr", "page_table_ptr", "swa_pt
                   "mapping_len", "pool_stride", "lens_stride")
 MHA_CONSTEXPRS = ("PAGE_SIZE", "PAGE_SHIFT", "PAGES_PER_PROGRAM", "HAS_SWA", "ROUND_TOWARD_ZERO", "UNIT_STRIDES",
                   "FOLDED_GRID")
-TRANSLATED_PARAMETERS = ("table_ptr", "pool_ptr", "lens_ptr", "v2p_ptr", "out_ptr", "table_rows", "table_cols",
-                         "table_row_stride", "columns", "out_row_stride", "v2p_len", "multiplier", "seq_len_delta",
-                         "pool_stride", "lens_stride")
+# What every call reads fills the first 64 bytes (one constant-bank line): the pointers, two packed words
+# (``translated_packed_words``) and the map's length; the full-width values and the options' values follow.
+TRANSLATED_PARAMETERS = ("table_ptr", "pool_ptr", "lens_ptr", "v2p_ptr", "out_ptr", "packed_table", "packed_out",
+                         "v2p_len", "table_rows", "table_row_stride", "page_limit", "out_row_stride", "multiplier",
+                         "seq_len_delta", "pool_stride", "lens_stride")
 TRANSLATED_CONSTEXPRS = ("PAGE_SIZE", "PAGE_SHIFT", "PAGES_PER_PROGRAM", "HAS_MULTIPLIER", "HAS_DELTA",
-                         "UNIT_STRIDES", "FOLDED_GRID")
+                         "UNIT_STRIDES", "WIDE_INDEXING", "FOLDED_GRID")
 
 
 @triton.jit
@@ -99,35 +101,64 @@ def _mha_page_table_kernel(
 
 
 def _translated_page_table_kernel(
-    table_ptr, pool_ptr, lens_ptr, v2p_ptr, out_ptr, table_rows: tl.int64, table_cols: tl.int64,
-    table_row_stride: tl.int64, columns: tl.int64, out_row_stride: tl.int64, v2p_len: tl.int64,
-    multiplier: tl.int64, seq_len_delta: tl.int64, pool_stride: tl.int64, lens_stride: tl.int64,
-    PAGE_SIZE: tl.constexpr, PAGE_SHIFT: tl.constexpr, PAGES_PER_PROGRAM: tl.constexpr,
-    HAS_MULTIPLIER: tl.constexpr, HAS_DELTA: tl.constexpr, UNIT_STRIDES: tl.constexpr, FOLDED_GRID: tl.constexpr,
+    table_ptr, pool_ptr, lens_ptr, v2p_ptr, out_ptr, packed_table: tl.int64, packed_out: tl.int64,
+    v2p_len: tl.int64, table_rows: tl.int64, table_row_stride: tl.int64, page_limit: tl.int64,
+    out_row_stride: tl.int64, multiplier: tl.int64, seq_len_delta: tl.int64, pool_stride: tl.int64,
+    lens_stride: tl.int64, PAGE_SIZE: tl.constexpr, PAGE_SHIFT: tl.constexpr, PAGES_PER_PROGRAM: tl.constexpr,
+    HAS_MULTIPLIER: tl.constexpr, HAS_DELTA: tl.constexpr, UNIT_STRIDES: tl.constexpr, WIDE_INDEXING: tl.constexpr,
+    FOLDED_GRID: tl.constexpr,
 ):
     """``t = table[pool[b], c * PAGE_SIZE]``, ``v = 0 if t < 0 else t // PAGE_SIZE``; ``out[b, c] =
-    min(max(v2p[v] * multiplier, 0), 2**31 - 1)`` (0 for ``v >= v2p_len``) for the row's live columns below
-    ``columns``. HAS_MULTIPLIER: ``multiplier`` is not 1; HAS_DELTA: ``seq_len_delta`` is not 0 (else neither
-    is read)."""
+    min(max(v2p[v] * multiplier, 0), 2**31 - 1)`` (0 for ``v >= v2p_len``) for the row's live columns: ``c <
+    page_limit`` (min(columns, pages that start inside a table row), from the host) and ``c * PAGE_SIZE <
+    seq_lens[b] + seq_len_delta`` on a readable row (``0 <= pool[b] < table_rows``). HAS_MULTIPLIER:
+    ``multiplier`` is not 1; HAS_DELTA: ``seq_len_delta`` is not 0 (else neither is read). WIDE_INDEXING: some
+    size, stride or the map's length is ``WIDE`` or more (``translated_packed_words``): the full-width
+    parameters are read; otherwise ``packed_table`` (rows | row stride << 32) and ``packed_out`` (page limit |
+    out row stride << 32) stand in for them."""
     if UNIT_STRIDES:
         pool_stride, lens_stride = 1, 1
     row = tl.program_id(0).to(tl.int64)
-    first = _launch.program_in_row(FOLDED_GRID) * PAGES_PER_PROGRAM
-    pool, limit = _row_limit(pool_ptr, lens_ptr, row, pool_stride, lens_stride, table_rows, table_cols,
-                             seq_len_delta, HAS_DELTA)
-    if first.to(tl.int64) * PAGE_SIZE < limit:
-        page = first + tl.arange(0, PAGES_PER_PROGRAM)
-        position = page.to(tl.int64) * PAGE_SIZE
-        live = (position < limit) & (page < columns)
-        tokens = tl.load(table_ptr + pool * table_row_stride + position, mask=live, other=0)
-        virtual = tl.where(tokens < 0, 0, _divide(tokens, PAGE_SIZE, PAGE_SHIFT, False))
-        # A virtual page past the map reads nothing and gives 0 (``other``), as a freed page (-1) does.
-        physical = tl.load(v2p_ptr + virtual, mask=live & (virtual < v2p_len), other=0).to(tl.int64)
-        if HAS_MULTIPLIER:
-            # |physical| <= 2**31 and |multiplier| <= 2**31: an exact product, saturating as the true one.
-            physical = tl.minimum(tl.maximum(physical, -(2**31)), 2**31) * multiplier.to(tl.int64)
-        values = tl.minimum(tl.maximum(physical, 0), 2**31 - 1)
-        tl.store(out_ptr + row * out_row_stride + page, values.to(tl.int32), mask=live)
+    page = _launch.program_in_row(FOLDED_GRID) * PAGES_PER_PROGRAM + tl.arange(0, PAGES_PER_PROGRAM)
+    position = page.to(tl.int64) * PAGE_SIZE
+    if not WIDE_INDEXING:
+        packed_table, packed_out = packed_table.to(tl.int64), packed_out.to(tl.int64)
+        table_rows, table_row_stride = packed_table & 0xFFFFFFFF, packed_table >> 32
+        page_limit, out_row_stride = packed_out & 0xFFFFFFFF, packed_out >> 32
+    pool = tl.load(pool_ptr + row * pool_stride)  # in its stored dtype
+    length = tl.load(lens_ptr + row * lens_stride).to(tl.int64)
+    if HAS_DELTA:  # an int64 length clamped into [-2**62, 2**62] first (no table comes near): no wrap
+        length = tl.minimum(tl.maximum(length, -(2**62)), 2**62) + seq_len_delta
+    if WIDE_INDEXING:
+        pool = pool.to(tl.int64)
+        readable = (pool >= 0) & (pool < table_rows)
+        row_offset = pool * table_row_stride
+    else:
+        # One unsigned compare (a negative index is out of range too); where readable, the index and the
+        # stride lie in [0, 2**31): one unsigned 32 x 32 -> 64-bit multiply.
+        if pool.dtype == tl.int32:
+            readable = pool.to(tl.uint32, bitcast=True) < table_rows.to(tl.uint32)
+        else:
+            readable = pool.to(tl.uint64, bitcast=True) < table_rows.to(tl.uint64)
+        row_offset = (pool.to(tl.int32).to(tl.uint32, bitcast=True).to(tl.uint64)
+                      * table_row_stride.to(tl.uint64)).to(tl.int64, bitcast=True)
+    # An unreadable row's limit is 0, below every position (masks combine blocks only).
+    live = (page < page_limit) & (position < tl.where(readable, length, 0))
+    # Only dereferenced under live, which is empty on an unreadable row.
+    tokens = tl.load(table_ptr + row_offset + position, mask=live, other=0)
+    virtual = tl.where(tokens < 0, 0, _divide(tokens, PAGE_SIZE, PAGE_SHIFT, False))
+    # A virtual page past the map reads nothing and gives 0 (``other``), as a freed page (-1) does.
+    if not WIDE_INDEXING:  # the map is shorter than 2**31 too: a 32-bit compare
+        v2p_len = v2p_len.to(tl.int32)
+    physical = tl.load(v2p_ptr + virtual, mask=live & (virtual < v2p_len), other=0)
+    if HAS_MULTIPLIER:
+        # |physical| <= 2**31 and |multiplier| <= 2**31: an exact product, saturating as the true one.
+        physical = tl.minimum(tl.maximum(physical.to(tl.int64), -(2**31)), 2**31) * multiplier.to(tl.int64)
+    if physical.dtype == tl.int32:  # an int32 entry needs no upper clamp
+        values = tl.maximum(physical, 0)
+    else:
+        values = tl.minimum(tl.maximum(physical, 0), 2**31 - 1).to(tl.int32)
+    tl.store(out_ptr + row * out_row_stride + page, values, mask=live)
 
 
 # Pointers first, then the runtime ints: (kernel, pointer parameters, runtime int parameters) per kernel, for
@@ -159,10 +190,19 @@ def mha_constexprs(page_size: int, has_swa: bool, round_toward_zero: bool, unit_
 
 
 def translated_constexprs(page_size: int, has_multiplier: bool, has_delta: bool, unit_strides: bool = True,
-                          folded_grid: bool = False) -> dict:
+                          folded_grid: bool = False, wide_indexing: bool = False) -> dict:
     """The constexpr arguments of one translated page-table specialisation."""
     return dict(_common_constexprs(page_size, unit_strides, folded_grid), HAS_MULTIPLIER=has_multiplier,
-                HAS_DELTA=has_delta)
+                HAS_DELTA=has_delta, WIDE_INDEXING=wide_indexing)
+
+
+def translated_packed_words(rows: int, table_stride: int, page_limit: int, out_stride: int,
+                            v2p_len: int) -> tuple[int, int] | None:
+    """The translated kernel's ``packed_table`` (rows | table row stride << 32) and ``packed_out`` (page limit |
+    out row stride << 32), or None when a value (the map's length included) is ``WIDE`` or more."""
+    if (rows | table_stride | page_limit | out_stride | v2p_len) >= _launch.WIDE:  # none is negative
+        return None
+    return rows | table_stride << 32, page_limit | out_stride << 32
 
 
 def _launch_plan(plans, launcher, key, out, args, span, constexprs_of):
@@ -214,12 +254,17 @@ def build_translated_page_table(req_to_token, req_pool_indices, seq_lens, v2p, o
     pool_stride, lens_stride = req_pool_indices.stride(0), seq_lens.stride(0)
     unit_strides = pool_stride == 1 and lens_stride == 1
     has_multiplier, has_delta = multiplier != 1, seq_len_delta != 0
+    table_stride, out_stride = req_to_token.stride(0), out.stride(0)
+    page_limit = min(columns, -(-cols // page_size))
+    packed = translated_packed_words(rows, table_stride, page_limit, out_stride, v2p.shape[0])
     key = (out.get_device(), page_size, req_pool_indices.shape[0], columns, req_pool_indices.dtype, seq_lens.dtype,
-           v2p.dtype, has_multiplier, has_delta, unit_strides)
-    args = (req_to_token, req_pool_indices, seq_lens, v2p, out, rows, cols, req_to_token.stride(0), columns,
-            out.stride(0), v2p.shape[0], multiplier, seq_len_delta, pool_stride, lens_stride)
+           v2p.dtype, has_multiplier, has_delta, unit_strides, packed is None)
+    packed_table, packed_out = packed or (0, 0)
+    args = (req_to_token, req_pool_indices, seq_lens, v2p, out, packed_table, packed_out, v2p.shape[0], rows,
+            table_stride, page_limit, out_stride, multiplier, seq_len_delta, pool_stride, lens_stride)
     _launch_plan(_translated_plans, translated_launcher, key, out, args, columns,
-                 lambda folded: translated_constexprs(page_size, has_multiplier, has_delta, unit_strides, folded))
+                 lambda folded: translated_constexprs(page_size, has_multiplier, has_delta, unit_strides, folded,
+                                                      packed is None))
     return out
 
 
@@ -234,10 +279,13 @@ def specializations(page_sizes, index_types=("i32", "i64")):
         types = dict(pool_ptr=f"*{index}", lens_ptr=f"*{index}", mapping_ptr=f"*{lookup}" if swa else f"*{index}")
         constexprs = mha_constexprs(page_size, swa, round_toward_zero, unit, folded)
         yield "mha", _signature(MHA_PARAMETERS, types, constexprs), constexprs
-    for page_size, (multiplied, delta, unit, folded), index, lookup in itertools.product(
-            page_sizes, itertools.product((False, True), repeat=4), index_types, ("i32", "i64")):
+    # Wide indexing (tables or rows 2**31 entries apart) once per page size and dtype pair, with every option.
+    for page_size, (multiplied, delta, unit, folded, wide), index, lookup in itertools.product(
+            page_sizes, itertools.product((False, True), repeat=5), index_types, ("i32", "i64")):
+        if wide and (unit, folded) != (False, False) or wide and not multiplied == delta:
+            continue
         types = dict(pool_ptr=f"*{index}", lens_ptr=f"*{index}", v2p_ptr=f"*{lookup}")
-        constexprs = translated_constexprs(page_size, multiplied, delta, unit, folded)
+        constexprs = translated_constexprs(page_size, multiplied, delta, unit, folded, wide)
         yield "translated", _signature(TRANSLATED_PARAMETERS, types, constexprs), constexprs
 
 

@@ -1,246 +1,42 @@
-"""The host path of both index builders in C (``native_launch.c``), for calls whose launch plan exists.
-
-The Python path of one public call costs about 1.6x ``x.add_(1)`` of host time on an H200 host: the
-checks, the selection lookup and the argument packing, then Triton's own C launcher. ``native_launch.c``
-does the checks, a plan lookup, the packing and ``cuLaunchKernel`` in one C function per op (0.9x
-``add_`` for the page table, measured with ``benchmarks/native_launch.py``). It takes a call only when
-it is exactly a case the Python path has already launched: same device, selection, shape key and current
-context. For anything else it returns ``NotImplemented`` and the Python path runs, so errors, fallbacks
-and first calls are unchanged.
-
-It is built at first use, like Triton's own launcher, with the C compiler Triton needs (``CC``, else
-``cc``, ``gcc`` or ``clang``) and Python's headers, once per source and Python version, into the build
-cache (``kvdispatch._build_cache``: ``$KVDISPATCH_CACHE_DIR``, default ``$XDG_CACHE_HOME/kvdispatch`` or
-``~/.cache/kvdispatch``), which must be private to the current user. A cache directory or library that another user could have written (or a
-symbolic link) is refused and never loaded: one warning is logged, ``failure()`` says why, and launches
-stay on the Python path. Where it cannot be built or loaded otherwise, or for a kernel that does not take
-``cuLaunchKernel``'s parameters as ``launch.native_parameter_count`` checks, launches stay on the Python path
-too (one info line). ``KVDISPATCH_TRITON_LAUNCH=native`` requires it and raises with the reason.
-
-The vendor of the device Triton serves (``kvdispatch.probe``) picks the driver (``devices.DRIVER_LAUNCH_API``):
-libcuda's ``cuLaunchKernel`` on NVIDIA; on AMD, only where ``KVDISPATCH_HIP_HOST_PATH`` is on, the HIP
-runtime's ``hipModuleLaunchKernel`` (same parameters; ROCm's PyTorch devices are ``cuda`` devices, so the C
-source is the same). It is off by default because it has not run on AMD hardware: AMD launches then stay on
-the Python path, and the HIP runtime is never opened from here.
+"""The Triton launchers' side of the compiled host path (``kvdispatch/host_path.py``, ``host_path.c``): the
+selector's hooks, which approve the C path for the calls Triton serves, and the registration of the page
+table's and the token CSR's launch plans, in Triton's parameter order. ``launch.native_kernel`` decides
+whether a compiled kernel takes ``cuLaunchKernel``'s parameters as the C path passes them;
+``KVDISPATCH_TRITON_LAUNCH=native`` requires the C path and raises with the reason.
 """
 
 from __future__ import annotations
 
-import ctypes
-import hashlib
-import importlib.util
-import logging
-import os
-import shutil
-import subprocess
-import sys
-import sysconfig
-import threading
-from pathlib import Path
+from kvdispatch import host_path
 
-import torch
-
-from kvdispatch import _build_cache, devices
-from kvdispatch import grid as launch_grid
-from kvdispatch._env import flag
-
-from . import launch
-
-SOURCE = Path(__file__).with_name("native_launch.c")
-MODULE_NAME = "kvdispatch_native_launch"
-DTYPE_CODES = {None: 0, torch.int32: 1, torch.int64: 2}
-OPS = {"page_table": 0, "token_csr": 1}  # native_launch.c's OP_PAGE_TABLE, OP_TOKEN_CSR (shared_defines)
-HIP_HOST_PATH_ENV = "KVDISPATCH_HIP_HOST_PATH"
-
-log = logging.getLogger("kvdispatch")
-_lock = threading.Lock()
-_module = None
-_failure: str | None = None  # why the module is not available, once that is known
-_approved: set[tuple[str, int, str | None]] = set()  # (op, device index, requested backend) resolved to Triton
-
-
-def compiler() -> str | None:
-    """The C compiler to build with: ``CC``, else the first of cc, gcc, clang on the PATH."""
-    configured = os.environ.get("CC")
-    if configured:
-        return configured
-    return next((found for name in ("cc", "gcc", "clang") if (found := shutil.which(name))), None)
-
-
-def shared_defines() -> tuple[str, ...]:
-    """The ``-DNAME=value`` compiler options that give ``native_launch.c`` the values it shares with the
-    Python side (the source defines none of them itself): op codes, the kernels' runtime parameter counts,
-    the largest page size and the wide-indexing bound."""
-    from . import page_table, token_csr  # noqa: PLC0415  (both import this module)
-
-    values = {
-        "OP_PAGE_TABLE": OPS["page_table"],
-        "OP_TOKEN_CSR": OPS["token_csr"],
-        "PAGE_TABLE_ARGS": len(page_table.PARAMETERS),
-        "TOKEN_CSR_ARGS": len(token_csr.ORDINARY_PARAMETERS),
-        "MAX_PAGE_SIZE": launch_grid.MAX_PAGE_SIZE,
-        "WIDE": f"{launch.WIDE}LL",
-    }
-    return tuple(f"-D{name}={value}" for name, value in values.items())
-
-
-def library_name() -> str:
-    """The file name of the extension built from this source and ``shared_defines()`` for this Python."""
-    suffix = sysconfig.get_config_var("EXT_SUFFIX") or ".so"
-    identity = b"\0".join([SOURCE.read_bytes(), *(d.encode() for d in shared_defines()), sys.version.encode(),
-                            suffix.encode()])
-    digest = hashlib.sha256(identity).hexdigest()[:16]
-    return f"{MODULE_NAME}-{digest}{suffix}"
-
-
-def build(directory: Path | None = None):
-    """Compile (unless already cached) and import the extension from ``directory`` (default: the build
-    cache); raises on any failure, ``_build_cache.UntrustedPathError`` where the directory or the file is
-    not private to the current user."""
-    cc = compiler()
-    if cc is None:
-        raise RuntimeError("no C compiler found (set CC, or install cc, gcc or clang)")
-
-    def compile_to(partial: Path) -> None:
-        command = [cc, "-O2", "-shared", "-fPIC", *shared_defines(), f"-I{sysconfig.get_paths()['include']}",
-                   str(SOURCE), "-o", str(partial)]
-        result = subprocess.run(command, capture_output=True, text=True)
-        if result.returncode != 0:
-            raise RuntimeError(f"{' '.join(command)} failed: {result.stderr.strip()[-600:]}")
-
-    target = _build_cache.build(directory if directory is not None else _build_cache.root(), library_name(),
-                                compile_to)
-    spec = importlib.util.spec_from_file_location(MODULE_NAME, target)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-def open_driver(library: str, reuse_loaded: bool):
-    """``ctypes.CDLL`` of the driver ``library`` (``devices.DRIVER_LAUNCH_API``). With ``reuse_loaded`` (AMD),
-    the file of that name this process has already loaded (``libamdhip64.so.6...`` for ``libamdhip64.so``: the
-    HIP runtime PyTorch uses, never a second one), else whatever the dynamic loader finds for the name; without
-    it (NVIDIA), the name as given (``libcuda.so.1``)."""
-    path = library
-    if reuse_loaded:
-        try:
-            with open("/proc/self/maps") as maps:
-                fields = [line.split(None, 5) for line in maps]
-        except OSError:  # not Linux
-            fields = []
-        loaded = sorted({f[5].strip() for f in fields if len(f) == 6 and f[5].startswith("/")})
-        path = next((p for p in loaded if os.path.basename(p).startswith(library)), library)
-    return ctypes.CDLL(path)
-
-
-def _configure_for(module, vendor: str) -> None:
-    """Point ``module`` at ``vendor``'s launch and context functions and at PyTorch's raw stream query (the
-    current ``hipStream_t`` on ROCm builds, whose devices and tensors are PyTorch's ``cuda`` ones)."""
-    api = devices.DRIVER_LAUNCH_API[vendor]
-    driver = open_driver(api.library, reuse_loaded=vendor == "amd")
-    module.configure(ctypes.cast(getattr(driver, api.launch), ctypes.c_void_p).value,
-                     ctypes.cast(getattr(driver, api.current_context), ctypes.c_void_p).value,
-                     torch._C._cuda_getCurrentRawStream, torch.Tensor, torch.int32, torch.int64, "is_cuda", 0)
-
-
-def configure_for_cuda(module) -> None:
-    """Point ``module`` at libcuda's ``cuLaunchKernel`` and ``cuCtxGetCurrent``."""
-    _configure_for(module, "nvidia")
-
-
-def configure_for_hip(module) -> None:
-    """Point ``module`` at the HIP runtime's ``hipModuleLaunchKernel`` and ``hipCtxGetCurrent``, which take
-    the parameters of their CUDA namesakes."""
-    _configure_for(module, "amd")
-
-
-def configuration_for(device_index: int | None):
-    """How to configure the extension for the vendor of the GPU Triton serves (``device_index``; None: the
-    current device), per the probe: ``configure_for_hip`` on AMD when ``KVDISPATCH_HIP_HOST_PATH`` is on,
-    ``configure_for_cuda`` otherwise. Raises on AMD while the variable is off (the default: this path has not
-    run on AMD hardware), before anything is built or loaded."""
-    device = None if device_index is None else torch.device("cuda", device_index)
-    if devices.probe(device).vendor != "amd":
-        return configure_for_cuda
-    if not flag(HIP_HOST_PATH_ENV):
-        raise RuntimeError(f"{HIP_HOST_PATH_ENV} is off: on AMD, launches take the Python path unless it is set")
-    return configure_for_hip
-
-
-def load(device_index: int | None = None):
-    """The configured extension, or None (the reason is in ``failure()``); built once per process, for the
-    vendor of ``device_index`` (``configuration_for``)."""
-    global _module, _failure
-    if _module is not None or _failure is not None:
-        return _module
-    with _lock:
-        if _module is None and _failure is None:
-            try:
-                configure = configuration_for(device_index)
-                module = build()
-                configure(module)
-                for op, index, backend in _approved:
-                    module.approve(OPS[op], index, backend, True)
-                from kvdispatch import dispatch  # noqa: PLC0415  (kvdispatch imports this package lazily)
-
-                dispatch.fast_page_table = module.page_table
-                dispatch.fast_token_csr = module.token_csr
-                _module = module
-            except Exception as exc:  # any failure: the Python path serves
-                _failure = f"{type(exc).__name__}: {exc}"
-                refused = isinstance(exc, _build_cache.UntrustedPathError)
-                log.log(logging.WARNING if refused else logging.INFO,
-                        "kvdispatch: the compiled launcher is not available (%s); launches stay in Python", _failure)
-    return _module
-
-
-def failure() -> str | None:
-    return _failure
+LAUNCHER = "triton"
 
 
 def on_selected(device, op, backend) -> None:
     """The selector resolved ``(device, op, backend)`` to Triton: the C path may take such calls (once
     their plan exists)."""
-    if op in OPS and device.type == "cuda" and device.index is not None:
-        _approved.add((op, device.index, backend))
-        if _module is not None:
-            _module.approve(OPS[op], device.index, backend, True)
+    host_path.on_selected(LAUNCHER, device, op, backend)
 
 
 def on_deselected(device=None) -> None:
-    """Triton no longer serves ``device`` (None: any device): drop its approvals. Its plans stay, as the
-    Python launchers' do: without an approval the C path does not take a call, and a later selection of
-    Triton makes them usable again."""
-    for entry in [e for e in _approved if device is None or e[1] == device.index]:
-        _approved.discard(entry)
-        if _module is not None:
-            _module.approve(OPS[entry[0]], entry[1], entry[2], False)
-
-
-def current_context() -> int | None:
-    """The calling thread's current CUDA context (an int handle), or None."""
-    return _module.context() if _module is not None else None
+    """Triton no longer serves ``device`` (None: any device): the C path takes none of its calls there."""
+    host_path.on_deselected(LAUNCHER, device)
 
 
 def forget_plans(op: str) -> None:
-    """Drop the C path's plans of ``op`` along with the Python launcher's (its plan cache calls this when it
-    forgets); a no-op before the extension is built."""
-    if _module is not None:
-        _module.clear_plans(OPS[op])
+    """Drop the C path's Triton plans of ``op`` along with the Python launcher's (its plan cache calls this
+    when it forgets)."""
+    host_path.forget_plans(LAUNCHER, op)
 
 
 def add_page_table_plan(key: tuple, kernel, grid: tuple) -> bool:
     """Register the launch of one page-table call key (``page_table.plan_key_and_arguments``) with
     ``kernel`` (a ``launch.NativeKernel``) on ``grid`` (``kvdispatch.grid.Launch.grid``; its first entry
     is the batch, read from each call); returns whether the C path took it."""
-    device, page_size, batch, width, pool_dtype, lens_dtype, start_dtype, *flags, round_toward_zero = key
-    if round_toward_zero:  # the C path takes no such call (it hands it back), so it has no plan for one
+    if key[12]:  # round toward zero: the C path takes no such call (it hands it back), so it has no plan for one
         return False
-    _, grid_y, grid_z = grid
-    return _module.add_page_table_plan(
-        (device, page_size, batch, width, DTYPE_CODES[pool_dtype], DTYPE_CODES[lens_dtype],
-         DTYPE_CODES[start_dtype], *map(int, flags)),  # seq_lens_out, fill, unit strides, wide, offset
-        kernel.context, kernel.function, grid_y, grid_z, kernel.threads, kernel.shared, kernel.param_count)
+    return host_path.add_plan(LAUNCHER, "page_table", key[:12], kernel.context, kernel.function, grid,
+                              kernel.threads, kernel.shared, kernel.param_count)
 
 
 def add_token_csr_plan(key: tuple, kernel, grid: tuple) -> bool:
@@ -252,9 +48,5 @@ def add_token_csr_plan(key: tuple, kernel, grid: tuple) -> bool:
 
     if not token_csr.is_ordinary(key):
         return False
-    device, batch, span, pool_dtype, lens_dtype, indptr_dtype, start_dtype, *flags = key[:9]
-    _, grid_y, grid_z = grid
-    return _module.add_token_csr_plan(
-        (device, batch, span, DTYPE_CODES[pool_dtype], DTYPE_CODES[lens_dtype], DTYPE_CODES[indptr_dtype],
-         DTYPE_CODES[start_dtype], *map(int, flags)),  # unit strides, wide indexing
-        kernel.context, kernel.function, grid_y, grid_z, kernel.threads, kernel.shared, kernel.param_count)
+    return host_path.add_plan(LAUNCHER, "token_csr", key[:9], kernel.context, kernel.function, grid,
+                              kernel.threads, kernel.shared, kernel.param_count)

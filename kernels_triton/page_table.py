@@ -275,7 +275,7 @@ def build_page_table(req_to_token, req_pool_indices, seq_lens, out, page_size, k
 def plan_key_and_arguments(req_to_token, req_pool_indices, seq_lens, out, page_size, kv_start_idx=None,
                            seqlen_offset=0, seq_lens_out=None, fill_value=None, round_toward_zero=False):
     """The launch-plan key of a call and the kernel's runtime arguments (tensors in the pointer slots),
-    as ``native_launch.c`` computes them too. Key: device index, page size, batch, width, the dtypes of
+    as ``host_path.c`` computes them too. Key: device index, page size, batch, width, the dtypes of
     the pool, length and start vectors (None: no start), seq_lens_out given, fill_value given, unit strides,
     wide indexing (no start, and no ``packed_words``), seqlen_offset not 0, round_toward_zero (the compiled
     launcher takes no key with it: its keys are the first 12 entries).

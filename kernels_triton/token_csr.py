@@ -35,7 +35,7 @@ POINTERS = tuple(name for name in PARAMETERS if name.endswith("_ptr"))
 RUNTIME_INTS = tuple(name for name in PARAMETERS if not name.endswith("_ptr"))
 # Without a token mapping its two parameters are passed as None, which Triton compiles as constants (and
 # would with a type annotation too, hence none on ``mapping_len``): the kernel then takes only these, the
-# parameters ``native_launch.c`` passes (it takes no call with an option).
+# parameters ``host_path.c`` passes (it takes no call with an option).
 ORDINARY_PARAMETERS = PARAMETERS[:-2]
 CONSTEXPRS = ("TOKENS_PER_PROGRAM", "HAS_START", "UNIT_STRIDES", "WIDE_INDEXING", "FOLDED_GRID", "ENTRY_PAGE_SIZE",
               "ENTRY_SHIFT", "HAS_MAPPING")
@@ -209,7 +209,7 @@ def build_token_indices(req_to_token, req_pool_indices, seq_lens, kv_indptr, out
 def plan_key_and_arguments(req_to_token, req_pool_indices, seq_lens, kv_indptr, out, kv_start_idx=None,
                            entry_page_size=1, token_mapping=None):
     """The launch-plan key of a call and the kernel's runtime arguments (tensors in the pointer slots), as
-    ``native_launch.c`` computes them too for an ordinary call (``is_ordinary``). Key: device index, batch,
+    ``host_path.c`` computes them too for an ordinary call (``is_ordinary``). Key: device index, batch,
     min(C * entry_page_size, N) (the geometry depends on nothing else: ``kvdispatch.grid.token_csr_launch``),
     the dtypes of the pool, length, indptr and start vectors (None: no start), unit strides, wide indexing
     (no ``packed_words``), then the options: out's dtype, the entry page size and the mapping's dtype (None:

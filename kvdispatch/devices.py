@@ -34,8 +34,8 @@ WARP_SIZE = {"nvidia": 32, "amd": 64}  # when PyTorch does not report it; RDNA G
 
 @dataclass(frozen=True)
 class DriverLaunchAPI:
-    """The driver functions a vendor's Triton kernels are launched through, as the compiled host path
-    (``kernels_triton/native_launch.c``) calls them: ``launch`` takes ``cuLaunchKernel``'s parameters (function,
+    """The driver functions a vendor's kernels are launched through, as the compiled host path
+    (``kvdispatch/host_path.c``) calls them: ``launch`` takes ``cuLaunchKernel``'s parameters (function,
     grid x/y/z, block x/y/z, shared bytes, stream, kernel parameters, extra) and ``current_context``
     ``cuCtxGetCurrent``'s (a pointer to the context handle), each returning 0 on success."""
 

@@ -50,7 +50,7 @@ OP_FUNCTIONS = {"page_table": "build_page_table", "token_csr": "build_token_indi
 
 log = logging.getLogger("kvdispatch")
 
-# A backend's compiled entries for whole calls (``kernels_triton/native.py`` sets them once built): called
+# The compiled host path's entries for whole calls (``kvdispatch/host_path.py`` sets them once built): called
 # with the public arguments, all positional, they launch and return ``out``, or return NotImplemented and
 # the path below (validation, selection, the backend's Python launcher) serves.
 fast_page_table = None

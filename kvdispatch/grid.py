@@ -119,10 +119,11 @@ def max_batch(threads: int) -> int:
     return min(MAX_GRID_X, MAX_GRID_X_THREADS // threads)
 
 
-def _launch(batch: int, span: int, items: int, span_name: str) -> Launch:
-    """The ``Launch`` of ``batch`` rows of ``span`` items each, ``items`` per program; raises
-    ``GridLimitError`` when that does not fit ``MAX_GRID_*`` (``span_name``: the argument that sets ``span``)."""
-    threads = threads_per_program(items)
+def _launch(batch: int, span: int, items: int, span_name: str, threads: int | None = None) -> Launch:
+    """The ``Launch`` of ``batch`` rows of ``span`` items each, ``items`` per program, on ``threads`` threads
+    per program (default ``threads_per_program(items)``); raises ``GridLimitError`` when that does not fit
+    ``MAX_GRID_*`` (``span_name``: the argument that sets ``span``)."""
+    threads = threads or threads_per_program(items)
     programs = -(-span // items)
     if batch <= 0 or programs <= 0:
         return Launch((0, 0, 0), items, threads)
@@ -169,8 +170,12 @@ def mapped_page_table_launch(batch: int, width: int, page_size: int) -> Launch:
 DRAFT_OFFSET_LIMIT = 2**32
 DRAFT_MAX_STEPS = 1024
 DRAFT_MAX_TOPK = 1024
-# Prefix tokens per program: each is loaded once and stored num_steps times.
-_DRAFT_TOKENS_PER_PROGRAM = 1024
+# Prefix tokens per program, each loaded once and stored num_steps times, four per thread: where few segments
+# make the build latency-bound, more programs of fewer tokens finish sooner (H200,
+# benchmarks/draft_program_size.py: 512 tokens on 128 threads replayed in 0.89-0.95x the time of 1024 on 128
+# at 4x2048x5x1 and 8x1024x3x4, 0.97-1.03x elsewhere).
+_DRAFT_TOKENS_PER_PROGRAM = 512
+_DRAFT_THREADS = 128
 # Lengths (or positions) of earlier segments summed per pass of a program's prefix sum.
 DRAFT_SUM_BLOCK = 512
 
@@ -181,7 +186,7 @@ def draft_decode_launch(segments: int, table_width: int, out_width: int) -> Laun
     the table's width and lands at a column below out's), and at least one program per row (program 0 also
     writes the draft slots and ``kv_indptr``)."""
     return _launch(segments, max(min(table_width, out_width), 1), _DRAFT_TOKENS_PER_PROGRAM,
-                   "min(req_to_token.shape[1], out.shape[1])")
+                   "min(req_to_token.shape[1], out.shape[1])", _DRAFT_THREADS)
 
 
 def dcp_token_csr_launch(batch: int, table_width: int, out_len: int, dcp_size: int) -> Launch:

@@ -39,6 +39,17 @@ def backends_under_test() -> list[str]:
     return names
 
 
+def skip_module_unless_cupy_serves_the_gpu() -> None:
+    """Skip the calling test module (at its import) unless there is a GPU, CuPy is installed and it can serve
+    that GPU."""
+    if not HAS_GPU:
+        pytest.skip("no CUDA/ROCm device", allow_module_level=True)
+    pytest.importorskip("cupy", reason="CuPy is not installed")
+    reason = kvdispatch.probe("cuda").reason("cupy")
+    if reason is not None:
+        pytest.skip(f"CuPy cannot serve this device: {reason}", allow_module_level=True)
+
+
 BACKENDS = backends_under_test()
 GPU_BACKENDS = [b for b in BACKENDS if b != "torch"]
 

@@ -23,9 +23,9 @@ pytest.importorskip("triton")
 import cuda_host  # noqa: E402
 from conftest import page_table  # noqa: E402
 from kvcases import make_case  # noqa: E402
-from kernels_triton import launch, native  # noqa: E402
+from kernels_triton import launch  # noqa: E402
 from kernels_triton import page_table as triton_page_table  # noqa: E402
-from kvdispatch import _build_cache, reference  # noqa: E402
+from kvdispatch import _build_cache, host_path, reference  # noqa: E402
 from kvdispatch._build_cache import UntrustedPathError  # noqa: E402
 
 OTHER_USER = 65534  # nobody
@@ -44,11 +44,11 @@ __attribute__((constructor)) static void planted(void) {{
 @pytest.fixture(scope="module")
 def planted_library(tmp_path_factory):
     """A shared object that creates ``$PLANTED_LIBRARY_MARKER`` when it is loaded."""
-    if native.compiler() is None:
+    if host_path.compiler() is None:
         pytest.skip("no C compiler")
     folder = tmp_path_factory.mktemp("planted")
     (folder / "planted.c").write_text(PLANTED_SOURCE)
-    subprocess.run([native.compiler(), "-shared", "-fPIC", "-o", str(folder / "planted.so"),
+    subprocess.run([host_path.compiler(), "-shared", "-fPIC", "-o", str(folder / "planted.so"),
                     str(folder / "planted.c")], check=True)
     return folder / "planted.so"
 
@@ -65,7 +65,7 @@ def plant(planted_library):
     """``plant(directory)``: the planted library under the compiled launcher's name in ``directory``."""
 
     def plant(directory: Path) -> Path:
-        target = directory / native.library_name()
+        target = directory / host_path.library_name()
         target.write_bytes(planted_library.read_bytes())
         target.chmod(0o700)
         return target
@@ -97,7 +97,7 @@ def test_writable_cache_is_refused(tmp_path, plant, marker, mode):
     cache.chmod(mode)
     plant(cache)
     with pytest.raises(UntrustedPathError, match=f"{cache} is writable by group or others"):
-        native.build(cache)
+        host_path.build(cache)
     assert not marker.exists()
 
 
@@ -105,7 +105,7 @@ def test_writable_library_is_refused(tmp_path, plant, marker):
     library = plant(private(tmp_path / "cache"))
     library.chmod(0o775)
     with pytest.raises(UntrustedPathError, match=f"{library} is writable by group or others"):
-        native.build(library.parent)
+        host_path.build(library.parent)
     assert not marker.exists()
 
 
@@ -118,7 +118,7 @@ def test_files_of_another_user_are_refused(tmp_path, plant, marker, owned_by_oth
     refused = {"cache": cache, "parent": parent, "library": library}[owned_by_other]
     give_away(refused)
     with pytest.raises(UntrustedPathError, match=f"{refused} .*owned by uid {OTHER_USER}"):
-        native.build(cache)
+        host_path.build(cache)
     assert not marker.exists()
 
 
@@ -136,7 +136,7 @@ def test_symbolic_links_are_refused(tmp_path, plant, marker, link):
         refused = cache / planted.name
         refused.symlink_to(planted)
     with pytest.raises(UntrustedPathError, match=f"{refused} is a symbolic link"):
-        native.build(cache)
+        host_path.build(cache)
     assert not marker.exists()
 
 
@@ -158,15 +158,15 @@ def test_writable_parent_is_refused_unless_sticky(tmp_path):
 
 
 def test_the_cache_is_created_private(tmp_path, monkeypatch):
-    if native.compiler() is None:
+    if host_path.compiler() is None:
         pytest.skip("no C compiler")
     monkeypatch.setenv(_build_cache.CACHE_ENV, str(tmp_path / "a" / "b"))
-    module = native.build()
+    module = host_path.build()
     for directory in (tmp_path / "a", tmp_path / "a" / "b"):
         status = directory.lstat()
         assert stat.S_ISDIR(status.st_mode) and stat.S_IMODE(status.st_mode) == 0o700
         assert status.st_uid == os.geteuid()
-    library = tmp_path / "a" / "b" / native.library_name()
+    library = tmp_path / "a" / "b" / host_path.library_name()
     assert [p.name for p in library.parent.iterdir()] == [library.name]
     assert stat.S_IMODE(library.stat().st_mode) == 0o700 and library.stat().st_uid == os.geteuid()
     assert Path(module.__file__) == library and callable(module.page_table)
@@ -188,7 +188,7 @@ def test_a_failed_build_leaves_nothing(tmp_path, monkeypatch):
     monkeypatch.setenv("CC", str(compiler))
     cache = tmp_path / "cache"
     with pytest.raises(RuntimeError, match="failed"):
-        native.build(cache)
+        host_path.build(cache)
     assert list(cache.iterdir()) == []
 
 
@@ -197,14 +197,14 @@ def test_refusal_logs_one_warning_and_python_serves(tmp_path, plant, marker, mon
     cache.mkdir()
     cache.chmod(0o777)
     plant(cache)
-    monkeypatch.setattr(native, "_module", None)
-    monkeypatch.setattr(native, "_failure", None)
+    monkeypatch.setattr(host_path, "_module", None)
+    monkeypatch.setattr(host_path, "_failure", None)
     monkeypatch.setenv(_build_cache.CACHE_ENV, str(cache))
     caplog.set_level(logging.INFO, logger="kvdispatch")
-    assert native.load() is None
-    assert native.load() is None  # no second attempt
+    assert host_path.load() is None
+    assert host_path.load() is None  # no second attempt
     reason = f"UntrustedPathError: {cache} is writable by group or others"
-    assert native.failure().startswith(reason)
+    assert host_path.failure().startswith(reason)
     records = [r for r in caplog.records if r.name == "kvdispatch"]
     assert len(records) == 1 and records[0].levelno == logging.WARNING and reason in records[0].getMessage()
     assert not marker.exists()
@@ -241,7 +241,7 @@ RANKS = 8
 
 def build_as_a_rank(cache: Path, results) -> None:
     try:
-        module = native.build(cache)
+        module = host_path.build(cache)
         results.put((module.__file__, callable(module.page_table) and callable(module.token_csr)))
     except Exception as exc:  # reported by the test
         results.put((repr(exc), False))
@@ -251,14 +251,14 @@ def test_ranks_building_at_once_each_load_the_one_complete_library(tmp_path, mon
     """Eight processes on an empty cache: every one compiles (the compiler waits until all eight have
     started), every one loads the library, and one file is left. The ranks are forked: spawned ones
     would each import torch again, seconds apiece."""
-    if native.compiler() is None:
+    if host_path.compiler() is None:
         pytest.skip("no C compiler")
     started = tmp_path / "started"
     started.mkdir()
     compiler = tmp_path / "cc"
     compiler.write_text(f'#!/bin/sh\n: > "{started}/$$"\n'
                         f'for _ in $(seq 600); do [ "$(ls "{started}" | wc -l)" -ge {RANKS} ] && break; sleep 0.05; '
-                        f'done\nexec "{native.compiler()}" "$@"\n')
+                        f'done\nexec "{host_path.compiler()}" "$@"\n')
     compiler.chmod(0o700)
     monkeypatch.setenv("CC", str(compiler))
     cache = tmp_path / "cache"
@@ -270,7 +270,7 @@ def test_ranks_building_at_once_each_load_the_one_complete_library(tmp_path, mon
     loaded = [results.get(timeout=120) for _ in ranks]
     for rank in ranks:
         rank.join(timeout=30)
-    library = cache / native.library_name()
+    library = cache / host_path.library_name()
     assert loaded == [(str(library), True)] * RANKS
     assert [rank.exitcode for rank in ranks] == [0] * RANKS
     assert len(list(started.iterdir())) == RANKS
@@ -279,7 +279,7 @@ def test_ranks_building_at_once_each_load_the_one_complete_library(tmp_path, mon
 
 RANK_SCRIPT = """
 import sys, torch, kvdispatch
-from kernels_triton import native
+from kvdispatch import host_path
 rank = int(sys.argv[1])
 device = torch.device("cuda", rank % torch.cuda.device_count())
 torch.cuda.set_device(device)
@@ -294,8 +294,8 @@ expected = torch.full((2, 64), -7, dtype=torch.int32)
 expected[0] = torch.arange(64) + 3 * 64
 expected[1, :2] = torch.tensor([64, 65])
 assert torch.equal(out.cpu(), expected), out
-assert native.load() is not None, native.failure()
-print(native.load().__file__)
+assert host_path.load() is not None, host_path.failure()
+print(host_path.load().__file__)
 """
 
 
@@ -313,6 +313,6 @@ def test_eight_engine_ranks_on_the_gpus_share_one_new_cache(tmp_path):
                               stderr=subprocess.PIPE, text=True) for rank in range(RANKS)]
     results = [rank.communicate(timeout=300) for rank in ranks]
     assert [rank.returncode for rank in ranks] == [0] * RANKS, [err[-2000:] for _, err in results]
-    library = cache / native.library_name()
+    library = cache / host_path.library_name()
     assert {out.strip() for out, _ in results} == {str(library)}
     assert [p.name for p in cache.iterdir()] == [library.name]

@@ -7,15 +7,11 @@ import pytest
 import torch
 
 import kvdispatch
+from conftest import skip_module_unless_cupy_serves_the_gpu
 from kvdispatch import reference
 from kvcases import POISON, make_case
 
-if not torch.cuda.is_available():
-    pytest.skip("no CUDA/ROCm device", allow_module_level=True)
-pytest.importorskip("cupy", reason="CuPy is not installed")
-_reason = kvdispatch.probe("cuda").reason("cupy")
-if _reason is not None:
-    pytest.skip(f"CuPy cannot serve this device: {_reason}", allow_module_level=True)
+skip_module_unless_cupy_serves_the_gpu()
 
 from kernels_cupy import runtime  # noqa: E402  (imports CuPy)
 

@@ -200,6 +200,15 @@ def test_prefixes_spanning_several_programs(backend):
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("steps", (16, 17, 40))
+def test_more_draft_steps_than_one_slot_block(backend, steps):
+    """More steps than the Triton kernel's slot block (16): the later draft slots come in further passes."""
+    g = generator()
+    for page_size, topk in ((1, 2), (16, 3)):
+        check(backend, random_case(g, page_size=page_size, topk=topk, steps=steps, positions=page_size == 1))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_nothing_to_do(backend):
     """No steps, no requests, a zero-width out: nothing written (the guard shows it)."""
     g = generator()

@@ -27,10 +27,13 @@ BUILDS = GPU_BACKENDS + (["cupy-host-specialised"] if "cupy-host" in GPU_BACKEND
 
 
 def _forget_geometry():
-    """Drop every launch geometry the launchers keep (Triton's plans, CuPy's cached ``Launch``es), and the
-    Triton launchers' compiled kernels, so that each test's first launch goes the plain way."""
+    """Drop every launch geometry the launchers keep (Triton's plans, CuPy's cached ``Launch``es and its
+    plans in the compiled host path), and the Triton launchers' compiled kernels, so that each test's first
+    launch goes the plain way."""
     from kernels_cupy import launch as cupy_launch
+    from kernels_cupy import native as cupy_native
 
+    cupy_native.reset()
     cupy_launch._page_table_launch.cache_clear()
     cupy_launch._token_csr_launch.cache_clear()
     cupy_launch._draft_decode_launch.cache_clear()

@@ -27,7 +27,8 @@ import torch
 # What import kvdispatch must not import: the runtimes and the kernel modules (not the packages, which hold
 # the descriptors). Anything torch itself imported is not kvdispatch's doing.
 FORBIDDEN = ("triton", "cupy", "kernels_triton.page_table", "kernels_triton.token_csr", "kernels_triton.launch",
-             "kernels_triton.native", "kernels_triton.crosscompile", "kernels_cupy.runtime", "kernels_cupy.launch")
+             "kernels_triton.native", "kernels_triton.crosscompile", "kernels_cupy.runtime", "kernels_cupy.launch",
+             "kernels_cupy.native", "kvdispatch.host_path")
 before = set(sys.modules)
 
 import kvdispatch

@@ -289,6 +289,59 @@ def test_translated_nothing_to_do(backend):
     check_translated(backend, torch.zeros((0, 3), dtype=torch.int32), pool, lens, v2p, 4, 16)
 
 
+def test_translated_packed_words_hold_32_bit_fields_or_nothing():
+    """The Triton kernel's two parameter words, rows | row stride << 32 and page limit | out row stride << 32;
+    None (the full-width parameters) as soon as one value, the map's length included, reaches 2**31."""
+    mapped_tables = pytest.importorskip("kernels_triton.mapped_tables")
+    top = 2**31 - 1
+    packed_table, packed_out = mapped_tables.translated_packed_words(top, top - 1, 7, top, top)
+    assert (packed_table & 0xFFFFFFFF, packed_table >> 32, packed_out & 0xFFFFFFFF, packed_out >> 32) == \
+        (top, top - 1, 7, top)
+    for wide in range(5):
+        values = [1] * 5
+        values[wide] = top + 1
+        assert mapped_tables.translated_packed_words(*values) is None, values
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("edge", ("rows 2**31 - 1", "rows 2**31 + 5", "row stride 2**31 - 1", "row stride 2**31",
+                                  "out stride 2**31"))
+def test_translated_tables_at_the_2_31_edge(backend, edge):
+    """Tables and outputs at the edge of the Triton kernel's packed words (no memory behind them: one row
+    expanded to about 2**31 rows, or one row with a huge row stride): below it the packed words, at it the
+    full-width parameters; int64 pool indices past 2**31 are read, the ones past the table are not."""
+    page_size, cols = 16, 300
+    row = torch.arange(cols, dtype=torch.int32) * 3 - 20
+    size = 2**31 - 1 if edge.endswith("- 1") else 2**31 + (5 if edge.startswith("rows") else 0)
+    if edge.startswith("rows"):
+        table = row.expand(size, cols)
+        pool = vector([size - 1, size, 3, -1, 2**32 + 1, 2**31 - 2], torch.int64)
+    else:
+        table = row.as_strided((1, cols), (size if edge.startswith("row stride") else cols, 1))
+        pool = vector([0, 1, 0, -1, 2**32, 0], torch.int64)
+    lens = vector([cols, 40, 17, cols, cols, 290], torch.int64)
+    v2p = random_lookup(torch.int32, 40, generator())
+    width = 20
+    if edge.startswith("out stride"):  # one output row: no memory behind its stride
+        pool, lens = pool[:1], lens[:1]
+        store = torch.full((width,), POISON, dtype=torch.int32)
+        expected = store.as_strided((1, width), (size, 1)).clone()
+        reference.build_translated_page_table(table, pool, lens, v2p, expected, page_size, 2)
+        store = store.to(DEVICE)
+        out = store.as_strided((1, width), (size, 1))
+    else:
+        expected = torch.full((pool.shape[0], width), POISON, dtype=torch.int32)
+        reference.build_translated_page_table(table, pool, lens, v2p, expected, page_size, 2)
+        out = torch.full_like(expected, POISON, device=DEVICE)
+    moved = [t.to(DEVICE) for t in (pool, lens, v2p)]
+    table = row.to(DEVICE).expand(size, cols) if edge.startswith("rows") else \
+        row.to(DEVICE).as_strided(table.shape, table.stride())
+    for _ in range(2):  # the second call takes the launch plan
+        out.fill_(POISON)
+        translated_page_table(backend, table, moved[0], moved[1], moved[2], out, page_size=page_size, multiplier=2)
+        assert torch.equal(out.cpu(), expected), edge
+
+
 # -- argument errors ----------------------------------------------------------------------------------------
 
 def _valid(g):

@@ -1,6 +1,6 @@
 """Values that Python, C and CUDA sources share are equal on every side.
 
-``native_launch.c`` takes its shared values only as ``-D`` options from ``native.shared_defines()``;
+``host_path.c`` takes its shared values only as ``-D`` options from ``host_path.shared_defines()``;
 ``kv_indices.cu`` keeps its own ``KV_*`` flag macros, read here from the source.
 """
 
@@ -13,8 +13,8 @@ import pytest
 
 from kernels_cupy import build as cupy_build
 from kernels_cupy import launch as cupy_launch
-from kernels_triton import crosscompile, launch, native, page_table, token_csr
-from kvdispatch import grid
+from kernels_triton import crosscompile, launch, page_table
+from kvdispatch import grid, host_path
 
 
 def defined_values(options) -> dict[str, str]:
@@ -22,39 +22,40 @@ def defined_values(options) -> dict[str, str]:
     return dict(option[2:].split("=", 1) for option in options)
 
 
-def test_native_launcher_defines_match_the_python_constants():
-    values = defined_values(native.shared_defines())
+def test_host_path_defines_match_the_python_constants():
+    values = defined_values(host_path.shared_defines())
     assert values == {
-        "OP_PAGE_TABLE": str(native.OPS["page_table"]),
-        "OP_TOKEN_CSR": str(native.OPS["token_csr"]),
-        "PAGE_TABLE_ARGS": str(len(page_table.PARAMETERS)),
-        "TOKEN_CSR_ARGS": str(len(token_csr.ORDINARY_PARAMETERS)),
+        "OP_PAGE_TABLE": str(host_path.OPS["page_table"]),
+        "OP_TOKEN_CSR": str(host_path.OPS["token_csr"]),
+        "LAUNCHER_TRITON": str(host_path.LAUNCHERS["triton"]),
+        "LAUNCHER_CUPY": str(host_path.LAUNCHERS["cupy"]),
         "MAX_PAGE_SIZE": str(grid.MAX_PAGE_SIZE),
         "WIDE": f"{launch.WIDE}LL",
     }
-    assert sorted(native.OPS.values()) == [0, 1]  # they index approved[2] in the C source
+    assert sorted(host_path.OPS.values()) == [0, 1]  # they index approved[2] in the C source
+    assert sorted(host_path.LAUNCHERS.values()) == [0, 1]
 
 
-def test_native_launcher_source_defines_no_shared_value_itself():
-    source = native.SOURCE.read_text()
-    for name in defined_values(native.shared_defines()):
+def test_host_path_source_defines_no_shared_value_itself():
+    source = host_path.SOURCE.read_text()
+    for name in defined_values(host_path.shared_defines()):
         assert not re.search(rf"^\s*#\s*define\s+{name}\b", source, re.MULTILINE), name
         assert re.search(rf"!defined\({name}\)", source), f"{name} has no #error guard"
 
 
-def test_native_launcher_refuses_a_build_without_the_defines(tmp_path):
-    if native.compiler() is None:
+def test_host_path_refuses_a_build_without_the_defines(tmp_path):
+    if host_path.compiler() is None:
         pytest.skip("no C compiler")
-    result = subprocess.run([native.compiler(), "-fsyntax-only", f"-I{sysconfig.get_paths()['include']}",
-                             str(native.SOURCE)], capture_output=True, text=True)
+    result = subprocess.run([host_path.compiler(), "-fsyntax-only", f"-I{sysconfig.get_paths()['include']}",
+                             str(host_path.SOURCE)], capture_output=True, text=True)
     assert result.returncode != 0
-    assert "built by kernels_triton/native.py" in result.stderr
+    assert "built by kvdispatch/host_path.py" in result.stderr
 
 
 def test_library_name_depends_on_the_defines(monkeypatch):
-    before = native.library_name()
+    before = host_path.library_name()
     monkeypatch.setattr(grid, "MAX_PAGE_SIZE", grid.MAX_PAGE_SIZE * 2)
-    assert native.library_name() != before
+    assert host_path.library_name() != before
 
 
 def test_cupy_flag_bits_match_the_cuda_macros():

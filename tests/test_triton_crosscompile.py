@@ -73,7 +73,7 @@ def test_every_specialisation_compiles(reports, target):
 @pytest.mark.parametrize("target", list(TARGETS))
 def test_native_launch_parameters(reports, target):
     """Every specialisation takes its runtime arguments then Triton's two scratch pointers, all 8 bytes
-    wide, as kernels_triton/native_launch.c passes them: on NVIDIA read from the PTX entry, on AMD from the
+    wide, as kvdispatch/host_path.c passes them: on NVIDIA read from the PTX entry, on AMD from the
     AMDGPU metadata's kernel arguments (hidden ones after them are the runtime's), on the target's
     wavefronts."""
     returncode, stdout, stderr = reports[target]

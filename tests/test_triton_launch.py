@@ -13,9 +13,9 @@ pytest.importorskip("triton")
 
 import kernels_triton  # noqa: E402
 import kvdispatch  # noqa: E402
-from kernels_triton import launch, native, page_table, token_csr  # noqa: E402
+from kernels_triton import launch, page_table, token_csr  # noqa: E402
 from kvcases import POISON, make_case  # noqa: E402
-from kvdispatch import reference  # noqa: E402
+from kvdispatch import host_path, reference  # noqa: E402
 
 ARG_NAMES = ("a_ptr", "n", "BLOCK")
 CONSTEXPR_NAMES = ("BLOCK",)
@@ -488,15 +488,15 @@ def _direct_path_here() -> bool:
 
 
 def _native_launches() -> int:
-    return native._module.launch_count() if native._module is not None else 0
+    return host_path._module.launch_count() if host_path._module is not None else 0
 
 
 @pytest.fixture(params=("plain", "fast", "direct", "native"))
 def launch_path(request, monkeypatch):
     if request.param == "direct" and HAS_GPU and not _direct_path_here():
         pytest.skip("the installed Triton's launcher has no direct path (Triton 3.6 on NVIDIA has one)")
-    if request.param == "native" and HAS_GPU and native.load() is None:
-        pytest.skip(f"the compiled launcher is not available here: {native.failure()}")
+    if request.param == "native" and HAS_GPU and host_path.load() is None:
+        pytest.skip(f"the compiled launcher is not available here: {host_path.failure()}")
     monkeypatch.setenv(launch.LAUNCH_ENV, request.param)
     launch.reset()
     yield request.param
@@ -526,8 +526,8 @@ def test_gpu_page_table_paths(launch_path, page_size, with_start):
 def test_gpu_compiled_path_serves_again_after_a_reset(monkeypatch):
     """kvdispatch.reset() forgets the selection, not the plans: the first call after it selects Triton again
     (in Python), and the next one goes through C without a new plan."""
-    if native.load() is None:
-        pytest.skip(f"the compiled launcher is not available here: {native.failure()}")
+    if host_path.load() is None:
+        pytest.skip(f"the compiled launcher is not available here: {host_path.failure()}")
     monkeypatch.setenv(launch.LAUNCH_ENV, "native")
     launch.reset()
     case = make_case(5, 64, max_pages=20, device=DEVICE)

@@ -1,8 +1,8 @@
-"""The compiled host path of both index builders (``kernels_triton/native_launch.c``), on CPU.
+"""The compiled host path of both index builders (``kvdispatch/host_path.c``) with Triton's plans, on CPU.
 
-The extension is built here and pointed at stubs: a ``cuLaunchKernel`` that records what it is given, a
-``cuCtxGetCurrent`` and a stream query, with CPU tensors as the launch device type (``is_cpu``, device
-index offset 1, so CPU is device 0). Each call is compared with what the Python path would launch
+The extension is built here and pointed at stubs (``host_path_stubs``): a ``cuLaunchKernel`` that records
+what it is given, a ``cuCtxGetCurrent`` and a stream query, with CPU tensors as the launch device type
+(``is_cpu``, device index offset 1, so CPU is device 0). Each call is compared with what the Python path would launch
 (``page_table.plan_key_and_arguments``); every case it must not take returns NotImplemented without a
 launch. On a GPU, ``test_triton_launch.py`` runs the real thing.
 
@@ -13,7 +13,6 @@ table, the launch and the tensor reads, and has its own packing and hand-back ca
 from __future__ import annotations
 
 import contextlib
-import ctypes
 
 import pytest
 import torch
@@ -23,89 +22,25 @@ pytest.importorskip("triton")
 import kvdispatch  # noqa: E402
 from conftest import DEVICE  # noqa: E402
 from kernels_triton import launch, native, page_table, token_csr  # noqa: E402
+from host_path_stubs import (CONTEXT, FUNCTION, PAGE_TABLE, STREAM_BASE, TOKEN_CSR, Stubs, build,  # noqa: E402
+                             check_approvals_follow_the_hooks, install, random_call, random_csr_call, unsigned)
 from kvcases import named_overlap, overlapping_pairs, place_in_one_buffer  # noqa: E402
-from kvdispatch import _build_cache, _debug, _validate, dispatch, reference  # noqa: E402
+from kvdispatch import _build_cache, _debug, _validate, dispatch, host_path, reference  # noqa: E402
 
-CONTEXT = 0xC0FFEE
-FUNCTION = 0xF00D
-STREAM_BASE = 5000
 PARAMS = len(page_table.POINTERS) + len(page_table.RUNTIME_INTS) + 2  # + Triton's two scratch pointers
 CSR_PARAMS = len(token_csr.ORDINARY_PARAMETERS) + 2
-PAGE_TABLE, TOKEN_CSR = native.OPS["page_table"], native.OPS["token_csr"]
-LAUNCH = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, *[ctypes.c_uint] * 7, ctypes.c_void_p,
-                          ctypes.POINTER(ctypes.c_void_p), ctypes.c_void_p)
-CONTEXT_QUERY = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.POINTER(ctypes.c_void_p))
-
-
-class Stubs:
-    """What the extension is configured with in these tests, and what it was asked to launch."""
-
-    def __init__(self):
-        self.launches = []
-        self.count = PARAMS  # parameters of the registered kernel
-        self.result = 0  # what the stub launch returns (nonzero: a failed launch)
-        self.context = CONTEXT
-        self.launch = LAUNCH(self._launch)
-        self.current_context = CONTEXT_QUERY(self._current_context)
-
-    def _launch(self, function, gx, gy, gz, bx, by, bz, shared, stream, params, extra):
-        values = [ctypes.cast(params[i], ctypes.POINTER(ctypes.c_uint64))[0] for i in range(self.count)]
-        self.launches.append(dict(function=function, grid=(gx, gy, gz), block=(bx, by, bz), shared=shared,
-                                  stream=stream, params=values, extra=extra))
-        return self.result
-
-    def _current_context(self, out):
-        out[0] = self.context
-        return 0
+TRITON = host_path.LAUNCHERS["triton"]
 
 
 @pytest.fixture(scope="module")
 def built(tmp_path_factory):
-    if native.compiler() is None:
-        pytest.skip("no C compiler")
-    return native.build(tmp_path_factory.mktemp("native"))
+    return build(tmp_path_factory)
 
 
 @pytest.fixture
 def stubs(built, monkeypatch):
-    """The extension configured with stubs, installed as ``native``'s module (approvals start empty)."""
-    stubs = Stubs()
-    built.configure(ctypes.cast(stubs.launch, ctypes.c_void_p).value,
-                    ctypes.cast(stubs.current_context, ctypes.c_void_p).value,
-                    lambda index: STREAM_BASE + index, torch.Tensor, torch.int32, torch.int64, "is_cpu", 1)
-    monkeypatch.setattr(native, "_module", built)
-    monkeypatch.setattr(native, "_approved", set())
-    stubs.module = built
-    return stubs
-
-
-def random_call(seed, page_size=None, with_start=None, options=None):
-    """The public arguments of a random valid page-table call: odd shapes, strided and int64 vectors."""
-    g = torch.Generator().manual_seed(seed)
-
-    def pick(choices):
-        return choices[int(torch.randint(len(choices), (1,), generator=g))]
-
-    page_size = page_size or pick((1, 16, 64, 96, 4096))
-    rows, cols, batch, width = (int(torch.randint(lo, hi, (1,), generator=g))
-                                for lo, hi in ((2, 40), (1, 300), (1, 17), (1, 50)))
-    table = torch.randint(-5, 1 << 20, (rows, cols + pick((0, 3))), generator=g, dtype=torch.int32)[:, :cols]
-
-    def vector(low, high):
-        v = torch.randint(low, high, (batch * pick((1, 2)),), generator=g).to(pick((torch.int32, torch.int64)))
-        return v[::2] if v.shape[0] > batch else v
-
-    pool, lens = vector(-1, rows + 1), vector(-3, cols + 5)
-    if with_start is None:
-        with_start = bool(pick((0, 1)))
-    start = vector(-1, cols) if with_start else None
-    out = torch.randint(-9, 9, (batch + pick((0, 2)), width + pick((0, 5))), generator=g, dtype=torch.int32)
-    out = out[:, :width] if pick((0, 1)) else out
-    options = options if options is not None else pick(("", "lens_out", "fill", "lens_out fill"))
-    lens_out = torch.zeros(batch + 1, dtype=torch.int32) if "lens_out" in options else None
-    fill = int(torch.randint(-100, 100, (1,), generator=g)) if "fill" in options else None
-    offset = int(torch.randint(-3, 4, (1,), generator=g))
-    return [table, pool, lens, out, page_size, start, offset, lens_out, fill, None, False]
+    """The extension configured with stubs, installed as ``host_path``'s module (approvals start empty)."""
+    return install(built, monkeypatch, PARAMS)
 
 
 def register(call, threads=128, shared=16):
@@ -120,13 +55,13 @@ def register(call, threads=128, shared=16):
 
 def expected_params(call):
     _, args = page_table.plan_key_and_arguments(*call[:9])
-    return [(a.data_ptr() if isinstance(a, torch.Tensor) else a) % 2**64 for a in args] + [0, 0]
+    return unsigned(args) + [0, 0]
 
 
 @pytest.mark.parametrize("seed", range(40))
 def test_packs_what_the_python_path_launches(stubs, seed):
     call = random_call(seed)
-    stubs.module.approve(PAGE_TABLE, 0, None, True)
+    stubs.module.approve(PAGE_TABLE, 0, None, TRITON)
     grid = register(call)
     before = call[3].clone()
     assert stubs.module.page_table(*call) is call[3]
@@ -163,7 +98,7 @@ def test_packs_the_edges_of_the_32_bit_fields_as_python_does(stubs, kind, page_s
     call = _edge_call(kind, page_size)
     key, _ = page_table.plan_key_and_arguments(*call[:9])
     assert key[10] == ("below" not in kind)  # wide indexing
-    stubs.module.approve(PAGE_TABLE, 0, None, True)
+    stubs.module.approve(PAGE_TABLE, 0, None, TRITON)
     register(call)
     assert stubs.module.page_table(*call) is call[3]
     (launched,) = stubs.launches
@@ -216,7 +151,7 @@ def _mutations():
 @pytest.mark.parametrize("name", list(_mutations()))
 def test_hands_back_what_it_must_not_take(stubs, name):
     call = random_call(100, page_size=64, with_start=False, options="")
-    stubs.module.approve(PAGE_TABLE, 0, None, True)
+    stubs.module.approve(PAGE_TABLE, 0, None, TRITON)
     register(call)
     _mutations()[name](call)
     assert stubs.module.page_table(*call) is NotImplemented
@@ -262,7 +197,7 @@ def _python_refusal(check, args):
 def test_page_table_overlaps_are_decided_as_python_decides(stubs):
     """Random calls whose tensors share one buffer (and some with rows of out sharing memory): C takes
     exactly the calls the Python validator accepts; the rest it hands back, for Python to refuse."""
-    stubs.module.approve(PAGE_TABLE, 0, None, True)
+    stubs.module.approve(PAGE_TABLE, 0, None, TRITON)
     outcomes = set()
     for seed in range(150):
         call = random_call(seed)
@@ -287,7 +222,7 @@ def test_page_table_overlaps_are_decided_as_python_decides(stubs):
 
 
 def test_token_csr_overlaps_are_decided_as_python_decides(stubs):
-    stubs.module.approve(TOKEN_CSR, 0, None, True)
+    stubs.module.approve(TOKEN_CSR, 0, None, TRITON)
     outcomes = set()
     for seed in range(100):
         call = random_csr_call(seed)
@@ -339,7 +274,7 @@ ALIASINGS = ["seq_lens_out is seq_lens", "seq_lens_out one entry after seq_lens"
 def test_hands_back_overlapping_calls(stubs, name):
     """Each call has its own plan registered: only the overlap sends it back."""
     call = _aliasing(name, random_call(21, page_size=64, with_start=True, options="lens_out"))
-    stubs.module.approve(PAGE_TABLE, 0, None, True)
+    stubs.module.approve(PAGE_TABLE, 0, None, TRITON)
     register(call)
     assert stubs.module.page_table(*call) is NotImplemented
     assert stubs.launches == []
@@ -354,7 +289,7 @@ def test_takes_outputs_next_to_inputs(stubs):
     lens, lens_out, out, start = torch.split(torch.zeros(rows * width + 3 * batch, dtype=torch.int32),
                                              [batch, batch, rows * width, batch])
     call[2], call[7], call[3], call[5] = lens.copy_(call[2]), lens_out, out.view(rows, width), start.copy_(call[5])
-    stubs.module.approve(PAGE_TABLE, 0, None, True)
+    stubs.module.approve(PAGE_TABLE, 0, None, TRITON)
     register(call)
     assert stubs.module.page_table(*call) is call[3]
     _validate.check_page_table_args(*call[:9])
@@ -364,7 +299,7 @@ def test_hands_back_without_approval_plan_or_context(stubs):
     call = random_call(7)
     register(call)
     assert stubs.module.page_table(*call) is NotImplemented  # the selector never chose Triton here
-    stubs.module.approve(PAGE_TABLE, 0, None, True)
+    stubs.module.approve(PAGE_TABLE, 0, None, TRITON)
     stubs.context = CONTEXT + 1  # another device is current: the Python path switches devices
     assert stubs.module.page_table(*call) is NotImplemented
     stubs.context = CONTEXT
@@ -379,7 +314,7 @@ def test_hands_back_without_approval_plan_or_context(stubs):
 
 def test_a_failed_launch_is_handed_back(stubs):
     call = random_call(8)
-    stubs.module.approve(PAGE_TABLE, 0, None, True)
+    stubs.module.approve(PAGE_TABLE, 0, None, TRITON)
     register(call)
     stubs.result = 1  # CUDA_ERROR_INVALID_VALUE
     assert stubs.module.page_table(*call) is NotImplemented
@@ -391,25 +326,12 @@ def test_a_failed_launch_is_handed_back(stubs):
 def test_approvals_follow_the_selector_hooks(stubs):
     call = random_call(9)
     register(call)
-    gpu = type("FakeCuda", (), {"type": "cuda", "index": 0})()  # CPU tensors are device 0 here
-    native.on_selected(gpu, "token_csr", None)
-    assert stubs.module.page_table(*call) is NotImplemented  # only the page table has a C path
-    native.on_selected(gpu, "page_table", None)
-    assert stubs.module.page_table(*call) is call[3]
-    native.on_deselected(gpu)
-    assert stubs.module.page_table(*call) is NotImplemented
-    native.on_selected(gpu, "page_table", None)
-    native.on_deselected(None)
-    assert stubs.module.page_table(*call) is NotImplemented
-    assert len(stubs.launches) == 1
-    native.on_selected(gpu, "page_table", None)  # selected again: the plan (kept, as Python's is) serves
-    assert stubs.module.page_table(*call) is call[3]
-    assert len(stubs.launches) == 2
+    check_approvals_follow_the_hooks(stubs, native, call, "cupy")
 
 
 def test_plan_cache_clear_drops_the_c_plans(stubs):
     call = random_call(10)
-    stubs.module.approve(PAGE_TABLE, 0, None, True)
+    stubs.module.approve(PAGE_TABLE, 0, None, TRITON)
     register(call)
     launch.reset()  # what a change of KVDISPATCH_TRITON_LAUNCH needs
     assert stubs.module.page_table(*call) is NotImplemented
@@ -418,8 +340,8 @@ def test_plan_cache_clear_drops_the_c_plans(stubs):
 def test_one_op_plan_cache_clear_keeps_the_other_ops_plans(stubs):
     calls = [random_call(seed) for seed in range(13, 20)]
     csr = random_csr_call(13)
-    stubs.module.approve(PAGE_TABLE, 0, None, True)
-    stubs.module.approve(TOKEN_CSR, 0, None, True)
+    stubs.module.approve(PAGE_TABLE, 0, None, TRITON)
+    stubs.module.approve(TOKEN_CSR, 0, None, TRITON)
     for call in calls:
         register(call)
     register_csr(stubs, csr)
@@ -435,7 +357,7 @@ def test_public_api_goes_through_it_and_errors_do_not(stubs, monkeypatch):
     monkeypatch.setenv("KVDISPATCH_BACKEND", "torch")
     call = random_call(11, with_start=True, options="fill")
     table, pool, lens, out, page_size, start, offset, lens_out, fill, *_ = call
-    stubs.module.approve(PAGE_TABLE, 0, None, True)
+    stubs.module.approve(PAGE_TABLE, 0, None, TRITON)
     register(call)
     monkeypatch.setattr(dispatch, "fast_page_table", stubs.module.page_table)
     kwargs = dict(page_size=page_size, kv_start_idx=start, seqlen_offset=offset, seq_lens_out=lens_out,
@@ -479,7 +401,7 @@ def test_selector_notifies_the_backend(monkeypatch):
 def test_native_mode_requires_it(monkeypatch):
     monkeypatch.setenv(launch.LAUNCH_ENV, "native")
     launcher = launch.KernelLauncher(page_table.page_table_kernel, page_table.CONSTEXPRS)
-    launcher.compiled[(0, "spec")] = object()  # nothing native_launch.c could launch
+    launcher.compiled[(0, "spec")] = object()  # nothing host_path.c could launch
     with pytest.raises(RuntimeError, match="native"):
         launcher.native_kernel(0, "spec", 17, 128)
     monkeypatch.setenv(launch.LAUNCH_ENV, "direct")
@@ -518,36 +440,18 @@ def test_parameter_count_needs_the_plain_case():
 
 
 def test_builds_once_into_the_cache(tmp_path, monkeypatch):
-    if native.compiler() is None:
+    if host_path.compiler() is None:
         pytest.skip("no C compiler")
-    first = native.build(tmp_path)
+    first = host_path.build(tmp_path)
     files = sorted(p.name for p in tmp_path.iterdir())
-    assert len(files) == 1 and files[0].startswith(native.MODULE_NAME)
+    assert len(files) == 1 and files[0].startswith(host_path.MODULE_NAME)
     stamp = (tmp_path / files[0]).stat().st_mtime_ns
-    native.build(tmp_path)
+    host_path.build(tmp_path)
     assert (tmp_path / files[0]).stat().st_mtime_ns == stamp
     assert hasattr(first, "page_table")
     monkeypatch.setenv("CC", str(tmp_path / "no-such-compiler"))
     with pytest.raises(Exception):
-        native.build(tmp_path / "elsewhere")
-
-
-def random_csr_call(seed, with_start=None):
-    """The public arguments of a random valid token-CSR call (strided and int64 vectors)."""
-    g = torch.Generator().manual_seed(seed)
-    rows, cols, batch, n = (int(torch.randint(lo, hi, (1,), generator=g)) for lo, hi in ((2, 30), (1, 5000),
-                                                                                        (1, 9), (1, 9000)))
-    table = torch.randint(0, 1 << 20, (rows, cols + 3), generator=g, dtype=torch.int32)[:, :cols]
-
-    def vector(low, high, length=batch):
-        dtype = (torch.int32, torch.int64)[int(torch.randint(2, (1,), generator=g))]
-        return torch.randint(low, high, (2 * length,), generator=g).to(dtype)[::2]
-
-    if with_start is None:
-        with_start = bool(torch.randint(2, (1,), generator=g))
-    start = vector(0, cols) if with_start else None
-    return [table, vector(-1, rows + 1), vector(-2, cols + 3), vector(-5, n, batch + 1),
-            torch.zeros(n, dtype=torch.int32), start, None, 1, None]  # backend, entry_page_size, token_mapping
+        host_path.build(tmp_path / "elsewhere")
 
 
 def register_csr(stubs, call, threads=128):
@@ -560,14 +464,13 @@ def register_csr(stubs, call, threads=128):
 @pytest.mark.parametrize("seed", range(20))
 def test_token_csr_packs_what_the_python_path_launches(stubs, seed):
     call = random_csr_call(seed)
-    stubs.module.approve(TOKEN_CSR, 0, None, True)
+    stubs.module.approve(TOKEN_CSR, 0, None, TRITON)
     register_csr(stubs, call)
     assert stubs.module.page_table(*random_call(seed)) is NotImplemented  # approved for the other op only
     assert stubs.module.token_csr(*call) is call[4]
     (launched,) = stubs.launches
     _, args = token_csr.plan_key_and_arguments(*call[:6])
-    assert launched["params"] == [(a.data_ptr() if isinstance(a, torch.Tensor) else a) % 2**64
-                                  for a in args[:len(token_csr.ORDINARY_PARAMETERS)]] + [0, 0]
+    assert launched["params"] == unsigned(args[:len(token_csr.ORDINARY_PARAMETERS)]) + [0, 0]
     assert launched["grid"] == (call[1].shape[0], 5, 1) and launched["function"] == FUNCTION + 1
 
 
@@ -585,13 +488,12 @@ def test_token_csr_packs_the_edges_as_python_does(stubs, edge, contiguous):
     call[0] = table.expand(size, table.shape[1]) if edge.startswith("rows") else table.as_strided(table.shape, (size, 1))
     key, _ = token_csr.plan_key_and_arguments(*call[:6])
     assert key[7:9] == (contiguous, "below" not in edge)  # unit strides, wide indexing
-    stubs.module.approve(TOKEN_CSR, 0, None, True)
+    stubs.module.approve(TOKEN_CSR, 0, None, TRITON)
     register_csr(stubs, call)
     assert stubs.module.token_csr(*call) is call[4]
     (launched,) = stubs.launches
     _, args = token_csr.plan_key_and_arguments(*call[:6])
-    assert launched["params"] == [(a.data_ptr() if isinstance(a, torch.Tensor) else a) % 2**64
-                                  for a in args[:len(token_csr.ORDINARY_PARAMETERS)]] + [0, 0]
+    assert launched["params"] == unsigned(args[:len(token_csr.ORDINARY_PARAMETERS)]) + [0, 0]
 
 
 @pytest.mark.parametrize("name", ["indptr too short", "indptr float", "out 2-D", "out strided", "out int64",
@@ -601,7 +503,7 @@ def test_token_csr_packs_the_edges_as_python_does(stubs, edge, contiguous):
 def test_token_csr_hands_back_what_it_must_not_take(stubs, name):
     call = random_csr_call(5, with_start=False)
     batch = call[1].shape[0]
-    stubs.module.approve(TOKEN_CSR, 0, None, True)
+    stubs.module.approve(TOKEN_CSR, 0, None, TRITON)
     register_csr(stubs, call)
     out = call[4]
     change = {
@@ -630,7 +532,7 @@ def test_token_csr_hands_back_what_it_must_not_take(stubs, name):
 
 def test_flashinfer_api_goes_through_it(stubs, monkeypatch):
     call = random_csr_call(12, with_start=True)
-    stubs.module.approve(TOKEN_CSR, 0, None, True)
+    stubs.module.approve(TOKEN_CSR, 0, None, TRITON)
     register_csr(stubs, call)
     monkeypatch.setattr(dispatch, "fast_token_csr", stubs.module.token_csr)
     table, pool, lens, indptr, out, start = call[:6]
@@ -644,13 +546,13 @@ def test_flashinfer_api_goes_through_it(stubs, monkeypatch):
 def test_load_failure_leaves_launches_in_python(tmp_path, monkeypatch):
     """Where the extension cannot be built (here: no such compiler) or CUDA is missing, ``load`` returns None
     once, says why, and a required native mode raises with that reason; auto mode goes on in Python."""
-    monkeypatch.setattr(native, "_module", None)
-    monkeypatch.setattr(native, "_failure", None)
+    monkeypatch.setattr(host_path, "_module", None)
+    monkeypatch.setattr(host_path, "_failure", None)
     monkeypatch.setenv("CC", str(tmp_path / "no-such-compiler"))
     monkeypatch.setenv(_build_cache.CACHE_ENV, str(tmp_path / "cache"))
-    assert native.load() is None
-    assert native.failure()
-    assert native.load() is None  # no second attempt
+    assert host_path.load() is None
+    assert host_path.failure()
+    assert host_path.load() is None  # no second attempt
     launcher = launch.KernelLauncher(page_table.page_table_kernel, page_table.CONSTEXPRS)
     launcher.compiled[(0, "spec")] = object()
     monkeypatch.setattr(launch, "native_parameter_count", lambda compiled, runtime_args: runtime_args + 2)
@@ -735,27 +637,27 @@ def test_parameter_count_reads_the_amdgpu_kernel_arguments():
 
 @pytest.fixture
 def hip_loading(built, monkeypatch):
-    """``native.load`` with the extension already built, a simulated device and a stand-in for each driver
+    """``host_path.load`` with the extension already built, a simulated device and a stand-in for each driver
     library (its launch and context functions: the Stubs'); returns ``(sim, stubs, opened)``, ``opened``
     listing the libraries asked for."""
     from simdevices import Sim
 
-    stubs, opened = Stubs(), []
+    stubs, opened = Stubs(PARAMS), []
 
     def open_driver(library, reuse_loaded):
         opened.append((library, reuse_loaded))
         api = next(a for a in kvdispatch.devices.DRIVER_LAUNCH_API.values() if a.library == library)
         return type("Driver", (), {api.launch: stubs.launch, api.current_context: stubs.current_context})
 
-    monkeypatch.setattr(native, "open_driver", open_driver)
-    monkeypatch.setattr(native, "build", lambda: built)
-    monkeypatch.setattr(native, "_module", None)
-    monkeypatch.setattr(native, "_failure", None)
-    monkeypatch.setattr(native, "_approved", set())
+    monkeypatch.setattr(host_path, "open_driver", open_driver)
+    monkeypatch.setattr(host_path, "build", lambda: built)
+    monkeypatch.setattr(host_path, "_module", None)
+    monkeypatch.setattr(host_path, "_failure", None)
+    monkeypatch.setattr(host_path, "_approved", {})
     monkeypatch.setattr(torch._C, "_cuda_getCurrentRawStream", lambda index: STREAM_BASE + index, raising=False)
     monkeypatch.setattr(dispatch, "fast_page_table", None)
     monkeypatch.setattr(dispatch, "fast_token_csr", None)
-    monkeypatch.delenv(native.HIP_HOST_PATH_ENV, raising=False)
+    monkeypatch.delenv(host_path.HIP_HOST_PATH_ENV, raising=False)
     return Sim(monkeypatch), stubs, opened
 
 
@@ -764,14 +666,14 @@ def test_amd_stays_in_python_unless_the_hip_host_path_is_on(hip_loading, monkeyp
 
     sim, stubs, opened = hip_loading
     sim.add(MI300X)
-    assert native.load(0) is None
-    assert native.HIP_HOST_PATH_ENV in native.failure()
+    assert host_path.load(0) is None
+    assert host_path.HIP_HOST_PATH_ENV in host_path.failure()
     assert opened == [] and dispatch.fast_page_table is None and dispatch.fast_token_csr is None
     for value in ("0", "off", "maybe"):  # off, or not a boolean: the same, with the reason
-        monkeypatch.setattr(native, "_failure", None)
-        monkeypatch.setenv(native.HIP_HOST_PATH_ENV, value)
-        assert native.load(0) is None and opened == []
-        assert native.HIP_HOST_PATH_ENV in native.failure()
+        monkeypatch.setattr(host_path, "_failure", None)
+        monkeypatch.setenv(host_path.HIP_HOST_PATH_ENV, value)
+        assert host_path.load(0) is None and opened == []
+        assert host_path.HIP_HOST_PATH_ENV in host_path.failure()
 
 
 @pytest.mark.parametrize("raw, library", [("MI300X", "libamdhip64.so"), ("H200", "libcuda.so.1")])
@@ -782,11 +684,11 @@ def test_the_probe_vendor_picks_the_driver(hip_loading, monkeypatch, raw, librar
 
     sim, stubs, opened = hip_loading
     sim.add(getattr(simdevices, raw))
-    monkeypatch.setenv(native.HIP_HOST_PATH_ENV, "1")
-    module = native.load(0)
-    assert module is not None, native.failure()
+    monkeypatch.setenv(host_path.HIP_HOST_PATH_ENV, "1")
+    module = host_path.load(0)
+    assert module is not None, host_path.failure()
     assert opened == [(library, raw == "MI300X")]  # only the HIP runtime is looked up among the loaded files
-    assert native.current_context() == CONTEXT  # the context query is the driver's (here the stub)
+    assert host_path.current_context() == CONTEXT  # the context query is the driver's (here the stub)
     assert dispatch.fast_page_table == module.page_table and dispatch.fast_token_csr == module.token_csr
 
 
@@ -812,7 +714,7 @@ def test_amd_plan_launches_with_its_wavefronts(stubs, monkeypatch):
         assert launcher.native_kernel(0, refused, len(triton_page_table.PARAMETERS), geometry.threads) is None
     kernel = launcher.native_kernel(0, "amd", len(triton_page_table.PARAMETERS), geometry.threads)
     assert kernel == launch.NativeKernel(FUNCTION, geometry.threads, 0, PARAMS, CONTEXT)
-    stubs.module.approve(PAGE_TABLE, 0, None, True)
+    stubs.module.approve(PAGE_TABLE, 0, None, TRITON)
     assert native.add_page_table_plan((0,) + key[1:], kernel, geometry.grid)
     assert stubs.module.page_table(*call) is call[3]
     (launched,) = stubs.launches

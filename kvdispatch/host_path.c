@@ -1,10 +1,14 @@
 // The host path of both index builders in C: the validator's hot-path checks, the launch-plan lookup, the
 // argument packing and the kernel launch, for a call whose plan the Python path has already built.
 //
-// Built at first use by kernels_triton/native.py with the C compiler Triton itself needs; only the
+// Built at first use by kvdispatch/host_path.py with the system's C compiler; only the
 // Python C API (3.9+) is used: no torch or CUDA headers. Tensor metadata is read through the tensors'
 // Python attributes; the launch and context functions are handed over as addresses (libcuda's
 // cuLaunchKernel and cuCtxGetCurrent in the product, stubs in the tests).
+//
+// Two launchers register plans here: Triton's (kernels_triton/native.py) and CuPy's (kernels_cupy/native.py).
+// The selector's approval of (op, device, requested backend) names the launcher; the call's key, the plan
+// and the parameter order are that launcher's.
 //
 // page_table(...) and token_csr(...) return `out` after launching, or NotImplemented whenever anything is
 // not exactly the plain valid case they know (an unexpected type, a failed check, no plan, another current
@@ -28,21 +32,24 @@ typedef int (*launch_fn)(void *function, unsigned grid_x, unsigned grid_y, unsig
                          void **extra);
 typedef int (*context_fn)(void **context);
 
-// Values shared with the Python side come from kernels_triton/native.py (shared_defines) as -D options:
-// the op codes (native.OPS), the kernels' runtime parameter counts (len(page_table.PARAMETERS),
-// len(token_csr.PARAMETERS)), the largest page size (kvdispatch.grid.MAX_PAGE_SIZE) and launch.WIDE.
-#if !defined(OP_PAGE_TABLE) || !defined(OP_TOKEN_CSR) || !defined(PAGE_TABLE_ARGS) || !defined(TOKEN_CSR_ARGS) || \
+// Values shared with the Python side come from kvdispatch/host_path.py (shared_defines) as -D options:
+// the op codes (host_path.OPS), the launcher codes (host_path.LAUNCHERS), the largest page size
+// (kvdispatch.grid.MAX_PAGE_SIZE) and host_path.WIDE.
+#if !defined(OP_PAGE_TABLE) || !defined(OP_TOKEN_CSR) || !defined(LAUNCHER_TRITON) || !defined(LAUNCHER_CUPY) || \
     !defined(MAX_PAGE_SIZE) || !defined(WIDE)
-#error "built by kernels_triton/native.py, which passes the values shared with Python as -D options"
+#error "built by kvdispatch/host_path.py, which passes the values shared with Python as -D options"
 #endif
 #define MAX_PARAMS 24
-#if PAGE_TABLE_ARGS > MAX_PARAMS || TOKEN_CSR_ARGS > MAX_PARAMS
-#error "MAX_PARAMS is below a kernel's runtime parameter count"
-#endif
 #if OP_PAGE_TABLE < 0 || OP_PAGE_TABLE > 1 || OP_TOKEN_CSR < 0 || OP_TOKEN_CSR > 1 || OP_PAGE_TABLE == OP_TOKEN_CSR
 #error "the op codes index approved[2]: they must be 0 and 1"
 #endif
-#define TABLE_SLOTS 8192  // open addressing, at most half full (the Python plan caches hold 4096 keys each)
+#if LAUNCHER_TRITON < 0 || LAUNCHER_TRITON > 1 || LAUNCHER_CUPY < 0 || LAUNCHER_CUPY > 1 || \
+    LAUNCHER_TRITON == LAUNCHER_CUPY
+#error "the launcher codes must be 0 and 1"
+#endif
+// Open addressing, at most half full: the Python plan caches (Triton's page table and token CSR, CuPy's)
+// hold 4096 keys each.
+#define TABLE_SLOTS 32768
 
 // Configuration (configure()).
 static launch_fn launch_kernel = NULL;
@@ -51,17 +58,19 @@ static PyObject *stream_query = NULL, *tensor_type = NULL, *dtype_int32 = NULL, 
 static PyObject *device_flag = NULL;  // the attribute that is True on tensors of the launch device type
 static long index_offset = 0;         // added to get_device(): 0 on GPUs; 1 lets the tests use CPU tensors
 static unsigned long long launches = 0;
-static PyObject *s_dtype, *s_shape, *s_stride, *s_data_ptr, *s_get_device, *s_auto, *s_triton;
+static PyObject *s_dtype, *s_shape, *s_stride, *s_data_ptr, *s_get_device, *s_auto, *s_triton, *s_cupy;
 
-// Which (op, device, requested backend) triples the selector resolved to this launcher.
+// Which launcher the selector resolved (op, device, requested backend) to: 0 none, else its code + 1.
 #define MAX_DEVICES 64
-static unsigned char approved[2][MAX_DEVICES][3];  // [op][device][backend: None, "auto", "triton"]
+#define BACKEND_CODES 4  // None, "auto", "triton", "cupy"
+static unsigned char approved[2][MAX_DEVICES][BACKEND_CODES];
 
-// The Python launchers' plan keys (page_table.plan_key_and_arguments, token_csr.plan_key_and_arguments);
-// fields an op does not have stay 0. Dtypes: 0 absent, 1 int32, 2 int64.
+// The launch-plan keys. Triton's are its Python launchers' (page_table.plan_key_and_arguments,
+// token_csr.plan_key_and_arguments); CuPy's drop the fields its kernels take at run time
+// (cupy_fields_only). Fields an op does not have stay 0. Dtypes: 0 absent, 1 int32, 2 int64.
 typedef struct {
-    int64_t op, device, page_size, batch, width, pool_dtype, lens_dtype, start_dtype, indptr_dtype, seq_lens_out,
-        fill, unit_strides, wide_indexing, offset;
+    int64_t launcher, op, device, page_size, batch, width, pool_dtype, lens_dtype, start_dtype, indptr_dtype,
+        seq_lens_out, fill, unit_strides, wide_indexing, offset;
 } plan_key;
 
 typedef struct {
@@ -70,10 +79,17 @@ typedef struct {
     void *context;
     uint64_t function;
     unsigned grid_y, grid_z, threads, shared, param_count;  // grid: (batch, grid_y, grid_z), kvdispatch.grid
+    uint64_t items, flags;  // CuPy's kernels take these as arguments: the grid helper's items per program, KV_FLAGS
 } plan;
 
 static plan plans[TABLE_SLOTS];
 static int plan_count = 0;
+
+// A CuPy key: the CUDA kernels take strides and sizes at full width whatever their values, and the offset
+// as an argument, so these Triton specialisations are no part of it.
+static void cupy_fields_only(plan_key *key) {
+    if (key->launcher == LAUNCHER_CUPY) key->unit_strides = key->wide_indexing = key->offset = 0;
+}
 
 static uint64_t hash_key(const plan_key *key) {
     const int64_t *words = (const int64_t *)key;
@@ -138,18 +154,20 @@ static PyObject *clear(PyObject *self, PyObject *unused) {
     Py_RETURN_NONE;
 }
 
-// clear_plans(op=-1): forget the plans of one op (each Python plan cache forgets its own), or of both.
+// clear_plans(launcher=-1, op=-1): forget the plans of one launcher's op (each Python plan cache forgets its
+// own), of all its ops (op -1), or every plan (launcher -1).
 static PyObject *clear_plans(PyObject *self, PyObject *args) {
-    int op = -1;
-    if (!PyArg_ParseTuple(args, "|i", &op)) return NULL;
-    if (op < 0) {
+    int launcher = -1, op = -1;
+    if (!PyArg_ParseTuple(args, "|ii", &launcher, &op)) return NULL;
+    if (launcher < 0) {
         clear_plans_only();
         Py_RETURN_NONE;
     }
     static plan kept[TABLE_SLOTS / 2];  // the table is at most half full
     int count = 0;
     for (int i = 0; i < TABLE_SLOTS; ++i)
-        if (plans[i].used && plans[i].key.op != op) kept[count++] = plans[i];
+        if (plans[i].used && (plans[i].key.launcher != launcher || (op >= 0 && plans[i].key.op != op)))
+            kept[count++] = plans[i];
     clear_plans_only();
     for (int i = 0; i < count; ++i) *find_slot(&kept[i].key) = kept[i];  // reinserted: probe chains stay whole
     plan_count = count;
@@ -158,25 +176,28 @@ static PyObject *clear_plans(PyObject *self, PyObject *args) {
 
 static PyObject *launch_count(PyObject *self, PyObject *unused) { return PyLong_FromUnsignedLongLong(launches); }
 
-// The requested backend as the selector's key has it: 0 None, 1 "auto", 2 "triton"; -1 anything else.
+// The requested backend as the selector's key has it: 0 None, 1 "auto", 2 "triton", 3 "cupy"; -1 anything else.
 static int backend_code(PyObject *backend) {
     if (backend == Py_None) return 0;
     if (!PyUnicode_CheckExact(backend)) return -1;
     if (backend == s_auto || PyUnicode_Compare(backend, s_auto) == 0) return 1;
     if (backend == s_triton || PyUnicode_Compare(backend, s_triton) == 0) return 2;
+    if (backend == s_cupy || PyUnicode_Compare(backend, s_cupy) == 0) return 3;
     return -1;
 }
 
-// approve(op, device index, backend, on): whether the selector resolves (op, device, backend) to this launcher.
+// approve(op, device index, backend, launcher): the selector resolves (op, device, backend) to `launcher`
+// (a launcher code; -1: to none this path knows).
 static PyObject *approve(PyObject *self, PyObject *args) {
-    int op, on;
+    int op, launcher;
     long device;
     PyObject *backend;
-    if (!PyArg_ParseTuple(args, "ilOp", &op, &device, &backend, &on)) return NULL;
+    if (!PyArg_ParseTuple(args, "ilOi", &op, &device, &backend, &launcher)) return NULL;
     int code = backend_code(backend);
     if (PyErr_Occurred()) return NULL;
     if ((op == OP_PAGE_TABLE || op == OP_TOKEN_CSR) && device >= 0 && device < MAX_DEVICES && code >= 0)
-        approved[op][device][code] = (unsigned char)on;
+        approved[op][device][code] =
+            (unsigned char)(launcher == LAUNCHER_TRITON || launcher == LAUNCHER_CUPY ? launcher + 1 : 0);
     Py_RETURN_NONE;
 }
 
@@ -186,40 +207,26 @@ static PyObject *context(PyObject *self, PyObject *unused) {
     return PyLong_FromUnsignedLongLong((uint64_t)(uintptr_t)ctx);
 }
 
-static PyObject *store_plan(const plan_key *key, unsigned long long ctx, unsigned long long function,
-                            unsigned grid_y, unsigned grid_z, unsigned threads, unsigned shared, unsigned param_count,
-                            unsigned args) {
-    if (param_count < args || param_count > MAX_PARAMS)
-        return PyErr_Format(PyExc_ValueError, "add_plan: %u parameters, expected %u to %d", param_count, args,
-                            MAX_PARAMS);
-    plan *p = find_slot(key);
-    if (p == NULL) Py_RETURN_FALSE;
-    if (!p->used) {
-        if (plan_count * 2 >= TABLE_SLOTS) Py_RETURN_FALSE;  // full: such calls stay on the Python path
-        ++plan_count;
-    }
-    p->used = 1;
-    p->key = *key;
-    p->context = (void *)(uintptr_t)ctx;
-    p->function = function;
-    p->grid_y = grid_y, p->grid_z = grid_z, p->threads = threads, p->shared = shared, p->param_count = param_count;
-    Py_RETURN_TRUE;
-}
-
-// add_page_table_plan(key tuple of 12 ints, context, function, grid_y, grid_z, threads, shared, param_count)
+// add_plan(launcher, op, key, context, function, grid_y, grid_z, threads, shared, param_count, items, flags)
 //   -> added
-// key: device, page size, batch, width, pool dtype, lens dtype, start dtype, seq_lens_out, fill, unit strides,
-// wide indexing, offset not 0, as page_table() computes it from its arguments.
-// add_token_csr_plan(key tuple of 9 ints, ...) -> added
-// key: device, batch, min(table width, out length), pool dtype, lens dtype, indptr dtype, start dtype, unit
-// strides, wide indexing.
-static PyObject *add_plan(PyObject *args, int op) {
+// key, a tuple of ints as page_table() and token_csr() compute it from their arguments:
+//   page table (12): device, page size, batch, width, pool dtype, lens dtype, start dtype, seq_lens_out, fill,
+//   unit strides, wide indexing, offset not 0;
+//   token CSR (9): device, batch, min(table width, out length), pool dtype, lens dtype, indptr dtype, start
+//   dtype, unit strides, wide indexing.
+// A CuPy key's unit strides, wide indexing and offset fields are ignored (cupy_fields_only).
+static PyObject *add_plan(PyObject *self, PyObject *args) {
+    int launcher, op;
     PyObject *key_tuple;
-    unsigned long long ctx, function;
+    unsigned long long ctx, function, items, flags;
     unsigned grid_y, grid_z, threads, shared, param_count;
-    if (!PyArg_ParseTuple(args, "O!KKIIIII", &PyTuple_Type, &key_tuple, &ctx, &function, &grid_y, &grid_z, &threads,
-                          &shared, &param_count))
+    if (!PyArg_ParseTuple(args, "iiO!KKIIIIIKK", &launcher, &op, &PyTuple_Type, &key_tuple, &ctx, &function,
+                          &grid_y, &grid_z, &threads, &shared, &param_count, &items, &flags))
         return NULL;
+    if ((launcher != LAUNCHER_TRITON && launcher != LAUNCHER_CUPY) || (op != OP_PAGE_TABLE && op != OP_TOKEN_CSR))
+        return PyErr_Format(PyExc_ValueError, "add_plan: no launcher %d or op %d", launcher, op);
+    if (param_count > MAX_PARAMS)
+        return PyErr_Format(PyExc_ValueError, "add_plan: %u parameters, at most %d", param_count, MAX_PARAMS);
     Py_ssize_t size = op == OP_PAGE_TABLE ? 12 : 9;
     if (PyTuple_GET_SIZE(key_tuple) != size)
         return PyErr_Format(PyExc_ValueError, "add_plan: the key has %zd fields", size);
@@ -228,7 +235,7 @@ static PyObject *add_plan(PyObject *args, int op) {
     if (PyErr_Occurred()) return NULL;
     plan_key key;
     memset(&key, 0, sizeof(key));
-    key.op = op, key.device = f[0];
+    key.launcher = launcher, key.op = op, key.device = f[0];
     if (op == OP_PAGE_TABLE) {
         key.page_size = f[1], key.batch = f[2], key.width = f[3], key.pool_dtype = f[4], key.lens_dtype = f[5];
         key.start_dtype = f[6], key.seq_lens_out = f[7], key.fill = f[8], key.unit_strides = f[9];
@@ -237,13 +244,21 @@ static PyObject *add_plan(PyObject *args, int op) {
         key.batch = f[1], key.width = f[2], key.pool_dtype = f[3], key.lens_dtype = f[4], key.indptr_dtype = f[5];
         key.start_dtype = f[6], key.unit_strides = f[7], key.wide_indexing = f[8];
     }
-    return store_plan(&key, ctx, function, grid_y, grid_z, threads, shared, param_count,
-                      op == OP_PAGE_TABLE ? PAGE_TABLE_ARGS : TOKEN_CSR_ARGS);
+    cupy_fields_only(&key);
+    plan *p = find_slot(&key);
+    if (p == NULL) Py_RETURN_FALSE;
+    if (!p->used) {
+        if (plan_count * 2 >= TABLE_SLOTS) Py_RETURN_FALSE;  // full: such calls stay on the Python path
+        ++plan_count;
+    }
+    p->used = 1;
+    p->key = key;
+    p->context = (void *)(uintptr_t)ctx;
+    p->function = function;
+    p->grid_y = grid_y, p->grid_z = grid_z, p->threads = threads, p->shared = shared, p->param_count = param_count;
+    p->items = items, p->flags = flags;
+    Py_RETURN_TRUE;
 }
-
-static PyObject *add_page_table_plan(PyObject *self, PyObject *args) { return add_plan(args, OP_PAGE_TABLE); }
-
-static PyObject *add_token_csr_plan(PyObject *self, PyObject *args) { return add_plan(args, OP_TOKEN_CSR); }
 
 typedef struct {
     int64_t size[2], stride[2];
@@ -323,15 +338,23 @@ static int small_int(PyObject *o, int64_t low, int64_t high, int64_t *value) {
     return v >= low && v <= high;
 }
 
-// The launch of a call whose key is complete: plan lookup, current-context check, stream query, launch.
-// `values` holds the kernel's runtime arguments; the rest of the parameters (Triton's scratch pointers) are 0.
-// Returns a new reference to `result`, or NotImplemented.
-static PyObject *launch_plan(const plan_key *key, unsigned grid_x, uint64_t *values, PyObject *result) {
-    plan *p = find_slot(key);
-    if (p == NULL || !p->used) Py_RETURN_NOTIMPLEMENTED;
+// The plan of a call whose key is complete (cupy_fields_only applied inside), or NULL.
+static const plan *find_plan(plan_key *key) {
+    cupy_fields_only(key);
+    const plan *p = find_slot(key);
+    return p != NULL && p->used ? p : NULL;
+}
+
+// The launch of plan `p` for a call on `device` with `batch` rows: current-context check, stream query,
+// launch. `values` holds the kernel's `count` arguments; Triton's kernels take two more (scratch pointers,
+// passed as 0), CuPy's exactly these. Returns a new reference to `result`, or NotImplemented.
+static PyObject *launch_plan(const plan *p, long device, int64_t batch, uint64_t *values, unsigned count,
+                             PyObject *result) {
+    if (p->key.launcher == LAUNCHER_CUPY ? p->param_count != count : p->param_count < count)
+        Py_RETURN_NOTIMPLEMENTED;
     void *ctx = NULL;
     if (current_context(&ctx) != 0 || ctx != p->context) Py_RETURN_NOTIMPLEMENTED;
-    PyObject *index = PyLong_FromLong((long)key->device);
+    PyObject *index = PyLong_FromLong(device);
     PyObject *stream_obj = index ? PyObject_CallOneArg(stream_query, index) : NULL;
     Py_XDECREF(index);
     if (stream_obj == NULL) return NULL;  // the stream query itself failed: a real error
@@ -341,7 +364,8 @@ static PyObject *launch_plan(const plan_key *key, unsigned grid_x, uint64_t *val
     void *params[MAX_PARAMS];
     for (unsigned i = 0; i < p->param_count; ++i) params[i] = &values[i];
     void *function = (void *)(uintptr_t)p->function;
-    unsigned grid_y = p->grid_y, grid_z = p->grid_z, threads = p->threads, shared = p->shared;
+    unsigned grid_x = (unsigned)batch, grid_y = p->grid_y, grid_z = p->grid_z, threads = p->threads,
+             shared = p->shared;
     int rc;
     Py_BEGIN_ALLOW_THREADS;
     rc = launch_kernel(function, grid_x, grid_y, grid_z, threads, 1, 1, shared, (void *)(uintptr_t)stream, params,
@@ -352,9 +376,18 @@ static PyObject *launch_plan(const plan_key *key, unsigned grid_x, uint64_t *val
     return Py_NewRef(result);
 }
 
+// Copies `count` values into the parameter array (zeros past them); returns `count`.
+static unsigned put_values(uint64_t *values, const uint64_t *given, unsigned count) {
+    memset(values, 0, MAX_PARAMS * sizeof(uint64_t));
+    memcpy(values, given, count * sizeof(uint64_t));
+    return count;
+}
+#define PUT(values, ...)                                                                                        \
+    put_values(values, (const uint64_t[]){__VA_ARGS__}, sizeof((const uint64_t[]){__VA_ARGS__}) / sizeof(uint64_t))
+
 // The checks both calls share (backend, table, approval, pool, lengths, the optional start vector), filling
-// the key's op, device, batch and dtypes, and *start_stride when there is a start. Returns 0 when they pass,
-// -1 (no error set) when the call must be handed back.
+// the key's launcher, op, device, batch and dtypes, and *start_stride when there is a start. Returns 0 when
+// they pass, -1 (no error set) when the call must be handed back.
 static int common_arguments(PyObject *const *args, PyObject *start_obj, PyObject *backend_obj, int op,
                             tensor_info *table, tensor_info *pool, tensor_info *lens, tensor_info *start,
                             int64_t *start_stride, plan_key *key) {
@@ -374,6 +407,7 @@ static int common_arguments(PyObject *const *args, PyObject *start_obj, PyObject
         if (!key->start_dtype) return -1;
         *start_stride = start->stride[0];
     }
+    key->launcher = approved[op][device][backend] - 1;
     key->op = op, key->device = device, key->batch = pool->size[0], key->pool_dtype = pool->dtype;
     return 0;
 }
@@ -388,7 +422,7 @@ static PyObject *page_table(PyObject *self, PyObject *const *args, Py_ssize_t na
     int64_t page_size, offset, fill = 0;
     plan_key key;
     memset(&key, 0, sizeof(key));
-    int64_t start_stride = 1;  // as the Python launcher passes it without a start
+    int64_t start_stride = 1;  // as the Triton launcher passes it without a start
     if (!small_int(args[4], 1, MAX_PAGE_SIZE, &page_size) || !small_int(args[6], INT32_MIN, INT32_MAX, &offset) ||
         (fill_obj != Py_None && !small_int(fill_obj, INT32_MIN, INT32_MAX, &fill)) ||
         common_arguments(args, start_obj, args[9], OP_PAGE_TABLE, &table, &pool, &lens, &start, &start_stride, &key))
@@ -428,14 +462,24 @@ static PyObject *page_table(PyObject *self, PyObject *const *args, Py_ssize_t na
             packed_out = (uint64_t)page_limit | (uint64_t)aligned << 31 | (uint64_t)out.stride[0] << 32;
         }
     }
-    // In the kernel's parameter order (page_table.PARAMETERS).
-    uint64_t values[MAX_PARAMS] = {
-        table.data, pool.data, lens.data, out.data, packed_table, packed_out, (uint64_t)offset, (uint64_t)fill,
-        (uint64_t)out.size[1], lens_out_obj != Py_None ? lens_out.data : out.data,
-        start_obj != Py_None ? start.data : table.data, (uint64_t)table.size[0], (uint64_t)table.size[1],
-        (uint64_t)table.stride[0], (uint64_t)out.stride[0], (uint64_t)pool.stride[0], (uint64_t)lens.stride[0],
-        (uint64_t)start_stride};
-    return launch_plan(&key, (unsigned)batch, values, args[3]);
+    const plan *p = find_plan(&key);
+    if (p == NULL) Py_RETURN_NOTIMPLEMENTED;
+    int has_start = start_obj != Py_None, has_lens_out = lens_out_obj != Py_None;
+    uint64_t values[MAX_PARAMS];
+    unsigned count;
+    if (key.launcher == LAUNCHER_TRITON)  // Triton's parameter order (page_table.PARAMETERS)
+        count = PUT(values, table.data, pool.data, lens.data, out.data, packed_table, packed_out, (uint64_t)offset,
+                    (uint64_t)fill, (uint64_t)out.size[1], has_lens_out ? lens_out.data : out.data,
+                    has_start ? start.data : table.data, (uint64_t)table.size[0], (uint64_t)table.size[1],
+                    (uint64_t)table.stride[0], (uint64_t)out.stride[0], (uint64_t)pool.stride[0],
+                    (uint64_t)lens.stride[0], (uint64_t)start_stride);
+    else  // the CUDA kernel's (kernels_cupy/launch.py, page_table_call)
+        count = PUT(values, table.data, pool.data, lens.data, out.data, (uint64_t)table.size[0],
+                    (uint64_t)table.size[1], (uint64_t)table.stride[0], (uint64_t)out.stride[0], (uint64_t)out.size[1],
+                    p->items, (uint64_t)offset, (uint64_t)pool.stride[0], (uint64_t)lens.stride[0],
+                    (uint64_t)page_size, has_start ? start.data : 0, has_start ? (uint64_t)start_stride : 0,
+                    has_lens_out ? lens_out.data : 0, (uint64_t)fill, p->flags);
+    return launch_plan(p, device, batch, values, count, args[3]);
 }
 
 // token_csr(req_to_token, req_pool_indices, seq_lens, kv_indptr, out, kv_start_idx, backend, entry_page_size,
@@ -449,7 +493,7 @@ static PyObject *token_csr(PyObject *self, PyObject *const *args, Py_ssize_t nar
     tensor_info table, pool, lens, indptr, out, start;
     plan_key key;
     memset(&key, 0, sizeof(key));
-    int64_t start_stride = 1;  // as the Python launcher passes it without a start
+    int64_t start_stride = 1;  // as the Triton launcher passes it without a start
     if (common_arguments(args, start_obj, args[6], OP_TOKEN_CSR, &table, &pool, &lens, &start, &start_stride, &key))
         Py_RETURN_NOTIMPLEMENTED;
     long device = (long)key.device;
@@ -471,13 +515,22 @@ static PyObject *token_csr(PyObject *self, PyObject *const *args, Py_ssize_t nar
         packed_table = (uint64_t)table.size[0] | (uint64_t)table.stride[0] << 32;
         packed_sizes = (uint64_t)table.size[1] | (uint64_t)out.size[0] << 32;
     }
-    // In the kernel's parameter order (token_csr.PARAMETERS).
-    uint64_t values[MAX_PARAMS] = {
-        table.data, pool.data, lens.data, indptr.data, out.data, packed_table, packed_sizes,
-        start_obj != Py_None ? start.data : table.data, (uint64_t)table.size[0], (uint64_t)table.size[1],
-        (uint64_t)table.stride[0], (uint64_t)out.size[0], (uint64_t)pool.stride[0], (uint64_t)lens.stride[0],
-        (uint64_t)indptr.stride[0], (uint64_t)start_stride};
-    return launch_plan(&key, (unsigned)batch, values, args[4]);
+    const plan *p = find_plan(&key);
+    if (p == NULL) Py_RETURN_NOTIMPLEMENTED;
+    uint64_t values[MAX_PARAMS];
+    unsigned count;
+    if (key.launcher == LAUNCHER_TRITON)  // Triton's parameter order (token_csr.ORDINARY_PARAMETERS)
+        count = PUT(values, table.data, pool.data, lens.data, indptr.data, out.data, packed_table, packed_sizes,
+                    start_obj != Py_None ? start.data : table.data, (uint64_t)table.size[0], (uint64_t)table.size[1],
+                    (uint64_t)table.stride[0], (uint64_t)out.size[0], (uint64_t)pool.stride[0],
+                    (uint64_t)lens.stride[0], (uint64_t)indptr.stride[0], (uint64_t)start_stride);
+    else  // the CUDA kernel's (kernels_cupy/launch.py, token_csr_call): entry page size 1, no mapping
+        count = PUT(values, table.data, (uint64_t)table.size[0], (uint64_t)table.size[1], (uint64_t)table.stride[0],
+                    pool.data, (uint64_t)pool.stride[0], lens.data, (uint64_t)lens.stride[0],
+                    start_obj != Py_None ? start.data : 0, start_obj != Py_None ? (uint64_t)start_stride : 0,
+                    indptr.data, (uint64_t)indptr.stride[0], out.data, (uint64_t)out.size[0], p->items, p->flags, 1,
+                    0, 0);
+    return launch_plan(p, device, batch, values, count, args[4]);
 }
 
 static PyMethodDef methods[] = {
@@ -485,23 +538,22 @@ static PyMethodDef methods[] = {
      "configure(launch address, context address, stream query, tensor type, int32, int64, device flag)"},
     {"clear", clear, METH_NOARGS, "forget every plan and approval"},
     {"clear_plans", clear_plans, METH_VARARGS,
-     "clear_plans(op=-1): forget one op's plans (-1: all), keep the approvals"},
+     "clear_plans(launcher=-1, op=-1): forget one launcher's plans of one op (-1: all), keep the approvals"},
     {"launch_count", launch_count, METH_NOARGS, "launches made since configure()"},
-    {"approve", approve, METH_VARARGS, "approve(op, device index, backend, on): the selector chose this launcher"},
+    {"approve", approve, METH_VARARGS,
+     "approve(op, device index, backend, launcher): the selector chose this launcher (-1: none this path knows)"},
     {"context", context, METH_NOARGS, "the current context's handle, or None"},
-    {"add_page_table_plan", add_page_table_plan, METH_VARARGS,
-     "add_page_table_plan(key, context, function, grid_y, grid_z, threads, shared, param_count)"},
-    {"add_token_csr_plan", add_token_csr_plan, METH_VARARGS,
-     "add_token_csr_plan(key, context, function, grid_y, grid_z, threads, shared, param_count)"},
+    {"add_plan", add_plan, METH_VARARGS,
+     "add_plan(launcher, op, key, context, function, grid_y, grid_z, threads, shared, param_count, items, flags)"},
     {"token_csr", (PyCFunction)(void (*)(void))token_csr, METH_FASTCALL,
      "the public token-CSR call's arguments; returns out, or NotImplemented"},
     {"page_table", (PyCFunction)(void (*)(void))page_table, METH_FASTCALL,
      "the public page-table call's arguments; returns out, or NotImplemented"},
     {NULL, NULL, 0, NULL}};
 
-static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "kvdispatch_native_launch", NULL, -1, methods};
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "kvdispatch_host_path", NULL, -1, methods};
 
-PyMODINIT_FUNC PyInit_kvdispatch_native_launch(void) {
+PyMODINIT_FUNC PyInit_kvdispatch_host_path(void) {
     s_dtype = PyUnicode_InternFromString("dtype");
     s_shape = PyUnicode_InternFromString("shape");
     s_stride = PyUnicode_InternFromString("stride");
@@ -509,5 +561,6 @@ PyMODINIT_FUNC PyInit_kvdispatch_native_launch(void) {
     s_get_device = PyUnicode_InternFromString("get_device");
     s_auto = PyUnicode_InternFromString("auto");
     s_triton = PyUnicode_InternFromString("triton");
+    s_cupy = PyUnicode_InternFromString("cupy");
     return PyModule_Create(&module);
 }
