@@ -204,16 +204,16 @@ def _csr_reads(kv_indptr, count, max_count, pool, first, stride, total, limit):
     else:
         base = begin * -stride + first if first else begin * -stride
     begin_sorted, by_start = torch.sort(begin)
-    rows = torch.stack([begin + count, pool, base], 1).index_select(0, by_start)  # [B, 3]: (end, pool, base)
-    reach_at = torch.cummax(rows[:, 0], 0).indices  # the row reaching farthest among the first k + 1 starts
-    # Row k + 1: that row, for the positions after k + 1 starts; row 0 (reaching nothing) before them all.
-    owners = torch.zeros((batch + 1, 3), dtype=torch.int64, device=device)
-    torch.index_select(rows, 0, reach_at, out=owners[1:])
+    rows = torch.stack([begin + count, pool, base]).index_select(1, by_start)  # [3, B]: end, pool, base
+    reach_at = torch.cummax(rows[0], 0).indices  # the row reaching farthest among the first k + 1 starts
+    # Column k + 1: that row, for the positions after k + 1 starts; column 0 (reaching nothing) before them all.
+    # (Columns, not rows: a gather of whole rows of three int64 is slow on a GPU.)
+    owners = torch.zeros((3, batch + 1), dtype=torch.int64, device=device)
+    torch.index_select(rows, 1, reach_at, out=owners[:, 1:])
     position = torch.arange(total, device=device)
-    found = owners.index_select(0, torch.searchsorted(begin_sorted, position, right=True))  # [N, 3]
-    written = position < found[:, 0]
-    source = torch.add(found[:, 2], position, alpha=stride).clamp_(0, limit - 1)
-    return written, found[:, 1], source
+    end, pool, base = owners.index_select(1, torch.searchsorted(begin_sorted, position, right=True))  # [N] each
+    source = torch.add(base, position, alpha=stride).clamp_(0, limit - 1)
+    return position < end, pool, source
 
 
 def build_mha_page_table(req_to_token, req_pool_indices, seq_lens, page_table, page_size, swa_page_table=None,
@@ -343,7 +343,7 @@ def build_draft_decode_indices(req_to_token, req_pool_indices, seq_lens, kv_indp
         indptr_values = torch.addcmul(through, segment_number, draft).clamp_(max=DRAFT_OFFSET_LIMIT)
     indptr_rows[:, 1: segments + 1] = indptr_values  # cast to kv_indptr's dtype as Tensor.to casts
     if write_indptr_start:
-        indptr_rows[:, 0] = 0
+        indptr_rows[:, 0].fill_(0)
 
     rows, cols = req_to_token.shape
     width = out.shape[1]
@@ -355,9 +355,11 @@ def build_draft_decode_indices(req_to_token, req_pool_indices, seq_lens, kv_indp
     owner = torch.searchsorted(ends, column.expand(steps, width).contiguous(), right=True)  # [S, W], in [0, B*K]
     # Segment z starts where z - 1 ends (segment 0 at 0); the row past the last segment starts at its end.
     entry = column - torch.nn.functional.pad(ends, (1, 0)).gather(1, owner)
-    count, prefix_shift, window_shift, draft_shift, sink, pool = segment_table[owner].unbind(-1)
     if window_size > 0:
+        count, prefix_shift, draft_shift, pool, window_shift, sink = segment_table[:, owner]  # [S, W] each
         prefix_shift = torch.where(entry < sink, prefix_shift, window_shift)
+    else:  # the last two rows are not read
+        count, prefix_shift, draft_shift, pool = segment_table[:4, owner]
     position = entry + torch.where(entry < count, prefix_shift, draft_shift)
     clamped = position.clamp(0, cols - 1)
     values = req_to_token[pool, clamped]
@@ -369,13 +371,14 @@ def build_draft_decode_indices(req_to_token, req_pool_indices, seq_lens, kv_indp
 
 def _draft_segments(req_to_token, req_pool_indices, lengths, counts, topk, steps, page_size, window, sink_size,
                     round_toward_zero):
-    """Per draft segment ``z = b * K + k``, and one more row for the columns past the last segment: int64
-    ``[B*K + 1, 6]`` of ``(n_b, prefix shift, window shift, draft shift, sink_b, pool row)``.
+    """Per draft segment ``z = b * K + k``, and one more for the columns past the last segment: int64
+    ``[6, B*K + 1]``, the rows ``n_b``, prefix shift, draft shift, pool row, window shift and ``sink_b`` (rows,
+    not columns: a gather of whole rows of six int64 is slow on a GPU).
 
     An entry ``e`` of segment ``z`` reads position ``e + shift``: the prefix shift (0) for ``e < sink_b``, the
     window shift (``L_b - n_b``) for ``sink_b <= e < n_b`` and the draft shift (``start - n_b``, ``start`` of
     ``build_draft_decode_indices``) for ``e >= n_b``. A segment whose pool row lies outside ``[0, R)``, and the
-    last row, get shifts of at least ``BOUND``: every position they read lies past the table.
+    last one, get shifts of at least ``BOUND``: every position they read lies past the table.
     """
     batch, device = counts.shape[0], counts.device
     pool, outside = _clamped_pool(req_to_token, req_pool_indices)
@@ -388,11 +391,11 @@ def _draft_segments(req_to_token, req_pool_indices, lengths, counts, topk, steps
         branch_room = (remainder + (steps + page_size - 1)) // page_size * page_size  # ceil((L mod P + S) / P) * P
         draft_shift = torch.addcmul(window_shift[:, None], branch_room[:, None], branch)  # [B, K]
     sink = counts.clamp(max=sink_size) if window else counts
-    table = torch.zeros((batch * topk + 1, 6), dtype=torch.int64, device=device)
-    table[-1, 3] = BOUND
-    per_request = [counts, outside * BOUND, window_shift, None, sink, pool]
-    columns = [draft_shift if c is None else c[:, None].expand(batch, topk) for c in per_request]
-    torch.stack(columns, -1, out=table[:-1].view(batch, topk, 6))
+    table = torch.zeros((6, batch * topk + 1), dtype=torch.int64, device=device)
+    table[2, -1].fill_(BOUND)  # not `= BOUND`: assigning to one element copies a host scalar (no CUDA graph)
+    per_request = [counts, outside * BOUND, None, pool, window_shift, sink]
+    rows = [draft_shift if r is None else r[:, None].expand(batch, topk) for r in per_request]
+    torch.stack(rows, out=table[:, :-1].view(6, batch, topk))
     return table
 
 
