@@ -4,9 +4,13 @@ Vectorised over requests, pages and output positions (no Python loop, no host sy
 temporaries through PyTorch's caching allocator, which CUDA-graph capture routes to the graph's private
 pool. Arguments arrive validated (see ``kvdispatch._validate``).
 
-Integers are exact for every int32/int64 value: an int64 length or CSR pointer is first clamped into
-``[-BOUND, BOUND]``, which changes no result (no table, output or page count comes near ``BOUND``) and
-leaves room for the sums below, so nothing wraps.
+Integers are exact for every int32/int64 value: a length is compared, not summed (page ``p`` is live when
+``p * page_size - offset < seq_lens[b]``, between int64 values), and an int64 start, CSR pointer or draft
+length is first clamped into a range that changes no result (no table, output or page count comes near
+``BOUND``) and leaves room for the sums below, so nothing wraps.
+
+Each function takes few tensor operations: on a GPU each is a kernel launch and some host time, which is
+what these small builds cost (``benchmarks/torch_backend_ops.py`` counts them against plain PyTorch).
 
 Every builder takes the backends' ``pdl`` argument (programmatic dependent launch) and ignores it: PyTorch
 launches its own kernels.
@@ -19,31 +23,75 @@ import torch
 from .grid import DRAFT_OFFSET_LIMIT
 
 BOUND = 2**62
+INT32_MAX = 2**31 - 1
 
 
-def _row_spans(req_to_token, req_pool_indices, seq_lens, kv_start_idx, lengths_offset, entry_page_size=1):
-    """Per request: clamped pool row, clamped start position, length and the number of readable positions.
+def _clamped_pool(req_to_token, req_pool_indices):
+    """``(pool, outside)``: the pool indices clamped into ``[0, R)`` (their dtype) and whether each lay outside
+    (bool ``[B]``). ``R >= 1``."""
+    pool = req_pool_indices.clamp(0, req_to_token.shape[0] - 1)
+    return pool, pool != req_pool_indices
 
-    A row has ``P = C * entry_page_size`` positions (each table entry stands for ``entry_page_size`` of
-    them). It is readable when its pool index is in ``[0, R)`` and its start in ``[0, P)``; then it can
-    read ``P - start`` positions, else none. ``lengths`` is ``seq_lens + lengths_offset`` (a 32-bit
-    offset) with ``seq_lens`` clamped into ``[-BOUND, BOUND]``. Everything is int64, shape ``[B]``.
+
+def _page_reads(req_to_token, req_pool_indices, lengths, width, page_size, lengths_offset=0, first=0, step=None,
+                kv_start_idx=None):
+    """What each row of a paged table reads: ``(columns, live, slots)``.
+
+    Column ``p`` of request ``b`` reads position ``q = start_b + first + p * step`` (``step`` defaults to
+    ``page_size``, ``start_b`` is ``kv_start_idx[b]``, 0 when absent) of table row ``req_pool_indices[b]``. It is
+    live when ``p * page_size < L_b = lengths[b] + lengths_offset`` (``p < ceil(L_b / page_size)``), the pool index
+    lies in ``[0, R)``, ``start_b >= 0`` and ``q < C``. ``columns`` (an int ``<= width``) leaves out the columns
+    no row can read (``first + p * step >= C``); ``live`` is bool ``[B, columns]``, ``slots`` the entries read
+    there (int32 ``[B, columns]``; another entry of the table where not live). ``columns == 0``: both None.
+
+    Exact for every int32/int64 value: the test is ``p * page_size - lengths_offset < lengths[b]``, between
+    int64 values, and no position is computed from an unclamped start.
     """
     rows, cols = req_to_token.shape
-    cols *= entry_page_size
-    pool = req_pool_indices.long()
-    lengths = seq_lens.long().clamp(-BOUND, BOUND) + lengths_offset
-    start = kv_start_idx.long() if kv_start_idx is not None else torch.zeros_like(pool)
-    readable = (pool >= 0) & (pool < rows) & (start >= 0) & (start < cols)
-    start = start.clamp(0, max(cols - 1, 0))
-    room = torch.where(readable, cols - start, 0)
-    return pool.clamp(0, max(rows - 1, 0)), start, lengths, room
+    step = page_size if step is None else step
+    columns = min(width, -(-(cols - first) // step)) if rows and cols > first else 0
+    if columns <= 0:
+        return 0, None, None
+    device = req_to_token.device
+    pool, outside = _clamped_pool(req_to_token, req_pool_indices)
+    positions = torch.arange(first, first + columns * step, step, device=device)  # [columns], inside [0, C)
+    if first == 0 and step == page_size and lengths_offset == 0:
+        keys = positions
+    else:
+        keys = torch.arange(-lengths_offset, columns * page_size - lengths_offset, page_size, device=device)
+    if kv_start_idx is not None:  # page p must start before C: p * page_size - offset < C - start_b - offset
+        start = kv_start_idx.long()
+        clamped = start.clamp(0, cols - 1)
+        outside = outside | (clamped != start)
+        lengths = torch.minimum(lengths, (cols - lengths_offset) - clamped)
+        positions = (clamped[:, None] + positions[None, :]).clamp_(max=cols - 1)
+    # A row that reads nothing gets the lowest limit: every key is above it (keys >= -offset > -2**31).
+    limit = lengths.masked_fill(outside, torch.iinfo(lengths.dtype).min)
+    live = keys[None, :] < limit[:, None]  # [B, columns]
+    slots = req_to_token[pool[:, None], positions if positions.dim() == 2 else positions[None, :]]
+    return columns, live, slots
 
 
-def _low_32_bits_of_sum(values, offset):
-    """``values + offset`` (int64 ``[B]`` and a 32-bit int) cast to int32 as C does: the low 32 bits of
-    the exact sum, computed from the operands' low 32 bits so that nothing overflows."""
-    return ((values.long() & 0xFFFFFFFF) + (offset & 0xFFFFFFFF)).to(torch.int32)
+def _store(target, live, values):
+    """``target`` gets ``values`` where ``live`` (all ``[B, W]`` or ``[N]``) and keeps its values elsewhere;
+    ``values`` of another dtype are cast as ``Tensor.to`` casts (int32: the low 32 bits)."""
+    if values.dtype == target.dtype or target.dtype == torch.int64:  # the integer values promote to target's dtype
+        torch.where(live, values, target, out=target)
+    else:
+        target.copy_(torch.where(live, values, target))
+
+
+def _divide(slots, divisor, round_toward_zero):
+    """``slots // divisor`` rounding down, or toward zero with ``round_toward_zero``."""
+    return torch.div(slots, divisor, rounding_mode="trunc" if round_toward_zero else "floor")
+
+
+def _store_low_32_bits_of_sum(target, values, offset):
+    """``target`` (int32) gets ``values + offset`` (int32/int64 ``[B]`` and a 32-bit int) as C casts it: the low
+    32 bits of the exact sum, computed from the operands' low 32 bits so that nothing overflows."""
+    if offset:
+        values = (values.long() & 0xFFFFFFFF) + (offset & 0xFFFFFFFF)
+    target.copy_(values)  # an int64 -> int32 copy keeps the low 32 bits
 
 
 def build_page_table(req_to_token, req_pool_indices, seq_lens, out, page_size, kv_start_idx=None,
@@ -51,42 +99,31 @@ def build_page_table(req_to_token, req_pool_indices, seq_lens, out, page_size, k
     """Paged block table; semantics of ``kvdispatch.create_flashmla_kv_indices``.
 
     ``out``: int32 ``[>= B, W]``. Row ``b`` gets ``pages_b = min(ceil(L_b / page_size), pages that start
-    inside the readable table row, W)`` pages (0 when ``L_b <= 0`` or the row is unreadable), then
-    ``fill_value`` up to ``W`` when given. Untouched: rows ``>= B``; without ``fill_value``, the columns
-    past each row's pages. ``seq_lens_out[:B]`` (int32) gets the low 32 bits of ``seq_lens + seqlen_offset``.
-    A slot is divided by ``page_size`` rounding down, or toward zero with ``round_toward_zero``.
+    inside the readable table row, W)`` pages (0 when ``L_b <= 0`` or the row is unreadable: a pool index
+    outside ``[0, R)`` or a start outside ``[0, C)``), then ``fill_value`` up to ``W`` when given. Untouched: rows
+    ``>= B``; without ``fill_value``, the columns past each row's pages. ``seq_lens_out[:B]`` (int32) gets the
+    low 32 bits of ``seq_lens + seqlen_offset``. A slot is divided by ``page_size`` rounding down, or toward zero
+    with ``round_toward_zero``.
     """
     batch, width = req_pool_indices.shape[0], out.shape[1]
     if seq_lens_out is not None and batch:
-        seq_lens_out[:batch] = _low_32_bits_of_sum(seq_lens[:batch], seqlen_offset)
+        _store_low_32_bits_of_sum(seq_lens_out[:batch], seq_lens[:batch], seqlen_offset)
     if batch == 0 or width == 0:
         return out
-    pool, start, lengths, room = _row_spans(req_to_token, req_pool_indices, seq_lens, kv_start_idx, seqlen_offset)
-    # ceil(x / page) for x >= 0, 0 for x <= 0: pages the request needs, and pages the table can give.
-    wanted = (lengths.clamp(min=0) + page_size - 1) // page_size
-    available = (room + page_size - 1) // page_size
-    pages = torch.minimum(wanted, available).clamp(max=width)  # [B]
-
-    page = torch.arange(width, device=out.device)
-    written = page[None, :] < pages[:, None]  # [B, W]
-    if req_to_token.numel():
-        positions = torch.where(written, start[:, None] + page[None, :] * page_size, 0)
-        slots = req_to_token[pool[:, None], positions]
-        rounding = "trunc" if round_toward_zero else "floor"
-        values = torch.div(slots, page_size, rounding_mode=rounding).to(torch.int32)
-    else:  # an empty table: every row is empty
-        values = torch.zeros(written.shape, dtype=torch.int32, device=out.device)
-    return _store_rows(out, written, values, fill_value)
+    reads = _page_reads(req_to_token, req_pool_indices, seq_lens, width, page_size, seqlen_offset,
+                        kv_start_idx=kv_start_idx)
+    return _store_pages(out, batch, reads, page_size, fill_value, round_toward_zero)
 
 
-def _store_rows(out, written, values, fill_value):
-    """``out[:B]`` gets ``values`` where ``written`` (both ``[B, W]``), ``fill_value`` elsewhere when given (else
-    it keeps its values); returns ``out``."""
-    rows = out[: written.shape[0]]
-    if fill_value is None:
-        rows.copy_(torch.where(written, values, rows))
-    else:
-        rows.copy_(torch.where(written, values, torch.full_like(values, fill_value)))
+def _store_pages(out, batch, reads, divisor, fill_value, round_toward_zero):
+    """``out[:batch]`` gets ``slot // divisor`` (``_divide``) in the live columns of ``reads`` (``_page_reads``'
+    result) and ``fill_value`` in every other column when given; returns ``out``."""
+    columns, live, slots = reads
+    rows = out[:batch]
+    if fill_value is not None:
+        rows.fill_(fill_value)
+    if columns:
+        _store(rows[:, :columns], live, _divide(slots, divisor, round_toward_zero))
     return out
 
 
@@ -95,109 +132,99 @@ def build_token_indices(req_to_token, req_pool_indices, seq_lens, kv_indptr, out
     """Token-level CSR indices; semantics of ``kvdispatch.create_flashinfer_kv_indices``.
 
     ``out``: int32 or int64 ``[N]``. With ``E = entry_page_size``, request ``b`` has ``count_b =
-    min(seq_lens[b], C * E - start_b)`` tokens (0 when ``seq_lens[b] <= 0`` or its row is unreadable) and
-    writes ``out[kv_indptr[b] + j] = token_value(q)`` at position ``q = start_b + j`` for its tokens ``j``
-    whose target lies in ``[0, N)``: the target range ``[lo_b, hi_b) = [kv_indptr[b], kv_indptr[b] + count_b)
-    ∩ [0, N)``. Untouched: every position no request writes.
+    min(seq_lens[b], C * E - start_b)`` tokens (0 when ``seq_lens[b] <= 0`` or its row is unreadable: a pool
+    index outside ``[0, R)`` or a start outside ``[0, C * E)``) and writes ``out[kv_indptr[b] + j] =
+    token_value(q)`` at position ``q = start_b + j`` for its tokens ``j`` whose target lies in ``[0, N)``.
+    Untouched: every position no request writes.
 
     ``token_value(q)``: ``v = req_to_token[req_pool_indices[b], q // E] * E + q % E`` in int64 (``v`` is the
     entry itself when ``E == 1``); with ``token_mapping`` (int32/int64 ``[M]``), ``token_mapping[v]`` when
     ``0 <= v < M``, else -1. The value is then cast to ``out``'s dtype as ``Tensor.to`` does (int32: its low
     32 bits).
 
-    Memory O(N + B), time O(N log B + B log B): each output position finds the request that writes it,
-    rather than each request expanding its tokens. With the ranges sorted by ``lo_b``, a running maximum
-    of their ``hi_b`` gives, for every position ``t``, the farthest end of the ranges starting at or before
-    ``t`` (found by a binary search over the sorted starts); ``t`` is written iff that end lies past it,
-    by the request owning that end.
-
-    Where ranges overlap (bad ``kv_indptr``: valid CSR rows are disjoint), each covered position is
-    written once, with the value of one of the requests covering it (one whose range reaches farthest);
-    the GPU backends may write any of them there.
+    Where rows overlap (bad ``kv_indptr``: valid CSR rows are disjoint), each covered position is written
+    once, with the value of one of the requests covering it (``_csr_reads``); the GPU backends may write any
+    of them there.
     """
     batch, total = req_pool_indices.shape[0], out.shape[0]
     if batch == 0 or total == 0 or req_to_token.numel() == 0:
         return out
-    pool, start, lengths, room = _row_spans(req_to_token, req_pool_indices, seq_lens, kv_start_idx, 0,
-                                            entry_page_size)
-    count = torch.minimum(lengths.clamp(min=0), room)  # [B]
-    written, owner, token = _csr_targets(kv_indptr, count, total)
-    values = _token_values(req_to_token, pool[owner], start[owner] + token, entry_page_size, token_mapping)
-    out.copy_(torch.where(written, values.to(out.dtype), out))
-    return out
-
-
-def _csr_targets(kv_indptr, count, total):
-    """Which request writes each position of a CSR output of ``total`` entries, request ``b`` writing its
-    ``count[b]`` tokens (int64 ``[B]``, >= 0) from ``kv_indptr[b]`` on, cut to ``[0, total)``.
-
-    Returns ``(written, owner, token)``, each ``[total]``: whether the position is written, by which request
-    (0 where not written) and which of its tokens goes there (0 where not written).
-    """
-    batch, device = count.shape[0], count.device
-    begin = kv_indptr[:batch].long().clamp(-BOUND, BOUND)  # beyond it, a row lands outside out either way
-    lo, hi = begin.clamp(0, total), (begin + count).clamp(0, total)
-    lo = torch.where(lo < hi, lo, total)  # empty rows start at N, past every position
-
-    by_start = torch.argsort(lo)
-    reach_sorted, reach_index = torch.cummax(hi[by_start], 0)  # [B]: farthest end among the first k starts
-    position = torch.arange(total, device=device)
-    # The number of ranges starting at or before each position, minus one: its last such range in start order.
-    last = torch.searchsorted(lo[by_start], position, right=True) - 1
-    last_or_0 = last.clamp(min=0)
-    written = (last >= 0) & (reach_sorted[last_or_0] > position)
-    owner = torch.where(written, by_start[reach_index[last_or_0]], 0)
-    token = torch.where(written, position - begin[owner], 0)
-    return written, owner, token
-
-
-def _token_values(req_to_token, pool, position, entry_page_size, token_mapping):
-    """``token_value`` of ``build_token_indices`` at the readable ``position`` of the rows ``pool`` (int64
-    ``[N]`` each): int32 without options, else int64."""
+    positions = req_to_token.shape[1] * entry_page_size  # readable positions per row
+    pool, outside = _clamped_pool(req_to_token, req_pool_indices)
+    if kv_start_idx is None:
+        start = 0
+        count = seq_lens.clamp(0, min(positions, torch.iinfo(seq_lens.dtype).max))
+    else:
+        start = kv_start_idx.long().clamp(0, positions - 1)
+        outside = outside | (start != kv_start_idx)
+        count = torch.minimum(seq_lens.clamp(min=0), positions - start)
+    count = count.masked_fill(outside, 0)  # [B]
+    written, pool, position = _csr_reads(kv_indptr, count, positions, pool, start, 1, total, positions)
     if entry_page_size == 1:
         values = req_to_token[pool, position]
     else:
         entry = torch.div(position, entry_page_size, rounding_mode="floor")
-        values = req_to_token[pool, entry].long() * entry_page_size + (position - entry * entry_page_size)
-    if token_mapping is None:
-        return values
+        values = torch.add(torch.remainder(position, entry_page_size), req_to_token[pool, entry],
+                           alpha=entry_page_size)  # int64
+    if token_mapping is not None:
+        values = _mapped(values, token_mapping)
+    _store(out, written, values)
+    return out
+
+
+def _mapped(values, token_mapping):
+    """``token_mapping[v]`` (int32/int64 ``[M]``) for each ``v`` of ``values`` inside ``[0, M)``, -1 elsewhere."""
     size = token_mapping.shape[0]
-    inside = (values >= 0) & (values < size)
     if size == 0:
-        return torch.full_like(values, -1, dtype=torch.long)
-    mapped = token_mapping[torch.where(inside, values, 0).long()].long()
-    return torch.where(inside, mapped, -1)
+        return torch.full_like(values, -1)
+    inside = values.clamp(0, min(size - 1, torch.iinfo(values.dtype).max))
+    return torch.where(inside == values, token_mapping[inside], -1)
 
 
-def _readable_pages(req_to_token, req_pool_indices, seq_lens, page_size, lengths_offset=0):
-    """Per request (int64 ``[B]``): the clamped pool row and the pages it has, ``min(ceil(L_b / P), ceil(C /
-    P))`` with ``L_b = seq_lens[b] + lengths_offset``, 0 when ``L_b <= 0`` or the pool index is outside
-    ``[0, R)`` (a page is there when its first position ``p * P`` lies inside the request and the row)."""
-    pool, _, lengths, room = _row_spans(req_to_token, req_pool_indices, seq_lens, None, lengths_offset)
-    wanted = (lengths.clamp(min=0) + page_size - 1) // page_size
-    available = (room + page_size - 1) // page_size
-    return pool, torch.minimum(wanted, available)
+def _csr_reads(kv_indptr, count, max_count, pool, first, stride, total, limit):
+    """Which request writes each position of a CSR output of ``total`` entries, and what it reads there.
 
+    Request ``b`` writes its ``count[b]`` tokens (int32/int64 ``[B]``, in ``[0, max_count]``) from ``kv_indptr[b]``
+    on, those landing in ``[0, total)``; its token ``j`` reads position ``first[b] + j * stride`` of table row
+    ``pool[b]`` (``first``: int64 ``[B]`` or an int; ``pool``: ``[B]``, inside ``[0, R)``).
 
-def _first_slots(req_to_token, pool, written, page_size):
-    """``req_to_token[pool[b], p * page_size]`` where ``written[b, p]`` (bool ``[B, W]``), 0 elsewhere; int32."""
-    if not req_to_token.numel():
-        return torch.zeros(written.shape, dtype=torch.int32, device=written.device)
-    page = torch.arange(written.shape[1], device=written.device)
-    return req_to_token[pool[:, None], torch.where(written, page[None, :] * page_size, 0)]
+    Returns ``(written, pool, position)``, each ``[total]``: whether the position is written, the table row
+    and the position it reads (clamped into ``[0, limit)``, so always a valid read; meaningful where written).
 
-
-def _divide(slots, divisor, round_toward_zero):
-    """``slots // divisor`` rounding down, or toward zero with ``round_toward_zero``."""
-    return torch.div(slots, divisor, rounding_mode="trunc" if round_toward_zero else "floor")
+    Memory O(N + B), time O(N log B + B log B): each output position finds the request that writes it,
+    rather than each request expanding its tokens. With the rows sorted by ``kv_indptr``, a running maximum
+    of their ends gives, for every position ``t``, the farthest end of the rows starting at or before ``t``
+    (found by a binary search over the sorted starts); ``t`` is written iff that end lies past it, by the
+    row owning that end. Overlapping rows thus give each covered position once, to one of the rows covering it.
+    """
+    batch, device = count.shape[0], count.device
+    begin = kv_indptr[:batch]
+    # Exact from here on: below -max_count a row reaches no position, from total on it starts past them all.
+    begin = begin.clamp(-max_count, total) if begin.dtype == torch.int64 else begin.long()
+    # Token j = t - begin[b] of row b, written at t, reads first[b] + (t - begin[b]) * stride.
+    if torch.is_tensor(first):
+        base = torch.sub(first, begin, alpha=stride)
+    else:
+        base = begin * -stride + first if first else begin * -stride
+    begin_sorted, by_start = torch.sort(begin)
+    rows = torch.stack([begin + count, pool, base]).index_select(1, by_start)  # [3, B]: end, pool, base
+    reach_at = torch.cummax(rows[0], 0).indices  # the row reaching farthest among the first k + 1 starts
+    # Column k + 1: that row, for the positions after k + 1 starts; column 0 (reaching nothing) before them all.
+    # (Columns, not rows: a gather of whole rows of three int64 is slow on a GPU.)
+    owners = torch.zeros((3, batch + 1), dtype=torch.int64, device=device)
+    torch.index_select(rows, 1, reach_at, out=owners[:, 1:])
+    position = torch.arange(total, device=device)
+    end, pool, base = owners.index_select(1, torch.searchsorted(begin_sorted, position, right=True))  # [N] each
+    source = torch.add(base, position, alpha=stride).clamp_(0, limit - 1)
+    return position < end, pool, source
 
 
 def build_mha_page_table(req_to_token, req_pool_indices, seq_lens, page_table, page_size, swa_page_table=None,
                          full_to_swa=None, round_toward_zero=False, pdl=False):
     """The TRT-LLM MHA page table, with its SWA twin; semantics of ``kvdispatch.create_trtllm_mha_page_table``.
 
-    Request ``b`` has ``pages_b`` pages (``_readable_pages``: its length, cut where the table row ends; 0 for
-    a bad pool index or a length ``<= 0``), each read at its first slot ``s = req_to_token[pool_b, p * P]``.
+    Request ``b`` has ``pages_b = min(ceil(L_b / P), ceil(C / P))`` pages (0 for a bad pool index or a length
+    ``L_b = seq_lens[b] <= 0``), each read at its first slot ``s = req_to_token[pool_b, p * P]``.
     ``page_table[b, p] = s // P`` for ``p < min(pages_b, W)``; with SWA (``full_to_swa`` int32/int64 ``[M]``,
     ``M > 0``) ``swa_page_table[b, p] = full_to_swa[clamp(s, 0, M - 1)] // P`` for ``p < min(pages_b, W2)``, its
     low 32 bits. ``//`` floors, or truncates with ``round_toward_zero``. Untouched: rows ``>= B``, the columns
@@ -209,56 +236,49 @@ def build_mha_page_table(req_to_token, req_pool_indices, seq_lens, page_table, p
     span = max(width, swa_page_table.shape[1] if swa else 0)
     if batch == 0 or span == 0:
         return page_table
-    pool, pages = _readable_pages(req_to_token, req_pool_indices, seq_lens, page_size)
-    page = torch.arange(span, device=page_table.device)
-    written = page[None, :] < pages[:, None]  # [B, span]
-    slots = _first_slots(req_to_token, pool, written, page_size)
-    rows = page_table[:batch]
-    rows.copy_(torch.where(written[:, :width], _divide(slots[:, :width], page_size, round_toward_zero).to(torch.int32),
-                           rows))
-    if swa:
-        swa_width = swa_page_table.shape[1]
-        mapped = full_to_swa[slots[:, :swa_width].long().clamp(0, full_to_swa.shape[0] - 1)]
-        values = _divide(mapped, page_size, round_toward_zero).to(torch.int32)
-        swa_rows = swa_page_table[:batch]
-        swa_rows.copy_(torch.where(written[:, :swa_width], values, swa_rows))
+    columns, live, slots = _page_reads(req_to_token, req_pool_indices, seq_lens, span, page_size)
+    kept = min(width, columns)
+    if kept:
+        _store(page_table[:batch, :kept], live[:, :kept], _divide(slots[:, :kept], page_size, round_toward_zero))
+    if swa and columns:
+        kept = min(swa_page_table.shape[1], columns)
+        last = min(full_to_swa.shape[0] - 1, INT32_MAX)  # slots are int32
+        mapped = full_to_swa[slots[:, :kept].clamp(0, last)]
+        _store(swa_page_table[:batch, :kept], live[:, :kept], _divide(mapped, page_size, round_toward_zero))
     return page_table
-
-
-INT32_MAX = 2**31 - 1
 
 
 def build_translated_page_table(req_to_token, req_pool_indices, seq_lens, v2p, out, page_size, multiplier=1,
                                 max_pages=None, seq_len_delta=0, pdl=False):
     """The unified pool's translated page table; semantics of ``kvdispatch.create_translated_page_table``.
 
-    Request ``b`` has ``pages_b`` live columns (``_readable_pages`` of ``L_b = seq_lens[b] + seq_len_delta``,
-    at most ``max_pages``, ``W`` when None). Column ``c`` reads ``t = req_to_token[pool_b, c * P]``, the
-    virtual page ``v = 0 if t < 0 else t // P`` and writes ``out[b, c] = min(max(v2p[v] * multiplier, 0),
-    2**31 - 1)`` (exact: saturated, never wrapped), or 0 when ``v >= V = len(v2p)``. Untouched: rows ``>= B``
-    and every column past a row's live ones.
+    Request ``b`` has ``pages_b = min(ceil(L_b / P), ceil(C / P))`` live columns (0 for a bad pool index or
+    ``L_b = seq_lens[b] + seq_len_delta <= 0``; at most ``max_pages``, ``W`` when None). Column ``c`` reads ``t =
+    req_to_token[pool_b, c * P]``, the virtual page ``v = 0 if t < 0 else t // P`` and writes ``out[b, c] =
+    min(max(v2p[v] * multiplier, 0), 2**31 - 1)`` (exact: saturated, never wrapped), or 0 when ``v >= V =
+    len(v2p)``. Untouched: rows ``>= B`` and every column past a row's live ones.
     """
     batch = req_pool_indices.shape[0]
-    columns = out.shape[1] if max_pages is None else min(max_pages, out.shape[1])
-    if batch == 0 or columns == 0:
+    width = out.shape[1] if max_pages is None else min(max_pages, out.shape[1])
+    if batch == 0 or width <= 0:
         return out
-    pool, pages = _readable_pages(req_to_token, req_pool_indices, seq_lens, page_size, seq_len_delta)
-    page = torch.arange(columns, device=out.device)
-    live = page[None, :] < pages[:, None]  # [B, columns]
-    tokens = _first_slots(req_to_token, pool, live, page_size).long()
-    virtual = torch.where(tokens < 0, 0, tokens // page_size)
+    columns, live, tokens = _page_reads(req_to_token, req_pool_indices, seq_lens, width, page_size, seq_len_delta)
+    if columns == 0:
+        return out
     size = v2p.shape[0]
-    inside = virtual < size
+    beyond = size * page_size  # the first token whose virtual page lies past v2p
     if size:
-        physical = v2p[torch.where(inside, virtual, 0)].long()
+        virtual = torch.div(tokens.clamp(0, min(beyond - 1, INT32_MAX)), page_size, rounding_mode="floor")
+        physical = v2p[virtual]
+        if multiplier != 1:  # |physical| <= 2**31 and |multiplier| <= 2**31: the product is exact in int64
+            physical = (physical.clamp(-(2**31), 2**31) if physical.dtype == torch.int64 else physical.long())
+            physical = physical * multiplier
+        values = physical.clamp(0, INT32_MAX)
+        if beyond <= INT32_MAX:  # else every int32 token lies inside
+            values = values * (tokens < beyond)
     else:
-        physical = torch.zeros_like(virtual)
-    # |physical| <= 2**31 and |multiplier| <= 2**31 after the clamp: the product is exact in int64, and its
-    # saturation is that of the exact product.
-    product = physical.clamp(-(2**31), 2**31) * multiplier
-    values = torch.where(inside, product.clamp(0, INT32_MAX), 0).to(torch.int32)
-    rows = out[:batch, :columns]
-    rows.copy_(torch.where(live, values, rows))
+        values = torch.zeros_like(tokens)
+    _store(out[:batch, :columns], live, values)
     return out
 
 
@@ -307,68 +327,92 @@ def build_draft_decode_indices(req_to_token, req_pool_indices, seq_lens, kv_indp
     device = out.device
     cap = draft_prefix_cap(window_size, sink_size)
     lengths = seq_lens[:batch].long().clamp(-BOUND, BOUND)
-    counts = lengths.clamp(0, cap)  # [B]
-    request = torch.arange(segments, device=device) // topk
-    branch = torch.arange(segments, device=device) % topk
-    draft = torch.arange(1, steps + 1, device=device)  # it, per step
+    counts = lengths.clamp(0, cap)  # n_b, [B]
     before = (torch.cumsum(counts, 0) - counts).clamp(max=DRAFT_OFFSET_LIMIT)  # exact: < 2**31 terms of <= 2**32
-    offsets = (before[request] * topk)[None, :] + (request * topk)[None, :] * draft[:, None] \
-        + branch[None, :] * (counts[request][None, :] + draft[:, None])
-    offsets = offsets.clamp(max=DRAFT_OFFSET_LIMIT)  # [S, B*K]
-    ends = (offsets + counts[request][None, :] + draft[:, None]).clamp(max=DRAFT_OFFSET_LIMIT)
+    draft = torch.arange(1, steps + 1, device=device)[:, None]  # it, per step
+    segment_number = torch.arange(1, segments + 1, device=device)  # z + 1
+    # end(s, z) = offset(s, z) + n_b + it = K * before_b + (k + 1) * n_b + (z + 1) * it: each step's segments lie
+    # back to back, segment z + 1 starting where z ends.
+    first_step_part = torch.addcmul((before * topk)[:, None], counts[:, None],
+                                    torch.arange(1, topk + 1, device=device)).view(-1)  # [B*K]
+    ends = torch.addcmul(first_step_part, segment_number, draft).clamp_(max=DRAFT_OFFSET_LIMIT)  # [S, B*K]
 
     indptr_rows = kv_indptr[:steps]
     if positions is None:
         indptr_values = ends
     else:
         counted = positions[:segments].long().clamp(0, cap)
-        through = torch.cumsum(counted, 0).clamp(max=DRAFT_OFFSET_LIMIT)  # exact, as `before`
-        segment_number = torch.arange(1, segments + 1, device=device)
-        indptr_values = (through[None, :] + segment_number[None, :] * draft[:, None]).clamp(max=DRAFT_OFFSET_LIMIT)
-    indptr_rows[:, 1: segments + 1] = indptr_values.to(kv_indptr.dtype)
+        through = torch.cumsum(counted, 0).clamp_(max=DRAFT_OFFSET_LIMIT)  # exact, as `before`
+        indptr_values = torch.addcmul(through, segment_number, draft).clamp_(max=DRAFT_OFFSET_LIMIT)
+    indptr_rows[:, 1: segments + 1] = indptr_values  # cast to kv_indptr's dtype as Tensor.to casts
     if write_indptr_start:
-        indptr_rows[:, 0] = 0
+        indptr_rows[:, 0].fill_(0)
 
-    width = out.shape[1]
-    if width == 0:
-        return out
-    column = torch.arange(width, device=device)
-    owner = torch.searchsorted(ends, column[None, :].expand(steps, width).contiguous(), right=True)  # [S, W]
-    inside = owner < segments
-    owner = owner.clamp(max=segments - 1)
-    entry = column[None, :] - torch.gather(offsets, 1, owner)  # < the segment's length where inside
-    b = request[owner]
-    length, count = lengths[b], counts[b]
-    sink = torch.clamp(count, max=sink_size) if window_size > 0 else count
-    in_prefix = entry < count
-    prefix_position = torch.where(entry < sink, entry, length - count + entry)
-    remainder = torch.fmod(length, page_size) if round_toward_zero else torch.remainder(length, page_size)
-    pages_per_branch = torch.div(remainder + steps + page_size - 1, page_size, rounding_mode="floor")
-    slot_start = length + branch[owner] * pages_per_branch * page_size
-    position = torch.where(in_prefix, prefix_position, slot_start + entry - count)
     rows, cols = req_to_token.shape
-    pool = req_pool_indices[:batch].long()[b]
-    readable = inside & (pool >= 0) & (pool < rows) & (position >= 0) & (position < cols)
-    if rows == 0 or cols == 0:
+    width = out.shape[1]
+    if width == 0 or rows == 0 or cols == 0:
         return out
-    values = req_to_token[torch.where(readable, pool, 0), torch.where(readable, position, 0)].long()
+    segment_table = _draft_segments(req_to_token, req_pool_indices[:batch], lengths, counts, topk, steps, page_size,
+                                    window_size > 0, sink_size, round_toward_zero)
+    column = torch.arange(width, device=device)
+    owner = torch.searchsorted(ends, column.expand(steps, width).contiguous(), right=True)  # [S, W], in [0, B*K]
+    # Segment z starts where z - 1 ends (segment 0 at 0); the row past the last segment starts at its end.
+    entry = column - torch.nn.functional.pad(ends, (1, 0)).gather(1, owner)
+    if window_size > 0:
+        count, prefix_shift, draft_shift, pool, window_shift, sink = segment_table[:, owner]  # [S, W] each
+        prefix_shift = torch.where(entry < sink, prefix_shift, window_shift)
+    else:  # the last two rows are not read
+        count, prefix_shift, draft_shift, pool = segment_table[:4, owner]
+    position = entry + torch.where(entry < count, prefix_shift, draft_shift)
+    clamped = position.clamp(0, cols - 1)
+    values = req_to_token[pool, clamped]
     if v2p is not None:
         values = _translated(values, v2p, page_size)
-    target = out[:steps]
-    target.copy_(torch.where(readable, values.to(out.dtype), target))
+    _store(out[:steps], clamped == position, values)
     return out
+
+
+def _draft_segments(req_to_token, req_pool_indices, lengths, counts, topk, steps, page_size, window, sink_size,
+                    round_toward_zero):
+    """Per draft segment ``z = b * K + k``, and one more for the columns past the last segment: int64
+    ``[6, B*K + 1]``, the rows ``n_b``, prefix shift, draft shift, pool row, window shift and ``sink_b`` (rows,
+    not columns: a gather of whole rows of six int64 is slow on a GPU).
+
+    An entry ``e`` of segment ``z`` reads position ``e + shift``: the prefix shift (0) for ``e < sink_b``, the
+    window shift (``L_b - n_b``) for ``sink_b <= e < n_b`` and the draft shift (``start - n_b``, ``start`` of
+    ``build_draft_decode_indices``) for ``e >= n_b``. A segment whose pool row lies outside ``[0, R)``, and the
+    last one, get shifts of at least ``BOUND``: every position they read lies past the table.
+    """
+    batch, device = counts.shape[0], counts.device
+    pool, outside = _clamped_pool(req_to_token, req_pool_indices)
+    window_shift = (lengths - counts).masked_fill_(outside, BOUND)  # [B]
+    branch = torch.arange(topk, device=device)
+    if page_size == 1:  # ceil((L mod 1 + S) / 1) * 1 == S
+        draft_shift = torch.add(window_shift[:, None], branch, alpha=steps)
+    else:
+        remainder = torch.fmod(lengths, page_size) if round_toward_zero else torch.remainder(lengths, page_size)
+        branch_room = (remainder + (steps + page_size - 1)) // page_size * page_size  # ceil((L mod P + S) / P) * P
+        draft_shift = torch.addcmul(window_shift[:, None], branch_room[:, None], branch)  # [B, K]
+    sink = counts.clamp(max=sink_size) if window else counts
+    table = torch.zeros((6, batch * topk + 1), dtype=torch.int64, device=device)
+    table[2, -1].fill_(BOUND)  # not `= BOUND`: assigning to one element copies a host scalar (no CUDA graph)
+    per_request = [counts, outside * BOUND, None, pool, window_shift, sink]
+    rows = [draft_shift if r is None else r[:, None].expand(batch, topk) for r in per_request]
+    torch.stack(rows, out=table[:, :-1].view(6, batch, topk))
+    return table
 
 
 def _translated(values, v2p, page_size):
     """``v2p[x // P] * P + x % P`` (the low 64 bits of the exact value) for ``x >= 0`` with ``x // P`` inside
-    ``v2p`` and a non-negative entry there; 0 otherwise."""
+    ``v2p`` and a non-negative entry there; 0 otherwise. int64, the shape of ``values``."""
     size = v2p.shape[0]
-    page = torch.div(values, page_size, rounding_mode="floor")
-    inside = (values >= 0) & (page < size)
     if size == 0:
-        return torch.zeros_like(values)
-    mapped = v2p[torch.where(inside, page, 0)].long()
-    return torch.where(inside & (mapped >= 0), mapped * page_size + (values - page * page_size), 0)
+        return torch.zeros_like(values, dtype=torch.int64)
+    page = torch.div(values, page_size, rounding_mode="floor")
+    clamped = page.clamp(0, min(size - 1, torch.iinfo(page.dtype).max))
+    mapped = v2p[clamped].long()
+    translated = torch.add(torch.remainder(values, page_size), mapped, alpha=page_size)
+    return translated * ((clamped == page) & (mapped >= 0))
 
 
 def dcp_owned_counts(seq_lens, dcp_size, dcp_rank, kv_start_idx=None):
@@ -403,20 +447,25 @@ def build_dcp_token_indices(req_to_token, req_pool_indices, local_seq_lens, kv_i
     Untouched: every position no request writes. Overlapping rows as in ``build_token_indices``.
     """
     batch, total = req_pool_indices.shape[0], out.shape[0]
+    cols = req_to_token.shape[1]
     if batch == 0 or total == 0 or req_to_token.numel() == 0:
         return out
-    rows, cols = req_to_token.shape
-    pool = req_pool_indices.long()
-    start = kv_start_idx.long().clamp(-BOUND, BOUND) if kv_start_idx is not None else torch.zeros_like(pool)
-    first = start + torch.remainder(dcp_rank - start, dcp_size)
-    readable = (pool >= 0) & (pool < rows) & (first >= 0) & (first < cols)
-    room = torch.where(readable, (cols - first + dcp_size - 1) // dcp_size, 0)
-    count = torch.minimum(local_seq_lens.long().clamp(min=0), room)
-    written, owner, token = _csr_targets(kv_indptr, count, total)
-    pool, first = pool.clamp(0, rows - 1)[owner], first.clamp(0, cols - 1)[owner]
-    position = torch.where(written, first + token * dcp_size, 0)
-    values = _divide(req_to_token[pool, position], dcp_size, round_toward_zero)
-    out.copy_(torch.where(written, values.to(out.dtype), out))
+    pool, outside = _clamped_pool(req_to_token, req_pool_indices)
+    max_count = -(-cols // dcp_size)
+    if kv_start_idx is None:
+        first = dcp_rank
+        room = -(-(cols - dcp_rank) // dcp_size) if cols > dcp_rank else 0
+        count = local_seq_lens.clamp(0, min(room, torch.iinfo(local_seq_lens.dtype).max))
+    else:
+        start = kv_start_idx.long().clamp(-BOUND, BOUND)
+        first = start + torch.remainder(dcp_rank - start, dcp_size)
+        clamped = first.clamp(0, cols - 1)
+        outside = outside | (clamped != first)
+        first = clamped
+        count = torch.minimum(local_seq_lens.clamp(min=0), (cols - 1 - first) // dcp_size + 1)
+    count = count.masked_fill(outside, 0)  # [B]
+    written, pool, position = _csr_reads(kv_indptr, count, max_count, pool, first, dcp_size, total, cols)
+    _store(out, written, _divide(req_to_token[pool, position], dcp_size, round_toward_zero))
     return out
 
 
@@ -435,20 +484,7 @@ def build_dcp_page_table(req_to_token, req_pool_indices, local_seq_lens, out, pa
     batch, width = req_pool_indices.shape[0], out.shape[1]
     if batch == 0 or width == 0:
         return out
-    rows, cols = req_to_token.shape
     virtual_page = page_size * dcp_size
-    pool = req_pool_indices.long()
-    lengths = local_seq_lens.long().clamp(0, BOUND)
-    wanted = (lengths + page_size - 1) // page_size
-    available = -(-(cols - dcp_rank) // virtual_page) if cols > dcp_rank else 0
-    pages = torch.where((pool >= 0) & (pool < rows), wanted.clamp(max=min(available, width)), 0)  # [B]
-
-    page = torch.arange(width, device=out.device)
-    written = page[None, :] < pages[:, None]  # [B, W]
-    if req_to_token.numel():
-        positions = torch.where(written, dcp_rank + page[None, :] * virtual_page, 0)
-        slots = req_to_token[pool.clamp(0, rows - 1)[:, None], positions]
-        values = _divide(slots, virtual_page, round_toward_zero).to(torch.int32)
-    else:  # an empty table: every row is empty
-        values = torch.zeros(written.shape, dtype=torch.int32, device=out.device)
-    return _store_rows(out, written, values, fill_value)
+    reads = _page_reads(req_to_token, req_pool_indices, local_seq_lens, width, page_size, first=dcp_rank,
+                        step=virtual_page)
+    return _store_pages(out, batch, reads, virtual_page, fill_value, round_toward_zero)
