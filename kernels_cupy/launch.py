@@ -171,8 +171,9 @@ def translated_page_table_call(req_to_token, req_pool_indices, seq_lens, v2p, ou
     flags = (_wide(req_pool_indices, WIDE_POOL) | _wide(seq_lens, WIDE_LENS) | _folded(launch)
              | _wide(v2p, WIDE_MAPPING))
     rows, cols = req_to_token.shape
-    args = (req_to_token, req_pool_indices, seq_lens, v2p, out, rows, cols, req_to_token.stride(0), columns, out.stride(0), v2p.shape[0], multiplier, seq_len_delta,
-            req_pool_indices.stride(0), seq_lens.stride(0), launch.items_per_program, page_size, flags)
+    args = (req_to_token, req_pool_indices, seq_lens, v2p, out, rows, cols, req_to_token.stride(0), columns,
+            out.stride(0), v2p.shape[0], multiplier, seq_len_delta, req_pool_indices.stride(0), seq_lens.stride(0),
+            launch.items_per_program, page_size, flags)
     defines = (("KV_PAGE_SIZE", page_size), ("KV_FLAGS", flags))
     return _kernel_call(TRANSLATED_PAGE_TABLE_KERNEL, defines, launch, args)
 
@@ -307,8 +308,9 @@ def dcp_page_table_call(req_to_token, req_pool_indices, local_seq_lens, out, pag
     flags = (_wide(req_pool_indices, WIDE_POOL) | _wide(local_seq_lens, WIDE_LENS) | _folded(launch)
              | (FILL if fill_value is not None else 0) | _rounding(round_toward_zero))
     rows, cols = req_to_token.shape
-    args = (req_to_token, req_pool_indices, local_seq_lens, out, rows, cols, req_to_token.stride(0), out.stride(0), width, launch.items_per_program, req_pool_indices.stride(0),
-            local_seq_lens.stride(0), page_size, dcp_size, dcp_rank, fill_value or 0, flags)
+    args = (req_to_token, req_pool_indices, local_seq_lens, out, rows, cols, req_to_token.stride(0), out.stride(0),
+            width, launch.items_per_program, req_pool_indices.stride(0), local_seq_lens.stride(0), page_size, dcp_size,
+            dcp_rank, fill_value or 0, flags)
     defines = (("KV_PAGE_SIZE", page_size), ("KV_DCP_SIZE", dcp_size), ("KV_FLAGS", flags))
     return _kernel_call(DCP_PAGE_TABLE_KERNEL, defines, launch, args)
 

@@ -7,8 +7,9 @@ replay entry (``dispatch.fast_replay``), which launches what the Python path lau
 key (every argument's metadata and int values) with the new call's pointers, once the outputs are found
 apart from the other arguments. Whatever it does not take, first calls, every error and ``KVDISPATCH_DEBUG``
 included, goes the Python way below (which registers the replay plans), and so do calls with programmatic
-dependent launch (``enable_pdl``), which the compiled host path does not take. While ``torch.compile`` (or ``torch.export``) traces, a call becomes the op of the same name in
-``torch.ops.kvdispatch`` (registered by ``kvdispatch.ops``), for the backend request of that trace.
+dependent launch (``enable_pdl``), which the compiled host path does not take. While ``torch.compile`` (or
+``torch.export``) traces, a call becomes the op of the same name in ``torch.ops.kvdispatch`` (registered by
+``kvdispatch.ops``), for the backend request of that trace.
 """
 
 from __future__ import annotations

@@ -16,7 +16,7 @@ from test_family_graphs import FAMILY_OPS, _case, _refresh
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not HAS_GPU, reason="the compiled host path launches on a GPU")]
 
-from kvdispatch import host_path  # noqa: E402
+from kvdispatch import _validate, host_path  # noqa: E402
 
 REPLAYS = 10
 
@@ -34,19 +34,25 @@ def c_launches() -> int:
     return host_path.load().launch_count()
 
 
-def poison(x, outputs):
+def call_checked(x, outputs, call, backend, label, from_c=True, **options):
+    """One eager call of ``backend`` on the buffers ``x`` (outputs poisoned first): it equals the reference
+    applied to the same buffers, and was launched from C (``from_c``) or not."""
     for name in outputs:
         x[name].fill_(POISON)
-
-
-def check_against_reference(x, outputs, call, label):
     expected = {k: v.cpu() for k, v in x.items()}
     call(expected)
+    before = c_launches()
+    call(x, backend, enable_pdl=False, **options)
+    torch.cuda.synchronize()
+    assert c_launches() == before + from_c, f"{label}: {'not ' if from_c else ''}launched from C"
     for name in outputs:
         assert torch.equal(x[name].cpu(), expected[name]), f"{label}: {name} differs"
 
 
-@pytest.mark.parametrize("backend", [b for b in ("triton", "cupy") if b in BACKENDS])
+BACKENDS_WITH_C = [b for b in ("triton", "cupy") if b in BACKENDS]
+
+
+@pytest.mark.parametrize("backend", BACKENDS_WITH_C)
 @pytest.mark.parametrize("op", FAMILY_OPS)
 def test_calls_after_the_first_are_launched_from_c(backend, op):
     device = torch.device("cuda")
@@ -57,25 +63,14 @@ def test_calls_after_the_first_are_launched_from_c(backend, op):
     torch.cuda.synchronize()
     for step in range(1, 4):
         _refresh(x, g, step)
-        poison(x, outputs)
-        before = c_launches()
-        call(x, backend, enable_pdl=False)
-        torch.cuda.synchronize()
-        assert c_launches() == before + 1, f"{op} {backend}: not launched from C"
-        check_against_reference(x, outputs, call, f"{op} {backend} eager {step}")
+        call_checked(x, outputs, call, backend, f"{op} {backend} eager {step}")
     # Other buffers of the same metadata: the same plan, with their pointers.
-    other = {k: v.clone() for k, v in x.items()}
-    poison(other, outputs)
-    before = c_launches()
-    call(other, backend, enable_pdl=False)
-    torch.cuda.synchronize()
-    assert c_launches() == before + 1
-    check_against_reference(other, outputs, call, f"{op} {backend} other buffers")
+    call_checked({k: v.clone() for k, v in x.items()}, outputs, call, backend, f"{op} {backend} other buffers")
     # An output over the table (same metadata, one buffer): handed back, and the Python path raises.
-    table, out = other["table"], other[outputs[0]]
-    base = torch.zeros(max(table.numel() * 4, out.numel() * out.element_size()) + 64, dtype=torch.uint8,
-                       device=device)
-    overlapping = dict(other, table=base.view(torch.int32).as_strided(table.shape, table.stride()))
+    table, out = x["table"], x[outputs[0]]
+    extent = max(_validate._span(t)[1] - _validate._span(t)[0] for t in (table, out))
+    base = torch.zeros(extent + 64, dtype=torch.uint8, device=device)
+    overlapping = dict(x, table=base.view(torch.int32).as_strided(table.shape, table.stride()))
     overlapping[outputs[0]] = base.view(out.dtype).as_strided(out.shape, out.stride())
     before = c_launches()
     with pytest.raises(ValueError, match="shares memory"):
@@ -89,20 +84,33 @@ def test_calls_after_the_first_are_launched_from_c(backend, op):
     assert c_launches() == before + 1
     for step in range(4, 4 + REPLAYS):
         _refresh(x, g, step)
+        expected = {k: v.cpu() for k, v in x.items()}
+        call(expected)
         graph.replay()
         torch.cuda.synchronize()
-        check_against_reference(x, outputs, call, f"{op} {backend} graph replay {step}")
+        for name in outputs:
+            assert torch.equal(x[name].cpu(), expected[name]), f"{op} {backend} graph replay {step}: {name} differs"
 
 
-@pytest.mark.parametrize("backend", [b for b in ("triton", "cupy") if b in BACKENDS])
-def test_pdl_calls_stay_in_python(backend, monkeypatch):
+@pytest.mark.parametrize("backend", BACKENDS_WITH_C)
+def test_pdl_and_debug_calls_stay_in_python(backend, monkeypatch):
     device = torch.device("cuda")
     g = torch.Generator().manual_seed(3)
     x, outputs, call = _case("mha", device, g)
     _refresh(x, g, 0)
     call(x, backend, enable_pdl=False)
+    call_checked(x, outputs, call, backend, "mha, registered")
+    for name in outputs:
+        x[name].fill_(POISON)
+    expected = {k: v.cpu() for k, v in x.items()}
+    call(expected)
     before = c_launches()
     call(x, backend, enable_pdl=True)
     torch.cuda.synchronize()
     assert c_launches() == before
-    check_against_reference(x, outputs, call, f"mha {backend} pdl")
+    for name in outputs:
+        assert torch.equal(x[name].cpu(), expected[name]), f"mha {backend} pdl: {name} differs"
+    monkeypatch.setenv("KVDISPATCH_DEBUG", "1")
+    kvdispatch.reset()
+    call(x, backend, enable_pdl=False)  # selects again (Python), the plan is kept
+    call_checked(x, outputs, call, backend, "mha, debug", from_c=False)
