@@ -177,8 +177,8 @@ def _mapped(values, token_mapping):
     size = token_mapping.shape[0]
     if size == 0:
         return torch.full_like(values, -1)
-    inside = values.clamp(0, min(size - 1, torch.iinfo(values.dtype).max))
-    return torch.where(inside == values, token_mapping[inside], -1)
+    clamped = values.clamp(0, min(size - 1, torch.iinfo(values.dtype).max))
+    return torch.where(clamped == values, token_mapping[clamped], -1)
 
 
 def _csr_reads(kv_indptr, count, max_count, pool, first, stride, total, limit):
