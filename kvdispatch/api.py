@@ -23,6 +23,15 @@ from ._validate import (check_dcp_page_table_args, check_dcp_token_csr_args, che
 
 # Dynamo reads this as a constant True while tracing; in eager mode it is one call returning False.
 _compiling = torch.compiler.is_compiling
+
+
+def _replayed(op: int, backend, pdl: bool, *args) -> bool:
+    """Whether the compiled host path's replay entry (``dispatch.fast_replay``) took a call of ``op`` with the
+    public function's arguments ``args``: it takes none under ``KVDISPATCH_DEBUG`` or with PDL, and hands back
+    (NotImplemented) whatever it cannot take."""
+    replay = dispatch.fast_replay
+    return (replay is not None and not _debug.ENABLED and not pdl
+            and replay(op, backend, *args) is not NotImplemented)
 # The replay entry's op codes (``dispatch.fast_replay``).
 _DRAFT_DECODE, _DCP_TOKEN_CSR, _DCP_PAGE_TABLE, _MHA_PAGE_TABLE, _TRANSLATED_PAGE_TABLE = (
     dispatch.HOST_PATH_OPS[op] for op in ("draft_decode", "dcp_token_csr", "dcp_page_table", "mha_page_table",
@@ -235,11 +244,9 @@ def create_trtllm_mha_page_table(req_to_token, req_pool_indices, seq_lens, page_
             backend=_requested_backend(backend, dispatch.generation), enable_pdl=enable_pdl)
         return page_table
     pdl = dispatch.pdl_default if enable_pdl is None else enable_pdl
-    replay = dispatch.fast_replay
-    if replay is not None and not _debug.ENABLED and not pdl:  # the compiled launcher takes no PDL call
-        if replay(_MHA_PAGE_TABLE, backend, req_to_token, req_pool_indices, seq_lens, page_table, page_size,
-                  swa_page_table, full_to_swa, round_toward_zero) is not NotImplemented:
-            return page_table
+    if _replayed(_MHA_PAGE_TABLE, backend, pdl, req_to_token, req_pool_indices, seq_lens, page_table, page_size,
+                 swa_page_table, full_to_swa, round_toward_zero):
+        return page_table
     device = check_mha_page_table_args(req_to_token, req_pool_indices, seq_lens, page_table, page_size,
                                        swa_page_table, full_to_swa, round_toward_zero)
     if _debug.ENABLED:
@@ -294,11 +301,9 @@ def create_translated_page_table(req_to_token, req_pool_indices, seq_lens, v2p, 
             enable_pdl=enable_pdl)
         return out
     pdl = dispatch.pdl_default if enable_pdl is None else enable_pdl
-    replay = dispatch.fast_replay
-    if replay is not None and not _debug.ENABLED and not pdl:  # the compiled launcher takes no PDL call
-        if replay(_TRANSLATED_PAGE_TABLE, backend, req_to_token, req_pool_indices, seq_lens, v2p, out, page_size,
-                  multiplier, max_pages, seq_len_delta) is not NotImplemented:
-            return out
+    if _replayed(_TRANSLATED_PAGE_TABLE, backend, pdl, req_to_token, req_pool_indices, seq_lens, v2p, out, page_size,
+                 multiplier, max_pages, seq_len_delta):
+        return out
     device = check_translated_page_table_args(req_to_token, req_pool_indices, seq_lens, v2p, out, page_size,
                                               multiplier, max_pages, seq_len_delta)
     if _debug.ENABLED:
@@ -374,12 +379,9 @@ def create_draft_decode_kv_indices(req_to_token, req_pool_indices, seq_lens, kv_
                                       page_size, positions, window_size, sink_size, v2p, write_indptr_start,
                                       round_toward_zero, backend, enable_pdl)
     pdl = dispatch.pdl_default if enable_pdl is None else enable_pdl
-    replay = dispatch.fast_replay
-    if replay is not None and not _debug.ENABLED and not pdl:  # the compiled launcher takes no PDL call
-        if replay(_DRAFT_DECODE, backend, req_to_token, req_pool_indices, seq_lens, kv_indptr, out, num_steps, topk,
-                  page_size, positions, window_size, sink_size, v2p, write_indptr_start,
-                  round_toward_zero) is not NotImplemented:
-            return out
+    if _replayed(_DRAFT_DECODE, backend, pdl, req_to_token, req_pool_indices, seq_lens, kv_indptr, out, num_steps, topk,
+                 page_size, positions, window_size, sink_size, v2p, write_indptr_start, round_toward_zero):
+        return out
     device = check_draft_decode_args(req_to_token, req_pool_indices, seq_lens, kv_indptr, out, num_steps, topk,
                                      page_size, positions, window_size, sink_size, v2p, write_indptr_start,
                                      round_toward_zero)
@@ -440,13 +442,10 @@ def create_dcp_kv_indices(req_to_token, req_pool_indices, local_seq_lens, kv_ind
     Returns:
         ``out``.
     """
-    if not _compiling():
-        pdl = dispatch.pdl_default if enable_pdl is None else enable_pdl
-        replay = dispatch.fast_replay
-        if replay is not None and not _debug.ENABLED and not pdl:  # the compiled launcher takes no PDL call
-            if replay(_DCP_TOKEN_CSR, backend, req_to_token, req_pool_indices, local_seq_lens, kv_indptr, out,
-                      dcp_size, dcp_rank, kv_start_idx, round_toward_zero) is not NotImplemented:
-                return out
+    pdl = dispatch.pdl_default if enable_pdl is None else enable_pdl
+    if not _compiling() and _replayed(_DCP_TOKEN_CSR, backend, pdl, req_to_token, req_pool_indices, local_seq_lens,
+                                      kv_indptr, out, dcp_size, dcp_rank, kv_start_idx, round_toward_zero):
+        return out
     _run("dcp_token_csr", torch.ops.kvdispatch.create_dcp_kv_indices, check_dcp_token_csr_args,
          _debug.check_dcp_token_csr_data, backend, enable_pdl,
          (req_to_token, req_pool_indices, local_seq_lens, kv_indptr, out),
@@ -486,13 +485,10 @@ def create_dcp_page_table(req_to_token, req_pool_indices, local_seq_lens, out, *
     Returns:
         ``out``.
     """
-    if not _compiling():
-        pdl = dispatch.pdl_default if enable_pdl is None else enable_pdl
-        replay = dispatch.fast_replay
-        if replay is not None and not _debug.ENABLED and not pdl:  # the compiled launcher takes no PDL call
-            if replay(_DCP_PAGE_TABLE, backend, req_to_token, req_pool_indices, local_seq_lens, out, page_size,
-                      dcp_size, dcp_rank, fill_value, round_toward_zero) is not NotImplemented:
-                return out
+    pdl = dispatch.pdl_default if enable_pdl is None else enable_pdl
+    if not _compiling() and _replayed(_DCP_PAGE_TABLE, backend, pdl, req_to_token, req_pool_indices, local_seq_lens,
+                                      out, page_size, dcp_size, dcp_rank, fill_value, round_toward_zero):
+        return out
     _run("dcp_page_table", torch.ops.kvdispatch.create_dcp_page_table, check_dcp_page_table_args,
          _debug.check_dcp_page_table_data, backend, enable_pdl,
          (req_to_token, req_pool_indices, local_seq_lens, out),

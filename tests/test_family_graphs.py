@@ -132,11 +132,17 @@ def test_replays_match_the_reference(backend, op, enable_pdl):
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         call(x, backend, enable_pdl=enable_pdl)
-    for step in range(1, REPLAYS + 1):
+    check_replays(graph, x, g, outputs, call, range(1, REPLAYS + 1), f"{op} {backend} replay")
+
+
+def check_replays(graph, x, g, outputs, call, steps, label):
+    """Replay ``graph`` (captured on the buffers ``x``) once per step on fresh data, each against the reference
+    (``call`` without a backend) on CPU copies of the same inputs."""
+    for step in steps:
         _refresh(x, g, step)
         expected = {k: v.cpu() for k, v in x.items()}
         call(expected)
         graph.replay()
         torch.cuda.synchronize()
         for name in outputs:
-            assert torch.equal(x[name].cpu(), expected[name]), f"{op} {backend} replay {step}: {name} differs"
+            assert torch.equal(x[name].cpu(), expected[name]), f"{label} {step}: {name} differs"

@@ -12,7 +12,7 @@ import torch
 import kvdispatch
 from conftest import BACKENDS, HAS_GPU
 from kvcases import POISON
-from test_family_graphs import FAMILY_OPS, _case, _refresh
+from test_family_graphs import FAMILY_OPS, _case, _refresh, check_replays
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not HAS_GPU, reason="the compiled host path launches on a GPU")]
 
@@ -82,14 +82,7 @@ def test_calls_after_the_first_are_launched_from_c(backend, op):
     with torch.cuda.graph(graph):
         call(x, backend, enable_pdl=False)
     assert c_launches() == before + 1
-    for step in range(4, 4 + REPLAYS):
-        _refresh(x, g, step)
-        expected = {k: v.cpu() for k, v in x.items()}
-        call(expected)
-        graph.replay()
-        torch.cuda.synchronize()
-        for name in outputs:
-            assert torch.equal(x[name].cpu(), expected[name]), f"{op} {backend} graph replay {step}: {name} differs"
+    check_replays(graph, x, g, outputs, call, range(4, 4 + REPLAYS), f"{op} {backend} graph replay")
 
 
 @pytest.mark.parametrize("backend", BACKENDS_WITH_C)
