@@ -80,11 +80,12 @@ def test_native_launch_parameters(reports, target):
     returncode, stdout, stderr = reports[target]
     assert returncode == 0, stderr[-4000:]
     for row in json.loads(stdout):
-        if row["label"].startswith("_draft_decode_kernel"):  # not launched from C: no constraint
-            continue
-        if "HAS_MAPPING=1" not in row["label"]:
+        # The draft kernel's step and branch counts and a token mapping's length are 32-bit parameters: the
+        # 64-bit words C passes are read by their low half on NVIDIA; on AMD such kernels take the Python path.
+        narrow = row["label"].startswith("_draft_decode_kernel") or "HAS_MAPPING=1" in row["label"]
+        if TARGETS[target][0] == "cuda" or not narrow:
             assert row["native_parameters"] == row["runtime_args"] + 2, row
-        else:  # a mapping's length is 32-bit: never launched from C anyway
+        else:
             assert row["native_parameters"] is None, row
 
 
