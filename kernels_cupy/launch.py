@@ -43,6 +43,15 @@ _token_csr_launch = functools.lru_cache(maxsize=4096)(grid.token_csr_launch)
 _dcp_token_csr_launch = functools.lru_cache(maxsize=4096)(grid.dcp_token_csr_launch)
 _dcp_page_table_launch = functools.lru_cache(maxsize=4096)(grid.dcp_page_table_launch)
 _mapped_page_table_launch = functools.lru_cache(maxsize=4096)(grid.mapped_page_table_launch)
+_draft_decode_launch = functools.lru_cache(maxsize=4096)(grid.draft_decode_launch)
+_GEOMETRY_CACHES = (_page_table_launch, _token_csr_launch, _dcp_token_csr_launch, _dcp_page_table_launch,
+                    _mapped_page_table_launch, _draft_decode_launch)
+
+
+def forget_geometry() -> None:
+    """Drop every cached ``Launch`` (after ``kvdispatch.grid``'s limits change, as tests do)."""
+    for cache in _GEOMETRY_CACHES:
+        cache.cache_clear()
 
 
 class KernelCall(NamedTuple):
@@ -235,8 +244,6 @@ def build_translated_page_table(req_to_token, req_pool_indices, seq_lens, v2p, o
     return _launched(translated_page_table_call(req_to_token, req_pool_indices, seq_lens, v2p, out, page_size,
                                                 multiplier, max_pages, seq_len_delta), req_to_token.device, out, pdl)
 
-
-_draft_decode_launch = functools.lru_cache(maxsize=4096)(grid.draft_decode_launch)
 
 
 def draft_decode_call(req_to_token, req_pool_indices, seq_lens, kv_indptr, out, num_steps, topk, page_size=1,

@@ -34,9 +34,7 @@ def _forget_geometry():
     from kernels_cupy import native as cupy_native
 
     cupy_native.reset()
-    cupy_launch._page_table_launch.cache_clear()
-    cupy_launch._token_csr_launch.cache_clear()
-    cupy_launch._draft_decode_launch.cache_clear()
+    cupy_launch.forget_geometry()
     if "triton" in BACKENDS:
         from kernels_triton import launch as triton_launch
 
