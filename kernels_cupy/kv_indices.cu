@@ -469,11 +469,7 @@ extern "C" __global__ void kv_draft_decode(
     kv_i64 items, kv_i64 flags, kv_i64 page_size_arg, const void* __restrict__ positions, kv_i64 positions_stride,
     const void* __restrict__ v2p, kv_i64 v2p_len) {
     KV_GRID_WAIT();
-#ifdef KV_PAGE_SIZE
-    const kv_i64 page_size = KV_PAGE_SIZE;
-#else
-    const kv_i64 page_size = page_size_arg;
-#endif
+    const kv_i64 page_size = kv_specialised_page_size(page_size_arg);
     const kv_i64 segment = blockIdx.x;
     const kv_i64 request = segment / topk, branch = segment - request * topk;
     const kv_i64 first = kv_row_program(KV_HAS(KV_FOLDED_GRID)) * items;
@@ -610,11 +606,7 @@ extern "C" __global__ void kv_dcp_page_table(
     kv_i64 items, kv_i64 pool_stride, kv_i64 lens_stride, kv_i64 page_size_arg, kv_i64 dcp_size_arg,
     kv_i64 dcp_rank, kv_i64 fill_value, kv_i64 flags) {
     KV_GRID_WAIT();
-#ifdef KV_PAGE_SIZE
-    const kv_i64 page_size = KV_PAGE_SIZE;
-#else
-    const kv_i64 page_size = page_size_arg;
-#endif
+    const kv_i64 page_size = kv_specialised_page_size(page_size_arg);
     const kv_i64 dcp_size = kv_dcp_size(dcp_size_arg);
     const kv_i64 b = blockIdx.x;
     const kv_i64 first = kv_row_program(KV_HAS(KV_FOLDED_GRID)) * items;

@@ -180,20 +180,11 @@ def table_packed_words(rows: int, table_stride: int, page_limit: int, out_stride
 def _run(plans, launcher, key, args, make_plan):
     """Launch ``args`` through the plan of ``key``, building it with ``make_plan()`` (which returns the geometry,
     the specialisation and its constexprs) the first time; the first launch of a new kernel is the plan's."""
-    plan = plans.get(key)
-    if plan is None:
+    def build():
         geometry, specialisation, constexprs = make_plan()
-        if geometry.grid[0] == 0:
-            plans.add(key, _launch.nothing)
-            return
-        warps = _launch.warps_for(args[3].device, geometry.threads)
-        plan, launched = launcher.plan(key[0], specialisation, geometry.grid, constexprs, warps, args)
-        plans.add(key, plan)
-        if not launched:
-            plan(*args)
-    else:
-        plan(*args)
-    _launch.record(plan, args)
+        return _launch.build_plan(plans, launcher, key, args, args[3].device, geometry, specialisation, constexprs)
+
+    _launch.launch_through_plan(plans, key, args, build)
 
 
 def build_dcp_token_indices(req_to_token, req_pool_indices, local_seq_lens, kv_indptr, out, dcp_size, dcp_rank,

@@ -209,13 +209,9 @@ def plan_key_and_arguments(req_to_token, req_pool_indices, seq_lens, kv_indptr, 
 
 def _build_plan(key, out, args):
     geometry = launch_grid.draft_decode_launch(key[1], key[2], key[2])
-    if geometry.grid[0] == 0:
-        return _plans.add(key, _launch.nothing), False
-    specialisation = (geometry.folded,) + key[3:]
     constexprs = constexprs_for(key[3], key[8] is not None, key[9] is not None, geometry.folded, key[10])
-    warps = _launch.warps_for(out.device, geometry.threads)
-    plan, launched = launcher.plan(key[0], specialisation, geometry.grid, constexprs, warps, args)
-    return _plans.add(key, plan), launched
+    return _launch.build_plan(_plans, launcher, key, args, out.device, geometry, (geometry.folded,) + key[3:],
+                              constexprs)
 
 
 def build_draft_decode_indices(req_to_token, req_pool_indices, seq_lens, kv_indptr, out, num_steps, topk,
@@ -229,14 +225,7 @@ def build_draft_decode_indices(req_to_token, req_pool_indices, seq_lens, kv_indp
     key, args = plan_key_and_arguments(req_to_token, req_pool_indices, seq_lens, kv_indptr, out, num_steps, topk,
                                        page_size, positions, window_size, sink_size, v2p, write_indptr_start,
                                        round_toward_zero, pdl)
-    plan = _plans.get(key)
-    if plan is None:
-        plan, launched = _build_plan(key, out, args)  # launched: a new specialisation, compiled by this call
-        if not launched:
-            plan(*args)
-    else:
-        plan(*args)
-    _launch.record(plan, args)
+    _launch.launch_through_plan(_plans, key, args, lambda: _build_plan(key, out, args))
     return out
 
 

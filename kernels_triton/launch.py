@@ -526,6 +526,31 @@ def record(plan, args) -> None:
         launches.append(functools.partial(plan.describe, args))
 
 
+def launch_through_plan(plans, key, args, build) -> None:
+    """Launch ``args`` through the plan of ``key`` in ``plans``, building it with ``build()`` at the key's first
+    call (it returns ``(plan, launched)``; ``launched``: building compiled the kernel with these arguments, or
+    there is nothing to launch), then ``record`` the launch for the compiled host path's replay entry."""
+    plan = plans.get(key)
+    if plan is None:
+        plan, launched = build()
+        if not launched:
+            plan(*args)
+    else:
+        plan(*args)
+    record(plan, args)
+
+
+def build_plan(plans, launcher, key, args, device, geometry, specialisation, constexprs):
+    """The plan of ``key`` (whose first entry is the device index) on ``geometry`` (a ``kvdispatch.grid.Launch``),
+    added to ``plans``: ``nothing`` for an empty grid, else ``launcher.plan``'s, which launches ``args`` itself
+    when it compiles. Returns ``(plan, launched)`` for ``launch_through_plan``."""
+    if geometry.grid[0] == 0:
+        return plans.add(key, nothing), True
+    warps = warps_for(device, geometry.threads)
+    plan, launched = launcher.plan(key[0], specialisation, geometry.grid, constexprs, warps, args)
+    return plans.add(key, plan), launched
+
+
 class PlanCache(dict):
     """Launch plans per call key (device, shape, options); forgets everything past ``MAX_PLANS``.
     ``on_clear`` runs whenever it forgets (the compiled launcher's copies of the plans go with them)."""

@@ -214,22 +214,12 @@ def translated_packed_words(rows: int, table_stride: int, page_limit: int, out_s
 def _launch_plan(plans, launcher, key, out, args, span, constexprs_of):
     """Run ``args`` through the plan of ``key`` (building it at its first call): ``key[:3]`` is (device index,
     page size, batch), ``key[3:]`` the rest of the specialisation; ``span`` the pages a row may write."""
-    plan = plans.get(key)
-    if plan is None:
+    def build():
         geometry = launch_grid.mapped_page_table_launch(key[2], span, key[1])
-        if geometry.grid[0] == 0:
-            plans.add(key, _launch.nothing)
-            return
-        specialisation = (key[1], geometry.folded) + key[4:]
-        warps = _launch.warps_for(out.device, geometry.threads)
-        plan, launched = launcher.plan(key[0], specialisation, geometry.grid, constexprs_of(geometry.folded), warps,
-                                       args)
-        plans.add(key, plan)
-        if not launched:
-            plan(*args)
-    else:
-        plan(*args)
-    _launch.record(plan, args)
+        return _launch.build_plan(plans, launcher, key, args, out.device, geometry,
+                                  (key[1], geometry.folded) + key[4:], constexprs_of(geometry.folded))
+
+    _launch.launch_through_plan(plans, key, args, build)
 
 
 def build_mha_page_table(req_to_token, req_pool_indices, seq_lens, page_table, page_size, swa_page_table=None,
