@@ -4,9 +4,11 @@
 // of the same key.
 //
 // Built at first use by kvdispatch/host_path.py with the system's C compiler; only the
-// Python C API (3.9+) is used: no torch or CUDA headers. Tensor metadata is read through the tensors'
-// Python attributes; the launch and context functions are handed over as addresses (libcuda's
-// cuLaunchKernel and cuCtxGetCurrent in the product, stubs in the tests).
+// Python C API (3.9+) is used: no torch or CUDA headers. A tensor's metadata is read from its TensorImpl
+// (the address its `_cdata` attribute gives) through PyTorch's C shim (the AOTInductor getters of
+// torch/csrc/inductor/aoti_torch/c/shim.h, a stable C ABI), whose addresses configure() receives with the
+// launch and context functions (libcuda's cuLaunchKernel and cuCtxGetCurrent in the product, stubs in the
+// tests).
 //
 // Two launchers register plans here: Triton's (kernels_triton/native.py) and CuPy's (kernels_cupy/native.py).
 // The selector's approval of (op, device, requested backend) names the launcher; the call's key, the plan
@@ -36,6 +38,12 @@ typedef int (*launch_fn)(void *function, unsigned grid_x, unsigned grid_y, unsig
                          unsigned block_y, unsigned block_z, unsigned shared, void *stream, void **params,
                          void **extra);
 typedef int (*context_fn)(void **context);
+// The shim's getters: each takes an AtenTensorHandle (the address of an at::Tensor, which holds exactly its
+// TensorImpl pointer) and returns 0 on success.
+typedef int32_t (*get_int64_fn)(void *tensor, int64_t *value);
+typedef int32_t (*get_int64s_fn)(void *tensor, int64_t **values);
+typedef int32_t (*get_pointer_fn)(void *tensor, void **value);
+typedef int32_t (*get_int32_fn)(void *tensor, int32_t *value);
 
 // Values shared with the Python side come from kvdispatch/host_path.py (shared_defines) as -D options:
 // the op codes (host_path.OPS), the launcher codes (host_path.LAUNCHERS), the largest page size
@@ -60,11 +68,18 @@ typedef int (*context_fn)(void **context);
 // Configuration (configure()).
 static launch_fn launch_kernel = NULL;
 static context_fn current_context = NULL;
-static PyObject *stream_query = NULL, *tensor_type = NULL, *dtype_int32 = NULL, *dtype_int64 = NULL;
-static PyObject *device_flag = NULL;  // the attribute that is True on tensors of the launch device type
-static long index_offset = 0;         // added to get_device(): 0 on GPUs; 1 lets the tests use CPU tensors
+static PyObject *stream_query = NULL, *tensor_type = NULL;
+static struct {
+    get_int64_fn dim;
+    get_int64s_fn sizes, strides;
+    get_pointer_fn data_ptr;
+    get_int32_fn dtype, device_type, device_index;
+    int32_t int32_code, int64_code;  // the shim's dtype codes of torch.int32 and torch.int64
+    int32_t launch_device_type;      // the device type code of the tensors launches take
+} shim;
+static long index_offset = 0;  // added to a tensor's device index: 0 on GPUs; 1 lets the tests use CPU tensors
 static unsigned long long launches = 0;
-static PyObject *s_dtype, *s_shape, *s_stride, *s_data_ptr, *s_get_device, *s_auto, *s_triton, *s_cupy;
+static PyObject *s_impl_address, *s_auto, *s_triton, *s_cupy;
 
 // Which launcher the selector resolved (op, device, requested backend) to: 0 none, else its code + 1.
 #define MAX_DEVICES 64
@@ -133,24 +148,31 @@ static void set_ref(PyObject **slot, PyObject *value) {
     Py_XDECREF(old);
 }
 
-// configure(launch address, context address, stream query, torch.Tensor, torch.int32, torch.int64, device flag,
-//           index offset)
+// configure(launch address, context address, stream query, torch.Tensor, shim, index offset); shim: the
+// addresses of aoti_torch_get_dim, _sizes, _strides, _data_ptr, _dtype, _device_type and _device_index, then the
+// dtype codes of int32 and int64 and the launch device's type code.
 static PyObject *configure(PyObject *self, PyObject *args) {
-    unsigned long long launch_address, context_address;
-    PyObject *query, *type, *i32, *i64, *flag;
+    unsigned long long launch_address, context_address, getters[7];
+    int codes[3];
+    PyObject *query, *type;
     long offset;
-    if (!PyArg_ParseTuple(args, "KKOOOOUl", &launch_address, &context_address, &query, &type, &i32, &i64, &flag,
-                          &offset))
+    if (!PyArg_ParseTuple(args, "KKOO(KKKKKKKiii)l", &launch_address, &context_address, &query, &type, &getters[0],
+                          &getters[1], &getters[2], &getters[3], &getters[4], &getters[5], &getters[6], &codes[0],
+                          &codes[1], &codes[2], &offset))
         return NULL;
     if (!PyType_Check(type)) return PyErr_Format(PyExc_TypeError, "configure: the tensor type must be a type");
+    for (int i = 0; i < 7; ++i)
+        if (!getters[i]) return PyErr_Format(PyExc_ValueError, "configure: shim getter %d is missing", i);
     set_ref(&stream_query, query);
     set_ref(&tensor_type, type);
-    set_ref(&dtype_int32, i32);
-    set_ref(&dtype_int64, i64);
-    Py_INCREF(flag);
-    PyUnicode_InternInPlace(&flag);
-    set_ref(&device_flag, flag);
-    Py_DECREF(flag);
+    shim.dim = (get_int64_fn)(uintptr_t)getters[0];
+    shim.sizes = (get_int64s_fn)(uintptr_t)getters[1];
+    shim.strides = (get_int64s_fn)(uintptr_t)getters[2];
+    shim.data_ptr = (get_pointer_fn)(uintptr_t)getters[3];
+    shim.dtype = (get_int32_fn)(uintptr_t)getters[4];
+    shim.device_type = (get_int32_fn)(uintptr_t)getters[5];
+    shim.device_index = (get_int32_fn)(uintptr_t)getters[6];
+    shim.int32_code = codes[0], shim.int64_code = codes[1], shim.launch_device_type = codes[2];
     launch_kernel = (launch_fn)(uintptr_t)launch_address;
     current_context = (context_fn)(uintptr_t)context_address;
     index_offset = offset;
@@ -292,45 +314,53 @@ static int overlaps_any(const tensor_info *a, const tensor_info *const *others, 
 // What the validator's hot path reads, for a tensor of exactly `dim` dimensions (-1: any up to 2) on the launch
 // device type. Returns 0, or -1 with no error set when anything does not fit.
 static int read_tensor(PyObject *t, int dim, tensor_info *info) {
-    if (Py_TYPE(t) != (PyTypeObject *)tensor_type) return -1;
-    PyObject *flag = PyObject_GetAttr(t, device_flag);
-    int ok = flag == Py_True;
-    Py_XDECREF(flag);
-    PyObject *dtype = ok ? PyObject_GetAttr(t, s_dtype) : NULL;
-    PyObject *shape = dtype ? PyObject_GetAttr(t, s_shape) : NULL;
-    PyObject *stride = shape ? PyObject_CallMethodNoArgs(t, s_stride) : NULL;
-    PyObject *data = stride ? PyObject_CallMethodNoArgs(t, s_data_ptr) : NULL;
-    PyObject *device = data ? PyObject_CallMethodNoArgs(t, s_get_device) : NULL;
-    ok = device && PyTuple_Check(shape) && PyTuple_Check(stride) && PyTuple_GET_SIZE(shape) == PyTuple_GET_SIZE(stride);
-    if (ok && dim < 0) dim = (int)PyTuple_GET_SIZE(shape);
-    ok = ok && PyTuple_GET_SIZE(shape) == dim && dim <= 2;
-    if (ok) {
-        info->dim = dim;
-        for (int i = 0; i < dim; ++i) {
-            info->size[i] = PyLong_AsLongLong(PyTuple_GET_ITEM(shape, i));
-            info->stride[i] = PyLong_AsLongLong(PyTuple_GET_ITEM(stride, i));
-        }
-        info->data = PyLong_AsUnsignedLongLong(data);
-        info->device = PyLong_AsLong(device) + index_offset;
-        info->dtype = dtype == dtype_int32 ? 1 : dtype == dtype_int64 ? 2 : 0;
-        uint64_t extent = 1;  // elements from the first to the last (PyTorch strides are never negative)
-        int empty = 0;
-        for (int i = 0; i < dim; ++i) {
-            empty |= info->size[i] == 0;
-            extent += (uint64_t)(info->size[i] - 1) * (uint64_t)info->stride[i];
-        }
-        empty |= info->data == 0;
-        info->span[0] = empty ? 0 : info->data;
-        info->span[1] = empty ? 0 : info->data + extent * (info->dtype == 2 ? 8 : 4);  // other dtypes are refused
-        ok = !PyErr_Occurred() && info->device >= 0;
+    if (Py_TYPE(t) != (PyTypeObject *)tensor_type || !shim.dim) return -1;
+    PyObject *address = PyObject_GetAttr(t, s_impl_address);
+    void *impl = address ? PyLong_AsVoidPtr(address) : NULL;
+    Py_XDECREF(address);
+    if (!impl) {
+        PyErr_Clear();
+        return -1;
     }
-    Py_XDECREF(dtype);
-    Py_XDECREF(shape);
-    Py_XDECREF(stride);
-    Py_XDECREF(data);
-    Py_XDECREF(device);
-    PyErr_Clear();
-    return ok ? 0 : -1;
+    void *tensor = &impl;  // an at::Tensor: its TensorImpl pointer
+    int64_t rank, *sizes, *strides;
+    void *data;
+    int32_t device_type, device_index, dtype;
+    if (shim.device_type(tensor, &device_type) || device_type != shim.launch_device_type ||
+        shim.dim(tensor, &rank) || rank > 2 || (dim >= 0 && rank != dim) || shim.sizes(tensor, &sizes) ||
+        shim.strides(tensor, &strides) || shim.data_ptr(tensor, &data) || shim.dtype(tensor, &dtype) ||
+        shim.device_index(tensor, &device_index))
+        return -1;
+    info->dim = (int)rank;
+    uint64_t extent = 1;  // elements from the first to the last (PyTorch strides are never negative)
+    int empty = data == NULL;
+    for (int i = 0; i < rank; ++i) {
+        info->size[i] = sizes[i], info->stride[i] = strides[i];
+        empty |= sizes[i] == 0;
+        extent += (uint64_t)(sizes[i] - 1) * (uint64_t)strides[i];
+    }
+    info->data = (uint64_t)(uintptr_t)data;
+    info->device = (long)device_index + index_offset;
+    info->dtype = dtype == shim.int32_code ? 1 : dtype == shim.int64_code ? 2 : 0;
+    info->span[0] = empty ? 0 : info->data;
+    info->span[1] = empty ? 0 : info->data + extent * (info->dtype == 2 ? 8 : 4);  // other dtypes are refused
+    return info->device >= 0 ? 0 : -1;
+}
+
+// tensor_metadata(t) -> (dtype code, device, sizes, strides, data pointer), or None where read_tensor refuses t.
+static PyObject *tensor_metadata(PyObject *self, PyObject *t) {
+    tensor_info info;
+    if (read_tensor(t, -1, &info)) Py_RETURN_NONE;
+    PyObject *sizes = PyTuple_New(info.dim), *strides = PyTuple_New(info.dim);
+    for (int i = 0; sizes && strides && i < info.dim; ++i) {
+        PyTuple_SET_ITEM(sizes, i, PyLong_FromLongLong(info.size[i]));
+        PyTuple_SET_ITEM(strides, i, PyLong_FromLongLong(info.stride[i]));
+    }
+    PyObject *result = sizes && strides ? Py_BuildValue("(ilOOK)", info.dtype, info.device, sizes, strides,
+                                                        (unsigned long long)info.data) : NULL;
+    Py_XDECREF(sizes);
+    Py_XDECREF(strides);
+    return result;
 }
 
 // An index vector (int32/int64, [batch]) on `device`; returns its dtype code, or 0.
@@ -791,7 +821,7 @@ static PyObject *replay_plan_count(PyObject *self, PyObject *unused) { return Py
 
 static PyMethodDef methods[] = {
     {"configure", configure, METH_VARARGS,
-     "configure(launch address, context address, stream query, tensor type, int32, int64, device flag)"},
+     "configure(launch address, context address, stream query, tensor type, shim, index offset)"},
     {"clear", clear, METH_NOARGS, "forget every plan and approval"},
     {"clear_plans", clear_plans, METH_VARARGS,
      "clear_plans(launcher=-1, op=-1): forget one launcher's plans of one op (-1: all), keep the approvals"},
@@ -809,17 +839,15 @@ static PyMethodDef methods[] = {
      "add_replay(op, backend, args, launcher, context, function, grid, threads, shared, values, slots, outputs)"},
     {"replay", (PyCFunction)(void (*)(void))replay, METH_FASTCALL,
      "replay(op, backend, *public arguments): launches from the call's replay plan, or returns NotImplemented"},
+    {"tensor_metadata", tensor_metadata, METH_O,
+     "tensor_metadata(t) -> (dtype code, device, sizes, strides, data pointer) as the checks read them, or None"},
     {"replay_plan_count", replay_plan_count, METH_NOARGS, "the replay plans held"},
     {NULL, NULL, 0, NULL}};
 
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "kvdispatch_host_path", NULL, -1, methods};
 
 PyMODINIT_FUNC PyInit_kvdispatch_host_path(void) {
-    s_dtype = PyUnicode_InternFromString("dtype");
-    s_shape = PyUnicode_InternFromString("shape");
-    s_stride = PyUnicode_InternFromString("stride");
-    s_data_ptr = PyUnicode_InternFromString("data_ptr");
-    s_get_device = PyUnicode_InternFromString("get_device");
+    s_impl_address = PyUnicode_InternFromString("_cdata");
     s_auto = PyUnicode_InternFromString("auto");
     s_triton = PyUnicode_InternFromString("triton");
     s_cupy = PyUnicode_InternFromString("cupy");

@@ -140,31 +140,58 @@ def build(directory: Path | None = None):
     return module
 
 
+def loaded_library(prefix: str) -> str | None:
+    """The path of a library this process has already loaded whose file name starts with ``prefix``, or None."""
+    try:
+        with open("/proc/self/maps") as maps:
+            fields = [line.split(None, 5) for line in maps]
+    except OSError:  # not Linux
+        return None
+    loaded = sorted({f[5].strip() for f in fields if len(f) == 6 and f[5].startswith("/")})
+    return next((p for p in loaded if os.path.basename(p).startswith(prefix)), None)
+
+
 def open_driver(library: str, reuse_loaded: bool):
     """``ctypes.CDLL`` of the driver ``library`` (``devices.DRIVER_LAUNCH_API``). With ``reuse_loaded`` (AMD),
     the file of that name this process has already loaded (``libamdhip64.so.6...`` for ``libamdhip64.so``: the
     HIP runtime PyTorch uses, never a second one), else whatever the dynamic loader finds for the name; without
     it (NVIDIA), the name as given (``libcuda.so.1``)."""
-    path = library
-    if reuse_loaded:
-        try:
-            with open("/proc/self/maps") as maps:
-                fields = [line.split(None, 5) for line in maps]
-        except OSError:  # not Linux
-            fields = []
-        loaded = sorted({f[5].strip() for f in fields if len(f) == 6 and f[5].startswith("/")})
-        path = next((p for p in loaded if os.path.basename(p).startswith(library)), library)
-    return ctypes.CDLL(path)
+    return ctypes.CDLL((loaded_library(library) if reuse_loaded else None) or library)
+
+
+# PyTorch's C shim getters host_path.c reads tensors with, in configure()'s order.
+SHIM_GETTERS = ("aoti_torch_get_dim", "aoti_torch_get_sizes", "aoti_torch_get_strides", "aoti_torch_get_data_ptr",
+                "aoti_torch_get_dtype", "aoti_torch_get_device_type", "aoti_torch_get_device_index")
+
+
+def tensor_shim(device_type: str) -> tuple[int, ...]:
+    """configure()'s ``shim``: the addresses of ``SHIM_GETTERS`` in the ``libtorch_cpu`` this process has
+    loaded (never a library loaded anew), then the shim's codes of int32, int64 and ``device_type`` ("cuda",
+    also ROCm's devices, or "cpu" for the tests)."""
+    path = loaded_library("libtorch_cpu")
+    if path is None:
+        raise RuntimeError("libtorch_cpu is not loaded in this process")
+    library = ctypes.CDLL(path, mode=os.RTLD_NOLOAD | os.RTLD_LAZY)
+    addresses = tuple(ctypes.cast(getattr(library, name), ctypes.c_void_p).value for name in SHIM_GETTERS)
+
+    def code(name):
+        function = getattr(library, name)
+        function.restype, function.argtypes = ctypes.c_int32, []
+        return function()
+
+    return addresses + (code("aoti_torch_dtype_int32"), code("aoti_torch_dtype_int64"),
+                        code(f"aoti_torch_device_type_{device_type}"))
 
 
 def _configure_for(module, vendor: str) -> None:
-    """Point ``module`` at ``vendor``'s launch and context functions and at PyTorch's raw stream query (the
-    current ``hipStream_t`` on ROCm builds, whose devices and tensors are PyTorch's ``cuda`` ones)."""
+    """Point ``module`` at ``vendor``'s launch and context functions, at PyTorch's raw stream query (the
+    current ``hipStream_t`` on ROCm builds, whose devices and tensors are PyTorch's ``cuda`` ones) and at its
+    tensor getters (``tensor_shim``)."""
     api = devices.DRIVER_LAUNCH_API[vendor]
     driver = open_driver(api.library, reuse_loaded=vendor == "amd")
     module.configure(ctypes.cast(getattr(driver, api.launch), ctypes.c_void_p).value,
                      ctypes.cast(getattr(driver, api.current_context), ctypes.c_void_p).value,
-                     torch._C._cuda_getCurrentRawStream, torch.Tensor, torch.int32, torch.int64, "is_cuda", 0)
+                     torch._C._cuda_getCurrentRawStream, torch.Tensor, tensor_shim("cuda"), 0)
 
 
 def configure_for_cuda(module) -> None:

@@ -2,7 +2,7 @@
 
 The extension is built here and pointed at stubs (``host_path_stubs``): a ``cuLaunchKernel`` that records
 what it is given, a ``cuCtxGetCurrent`` and a stream query, with CPU tensors as the launch device type
-(``is_cpu``, device index offset 1, so CPU is device 0). Each call is compared with what the Python path would launch
+(``tensor_shim("cpu")``, device index offset 1, so CPU is device 0). Each call is compared with what the Python path would launch
 (``page_table.plan_key_and_arguments``); every case it must not take returns NotImplemented without a
 launch. On a GPU, ``test_triton_launch.py`` runs the real thing.
 
@@ -56,6 +56,26 @@ def register(call, threads=128, shared=16):
 def expected_params(call):
     _, args = page_table.plan_key_and_arguments(*call[:9])
     return unsigned(args) + [0, 0]
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_reads_tensor_metadata_as_python_does(stubs, seed):
+    """The C reads (PyTorch's C shim on the TensorImpl) give the dtype, device, sizes, strides and data pointer
+    Python gives, for views at offsets, transposes, broadcasts, empty tensors and a 2**40 stride; a tensor of more than two
+    dimensions, a subclass or another device type is refused."""
+    generator = torch.Generator().manual_seed(seed)
+    rows, cols = (int(v) for v in torch.randint(0, 9, (2,), generator=generator))
+    dtype = (torch.int32, torch.int64, torch.float32)[seed % 3]
+    base = torch.zeros(rows + 3, cols + 5, dtype=dtype)
+    views = [base, base[1:, 2:], base.t(), base[:, 1], base[2:3], torch.zeros(0, dtype=dtype),
+             base.as_strided((1, 2), (2**40, 1)), base[:1].expand(4, -1), base[::2, ::3]]
+    for view in views:
+        read = stubs.module.tensor_metadata(view)
+        code = {torch.int32: 1, torch.int64: 2}.get(view.dtype, 0)
+        assert read == (code, 0, tuple(view.shape), view.stride(), view.data_ptr()), view.shape
+    for refused in (torch.zeros(2, 2, 2, dtype=torch.int32), torch.nn.Parameter(torch.zeros(3), requires_grad=False),
+                    torch.zeros(3, device="meta"), 3, None):
+        assert stubs.module.tensor_metadata(refused) is None
 
 
 @pytest.mark.parametrize("seed", range(40))
