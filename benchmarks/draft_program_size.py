@@ -5,7 +5,9 @@ latency-bound (few segments) and where it writes many bytes.
 Each row is the shipped kernel launched directly (``kernel[grid](...)``) at that program size and warp count;
 outputs are checked against the reference first (nan if wrong). CUDA-graph replay, 20 calls per graph,
 interleaved rounds, medians, ratios to the API as shipped and to the one-step build. "floor" is the time the
-bytes the build moves (prefix read once, every step row written) take at the device copy bandwidth.
+bytes the build moves (prefix read once, every step row written) take at the device copy bandwidth; the
+"fill" rows time PyTorch's ``fill_`` of as many bytes as every step row (or one step's row) holds, in a
+buffer of their own: a kernel that only writes those bytes, with nothing to load first.
 
     PYTHONPATH=. python3 benchmarks/draft_program_size.py [--cases ...] [--tokens 256,512,1024,2048] [--warps 2,4]
 """
@@ -57,6 +59,11 @@ def checked_graph_us(fn, x, expected):
     return bench.event_time_us(bench.capture(fn, 20).replay, 20, 200)
 
 
+def graph_us(fn):
+    """``fn``'s CUDA-graph replay time, unchecked."""
+    return bench.event_time_us(bench.capture(fn, 20).replay, 20, 200)
+
+
 def copy_gbs(device) -> float:
     """A device-to-device copy's GB/s (read + written), as the bench measures it."""
     src = torch.empty(bench.COPY_BYTES // 4, dtype=torch.int32, device=device)
@@ -85,6 +92,9 @@ def main() -> int:
                                            x.expected_one_step if name.startswith("one-step") else x.expected)
                    for name, fn in rows.items()}
         written = case.steps * case.batch * case.topk * (case.context + case.steps) * x.out.element_size()
+        for label, size in (("fill (every step's bytes)", written), ("fill (one step's bytes)", written // case.steps)):
+            buffer = torch.empty(size, dtype=torch.uint8, device=device)
+            checked[label] = functools.partial(graph_us, functools.partial(buffer.fill_, 0))
         moved = written + case.batch * case.context * 4
         title = (f"{case.name} ({moved / 1e6:.1f} MB moved, floor {moved / bandwidth / 1e3:.2f} us at "
                  f"{bandwidth:.0f} GB/s)")
