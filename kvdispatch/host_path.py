@@ -4,7 +4,8 @@ launcher made the plan: Triton's (``kernels_triton/native.py``) or CuPy's (``ker
 The Python path of one public call costs about 1.6x ``x.add_(1)`` of host time on an H200 host with Triton
 (2.4-2.8x with CuPy): the checks, the selection lookup and the argument packing, then the backend's own
 launch. ``host_path.c`` does the checks, a plan lookup, the packing and ``cuLaunchKernel`` in one C function
-per op (0.9x ``add_`` for the page table, measured with ``benchmarks/native_launch.py``). It takes a call
+per op (0.64-0.84x ``add_`` for every op in ``kvdispatch bench`` on an H200; ``docs/performance.md``), reading
+each tensor's metadata through PyTorch's C shim (``tensor_shim``). It takes a call
 only when it is exactly a case the Python path has already launched: same device, selection (which names the
 launcher: ``on_selected``), shape key and current context. For anything else it returns ``NotImplemented``
 and the Python path runs, so errors, fallbacks and first calls are unchanged.
