@@ -50,18 +50,18 @@ def loop(x, case):
                           case.steps, case.topk, case.page_size)
 
 
+def graph_us(fn):
+    """``fn``'s CUDA-graph replay time, unchecked."""
+    return bench.event_time_us(bench.capture(fn, 20).replay, 20, 200)
+
+
 def checked_graph_us(fn, x, expected):
     x.out.fill_(bench.POISON)
     fn()
     torch.cuda.synchronize()
     if not torch.equal(x.out, expected):
         return float("nan")
-    return bench.event_time_us(bench.capture(fn, 20).replay, 20, 200)
-
-
-def graph_us(fn):
-    """``fn``'s CUDA-graph replay time, unchecked."""
-    return bench.event_time_us(bench.capture(fn, 20).replay, 20, 200)
+    return graph_us(fn)
 
 
 def copy_gbs(device) -> float:
