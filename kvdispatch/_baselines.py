@@ -16,7 +16,8 @@
   ``(batch, blocks)`` of ``4096 // page_size`` pages per program, value ``slot // (page_size * D)``.
 * ``mha_grid_2d``: the TRT-LLM MHA page table (with its SWA twin) after SGLang's design: 2-D grid, ``4096 //
   page_size`` pages per program, programs past a row's tokens exit, block masks.
-* ``v2p_grid_2d``: the unified pool's translated page table after SGLang's design, on the same grid.
+* ``v2p_grid_2d``: the unified pool's translated page table after SGLang's design: a 2-D grid of
+  ``V2P_COLUMNS_PER_PROGRAM`` columns per program, or, stricter, of ``grid_2d``'s ``4096 // page_size``.
 * ``producer``: a one-program copy into an op's input, optionally triggering programmatic dependent launch: the
   kernel ahead of the op in ``kvdispatch bench --pdl-chain``.
 
@@ -30,6 +31,7 @@ import triton
 import triton.language as tl
 
 TOKENS_PER_PROGRAM = 4096
+V2P_COLUMNS_PER_PROGRAM = 256  # SGLang's translated-table builder, whatever the page size
 CSR_BLOCK = 512
 
 
@@ -161,10 +163,12 @@ def mha_grid_2d(req_to_token, req_pool_indices, seq_lens, page_table, page_size,
                               PAGE=page_size, STEP=step, HAS_SWA=swa)
 
 
-def v2p_grid_2d(req_to_token, req_pool_indices, seq_lens, v2p, out, page_size, multiplier=1):
-    """The unified pool's translated page table after SGLang's design, on the page table's 2-D grid
-    (``4096 // page_size`` pages per program), every column of ``out`` a possible live one."""
-    step = pages_per_program(page_size)
+def v2p_grid_2d(req_to_token, req_pool_indices, seq_lens, v2p, out, page_size, multiplier=1,
+                columns_per_program=None):
+    """The unified pool's translated page table after SGLang's design, every column of ``out`` a possible
+    live one, on a 2-D grid of ``columns_per_program`` columns per program (a power of two; None: the page
+    table's ``4096 // page_size``)."""
+    step = columns_per_program or pages_per_program(page_size)
     grid = (req_pool_indices.shape[0], triton.cdiv(out.shape[1], step))
     _v2p_grid_2d_kernel[grid](req_to_token, req_pool_indices, seq_lens, v2p, out, multiplier, out.shape[1],
                               req_to_token.stride(0), out.stride(0), PAGE=page_size, STEP=step)

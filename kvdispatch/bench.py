@@ -6,7 +6,7 @@ multi-step draft decode ``draft:BATCHxCONTEXTxSTEPSxTOPK[:pP]``, against draft-l
 rank's token CSR ``dcp:BATCHxCONTEXTxDCP`` or block table ``dcptable:BATCHxCONTEXTxPAGExDCP``) and
 implementation: correctness against ``kvdispatch.reference`` (a wrong result fails the run), device
 time per call (CUDA-graph replay on a GPU, wall clock on CPU), host time per eager call, ratios to the
-naive loop, the SGLang-design baseline (2-D grid; csr-loop for token CSR; mha-2d-grid and v2p-2d-grid) and
+naive loop, the SGLang-design baseline (2-D grid; csr-loop for token CSR; mha-2d-grid and v2p-sglang) and
 plain PyTorch (for mha and v2p: ``kvdispatch.reference``), and for
 page-1 page-table cases the bandwidth against a device-to-device copy. Once per run: host cost of ``x.add_(1)`` and
 of a plain Triton launch, the copy bandwidth, and Triton compilations across random widths.
@@ -33,9 +33,11 @@ from kvdispatch import dispatch, reference
 
 POISON = -123456789
 NAIVE, GRID_2D, CSR_LOOP, PLAIN_TORCH = "naive-loop", "2d-grid", "csr-loop", "plain-torch"
-MHA_GRID_2D, V2P_GRID_2D = "mha-2d-grid", "v2p-2d-grid"
-TRITON_BASELINES = {"table": [NAIVE, GRID_2D], "csr": [CSR_LOOP], "mha": [MHA_GRID_2D], "v2p": [V2P_GRID_2D]}
-SGLANG_BASELINE = {"table": GRID_2D, "csr": CSR_LOOP, "mha": MHA_GRID_2D, "v2p": V2P_GRID_2D}  # /2d, host/launch
+# The translated table: SGLang's design (256 columns per program), and the same on 2d-grid's page blocks.
+MHA_GRID_2D, V2P_SGLANG, V2P_GRID_2D = "mha-2d-grid", "v2p-sglang", "v2p-2d-grid"
+TRITON_BASELINES = {"table": [NAIVE, GRID_2D], "csr": [CSR_LOOP], "mha": [MHA_GRID_2D],
+                    "v2p": [V2P_GRID_2D, V2P_SGLANG]}
+SGLANG_BASELINE = {"table": GRID_2D, "csr": CSR_LOOP, "mha": MHA_GRID_2D, "v2p": V2P_SGLANG}  # /2d, host/launch
 # The mapped page tables' case kinds: mha:BATCHxCONTEXTxPAGE[:swa], v2p:BATCHxCONTEXTxPAGE.
 MAPPED_OPS = ("mha", "v2p")
 # Draft decode cases: the SGLang-design baseline, and the op building step 0 only (S steps against one).
@@ -85,7 +87,9 @@ the lines above the table name what was skipped and why):
                per request looping over its tokens; plain-torch: the few
                PyTorch ops an engine would write; draft:BxCxSTEPSxTOPK cases:
                draft-loop (after SGLang), one-step (the API, step 0 only);
-               dcp-loop, dcp-2d-grid: those designs for the DCP ops
+               dcp-loop, dcp-2d-grid: those designs for the DCP ops;
+               mha-2d-grid, v2p-sglang: SGLang's MHA and translated-table
+               designs; v2p-2d-grid: the latter on 2d-grid's page blocks
   status       ok; WRONG: differs from kvdispatch.reference (fails the run);
                error: see note
   path         api rows: what launched a repeated eager call, seen in that
@@ -96,7 +100,8 @@ the lines above the table name what was skipped and why):
                CUDA-graph replay; on CPU, wall clock
   host µs      host time per eager call (GPU; on CPU it is µs/call)
   /naive       µs/call divided by naive-loop's on the same case (< 1: faster)
-  /2d          µs/call divided by 2d-grid's (csr-loop's, draft-loop's)
+  /2d          µs/call divided by the op's SGLang-design baseline's:
+               2d-grid (csr-loop, mha-2d-grid, v2p-sglang, draft-loop, ...)
   /torch       µs/call divided by plain-torch's on the same case
   GB/s         page-1 cases: bytes read and written per call / µs/call
   /copy        GB/s divided by a device-to-device copy's GB/s (GPU)
@@ -651,8 +656,12 @@ def _bind_mapped(impl: str, x: Inputs, case: Case):
         if impl.startswith(API_PREFIX):
             return functools.partial(kvdispatch.create_translated_page_table, *args, x.token_mapping, x.out,
                                      page_size=case.page_size, backend=impl[len(API_PREFIX):])
-        function = reference.build_translated_page_table if impl == PLAIN_TORCH else _baselines().v2p_grid_2d
-        return functools.partial(function, *args, x.token_mapping, x.out, case.page_size)
+        if impl == PLAIN_TORCH:
+            return functools.partial(reference.build_translated_page_table, *args, x.token_mapping, x.out,
+                                     case.page_size)
+        columns = _baselines().V2P_COLUMNS_PER_PROGRAM if impl == V2P_SGLANG else None
+        return functools.partial(_baselines().v2p_grid_2d, *args, x.token_mapping, x.out, case.page_size,
+                                 columns_per_program=columns)
     # The SWA table shares the page table's row stride, as SGLang's kernel assumes: rows B.. of one buffer.
     tables = (x.out[: case.batch], x.out[case.batch:] if case.mapping else None, x.token_mapping)
     if impl.startswith(API_PREFIX):
@@ -688,7 +697,7 @@ def _expected(fn, x: Inputs) -> torch.Tensor:
 
 def uses_interpreter(impl: str, device: torch.device) -> bool:
     return device.type == "cpu" and impl in (API_PREFIX + "triton", NAIVE, GRID_2D, CSR_LOOP, MHA_GRID_2D,
-                                             V2P_GRID_2D, DRAFT_LOOP, DCP_LOOP, DCP_GRID)
+                                             V2P_SGLANG, V2P_GRID_2D, DRAFT_LOOP, DCP_LOOP, DCP_GRID)
 
 
 # --------------------------------------------------------------------------------------- measurements
