@@ -412,28 +412,54 @@ extern "C" __global__ void kv_translated_page_table(
 // blockIdx.x = segment z = b * topk + k (request b, branch k); the row's programs own `items` prefix tokens
 // each. A prefix token is loaded once and stored into every step's row; program 0 of the row also writes
 // the branch's draft slots and its kv_indptr entries. Without shared memory, every thread sums the prefix
-// lengths of the earlier requests itself (the same addresses for all threads of a block).
+// lengths of the earlier requests itself (the same addresses for all threads of a block), so the sums are
+// kept to a few instructions a term, and the row's loads are issued before them: their latency overlaps the
+// sums' arithmetic.
 
 // Independent loads a draft thread keeps in flight: prefix tokens per pass (kvdispatch.grid gives each thread
-// four), lengths per pass of its sum.
+// four), and terms per pass of its sums (benchmarks/cupy_draft_variants.py: 8 against 16).
 constexpr int kv_draft_unroll = 4;
+constexpr int kv_sum_unroll = 8;
 
-// sum(min(max(values[i], 0), cap) for i < count), saturating at `limit` (>= cap): exact, never wraps. The
-// kv_draft_unroll partial sums each saturate at `limit` (all terms are non-negative), so their total is below
-// kv_draft_unroll * limit <= 2**34.
-__device__ inline kv_i64 kv_counted_sum(const void* __restrict__ values, kv_i64 stride, kv_i64 count, kv_i64 cap,
-                                        kv_i64 limit, int wide) {
-    kv_i64 partial[kv_draft_unroll] = {0};
-    for (kv_i64 i0 = 0; i0 < count; i0 += kv_draft_unroll) {
+// sum(min(max(values[i * stride], 0), cap) for i0 <= i < i0 + n), n <= kv_sum_unroll: every load first. An
+// int32 term is clamped in 32 bits (cap32 = min(cap, 2**31 - 1)).
+__device__ inline kv_i64 kv_clamped_terms(const void* __restrict__ values, kv_i64 stride, kv_i64 i0, kv_i64 n,
+                                          kv_i64 cap, int cap32, bool wide) {
+    kv_i64 total = 0;
+    if (wide) {
+        kv_i64 term[kv_sum_unroll];
 #pragma unroll
-        for (int k = 0; k < kv_draft_unroll; ++k) {
-            const kv_i64 term = i0 + k < count ? kv_load_index(values, (i0 + k) * stride, wide) : 0;
-            partial[k] = kv_min(partial[k] + kv_min(kv_max(term, 0), cap), limit);
+        for (int k = 0; k < kv_sum_unroll; ++k) term[k] = k < n ? ((const kv_i64*)values)[(i0 + k) * stride] : 0;
+#pragma unroll
+        for (int k = 0; k < kv_sum_unroll; ++k) total += kv_min(kv_max(term[k], 0), cap);
+    } else {
+        int term[kv_sum_unroll];
+#pragma unroll
+        for (int k = 0; k < kv_sum_unroll; ++k) term[k] = k < n ? ((const int*)values)[(i0 + k) * stride] : 0;
+#pragma unroll
+        for (int k = 0; k < kv_sum_unroll; ++k) {
+            const int clamped = term[k] > 0 ? term[k] : 0;
+            total += clamped < cap32 ? clamped : cap32;
         }
     }
-    kv_i64 total = 0;
-#pragma unroll
-    for (int k = 0; k < kv_draft_unroll; ++k) total += partial[k];
+    return total;
+}
+
+// sum(min(max(values[i], 0), cap) for i < count), at most `limit`: exact, never wraps (every term lies in
+// [0, cap], cap <= 2**32, and count < 2**31, so the total stays below 2**63). Contiguous values are read at
+// constant offsets.
+__device__ inline kv_i64 kv_counted_sum(const void* __restrict__ values, kv_i64 stride, kv_i64 count, kv_i64 cap,
+                                        kv_i64 limit, bool wide) {
+    const int cap32 = (int)kv_min(cap, 0x7FFFFFFF);
+    kv_i64 total = 0, i = 0;
+    if (stride == 1) {
+        for (; i + kv_sum_unroll <= count; i += kv_sum_unroll)
+            total += kv_clamped_terms(values, 1, i, kv_sum_unroll, cap, cap32, wide);
+    } else {
+        for (; i + kv_sum_unroll <= count; i += kv_sum_unroll)
+            total += kv_clamped_terms(values, stride, i, kv_sum_unroll, cap, cap32, wide);
+    }
+    if (i < count) total += kv_clamped_terms(values, stride, i, count - i, cap, cap32, wide);
     return kv_min(total, limit);
 }
 
@@ -461,6 +487,20 @@ __device__ inline kv_i64 kv_segment_offset(kv_i64 base, kv_i64 segments_before, 
     return kv_min(base + segments_before * it + branch * (count + it), limit);
 }
 
+// One pass of a thread's prefix tokens i = i0 + k * threads (k < kv_draft_unroll) below `last`: token i reads
+// position q = i below the sink, i + shift past it (the window), if q < cols.
+__device__ inline void kv_draft_load_pass(const int* __restrict__ row, kv_i64 i0, kv_i64 threads, kv_i64 last,
+                                          kv_i64 sink_tokens, kv_i64 shift, kv_i64 cols, kv_i64 page_size,
+                                          const void* __restrict__ v2p, kv_i64 v2p_len, bool translate,
+                                          bool wide_v2p, kv_i64* value, bool* present) {
+#pragma unroll
+    for (int k = 0; k < kv_draft_unroll; ++k) {
+        const kv_i64 i = i0 + k * threads, q = i < sink_tokens ? i : i + shift;
+        present[k] = i < last && q < cols;
+        value[k] = present[k] ? kv_draft_value(row[q], page_size, v2p, v2p_len, translate, wide_v2p) : 0;
+    }
+}
+
 extern "C" __global__ void kv_draft_decode(
     const int* __restrict__ table, kv_i64 rows, kv_i64 cols, kv_i64 table_stride,
     const void* __restrict__ req_pool_indices, kv_i64 pool_stride, const void* __restrict__ seq_lens,
@@ -478,47 +518,53 @@ extern "C" __global__ void kv_draft_decode(
     const kv_i64 length = kv_min(kv_max(kv_load_index(seq_lens, request * lens_stride, KV_HAS(KV_WIDE_LENS)),
                                         -bound), bound);
     const kv_i64 count = kv_min(kv_max(length, 0), cap);
-    const kv_i64 base = kv_min(kv_counted_sum(seq_lens, lens_stride, request, cap, limit, KV_HAS(KV_WIDE_LENS)) * topk,
-                               limit);
-    const kv_i64 segments_before = segment - branch;
     const bool row_readable = pool >= 0 && pool < rows;
     const int* row = table + (row_readable ? pool * table_stride : 0);
     const bool wide_out = KV_HAS(KV_WIDE_OUT), translate = KV_HAS(KV_V2P), wide_v2p = KV_HAS(KV_WIDE_V2P);
+    const bool leads = first == 0;
 
-    if (row_readable && first < count) {
-        // Prefix token i reads position q = i below the sink, i + length - count past it (the window).
-        const kv_i64 sink_tokens = kv_min(sink, count), last = kv_min(first + items, count), shift = length - count;
-        const kv_i64 threads = blockDim.x;
-        for (kv_i64 i0 = first + threadIdx.x; i0 < last; i0 += kv_draft_unroll * threads) {
-            kv_i64 value[kv_draft_unroll];
-            bool present[kv_draft_unroll];
-#pragma unroll
-            for (int k = 0; k < kv_draft_unroll; ++k) {  // every load first, then every store
-                const kv_i64 i = i0 + k * threads, q = i < sink_tokens ? i : i + shift;
-                present[k] = i < last && q < cols;
-                value[k] = present[k] ? kv_draft_value(row[q], page_size, v2p, v2p_len, translate, wide_v2p) : 0;
-            }
-            for (kv_i64 it = 1; it <= num_steps; ++it) {
-                const kv_i64 offset = kv_segment_offset(base, segments_before, branch, count, it, limit);
-#pragma unroll
-                for (int k = 0; k < kv_draft_unroll; ++k) {
-                    const kv_i64 column = offset + i0 + k * threads;
-                    if (present[k] && column < out_width)
-                        kv_store_index(out, (it - 1) * out_stride + column, value[k], wide_out);
-                }
-            }
-        }
-    }
-    if (first != 0) return;
-    // Draft slots: the branch owns ceil((L mod P + S) / P) pages past the request's length.
+    // The row's loads: this thread's first pass of prefix tokens and, in program 0, its first draft slot (the
+    // branch owns ceil((L mod P + S) / P) pages past the request's length).
+    const kv_i64 threads = blockDim.x, sink_tokens = kv_min(sink, count), shift = length - count;
+    const kv_i64 last = row_readable ? kv_min(first + items, count) : first;
+    kv_i64 i0 = first + threadIdx.x;
+    kv_i64 value[kv_draft_unroll];
+    bool present[kv_draft_unroll];
+    kv_draft_load_pass(row, i0, threads, last, sink_tokens, shift, cols, page_size, v2p, v2p_len, translate,
+                       wide_v2p, value, present);
     const kv_i64 floor_remainder = (length % page_size + page_size) % page_size;
     const kv_i64 remainder = KV_HAS(KV_ROUND_TOWARD_ZERO) && length < 0 && floor_remainder != 0
                                  ? floor_remainder - page_size : floor_remainder;
     const kv_i64 slot_start = length + branch * ((remainder + num_steps + page_size - 1) / page_size * page_size);
-    for (kv_i64 j = threadIdx.x; row_readable && j < num_steps; j += blockDim.x) {
+    const bool slots_read = leads && row_readable;
+    const kv_i64 own_slot = slot_start + threadIdx.x;
+    const bool own_slot_read = slots_read && threadIdx.x < num_steps && own_slot >= 0 && own_slot < cols;
+    const kv_i64 own_slot_value =
+        own_slot_read ? kv_draft_value(row[own_slot], page_size, v2p, v2p_len, translate, wide_v2p) : 0;
+
+    const kv_i64 base = kv_min(kv_counted_sum(seq_lens, lens_stride, request, cap, limit, KV_HAS(KV_WIDE_LENS)) * topk,
+                               limit);
+    const kv_i64 segments_before = segment - branch;
+    while (i0 < last) {
+        for (kv_i64 it = 1; it <= num_steps; ++it) {
+            const kv_i64 offset = kv_segment_offset(base, segments_before, branch, count, it, limit);
+#pragma unroll
+            for (int k = 0; k < kv_draft_unroll; ++k) {
+                const kv_i64 column = offset + i0 + k * threads;
+                if (present[k] && column < out_width)
+                    kv_store_index(out, (it - 1) * out_stride + column, value[k], wide_out);
+            }
+        }
+        i0 += kv_draft_unroll * threads;
+        kv_draft_load_pass(row, i0, threads, last, sink_tokens, shift, cols, page_size, v2p, v2p_len, translate,
+                           wide_v2p, value, present);
+    }
+    if (!leads) return;
+    for (kv_i64 j = threadIdx.x; slots_read && j < num_steps; j += threads) {
         const kv_i64 position = slot_start + j;
         if (position < 0 || position >= cols) continue;
-        const kv_i64 v = kv_draft_value(row[position], page_size, v2p, v2p_len, translate, wide_v2p);
+        const kv_i64 v = j == threadIdx.x ? own_slot_value
+                                          : kv_draft_value(row[position], page_size, v2p, v2p_len, translate, wide_v2p);
         for (kv_i64 it = j + 1; it <= num_steps; ++it) {
             const kv_i64 column = kv_segment_offset(base, segments_before, branch, count, it, limit) + count + j;
             if (column < out_width) kv_store_index(out, (it - 1) * out_stride + column, v, wide_out);

@@ -134,6 +134,12 @@ def used_width(case):
     return case["topk"] * sum(counts) + len(counts) * case["topk"] * case["num_steps"]
 
 
+def same_strides(t):
+    """A copy of ``t`` on DEVICE with ``t``'s strides (a view with gaps keeps them)."""
+    copy = torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=DEVICE)
+    return copy.copy_(t)
+
+
 def check(backend, case, out_dtype=torch.int32, indptr_dtype=torch.int32, width=None, extra_rows=1, extra_cols=2,
           loop=True):
     """``case`` (CPU tensors) through ``backend`` into guarded outputs, against the reference (and the loop)."""
@@ -153,8 +159,8 @@ def check(backend, case, out_dtype=torch.int32, indptr_dtype=torch.int32, width=
         assert_same(middle(expected, out_shape), looped, "reference out vs loop")
         assert_same(middle(expected_indptr, indptr_shape), looped_indptr, "reference kv_indptr vs loop")
 
-    on_device = {k: (v.clone().to(DEVICE) if isinstance(v, torch.Tensor) else v) for k, v in options.items()}
-    draft_decode(backend, *(t.clone().to(DEVICE) for t in tensors), middle(indptr_store, indptr_shape),
+    on_device = {k: (same_strides(v) if isinstance(v, torch.Tensor) else v) for k, v in options.items()}
+    draft_decode(backend, *(same_strides(t) for t in tensors), middle(indptr_store, indptr_shape),
                  middle(store, out_shape), **on_device)
     assert_same(indptr_store, expected_indptr, f"{backend} kv_indptr (whole allocation)")
     assert_same(store, expected, f"{backend} out (whole allocation)")
@@ -206,6 +212,34 @@ def test_more_draft_steps_than_one_slot_block(backend, steps):
     g = generator()
     for page_size, topk in ((1, 2), (16, 3)):
         check(backend, random_case(g, page_size=page_size, topk=topk, steps=steps, positions=page_size == 1))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_long_batches_and_strided_index_vectors(backend, dtype):
+    """Batches whose offsets and ``kv_indptr`` sum more earlier lengths and positions than a kernel reads in
+    one pass (16), with extremes among them, a window or none, and the index vectors as views with a stride
+    (``x[::2]``) or contiguous."""
+    g = generator()
+    extreme = vector(extremes(dtype, 4, 20, LIMIT), torch.int64)
+    for strided, window in itertools.product((False, True), (False, True)):
+        case = random_case(g, dtype, page_size=int(draw(1, 3, 1, g)) * 4 - 3, topk=int(draw(1, 4, 1, g)), steps=2,
+                           window=window, positions=True)
+        rows, cols = case["req_to_token"].shape
+        batch = int(draw(17, 70, 1, g))
+        lens = draw(-2, cols + 3, batch, g)
+        lens[draw(0, batch, 3, g)] = extreme[draw(0, extreme.shape[0], 3, g)]
+        given = lens.repeat_interleave(case["topk"])
+        given[draw(0, given.shape[0], 5, g)] = extreme[draw(0, extreme.shape[0], 5, g)]
+        vectors = {"req_pool_indices": draw(0, rows, batch, g), "seq_lens": lens, "positions": given}
+        for name, values in vectors.items():
+            values = values.to(dtype)
+            if strided:
+                spread = torch.full((2 * values.shape[0],), POISON, dtype=dtype)
+                spread[::2] = values
+                values = spread[::2]
+            case[name] = values
+        check(backend, case, torch.int64, dtype, width=2 * cols * batch * case["topk"] + 8, loop=False)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
