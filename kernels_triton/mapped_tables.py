@@ -147,15 +147,19 @@ def _translated_page_table_kernel(
             readable = pool.to(tl.uint64, bitcast=True) < table_rows.to(tl.uint64)
         row_offset = (pool.to(tl.int32).to(tl.uint32, bitcast=True).to(tl.uint64)
                       * table_row_stride.to(tl.uint64)).to(tl.int64, bitcast=True)
+    # The loads do not wait for the row test (in their mask it cost up to 5%, docs/performance.md): an
+    # unreadable row reads row 0 instead, inside its first page_limit pages (0 for a table without rows),
+    # and the map, and writes nothing.
+    row_offset = tl.where(readable, row_offset, 0)
+    read = (page < page_limit) & (position < length)
     # An unreadable row's limit is 0, below every position (masks combine blocks only).
     live = (page < page_limit) & (position < tl.where(readable, length, 0))
-    # Only dereferenced under live, which is empty on an unreadable row.
-    tokens = tl.load(table_ptr + row_offset + position, mask=live, other=0)
+    tokens = tl.load(table_ptr + row_offset + position, mask=read, other=0)
     virtual = tl.where(tokens < 0, 0, _divide(tokens, PAGE_SIZE, PAGE_SHIFT, False))
     # A virtual page past the map reads nothing and gives 0 (``other``), as a freed page (-1) does.
     if not WIDE_INDEXING:  # the map is shorter than 2**31 too: a 32-bit compare
         v2p_len = v2p_len.to(tl.int32)
-    physical = tl.load(v2p_ptr + virtual, mask=live & (virtual < v2p_len), other=0)
+    physical = tl.load(v2p_ptr + virtual, mask=read & (virtual < v2p_len), other=0)
     if HAS_MULTIPLIER:
         # |physical| <= 2**31 and |multiplier| <= 2**31: an exact product, saturating as the true one.
         physical = tl.minimum(tl.maximum(physical.to(tl.int64), -(2**31)), 2**31) * multiplier.to(tl.int64)
@@ -255,7 +259,7 @@ def build_translated_page_table(req_to_token, req_pool_indices, seq_lens, v2p, o
     unit_strides = pool_stride == 1 and lens_stride == 1
     has_multiplier, has_delta = multiplier != 1, seq_len_delta != 0
     table_stride, out_stride = req_to_token.stride(0), out.stride(0)
-    page_limit = min(columns, -(-cols // page_size))
+    page_limit = min(columns, -(-cols // page_size)) if rows else 0  # the kernel may read row 0
     packed = translated_packed_words(rows, table_stride, page_limit, out_stride, v2p.shape[0])
     key = (out.get_device(), page_size, req_pool_indices.shape[0], columns, req_pool_indices.dtype, seq_lens.dtype,
            v2p.dtype, has_multiplier, has_delta, unit_strides, packed is None, pdl)
