@@ -35,7 +35,7 @@ def compiled(source: str, defines: tuple, max_registers: int | None):
     return cupy.RawModule(code=source, options=options).get_function(build.DRAFT_DECODE_KERNEL).kernel
 
 
-def direct(function, call, device):
+def direct(function, call):
     """``function`` launched as ``kernels_cupy.runtime.launch`` launches the shipped one."""
     stream = runtime._RawStream(torch._C._cuda_getCurrentRawStream(torch.cuda.current_device()))
     function(call.grid, (call.threads,), call.args, 0, stream)
@@ -63,7 +63,7 @@ def main() -> int:
         for label, text in sources.items():
             for cap in caps:
                 function = compiled(text, call.defines, cap)
-                rows[f"{label}, registers {cap or 'uncapped'}"] = functools.partial(direct, function, call, device)
+                rows[f"{label}, registers {cap or 'uncapped'}"] = functools.partial(direct, function, call)
         checked = {name: functools.partial(checked_graph_us, fn, x, x.expected) for name, fn in rows.items()}
         time_case(case.name, checked, lambda measure: measure(), options.rounds,
                   {"cupy": "api cupy (as shipped)", "loop": "draft-loop (SGLang design)"}, width=36)
