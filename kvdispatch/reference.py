@@ -4,10 +4,10 @@ Vectorised over requests, pages and output positions (no Python loop, no host sy
 temporaries through PyTorch's caching allocator, which CUDA-graph capture routes to the graph's private
 pool. Arguments arrive validated (see ``kvdispatch._validate``).
 
-Integers are exact for every int32/int64 value: a length is compared, not summed (page ``p`` is live when
-``p * page_size - offset < seq_lens[b]``, between int64 values), and an int64 start, CSR pointer or draft
-length is first clamped into a range that changes no result (no table, output or page count comes near
-``BOUND``) and leaves room for the sums below, so nothing wraps.
+Integers are exact for every int32/int64 value and every table height and width: a length is compared, not
+summed (page ``p`` is live when ``p * page_size - offset < seq_lens[b]``, between int64 values), and an int64
+start, CSR pointer or draft length is first clamped into a range that changes no result (no table, output or
+page count comes near ``BOUND``) and leaves room for the sums below, so nothing wraps.
 
 Each function takes few tensor operations: on a GPU each is a kernel launch and some host time, which is
 what these small builds cost (``benchmarks/torch_backend_ops.py`` counts them against plain PyTorch).
@@ -28,8 +28,10 @@ INT32_MAX = 2**31 - 1
 
 def _clamped_pool(req_to_token, req_pool_indices):
     """``(pool, outside)``: the pool indices clamped into ``[0, R)`` (their dtype) and whether each lay outside
-    (bool ``[B]``). ``R >= 1``."""
-    pool = req_pool_indices.clamp(0, req_to_token.shape[0] - 1)
+    (bool ``[B]``). ``R >= 1``, of any size: an int32 index is never at or past a table of more than ``2**31``
+    rows, so the bound is kept within the indices' dtype rather than narrowed."""
+    last = min(req_to_token.shape[0] - 1, torch.iinfo(req_pool_indices.dtype).max)
+    pool = req_pool_indices.clamp(0, last)
     return pool, pool != req_pool_indices
 
 
