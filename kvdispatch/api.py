@@ -549,14 +549,22 @@ def dcp_local_lengths(seq_lens, dcp_size, dcp_rank, kv_start_idx=None, out=None)
         seq_lens: int32/int64 ``[B]``.
         dcp_size: int in ``[1, 1024]``; dcp_rank: int in ``[0, dcp_size)``.
         kv_start_idx: optional int32/int64 ``[B]``.
-        out: optional int32/int64 ``[>= B]``; receives the counts in ``out[:B]`` (the rest is untouched).
+        out: optional int32/int64 ``[>= B]``, an entry of its own per request (not an expanded, stride-0
+            view); receives the counts in ``out[:B]`` (the rest is untouched). Counts above ``2**31 - 1`` are
+            stored as ``2**31 - 1`` in an int32 ``out`` (saturated, never wrapped: telling the caller would
+            need a sync).
+
+    Raises ``TypeError``/``ValueError`` naming the argument before anything is written.
 
     Returns:
-        ``out``, or a new ``[B]`` tensor of ``seq_lens``' dtype.
+        ``out``, or a new ``[B]`` tensor of ``seq_lens``' dtype (which holds every count: none exceeds its
+        length).
     """
     dcp_lengths_device(seq_lens, dcp_size, dcp_rank, kv_start_idx, out)
     counts = reference.dcp_owned_counts(seq_lens, dcp_size, dcp_rank, kv_start_idx).clamp_(min=0)
     if out is None:
         return counts.to(seq_lens.dtype)
+    if out.dtype == torch.int32:
+        counts.clamp_(max=reference.INT32_MAX)
     out[: counts.shape[0]].copy_(counts)
     return out
