@@ -135,7 +135,10 @@ def create_flashinfer_kv_indices(req_to_token, req_pool_indices, seq_lens, kv_in
         backend, enable_pdl: as for ``create_flashmla_kv_indices``.
 
     Left untouched: every position no request writes. No write ever lands outside ``out``, whatever
-    ``kv_indptr`` says; a row ends at its last readable position; a bad pool index gives an empty row.
+    ``kv_indptr`` says; a row ends at its last readable position; a bad pool index gives an empty row. Where
+    the output ranges of two requests overlap (``kv_indptr`` rows that overlap), each overlapped entry holds
+    the value one of the covering requests writes there (which one is not defined); every other entry is
+    exact on every backend.
     Raises as ``create_flashmla_kv_indices`` does, also where ``out`` shares memory with an input
     (``token_mapping`` included).
 
@@ -362,7 +365,8 @@ def create_draft_decode_kv_indices(req_to_token, req_pool_indices, seq_lens, kv_
     ``kv_indptr`` then holds. Bad data reads and writes nothing out of bounds: a pool index outside
     ``[0, R)`` reads nothing (the segment keeps its place, its entries are left untouched), a length
     ``<= 0`` gives an empty prefix, a position outside ``[0, C)`` is not read (its entry is left
-    untouched), and entries at columns ``>= W`` are not written.
+    untouched), and entries at columns ``>= W`` are not written. Segments never overlap (the op lays them
+    out itself; ``kv_indptr`` is written, never read), so every entry is exact on every backend.
 
     Left untouched: rows ``>= S`` of both outputs, columns of ``kv_indptr`` past ``B*K`` (and column 0 without
     ``write_indptr_start``), every column of ``out`` no segment covers; everything when ``B == 0``.
@@ -436,7 +440,9 @@ def create_dcp_kv_indices(req_to_token, req_pool_indices, local_seq_lens, kv_ind
     Left untouched: every position no request writes. No write ever lands outside ``out``, whatever
     ``kv_indptr`` says; a row ends at its first position outside ``[0, C)`` (a first position outside it
     gives an empty row, as does a pool index outside ``[0, R)`` or a length ``<= 0``); positions and
-    offsets are exact integers. No host sync, no device allocation on the GPU backends.
+    offsets are exact integers. Overlapping ``kv_indptr`` rows as for ``create_flashinfer_kv_indices`` (each
+    overlapped entry holds one covering request's value, every other entry is exact). No host sync, no
+    device allocation on the GPU backends.
     Raises as ``create_flashinfer_kv_indices`` does, also for ``dcp_size``/``dcp_rank`` out of range.
 
     Returns:

@@ -144,9 +144,10 @@ def build_token_indices(req_to_token, req_pool_indices, seq_lens, kv_indptr, out
     ``0 <= v < M``, else -1. The value is then cast to ``out``'s dtype as ``Tensor.to`` does (int32: its low
     32 bits).
 
-    Where rows overlap (bad ``kv_indptr``: valid CSR rows are disjoint), each covered position is written
-    once, with the value of one of the requests covering it (``_csr_reads``); the GPU backends may write any
-    of them there.
+    Where the output ranges of two requests overlap (bad ``kv_indptr``: valid CSR rows are disjoint), each
+    overlapped entry holds the value one of the covering requests writes there (which one is not defined: this
+    backend writes each once, with the value of the row reaching farthest, ``_csr_reads``; the GPU backends
+    may write any of them); every other entry is exact.
     """
     batch, total = req_pool_indices.shape[0], out.shape[0]
     if batch == 0 or total == 0 or req_to_token.numel() == 0:
@@ -446,7 +447,8 @@ def build_dcp_token_indices(req_to_token, req_pool_indices, local_seq_lens, kv_i
     ``<= 0``, when ``first_b`` lies outside ``[0, C)`` or the pool index outside ``[0, R)``) and writes
     ``out[kv_indptr[b] + j] = req_to_token[req_pool_indices[b], first_b + j * D] // D`` for those whose
     target lies in ``[0, N)`` (floor division; truncation with ``round_toward_zero``), in ``out``'s dtype.
-    Untouched: every position no request writes. Overlapping rows as in ``build_token_indices``.
+    Untouched: every position no request writes. Overlapping rows (each overlapped entry holds one covering
+    request's value, every other entry is exact) as in ``build_token_indices``.
     """
     batch, total = req_pool_indices.shape[0], out.shape[0]
     cols = req_to_token.shape[1]
