@@ -101,7 +101,8 @@ def create_flashmla_kv_indices(req_to_token, req_pool_indices, seq_lens, out, *,
     device = check_page_table_args(req_to_token, req_pool_indices, seq_lens, out, page_size, kv_start_idx,
                                    seqlen_offset, seq_lens_out, fill_value, round_toward_zero)
     if _debug.ENABLED:
-        _debug.check_page_table_data(req_to_token, req_pool_indices, seq_lens, kv_start_idx, seqlen_offset)
+        _debug.check_page_table_data(req_to_token, req_pool_indices, seq_lens, out, page_size, kv_start_idx,
+                                     seqlen_offset)
     dispatch.call(device, "page_table", backend, req_to_token, req_pool_indices, seq_lens, out, page_size,
                   kv_start_idx, seqlen_offset, seq_lens_out, fill_value, round_toward_zero, pdl)
     return out
@@ -158,8 +159,9 @@ def create_flashinfer_kv_indices(req_to_token, req_pool_indices, seq_lens, kv_in
             return result
     device = check_token_csr_args(req_to_token, req_pool_indices, seq_lens, kv_indptr, out, kv_start_idx,
                                   entry_page_size, token_mapping)
-    if _debug.ENABLED and entry_page_size == 1:  # its row checks know one position per entry only
-        _debug.check_token_csr_data(req_to_token, req_pool_indices, seq_lens, kv_indptr, out, kv_start_idx)
+    if _debug.ENABLED:
+        _debug.check_token_csr_data(req_to_token, req_pool_indices, seq_lens, kv_indptr, out, kv_start_idx,
+                                    entry_page_size, token_mapping)
     dispatch.call(device, "token_csr", backend, req_to_token, req_pool_indices, seq_lens, kv_indptr, out,
                   kv_start_idx, entry_page_size, token_mapping, pdl)
     return out
@@ -253,8 +255,8 @@ def create_trtllm_mha_page_table(req_to_token, req_pool_indices, seq_lens, page_
     device = check_mha_page_table_args(req_to_token, req_pool_indices, seq_lens, page_table, page_size,
                                        swa_page_table, full_to_swa, round_toward_zero)
     if _debug.ENABLED:
-        _debug.check_mha_page_table_data(req_to_token, req_pool_indices, seq_lens, page_size, swa_page_table,
-                                         full_to_swa)
+        _debug.check_mha_page_table_data(req_to_token, req_pool_indices, seq_lens, page_table, page_size,
+                                         swa_page_table, full_to_swa)
     _dispatch(device, "mha_page_table", backend, pdl, (req_to_token, req_pool_indices, seq_lens, page_table,
                                                        page_size, swa_page_table, full_to_swa, round_toward_zero))
     return page_table
@@ -311,7 +313,7 @@ def create_translated_page_table(req_to_token, req_pool_indices, seq_lens, v2p, 
                                               multiplier, max_pages, seq_len_delta)
     if _debug.ENABLED:
         _debug.check_translated_page_table_data(req_to_token, req_pool_indices, seq_lens, v2p, out, page_size,
-                                                max_pages, seq_len_delta)
+                                                multiplier, max_pages, seq_len_delta)
     _dispatch(device, "translated_page_table", backend, pdl,
               (req_to_token, req_pool_indices, seq_lens, v2p, out, page_size, multiplier, max_pages, seq_len_delta))
     return out
@@ -391,7 +393,7 @@ def create_draft_decode_kv_indices(req_to_token, req_pool_indices, seq_lens, kv_
                                      round_toward_zero)
     if _debug.ENABLED:
         _debug.check_draft_decode_data(req_to_token, req_pool_indices, seq_lens, out, num_steps, topk, page_size,
-                                       window_size, sink_size, v2p, round_toward_zero)
+                                       positions, window_size, sink_size, v2p, round_toward_zero)
     _dispatch(device, "draft_decode", backend, pdl,
               (req_to_token, req_pool_indices, seq_lens, kv_indptr, out, num_steps, topk, page_size, positions,
                window_size, sink_size, v2p, write_indptr_start, round_toward_zero))
