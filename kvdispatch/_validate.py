@@ -497,6 +497,9 @@ def dcp_lengths_device(seq_lens, dcp_size, dcp_rank, kv_start_idx, out):
         _index_vector("kv_start_idx", kv_start_idx, device, batch)
     if out is not None:
         _index_vector("out", out, device, batch, at_least=True)
+        if out.shape[0] > 1 and out.stride(0) == 0:
+            raise ValueError(f"entries of out share memory: its stride is 0 (shape {tuple(out.shape)}, an expanded "
+                             "view); it must have an entry of its own per request")
         _check_apart((("out", out),), (("seq_lens", seq_lens), ("kv_start_idx", kv_start_idx)))
     _check_dcp(dcp_size, dcp_rank, False)
     return device

@@ -101,7 +101,8 @@ def create_flashmla_kv_indices(req_to_token, req_pool_indices, seq_lens, out, *,
     device = check_page_table_args(req_to_token, req_pool_indices, seq_lens, out, page_size, kv_start_idx,
                                    seqlen_offset, seq_lens_out, fill_value, round_toward_zero)
     if _debug.ENABLED:
-        _debug.check_page_table_data(req_to_token, req_pool_indices, seq_lens, kv_start_idx, seqlen_offset)
+        _debug.check_page_table_data(req_to_token, req_pool_indices, seq_lens, out, page_size, kv_start_idx,
+                                     seqlen_offset)
     dispatch.call(device, "page_table", backend, req_to_token, req_pool_indices, seq_lens, out, page_size,
                   kv_start_idx, seqlen_offset, seq_lens_out, fill_value, round_toward_zero, pdl)
     return out
@@ -135,7 +136,10 @@ def create_flashinfer_kv_indices(req_to_token, req_pool_indices, seq_lens, kv_in
         backend, enable_pdl: as for ``create_flashmla_kv_indices``.
 
     Left untouched: every position no request writes. No write ever lands outside ``out``, whatever
-    ``kv_indptr`` says; a row ends at its last readable position; a bad pool index gives an empty row.
+    ``kv_indptr`` says; a row ends at its last readable position; a bad pool index gives an empty row. Where
+    the output ranges of two requests overlap (``kv_indptr`` rows that overlap), each overlapped entry holds
+    the value one of the covering requests writes there (which one is not defined); every other entry is
+    exact on every backend.
     Raises as ``create_flashmla_kv_indices`` does, also where ``out`` shares memory with an input
     (``token_mapping`` included).
 
@@ -155,8 +159,9 @@ def create_flashinfer_kv_indices(req_to_token, req_pool_indices, seq_lens, kv_in
             return result
     device = check_token_csr_args(req_to_token, req_pool_indices, seq_lens, kv_indptr, out, kv_start_idx,
                                   entry_page_size, token_mapping)
-    if _debug.ENABLED and entry_page_size == 1:  # its row checks know one position per entry only
-        _debug.check_token_csr_data(req_to_token, req_pool_indices, seq_lens, kv_indptr, out, kv_start_idx)
+    if _debug.ENABLED:
+        _debug.check_token_csr_data(req_to_token, req_pool_indices, seq_lens, kv_indptr, out, kv_start_idx,
+                                    entry_page_size, token_mapping)
     dispatch.call(device, "token_csr", backend, req_to_token, req_pool_indices, seq_lens, kv_indptr, out,
                   kv_start_idx, entry_page_size, token_mapping, pdl)
     return out
@@ -250,8 +255,8 @@ def create_trtllm_mha_page_table(req_to_token, req_pool_indices, seq_lens, page_
     device = check_mha_page_table_args(req_to_token, req_pool_indices, seq_lens, page_table, page_size,
                                        swa_page_table, full_to_swa, round_toward_zero)
     if _debug.ENABLED:
-        _debug.check_mha_page_table_data(req_to_token, req_pool_indices, seq_lens, page_size, swa_page_table,
-                                         full_to_swa)
+        _debug.check_mha_page_table_data(req_to_token, req_pool_indices, seq_lens, page_table, page_size,
+                                         swa_page_table, full_to_swa)
     _dispatch(device, "mha_page_table", backend, pdl, (req_to_token, req_pool_indices, seq_lens, page_table,
                                                        page_size, swa_page_table, full_to_swa, round_toward_zero))
     return page_table
@@ -308,7 +313,7 @@ def create_translated_page_table(req_to_token, req_pool_indices, seq_lens, v2p, 
                                               multiplier, max_pages, seq_len_delta)
     if _debug.ENABLED:
         _debug.check_translated_page_table_data(req_to_token, req_pool_indices, seq_lens, v2p, out, page_size,
-                                                max_pages, seq_len_delta)
+                                                multiplier, max_pages, seq_len_delta)
     _dispatch(device, "translated_page_table", backend, pdl,
               (req_to_token, req_pool_indices, seq_lens, v2p, out, page_size, multiplier, max_pages, seq_len_delta))
     return out
@@ -362,7 +367,8 @@ def create_draft_decode_kv_indices(req_to_token, req_pool_indices, seq_lens, kv_
     ``kv_indptr`` then holds. Bad data reads and writes nothing out of bounds: a pool index outside
     ``[0, R)`` reads nothing (the segment keeps its place, its entries are left untouched), a length
     ``<= 0`` gives an empty prefix, a position outside ``[0, C)`` is not read (its entry is left
-    untouched), and entries at columns ``>= W`` are not written.
+    untouched), and entries at columns ``>= W`` are not written. Segments never overlap (the op lays them
+    out itself; ``kv_indptr`` is written, never read), so every entry is exact on every backend.
 
     Left untouched: rows ``>= S`` of both outputs, columns of ``kv_indptr`` past ``B*K`` (and column 0 without
     ``write_indptr_start``), every column of ``out`` no segment covers; everything when ``B == 0``.
@@ -387,7 +393,7 @@ def create_draft_decode_kv_indices(req_to_token, req_pool_indices, seq_lens, kv_
                                      round_toward_zero)
     if _debug.ENABLED:
         _debug.check_draft_decode_data(req_to_token, req_pool_indices, seq_lens, out, num_steps, topk, page_size,
-                                       window_size, sink_size, v2p, round_toward_zero)
+                                       positions, window_size, sink_size, v2p, round_toward_zero)
     _dispatch(device, "draft_decode", backend, pdl,
               (req_to_token, req_pool_indices, seq_lens, kv_indptr, out, num_steps, topk, page_size, positions,
                window_size, sink_size, v2p, write_indptr_start, round_toward_zero))
@@ -436,7 +442,9 @@ def create_dcp_kv_indices(req_to_token, req_pool_indices, local_seq_lens, kv_ind
     Left untouched: every position no request writes. No write ever lands outside ``out``, whatever
     ``kv_indptr`` says; a row ends at its first position outside ``[0, C)`` (a first position outside it
     gives an empty row, as does a pool index outside ``[0, R)`` or a length ``<= 0``); positions and
-    offsets are exact integers. No host sync, no device allocation on the GPU backends.
+    offsets are exact integers. Overlapping ``kv_indptr`` rows as for ``create_flashinfer_kv_indices`` (each
+    overlapped entry holds one covering request's value, every other entry is exact). No host sync, no
+    device allocation on the GPU backends.
     Raises as ``create_flashinfer_kv_indices`` does, also for ``dcp_size``/``dcp_rank`` out of range.
 
     Returns:
@@ -549,14 +557,22 @@ def dcp_local_lengths(seq_lens, dcp_size, dcp_rank, kv_start_idx=None, out=None)
         seq_lens: int32/int64 ``[B]``.
         dcp_size: int in ``[1, 1024]``; dcp_rank: int in ``[0, dcp_size)``.
         kv_start_idx: optional int32/int64 ``[B]``.
-        out: optional int32/int64 ``[>= B]``; receives the counts in ``out[:B]`` (the rest is untouched).
+        out: optional int32/int64 ``[>= B]``, an entry of its own per request (not an expanded, stride-0
+            view); receives the counts in ``out[:B]`` (the rest is untouched). Counts above ``2**31 - 1`` are
+            stored as ``2**31 - 1`` in an int32 ``out`` (saturated, never wrapped: telling the caller would
+            need a sync).
+
+    Raises ``TypeError``/``ValueError`` naming the argument before anything is written.
 
     Returns:
-        ``out``, or a new ``[B]`` tensor of ``seq_lens``' dtype.
+        ``out``, or a new ``[B]`` tensor of ``seq_lens``' dtype (which holds every count: none exceeds its
+        length).
     """
     dcp_lengths_device(seq_lens, dcp_size, dcp_rank, kv_start_idx, out)
     counts = reference.dcp_owned_counts(seq_lens, dcp_size, dcp_rank, kv_start_idx).clamp_(min=0)
     if out is None:
         return counts.to(seq_lens.dtype)
+    if out.dtype == torch.int32:
+        counts.clamp_(max=reference.INT32_MAX)
     out[: counts.shape[0]].copy_(counts)
     return out

@@ -4,10 +4,10 @@ Vectorised over requests, pages and output positions (no Python loop, no host sy
 temporaries through PyTorch's caching allocator, which CUDA-graph capture routes to the graph's private
 pool. Arguments arrive validated (see ``kvdispatch._validate``).
 
-Integers are exact for every int32/int64 value: a length is compared, not summed (page ``p`` is live when
-``p * page_size - offset < seq_lens[b]``, between int64 values), and an int64 start, CSR pointer or draft
-length is first clamped into a range that changes no result (no table, output or page count comes near
-``BOUND``) and leaves room for the sums below, so nothing wraps.
+Integers are exact for every int32/int64 value and every table height and width: a length is compared, not
+summed (page ``p`` is live when ``p * page_size - offset < seq_lens[b]``, between int64 values), and an int64
+start, CSR pointer or draft length is first clamped into a range that changes no result (no table, output or
+page count comes near ``BOUND``) and leaves room for the sums below, so nothing wraps.
 
 Each function takes few tensor operations: on a GPU each is a kernel launch and some host time, which is
 what these small builds cost (``benchmarks/torch_backend_ops.py`` counts them against plain PyTorch).
@@ -28,8 +28,10 @@ INT32_MAX = 2**31 - 1
 
 def _clamped_pool(req_to_token, req_pool_indices):
     """``(pool, outside)``: the pool indices clamped into ``[0, R)`` (their dtype) and whether each lay outside
-    (bool ``[B]``). ``R >= 1``."""
-    pool = req_pool_indices.clamp(0, req_to_token.shape[0] - 1)
+    (bool ``[B]``). ``R >= 1``, of any size: an int32 index is never at or past a table of more than ``2**31``
+    rows, so the bound is kept within the indices' dtype rather than narrowed."""
+    last = min(req_to_token.shape[0] - 1, torch.iinfo(req_pool_indices.dtype).max)
+    pool = req_pool_indices.clamp(0, last)
     return pool, pool != req_pool_indices
 
 
@@ -142,9 +144,10 @@ def build_token_indices(req_to_token, req_pool_indices, seq_lens, kv_indptr, out
     ``0 <= v < M``, else -1. The value is then cast to ``out``'s dtype as ``Tensor.to`` does (int32: its low
     32 bits).
 
-    Where rows overlap (bad ``kv_indptr``: valid CSR rows are disjoint), each covered position is written
-    once, with the value of one of the requests covering it (``_csr_reads``); the GPU backends may write any
-    of them there.
+    Where the output ranges of two requests overlap (bad ``kv_indptr``: valid CSR rows are disjoint), each
+    overlapped entry holds the value one of the covering requests writes there (which one is not defined: this
+    backend writes each once, with the value of the row reaching farthest, ``_csr_reads``; the GPU backends
+    may write any of them); every other entry is exact.
     """
     batch, total = req_pool_indices.shape[0], out.shape[0]
     if batch == 0 or total == 0 or req_to_token.numel() == 0:
@@ -444,7 +447,8 @@ def build_dcp_token_indices(req_to_token, req_pool_indices, local_seq_lens, kv_i
     ``<= 0``, when ``first_b`` lies outside ``[0, C)`` or the pool index outside ``[0, R)``) and writes
     ``out[kv_indptr[b] + j] = req_to_token[req_pool_indices[b], first_b + j * D] // D`` for those whose
     target lies in ``[0, N)`` (floor division; truncation with ``round_toward_zero``), in ``out``'s dtype.
-    Untouched: every position no request writes. Overlapping rows as in ``build_token_indices``.
+    Untouched: every position no request writes. Overlapping rows (each overlapped entry holds one covering
+    request's value, every other entry is exact) as in ``build_token_indices``.
     """
     batch, total = req_pool_indices.shape[0], out.shape[0]
     cols = req_to_token.shape[1]

@@ -289,10 +289,31 @@ def test_local_lengths_count_the_rank_positions(dtype, with_start):
             got = kvdispatch.dcp_local_lengths(lens.to(DEVICE), dcp_size, rank, None if start is None else
                                                start.to(DEVICE))
             assert got.dtype == dtype and got.cpu().tolist() == expected
-            out = torch.full((lens.shape[0] + 2,), POISON, dtype=torch.int64, device=DEVICE)
-            assert kvdispatch.dcp_local_lengths(lens.to(DEVICE), dcp_size, rank, None if start is None else
-                                                start.to(DEVICE), out=out) is out
-            assert out.cpu().tolist() == expected + [POISON, POISON]
+            for out_dtype in DTYPES:  # an int32 out saturates what it cannot hold
+                out = torch.full((lens.shape[0] + 2,), POISON, dtype=out_dtype, device=DEVICE)
+                assert kvdispatch.dcp_local_lengths(lens.to(DEVICE), dcp_size, rank, None if start is None else
+                                                    start.to(DEVICE), out=out) is out
+                held = torch.iinfo(out_dtype).max
+                assert out.cpu().tolist() == [min(e, held) for e in expected] + [POISON, POISON]
+
+
+def test_local_lengths_saturate_in_an_int32_out_and_refuse_a_shared_one():
+    """Counts past ``2**31 - 1`` are stored as ``2**31 - 1`` in an int32 ``out`` (not their low 32 bits); an
+    ``out`` whose entries share memory (an expanded view) is refused, naming it, with nothing written."""
+    lens = torch.tensor([2**40 + 5, 2**33, 2**31, 2**31 - 1, 7], device=DEVICE)
+    out = torch.full((6,), POISON, dtype=torch.int32, device=DEVICE)
+    kvdispatch.dcp_local_lengths(lens, 1, 0, out=out)
+    assert out.cpu().tolist() == [I32_MAX, I32_MAX, I32_MAX, I32_MAX, 7, POISON]
+    kvdispatch.dcp_local_lengths(lens, 2, 1, out=out)
+    assert out.cpu().tolist() == [I32_MAX, I32_MAX, 2**30, 2**30 - 1, 3, POISON]
+    for dtype in DTYPES:
+        store = torch.full((1,), POISON, dtype=dtype, device=DEVICE)
+        with pytest.raises(ValueError, match="entries of out share memory: its stride is 0"):
+            kvdispatch.dcp_local_lengths(lens, 2, 1, out=store.expand(6))
+        assert store.item() == POISON
+    one = torch.full((1,), POISON, dtype=torch.int64, device=DEVICE)
+    kvdispatch.dcp_local_lengths(lens[:1], 1, 0, out=one.expand(1))  # one entry shares memory with no other
+    assert one.item() == 2**40 + 5
 
 
 def test_dcp_arguments_are_checked_before_anything_is_written():

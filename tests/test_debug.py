@@ -1,5 +1,7 @@
 """``KVDISPATCH_DEBUG=1``: hostile data raises a ValueError naming the request and the value, before any write,
-for every op (the page table and token CSR, then the SGLang-family ops).
+for every op and option (the page table and token CSR, then every op through one table of spoilers: rows past
+the table, pages past an output's width or ``max_pages``, CSR rows outside ``out`` or overlapping, lookups
+outside ``token_mapping``, ``full_to_swa`` or ``v2p``, scaled pages past int32, draft ``positions``).
 
 Without the switch the same data gives the contract's safe results on every backend under test.
 ``kvdispatch._debug.enabled()`` reads the environment on every call, so it can be flipped mid-process.
@@ -108,10 +110,12 @@ def test_debug_csr_indptr_outside_out(monkeypatch, where):
 
 
 def test_debug_accepts_clean_data_and_edges(monkeypatch):
-    """No false alarms: rows reaching exactly the table's end, empty rows, empty rows pointing at out's end."""
+    """No false alarms: rows reaching exactly the table's end (their pages filling out's row), empty rows, empty
+    rows pointing at out's end."""
     monkeypatch.setenv("KVDISPATCH_DEBUG", "1")
     kvdispatch.reset()  # the switch is read at import and by reset()
     case = make_case(6, 16, max_pages=5, device=DEVICE, with_start=True, fill_value=-1)
+    case.width = -(-case.req_to_token.shape[1] // 16)  # a whole row's pages
     rows, cols = case.req_to_token.shape
     case.kv_start_idx[0], case.seq_lens[0] = 0, cols          # the whole row
     case.kv_start_idx[1], case.seq_lens[1] = cols - 1, 1      # the last position
@@ -236,6 +240,24 @@ def _requests(g, cols, longest):
     return table, pool, lens
 
 
+def _page_table_case(g):
+    page_size, cols = 4, 48
+    table, pool, lens = _requests(g, cols, 30)
+    return dict(req_to_token=table, req_pool_indices=pool, seq_lens=lens, out=_poisoned((FAMILY_BATCH + 1, 8)),
+                page_size=page_size, kv_start_idx=_draw(0, 10, FAMILY_BATCH, g), seqlen_offset=1, fill_value=-1)
+
+
+def _token_csr_case(entry_page_size):
+    def draw_case(g):
+        cols = 60 // entry_page_size  # 60 positions a row
+        table, pool, lens = _requests(g, cols, 40)
+        indptr = torch.cat([torch.zeros(1, dtype=torch.long), torch.cumsum(lens, 0)])
+        return dict(req_to_token=table, req_pool_indices=pool, seq_lens=lens, kv_indptr=indptr,
+                    out=_poisoned((int(indptr[-1]) + 2,)), kv_start_idx=_draw(0, 21, FAMILY_BATCH, g),
+                    entry_page_size=entry_page_size, token_mapping=torch.randperm(5000 * entry_page_size, generator=g))
+    return draw_case
+
+
 def _dcp_csr_case(g):
     dcp_size, cols = 3, 60
     table, pool, lens = _requests(g, cols, 40)
@@ -252,15 +274,16 @@ def _dcp_page_table_case(g):
     table, pool, lens = _requests(g, cols, cols)
     rank = int(_draw(0, dcp_size, 1, g))
     local = reference.dcp_owned_counts(lens, dcp_size, rank)
-    return dict(req_to_token=table, req_pool_indices=pool, local_seq_lens=local, out=_poisoned((FAMILY_BATCH + 1, 5)),
-                page_size=page_size, dcp_size=dcp_size, dcp_rank=rank)
+    width = -(-(-(-cols // dcp_size)) // page_size)  # a whole row's local pages
+    return dict(req_to_token=table, req_pool_indices=pool, local_seq_lens=local,
+                out=_poisoned((FAMILY_BATCH + 1, width)), page_size=page_size, dcp_size=dcp_size, dcp_rank=rank)
 
 
 def _mha_case(g):
     page_size, cols, slots = 4, 30, 5000
     table, pool, lens = _requests(g, cols, cols)
-    return dict(req_to_token=table, req_pool_indices=pool, seq_lens=lens, page_table=_poisoned((FAMILY_BATCH, 8)),
-                page_size=page_size, swa_page_table=_poisoned((FAMILY_BATCH + 1, 5)),
+    return dict(req_to_token=table, req_pool_indices=pool, seq_lens=lens, page_table=_poisoned((FAMILY_BATCH, 9)),
+                page_size=page_size, swa_page_table=_poisoned((FAMILY_BATCH + 1, 8)),  # 8: a whole row's pages
                 full_to_swa=torch.randperm(slots, generator=g))
 
 
@@ -268,9 +291,9 @@ def _translated_case(g):
     page_size, cols, delta = 4, 30, 2
     table, pool, lens = _requests(g, cols, cols - delta)
     table[table % 7 == 0] = -1  # negative tokens read virtual page 0, as documented
-    v2p = _draw(-1, 1000, 5000 // page_size, g)  # -1: freed pages
-    return dict(req_to_token=table, req_pool_indices=pool, seq_lens=lens, v2p=v2p, out=_poisoned((FAMILY_BATCH, 8)),
-                page_size=page_size, multiplier=2, max_pages=7, seq_len_delta=delta)
+    v2p = _draw(-1, 1000, 5000 // page_size + 1, g)  # -1: freed pages; the last one no token reads
+    return dict(req_to_token=table, req_pool_indices=pool, seq_lens=lens, v2p=v2p, out=_poisoned((FAMILY_BATCH, 9)),
+                page_size=page_size, multiplier=2, max_pages=8, seq_len_delta=delta)  # 8: a whole row's pages
 
 
 def _draft_case(g):
@@ -279,11 +302,14 @@ def _draft_case(g):
     width = topk * int(lens.sum()) + FAMILY_BATCH * topk * steps
     return dict(req_to_token=table, req_pool_indices=pool, seq_lens=lens,
                 kv_indptr=_poisoned((steps, FAMILY_BATCH * topk + 1)), out=_poisoned((steps, width)),
-                num_steps=steps, topk=topk, page_size=page_size, window_size=6, sink_size=2,
-                v2p=_draw(-1, 1000, 5000 // page_size, g))
+                num_steps=steps, topk=topk, page_size=page_size, positions=lens.repeat_interleave(topk), window_size=6,
+                sink_size=2, v2p=_draw(-1, 1000, 5000 // page_size, g))
 
 
 FAMILY = {
+    "page_table": (_page_table_case, kvdispatch.create_flashmla_kv_indices, ("out",)),
+    "token_csr": (_token_csr_case(1), kvdispatch.create_flashinfer_kv_indices, ("out",)),
+    "token_csr_entry_pages": (_token_csr_case(3), kvdispatch.create_flashinfer_kv_indices, ("out",)),
     "dcp_token_csr": (_dcp_csr_case, kvdispatch.create_dcp_kv_indices, ("out",)),
     "dcp_page_table": (_dcp_page_table_case, kvdispatch.create_dcp_page_table, ("out",)),
     "mha_page_table": (_mha_case, kvdispatch.create_trtllm_mha_page_table, ("page_table", "swa_page_table")),
@@ -315,6 +341,20 @@ def _lengths_name(args):
     return "local_seq_lens" if "local_seq_lens" in args else "seq_lens"
 
 
+def _offset(args):
+    """What the op adds to every length."""
+    return args.get("seqlen_offset", 0) + args.get("seq_len_delta", 0)
+
+
+def _row_positions(args):
+    """``(positions, text)``: the positions a row has, and how an error names them."""
+    entries, entry_page_size = args["req_to_token"].shape[1], args.get("entry_page_size", 1)
+    if entry_page_size == 1:
+        return entries, f"the table's {entries} columns"
+    positions = entries * entry_page_size
+    return positions, rf"the row's {positions} positions \({entries} entries of {entry_page_size}\)"
+
+
 def _pool_outside(args, b):
     args["req_pool_indices"][b] = FAMILY_ROWS
     return rf"request {b}: req_pool_indices\[{b}\] = {FAMILY_ROWS} is outside \[0, {FAMILY_ROWS}\)"
@@ -326,21 +366,19 @@ def _pool_negative(args, b):
 
 
 def _length_negative(args, b):
-    args[_lengths_name(args)][b] = -3 - args.get("seq_len_delta", 0)
-    return rf"request {b}: length -3 \({_lengths_name(args)}( \+ seq_len_delta)?\) is negative"
+    args[_lengths_name(args)][b] = -3 - _offset(args)
+    return rf"request {b}: length -3 \({_lengths_name(args)}( \+ \w+)?\) is negative"
 
 
 def _length_past_table(args, b):
-    cols = args["req_to_token"].shape[1]
+    cols, table = _row_positions(args)
     length = cols + 1
     args[_lengths_name(args)][b] = length
     if "dcp_size" in args:
         return rf"request {b}: {length} positions every {args['dcp_size']} from \d+ \(rank {args['dcp_rank']}\) " \
-               rf"run past the table's {cols} columns"
-    if "num_steps" in args:
-        return rf"request {b}: start 0 \+ length {length} runs past the table's {cols} columns"
-    length += args.get("seq_len_delta", 0)
-    return rf"request {b}: start 0 \+ length {length} runs past the table's {cols} columns"
+               rf"run past {table}"
+    start = int(args["kv_start_idx"][b]) if "kv_start_idx" in args else 0
+    return rf"request {b}: start {start} \+ length {length + _offset(args)} runs past {table}"
 
 
 def _draft_slots_past_table(args, b):
@@ -352,10 +390,11 @@ def _draft_slots_past_table(args, b):
 
 
 def _start_past_table(args, b):
-    cols = args["req_to_token"].shape[1]
-    args["local_seq_lens"][b] = 1
+    cols, _ = _row_positions(args)
+    args[_lengths_name(args)][b] = 1 - _offset(args)
     args["kv_start_idx"][b] = cols + 4
-    return rf"request {b}: kv_start_idx\[{b}\] = {cols + 4} is outside the table's \[0, {cols}\)"
+    where = "the table's" if cols == args["req_to_token"].shape[1] else "the row's positions"
+    return rf"request {b}: kv_start_idx\[{b}\] = {cols + 4} is outside {where} \[0, {cols}\)"
 
 
 def _first_own_position_past_table(args, b):
@@ -377,9 +416,71 @@ def _repack(args, lens):
 
 def _nonempty(args, b):
     """Give every request a few tokens, the CSR repacked; returns the lengths."""
-    lens = args["local_seq_lens"].clamp_(min=2, max=6)
+    lens = args[_lengths_name(args)].clamp_(min=2, max=6)
     _repack(args, lens)
     return lens
+
+
+def _lookup_outside_mapping(slot):
+    """Request ``b``'s first token read from entry ``slot`` (past ``token_mapping`` or negative)."""
+    def spoil(args, b):
+        _nonempty(args, b)
+        entry_page_size, size = args["entry_page_size"], args["token_mapping"].shape[0]
+        start, row = int(args["kv_start_idx"][b]), int(args["req_pool_indices"][b])
+        entry = start // entry_page_size
+        args["req_to_token"][row, entry] = slot
+        value = slot * entry_page_size + start % entry_page_size
+        return rf"request {b}: token 0 \(position {start}, req_to_token\[{row}, {entry}\] = {slot}\) has value " \
+               rf"{value}, outside token_mapping's \[0, {size}\)"
+    return spoil
+
+
+def _table_narrower_than_pages(name):
+    """Request ``b`` of at least two pages, the others of fewer, ``name`` (or ``max_pages``) one page short."""
+    def spoil(args, b):
+        lens, page_size, offset = args[_lengths_name(args)], args["page_size"], _offset(args)
+        lens[b] = max(int(lens[b]), page_size + 1 - offset)
+        length = int(lens[b]) + offset
+        pages = -(-length // page_size)
+        lens.clamp_(max=(pages - 1) * page_size - offset)[b] = length - offset
+        if name == "max_pages":
+            args["max_pages"] = pages - 1
+            return rf"request {b}: its {pages} pages \(length {length}, page_size {page_size}\) do not fit out's " \
+                   rf"{pages - 1} columns \(max_pages = {pages - 1}\)"
+        args[name] = args[name][:, : pages - 1]
+        if "max_pages" in args:
+            args["max_pages"] = None  # out's width rules
+        return rf"request {b}: its {pages} pages \(length {length}, page_size {page_size}\) do not fit {name}'s " \
+               rf"{pages - 1} columns"
+    return spoil
+
+
+def _scaled_page_past_int32(args, b):
+    """Request ``b``'s first column on the one virtual page no token reads, mapped to ``2**30`` (times 2)."""
+    page = args["v2p"].shape[0] - 1
+    args["v2p"][page] = 2**30
+    row = int(args["req_pool_indices"][b])
+    args["req_to_token"][row, 0] = page * args["page_size"]
+    return rf"request {b}: v2p\[{page}\] = {2**30} times multiplier 2 \(column 0\) is outside \[0, {2**31 - 1}\]"
+
+
+def _position_negative(args, b):
+    z = b * args["topk"] + 1
+    args["positions"][z] = -1
+    return rf"request {b}: positions\[{z}\] = -1 \(branch 1\) is negative"
+
+
+def _positions_past_out(args, b):
+    """Without a window the last step's segments end at out's width: one more position puts kv_indptr past it."""
+    args["window_size"] = args["sink_size"] = 0
+    lens, topk, steps = args["seq_lens"].cpu(), args["topk"], args["num_steps"]
+    width = topk * int(lens.sum()) + lens.shape[0] * topk * steps
+    args["out"] = args["out"][:, :width]
+    args["positions"][b * topk] += 1
+    last = lens.shape[0] * topk - 1
+    position = int(args["positions"][last])
+    return rf"request {lens.shape[0] - 1}: positions\[{last}\] = {position} \(branch {topk - 1}\) " \
+           rf"puts kv_indptr\[{steps - 1}, {last + 1}\] at {width + 1}, past out's {width} columns"
 
 
 def _indptr_past_out(args, b):
@@ -457,12 +558,24 @@ def _segments_past_out(args, b):
 
 ROW_SPOILERS = {"pool-outside": _pool_outside, "pool-negative": _pool_negative, "length-negative": _length_negative,
                 "length-past-table": _length_past_table}
+CSR_OPS = ("token_csr", "token_csr_entry_pages", "dcp_token_csr")
 FAMILY_SPOILERS = [(op, kind, spoil) for op in FAMILY for kind, spoil in ROW_SPOILERS.items()] + [
-    ("dcp_token_csr", "start-past-table", _start_past_table),
+    (op, kind, spoil) for op in CSR_OPS for kind, spoil in (
+        ("start-past-table", _start_past_table), ("indptr-past-out", _indptr_past_out),
+        ("indptr-negative", _indptr_negative), ("rows-overlap", _rows_overlap))] + [
+    (op, kind, spoil) for op in CSR_OPS[:2] for kind, spoil in (
+        ("lookup-past-mapping", _lookup_outside_mapping(5000)), ("lookup-negative", _lookup_outside_mapping(-1)))] + [
+    ("page_table", "start-past-table", _start_past_table),
+    ("page_table", "out-narrower-than-pages", _table_narrower_than_pages("out")),
+    ("dcp_page_table", "out-narrower-than-pages", _table_narrower_than_pages("out")),
+    ("mha_page_table", "page-table-narrower-than-pages", _table_narrower_than_pages("page_table")),
+    ("mha_page_table", "swa-table-narrower-than-pages", _table_narrower_than_pages("swa_page_table")),
+    ("translated_page_table", "out-narrower-than-pages", _table_narrower_than_pages("out")),
+    ("translated_page_table", "max-pages-below-pages", _table_narrower_than_pages("max_pages")),
+    ("translated_page_table", "scaled-page-past-int32", _scaled_page_past_int32),
+    ("draft_decode", "position-negative", _position_negative),
+    ("draft_decode", "positions-past-out", _positions_past_out),
     ("dcp_token_csr", "first-own-position-past-table", _first_own_position_past_table),
-    ("dcp_token_csr", "indptr-past-out", _indptr_past_out),
-    ("dcp_token_csr", "indptr-negative", _indptr_negative),
-    ("dcp_token_csr", "rows-overlap", _rows_overlap),
     ("mha_page_table", "slot-past-mapping", _slot_outside_mapping(5000)),
     ("mha_page_table", "slot-negative", _slot_outside_mapping(-2)),
     ("mha_page_table", "mapping-empty", _empty_mapping),
@@ -509,13 +622,16 @@ def test_family_checks_only_what_is_read(debug_on):
     _family_call("dcp_token_csr", args)
 
     args = _family_case("mha_page_table", g)
-    args["seq_lens"][1] = 4 * 6  # six pages: the SWA table (five columns) maps the first five only
+    args["seq_lens"][1] = 4 * 5  # five pages: the SWA table maps their first slots only
     args["req_to_token"][int(args["req_pool_indices"][1]), 4 * 5] = -1
     _family_call("mha_page_table", args)
 
     args = _family_case("translated_page_table", g)
-    args["max_pages"], args["seq_lens"][1] = 5, 4 * 6 - 2  # six pages with the delta, five columns read
-    args["req_to_token"][int(args["req_pool_indices"][1]), 4 * 5] = 10**9
+    args["max_pages"] = 5
+    args["seq_lens"].clamp_(max=4 * 5 - 2)[1] = 4 * 5 - 2  # five pages with the delta: all of max_pages
+    row = args["req_to_token"][int(args["req_pool_indices"][1])]
+    row[4 * 5] = 10**9
+    args["v2p"][row[: 4 * 5 : 4].clamp(min=0) // 4] = (2**31 - 1) // 2  # times the multiplier 2: int32 holds it
     _family_call("translated_page_table", args)
 
     args = _family_case("draft_decode", g)  # a window of 6 + 2 sink tokens: the middle of a long prefix is not read
@@ -536,3 +652,26 @@ def test_debug_csr_rows_overlapping(debug_on):
                                          rf"{b - 1}'s entries \[{int(indptr[b - 1])}, "):
         kvdispatch.create_flashinfer_kv_indices(case.req_to_token, case.req_pool_indices, case.seq_lens, indptr, flat)
     assert (flat == POISON).all()
+
+
+def test_debug_token_lookups_inside_an_entry(debug_on):
+    """With ``entry_page_size`` 4 an entry's tokens have consecutive values: a mapping that ends inside an
+    entry is caught at the first token past it, and one that holds every value read passes."""
+    table = torch.tensor([[10, 20], [0, 5]], dtype=torch.int32, device=DEVICE)
+    pool, lens = torch.tensor([1, 0], device=DEVICE), torch.tensor([2, 6], device=DEVICE)
+    start, indptr = torch.tensor([0, 1], device=DEVICE), torch.tensor([0, 2, 8], device=DEVICE)
+    out = _poisoned((8,))  # request 1 reads positions 1..6: values 41, 42, 43 (entry 0), 80, 81, 82 (entry 1)
+
+    def call(size):
+        kvdispatch.create_flashinfer_kv_indices(table, pool, lens, indptr, out, kv_start_idx=start, entry_page_size=4,
+                                                token_mapping=torch.arange(size, device=DEVICE))
+
+    for size, token, position, entry, value in ((43, 2, 3, 0, 43), (82, 5, 6, 1, 82), (41, 0, 1, 0, 41)):
+        slot = (entry + 1) * 10
+        message = (rf"request 1: token {token} \(position {position}, req_to_token\[0, {entry}\] = {slot}\) "
+                   rf"has value {value}, outside token_mapping's \[0, {size}\)")
+        with pytest.raises(ValueError, match=message):
+            call(size)
+        assert (out == POISON).all()
+    call(83)  # request 0 reads 0 and 1 (entry 0 of row 1)
+    assert out.cpu().tolist() == [0, 1, 41, 42, 43, 80, 81, 82]

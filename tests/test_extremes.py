@@ -16,7 +16,8 @@ import pytest
 import torch
 
 import kvdispatch
-from conftest import BACKENDS, DEVICE, page_table, token_csr
+from conftest import (BACKENDS, DEVICE, dcp_page_table, dcp_token_csr, mha_page_table, page_table, token_csr,
+                      translated_page_table)
 from kvdispatch import grid, reference
 from kvcases import POISON, Case, assert_same, loop_page_table, loop_token_csr
 
@@ -221,6 +222,62 @@ def test_empty_tables_and_outputs(backend):
     check_page_table(backend, Case(table, vector([], torch.int64), vector([], torch.int64), 4, 5, None, 3, -1))
     check_token_csr(backend, Case(table, vector([], torch.int64), vector([], torch.int64), 1, 0),
                     vector([I64_MIN], torch.int64), 6)
+
+
+TALL = 2**31 + 5  # table rows past any int32 index
+
+
+def every_op(backend, table, pool, lens, g):
+    """The outputs of one call of every op (with its options) on ``backend``, for requests ``pool``/``lens`` of
+    ``table``; poisoned before the calls, on DEVICE. The other arguments are drawn from ``g`` (the same draw
+    for the same seed)."""
+    from test_draft_decode import draft_decode  # it imports this module
+
+    batch, cols = pool.shape[0], table.shape[1]
+    start = torch.randint(0, cols, (batch,), generator=g).to(pool.dtype).to(DEVICE)
+    indptr = torch.arange(0, cols * (batch + 1), cols).to(pool.dtype).to(DEVICE)
+    mapping = torch.randint(-5, 80, (300,), generator=g).to(DEVICE)
+    v2p = torch.randint(-1, 50, (40,), generator=g, dtype=torch.int32).to(DEVICE)
+    outputs = []
+
+    def fresh(*shape, dtype=torch.int32):
+        outputs.append(torch.full(shape, POISON, dtype=dtype, device=DEVICE))
+        return outputs[-1]
+
+    page_table(backend, table, pool, lens, fresh(batch, 12), page_size=4, kv_start_idx=start, fill_value=-1)
+    token_csr(backend, table, pool, lens, indptr, fresh(cols * batch), kv_start_idx=start)
+    token_csr(backend, table, pool, lens, indptr, fresh(cols * batch, dtype=torch.int64), entry_page_size=4,
+              token_mapping=mapping)
+    mha_page_table(backend, table, pool, lens, fresh(batch, 12), page_size=4, swa_page_table=fresh(batch, 9),
+                   full_to_swa=mapping)
+    translated_page_table(backend, table, pool, lens, v2p, fresh(batch, 12), page_size=4, multiplier=3)
+    draft_decode(backend, table, pool, lens, fresh(3, 2 * batch + 1, dtype=pool.dtype), fresh(3, 4 * cols),
+                 num_steps=3, topk=2, page_size=4, v2p=v2p)
+    dcp_token_csr(backend, table, pool, lens, indptr, fresh(cols * batch), dcp_size=3, dcp_rank=1,
+                  kv_start_idx=start)
+    dcp_page_table(backend, table, pool, lens, fresh(batch, 12), page_size=2, dcp_size=3, dcp_rank=2)
+    return outputs
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_table_taller_than_int32(backend, dtype):
+    """A table of ``2**31 + 5`` rows (a stride-0 view of one row) read through int32 and int64 pool indices:
+    every op gives what it gives on the one row itself, an index inside ``[0, R)`` reading that row and one
+    outside giving an empty row (no index narrowed, none compared against a narrowed ``R``)."""
+    seed = torch.seed() % 2**31
+    cols = 40
+    row = torch.randint(0, 160, (1, cols), generator=torch.Generator().manual_seed(seed), dtype=torch.int32)
+    pools = [0, I32_MAX, -1, I32_MIN, 7] + ([TALL - 1, TALL, I64_MAX] if dtype == torch.int64 else [])
+    inside = [0 <= p < TALL for p in pools]
+    lens = torch.randint(1, cols + 1, (len(pools),), generator=torch.Generator().manual_seed(seed)).to(dtype)
+    tall = every_op(backend, row.to(DEVICE).expand(TALL, cols), vector(pools, dtype).to(DEVICE), lens.to(DEVICE),
+                    torch.Generator().manual_seed(seed))
+    one_row = every_op("torch", row.to(DEVICE), vector([0 if i else -1 for i in inside], dtype).to(DEVICE),
+                       lens.to(DEVICE), torch.Generator().manual_seed(seed))
+    for n, (got, expected) in enumerate(zip(tall, one_row)):
+        assert_same(got, expected, f"{backend} output {n} on the tall table")
+    assert any((t != POISON).any() for t in tall)
 
 
 def test_debug_checks_at_extremes(monkeypatch):
