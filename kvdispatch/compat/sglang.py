@@ -7,7 +7,7 @@ helper ``get_dcp_lens``:
 
 * the builders ``create_flashinfer_kv_indices_triton`` (token CSR), ``create_chunked_prefix_cache_kv_indices``
   (token CSR of one prefix chunk) and ``create_flashmla_kv_indices_triton`` (paged block table). Each is
-  called with Triton's launch syntax ``builder[grid](...)`` or directly; the grid is accepted and ignored,
+  called with Triton's launch syntax ``builder[grid](...)`` or directly; the grid is checked and ignored,
   because kvdispatch sizes its own launch (from the buffers' shapes, never from the data, so a captured
   CUDA graph stays valid). The batch is ``req_pool_indices.shape[0]``: SGLang's call sites launch one
   program per entry. They forward to ``kvdispatch.create_flashinfer_kv_indices`` and
@@ -41,15 +41,14 @@ dimension, so a flat buffer that is itself strided (``big[::2]``) cannot be read
 and is refused with a ``ValueError`` (no view of it has such rows; a copy would leave the caller's buffer
 unwritten): pass a contiguous buffer, or a 2-D tensor whose rows are contiguous.
 
-Arguments are checked as the public functions check theirs, before anything is written: counts, sizes,
-ranks, strides and grid entries are Python ints (never bool or float) in range, flags are bools; anything
-else is a ``TypeError`` / ``ValueError`` naming the argument (errors from the forwarded call name the
-public function's parameters: ``out``, ``seq_lens``, ...). A grid is a Triton grid: one to three ints
-``>= 0``, or a callable of the arguments by name giving one; builders that size their own launch check it
-and ignore it. ``TOKEN_BLOCK_PARALLEL`` is accepted and ignored (in SGLang, too, it changes how the copy is split, not
-its result). ``ENTRY_PAGE_SIZE`` and ``token_mapping`` are passed on as ``entry_page_size=`` /
-``token_mapping=``, and only when they differ from their defaults. Tensors take the dtypes the public API
-takes.
+Arguments are checked as the public functions check theirs, before anything is written: counts, sizes, ranks,
+strides and grid entries are Python ints (never bool or float) in range, flags are bools; anything else is a
+``TypeError`` / ``ValueError`` naming the argument (errors from the forwarded call name the public function's
+parameters: ``out``, ``seq_lens``, ...). A grid is a Triton grid: one to three ints ``>= 0``, or a callable of
+the arguments by name giving one; builders that size their own launch check it and ignore it.
+``TOKEN_BLOCK_PARALLEL`` is accepted and ignored (in SGLang, too, it changes how the copy is split, not its
+result). ``ENTRY_PAGE_SIZE`` and ``token_mapping`` are passed on as ``entry_page_size=`` / ``token_mapping=``,
+and only when they differ from their defaults. Tensors take the dtypes the public API takes.
 
 Where SGLang's kernels would step outside a request's row (reading or writing a neighbouring row, or past the
 tensor), the result is kvdispatch's bounded one instead: a block-table row stops at the buffer's width (SGLang
@@ -69,6 +68,7 @@ and the branches (``grid[2]``), as in SGLang. It forwards to ``kvdispatch.create
 
 from __future__ import annotations
 
+import functools
 import inspect
 
 import torch
@@ -130,11 +130,20 @@ def kv_indices_token_blocks_for_copy(table_width: int, base_programs: int) -> in
     return kv_indices_num_token_blocks(table_width, base_programs)
 
 
+_GRID_PADDING = {1: (1, 1), 2: (1,), 3: ()}
+
+
 def _launch_grid(grid, arguments):
     """A Triton launch grid as ``(x, y, z)``: one to three Python ints ``>= 0`` (a single int is ``(x,)``), the
     missing dimensions 1. A callable grid is first called with ``arguments()``, the launch's arguments by name
     (as Triton calls it)."""
     dims = grid(arguments()) if callable(grid) else grid
+    if type(dims) is tuple and 1 <= len(dims) <= 3:
+        for programs in dims:
+            if type(programs) is not int or not 0 <= programs <= _INT32_MAX:
+                break
+        else:
+            return dims + _GRID_PADDING[len(dims)]
     if not isinstance(dims, (tuple, list)):
         dims = (dims,)
     if not 1 <= len(dims) <= 3:
@@ -160,6 +169,9 @@ class _Launch:
         return self._launch(None, *args, **kwargs)
 
     def __getitem__(self, grid):
+        if not callable(grid):
+            return functools.partial(self._launch, _launch_grid(grid, None))  # its signature: SGLang's
+
         def launch(*args, **kwargs):
             dims = _launch_grid(grid, lambda: dict(self.__signature__.bind(*args, **kwargs).arguments))
             return self._launch(dims, *args, **kwargs)
@@ -171,15 +183,22 @@ class _Launch:
         return f"<kvdispatch.compat.sglang.{self.__name__}>"
 
 
+def _check_int(name, value, low, high):
+    """``_python_int`` with its common case first."""
+    if type(value) is not int or not low <= value <= high:
+        _python_int(name, value, low, high)
+
+
 def _check_flag(name, value):
-    if not isinstance(value, bool):
+    if value is not True and value is not False:
         raise TypeError(f"{name} must be a bool, got {type(value).__name__}")
 
 
 def _check_stride(name, given, tensor, tensor_name):
     """``given``, SGLang's explicit row stride of ``tensor`` (the argument ``tensor_name``): None, or a Python
     int equal to ``tensor.stride(0)``."""
-    if given is None:
+    if given is None or type(given) is int and type(tensor) is torch.Tensor and tensor.dim() and (
+            given == tensor.stride(0)):
         return
     _python_int(name, given, 0, _EXTENT_MAX)
     _tensor(tensor_name, tensor)
@@ -238,7 +257,7 @@ def _create_flashinfer_kv_indices(launch_grid, req_to_token_ptr, req_pool_indice
     against ``req_to_token_ptr.stride(0)``. Returns ``kv_indices_ptr``.
     """
     _check_stride("req_to_token_ptr_stride", req_to_token_ptr_stride, req_to_token_ptr, "req_to_token_ptr")
-    _python_int("ENTRY_PAGE_SIZE", ENTRY_PAGE_SIZE, 1, MAX_PAGE_SIZE)
+    _check_int("ENTRY_PAGE_SIZE", ENTRY_PAGE_SIZE, 1, MAX_PAGE_SIZE)
     _check_flag("TOKEN_BLOCK_PARALLEL", TOKEN_BLOCK_PARALLEL)
     if ENTRY_PAGE_SIZE != 1 or token_mapping is not None:
         _build_token_csr(req_to_token_ptr, req_pool_indices_ptr, page_kernel_lens_ptr, kv_indptr, kv_indices_ptr,
@@ -286,7 +305,7 @@ def _create_flashmla_kv_indices(launch_grid, req_to_token_ptr, req_pool_indices_
     ``[1, 4096]``. Returns ``kv_indices_ptr``.
     """
     _check_stride("req_to_token_ptr_stride", req_to_token_ptr_stride, req_to_token_ptr, "req_to_token_ptr")
-    _python_int("PAGED_SIZE", PAGED_SIZE, 1, MAX_PAGE_SIZE)
+    _check_int("PAGED_SIZE", PAGED_SIZE, 1, MAX_PAGE_SIZE)
     _build_page_table(req_to_token_ptr, req_pool_indices_ptr, page_kernel_lens_ptr,
                       _as_rows(kv_indices_ptr, kv_indices_ptr_stride, "kv_indices_ptr", "kv_indices_ptr_stride"),
                       page_size=PAGED_SIZE, kv_start_idx=kv_start_idx, round_toward_zero=True)
@@ -314,7 +333,7 @@ def update_trtllm_mla_graph_metadata(*, req_pool_indices, seq_lens, req_to_token
     tokens in target-verify, else 0); ``page_size``: an int in ``[1, 4096]``. Rows ``>= bs``, columns past each
     row's pages and ``seq_lens_k[bs:]`` are left untouched; ``bs`` 0 writes nothing. Returns None.
     """
-    _python_int("bs", bs, 0, _INT32_MAX)
+    _check_int("bs", bs, 0, _INT32_MAX)
     pool = _leading("req_pool_indices", req_pool_indices, bs)
     lens = _leading("seq_lens", seq_lens, bs)
     lens_out = None if seq_lens_k is None else _leading("seq_lens_k", seq_lens_k, bs)
@@ -370,7 +389,7 @@ def _create_trtllm_mha_kv_indices(launch_grid, req_to_token_ptr, req_pool_indice
             raise ValueError("HAS_SWA needs full_to_swa_ptr and swa_page_table_ptr")
         swa_page_table = _as_rows(swa_page_table_ptr, page_table_stride, "swa_page_table_ptr", "page_table_stride")
         _tensor("full_to_swa_ptr", full_to_swa_ptr)
-        _python_int("full_to_swa_numel", full_to_swa_numel, 0, full_to_swa_ptr.numel())
+        _check_int("full_to_swa_numel", full_to_swa_numel, 0, full_to_swa_ptr.numel())
         full_to_swa = full_to_swa_ptr[:full_to_swa_numel]
     rows = launch_grid[0]
     pool = _leading("req_pool_indices_ptr", req_pool_indices_ptr, rows)
@@ -395,6 +414,7 @@ def build_trtllm_mha_page_table(req_to_token, req_pool_indices, cache_seqlens, p
     if (swa_page_table is None) != (full_to_swa is None):
         raise ValueError("swa_page_table and full_to_swa must be given together")
     _check_mha_page_size("page_size", page_size)
+    _tensor("req_to_token", req_to_token)
     _int32_tensor("page_table", page_table, 2)
     rows, num_pages = page_table.shape
     if swa_page_table is not None:
@@ -513,7 +533,7 @@ def _generate_draft_decode_kv_indices(launch_grid, req_pool_indices, req_to_toke
     draft-slot rule at ``page_size``, truncating division); ``kv_indptr[s, z]`` for ``z`` in ``1 ..
     num_seqs * topk`` is ``positions[0] + ... + positions[z - 1] + z * (s + 1)``; ``kv_indptr[s, 0]`` is left
     untouched (engines zero it once). ``window_size`` / ``sink_size``: the draft-only sliding window;
-    ``TRANSLATE``: every id through ``v2p`` (pages of ``page_size``). A grid of ``topk`` 0 launches nothing.
+    ``TRANSLATE``: every id through ``v2p`` (pages of ``page_size``). A grid with a 0 launches nothing.
 
     ``pool_len``, ``kv_indices_stride`` and ``kv_indptr_stride`` are checked against the tensors' row strides
     (flat contiguous buffers are read as rows of that many entries, ``_as_rows``); ``bs_upper``, ``iter_upper``
@@ -523,25 +543,25 @@ def _generate_draft_decode_kv_indices(launch_grid, req_pool_indices, req_to_toke
     if launch_grid is None:
         raise TypeError("generate_draft_decode_kv_indices takes its batch, branches and steps from the launch grid: "
                         "call it as generate_draft_decode_kv_indices[(steps, num_seqs, topk)](...)")
-    _python_int("ENTRY_PAGE_SIZE", ENTRY_PAGE_SIZE, 1, MAX_PAGE_SIZE)
+    _check_int("ENTRY_PAGE_SIZE", ENTRY_PAGE_SIZE, 1, MAX_PAGE_SIZE)
     if ENTRY_PAGE_SIZE != 1:
         raise NotImplementedError(f"ENTRY_PAGE_SIZE={ENTRY_PAGE_SIZE}: only 1 (a token-granular table) is "
                                   "supported by generate_draft_decode_kv_indices")
     _check_flag("TRANSLATE", TRANSLATE)
     if TRANSLATE and v2p is None:
         raise ValueError("TRANSLATE=True needs v2p")
-    _python_int("NUM_STEPS", NUM_STEPS, 0, DRAFT_MAX_STEPS)
+    _check_int("NUM_STEPS", NUM_STEPS, 0, DRAFT_MAX_STEPS)
     first, batch, topk = launch_grid
     if not NUM_STEPS:
-        _python_int("grid[0]", first, 0, DRAFT_MAX_STEPS)  # the steps
-    _python_int("grid[2]", topk, 0, DRAFT_MAX_TOPK)
+        _check_int("grid[0]", first, 0, DRAFT_MAX_STEPS)  # the steps
+    _check_int("grid[2]", topk, 0, DRAFT_MAX_TOPK)
     _check_stride("pool_len", pool_len, req_to_token, "req_to_token")
     indptr = _as_rows(kv_indptr, kv_indptr_stride, "kv_indptr", "kv_indptr_stride")
     out = _as_rows(kv_indices, kv_indices_stride, "kv_indices", "kv_indices_stride")
     pool, lens = _leading("req_pool_indices", req_pool_indices, batch), _leading("paged_kernel_lens",
                                                                                  paged_kernel_lens, batch)
-    if topk == 0:
-        return kv_indices
+    if topk == 0 or first == 0:
+        return kv_indices  # no program launched
     _build_draft_decode(req_to_token, pool, lens, indptr, out, num_steps=NUM_STEPS or first, topk=topk,
                         page_size=page_size, positions=positions, window_size=window_size, sink_size=sink_size,
                         v2p=v2p if TRANSLATE else None, write_indptr_start=False, round_toward_zero=True)
@@ -570,13 +590,14 @@ def _create_triton_kv_indices_for_dcp(launch_grid, req_to_token_ptr, req_pool_in
     Returns ``kv_indices_ptr``.
     """
     _check_stride("req_to_token_ptr_stride", req_to_token_ptr_stride, req_to_token_ptr, "req_to_token_ptr")
-    _tensor("req_pool_indices_ptr", req_pool_indices_ptr)
-    batch = launch_grid[0] if launch_grid else req_pool_indices_ptr.shape[0]
-    _build_dcp_token_csr(req_to_token_ptr, _leading("req_pool_indices_ptr", req_pool_indices_ptr, batch),
-                         _leading("dcp_kernel_lens_ptr", dcp_kernel_lens_ptr, batch), kv_indptr, kv_indices_ptr,
-                         dcp_size=dcp_size, dcp_rank=dcp_rank,
-                         kv_start_idx=None if kv_start_idx is None else _leading("kv_start_idx", kv_start_idx, batch),
-                         round_toward_zero=True)
+    if launch_grid:
+        batch = launch_grid[0]
+        req_pool_indices_ptr = _leading("req_pool_indices_ptr", req_pool_indices_ptr, batch)
+        dcp_kernel_lens_ptr = _leading("dcp_kernel_lens_ptr", dcp_kernel_lens_ptr, batch)
+        if kv_start_idx is not None:
+            kv_start_idx = _leading("kv_start_idx", kv_start_idx, batch)
+    _build_dcp_token_csr(req_to_token_ptr, req_pool_indices_ptr, dcp_kernel_lens_ptr, kv_indptr, kv_indices_ptr,
+                         dcp_size=dcp_size, dcp_rank=dcp_rank, kv_start_idx=kv_start_idx, round_toward_zero=True)
     return kv_indices_ptr
 
 
@@ -599,10 +620,10 @@ def _create_mla_kv_page_table_for_dcp(launch_grid, req_to_token_ptr, req_pool_in
     ``>= 1``. Returns ``block_kv_indices_ptr``.
     """
     _check_stride("req_to_token_stride", req_to_token_stride, req_to_token_ptr, "req_to_token_ptr")
-    _python_int("PHYSICAL_PAGE_SIZE", PHYSICAL_PAGE_SIZE, 1, MAX_PAGE_SIZE)
-    _python_int("DCP_SIZE", DCP_SIZE, 1, MAX_DCP_SIZE)
-    _python_int("DCP_RANK", DCP_RANK, 0, DCP_SIZE - 1)
-    _python_int("PAGES_PER_BLOCK", PAGES_PER_BLOCK, 1, _INT32_MAX)
+    _check_int("PHYSICAL_PAGE_SIZE", PHYSICAL_PAGE_SIZE, 1, MAX_PAGE_SIZE)
+    _check_int("DCP_SIZE", DCP_SIZE, 1, MAX_DCP_SIZE)
+    _check_int("DCP_RANK", DCP_RANK, 0, DCP_SIZE - 1)
+    _check_int("PAGES_PER_BLOCK", PAGES_PER_BLOCK, 1, _INT32_MAX)
     table = _as_rows(block_kv_indices_ptr, block_table_stride, "block_kv_indices_ptr", "block_table_stride")
     _int32_tensor("block_kv_indices_ptr", table, 2)
     rows, width = table.shape
@@ -611,7 +632,7 @@ def _create_mla_kv_page_table_for_dcp(launch_grid, req_to_token_ptr, req_pool_in
         width = min(width, launch_grid[1] * PAGES_PER_BLOCK)
     else:
         _tensor("req_pool_indices_ptr", req_pool_indices_ptr)
-        rows = req_pool_indices_ptr.shape[0]
+        rows = req_pool_indices_ptr.shape[0] if req_pool_indices_ptr.dim() == 1 else 0  # the public call names it
     if (rows, width) != table.shape:
         table = table[:rows, :width]
     _build_dcp_page_table(req_to_token_ptr, _leading("req_pool_indices_ptr", req_pool_indices_ptr, rows),
