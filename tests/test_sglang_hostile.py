@@ -431,3 +431,25 @@ def test_a_read_grid_with_a_zero_launches_nothing(sglang, backend, case, grid):
     _call(sglang, case, arguments, grid)
     for name, t in before.items():
         assert_same(arguments[name], t.cpu(), name)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_callable_grid_gets_the_arguments_by_name(sglang, backend):
+    """As Triton calls it: every argument by name, defaults included; the grid it gives is read and checked."""
+    g = torch.Generator().manual_seed(torch.seed() % 2**31)
+    grid, arguments = _draft(g)
+    expected = {name: t.clone() for name, t in _tensors(arguments).items()}
+    _call(sglang, "generate_draft_decode_kv_indices", dict(arguments, **expected), grid)
+    seen = []
+
+    def from_meta(meta):
+        seen.append(meta)
+        return grid
+
+    _call(sglang, "generate_draft_decode_kv_indices", arguments, from_meta)
+    assert seen[0]["NUM_STEPS"] == 0 and seen[0]["TRANSLATE"] is False and seen[0]["kv_indices"] is arguments[
+        "kv_indices"]
+    for name, t in expected.items():
+        assert_same(arguments[name], t.cpu(), name)
+    with pytest.raises(ValueError, match=r"grid\[1\]"):
+        _call(sglang, "generate_draft_decode_kv_indices", arguments, lambda meta: (2, -1, 2))

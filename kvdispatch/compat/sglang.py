@@ -173,11 +173,17 @@ class _Launch:
             return functools.partial(self._launch, _launch_grid(grid, None))  # its signature: SGLang's
 
         def launch(*args, **kwargs):
-            dims = _launch_grid(grid, lambda: dict(self.__signature__.bind(*args, **kwargs).arguments))
+            dims = _launch_grid(grid, lambda: self._arguments(args, kwargs))
             return self._launch(dims, *args, **kwargs)
 
         launch.__signature__, launch.__name__, launch.__doc__ = self.__signature__, self.__name__, self.__doc__
         return launch
+
+    def _arguments(self, args, kwargs):
+        """The launch's arguments by name, defaults included (what Triton passes a callable grid)."""
+        bound = self.__signature__.bind(*args, **kwargs)
+        bound.apply_defaults()
+        return dict(bound.arguments)
 
     def __repr__(self):
         return f"<kvdispatch.compat.sglang.{self.__name__}>"
@@ -491,8 +497,6 @@ def build_kv_read_table(*, req_to_token, req_pool_indices, seq_lens, v2p, multip
                                   out, seq_len_delta, lambda pages, size, cols: (pages - 1) * size < cols)
 
 
-
-
 _build_draft_decode = api.create_draft_decode_kv_indices
 # SGLang's bound on a draft step row's width (its offsets are 32-bit there).
 _DRAFT_ROW_WIDTH_LIMIT = 2**31
@@ -558,8 +562,8 @@ def _generate_draft_decode_kv_indices(launch_grid, req_pool_indices, req_to_toke
     _check_stride("pool_len", pool_len, req_to_token, "req_to_token")
     indptr = _as_rows(kv_indptr, kv_indptr_stride, "kv_indptr", "kv_indptr_stride")
     out = _as_rows(kv_indices, kv_indices_stride, "kv_indices", "kv_indices_stride")
-    pool, lens = _leading("req_pool_indices", req_pool_indices, batch), _leading("paged_kernel_lens",
-                                                                                 paged_kernel_lens, batch)
+    pool = _leading("req_pool_indices", req_pool_indices, batch)
+    lens = _leading("paged_kernel_lens", paged_kernel_lens, batch)
     if topk == 0 or first == 0:
         return kv_indices  # no program launched
     _build_draft_decode(req_to_token, pool, lens, indptr, out, num_steps=NUM_STEPS or first, topk=topk,
