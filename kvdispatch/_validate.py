@@ -487,19 +487,21 @@ def check_dcp_page_table_args(req_to_token, req_pool_indices, local_seq_lens, ou
     return device
 
 
-def dcp_lengths_device(seq_lens, dcp_size, dcp_rank, kv_start_idx, out):
-    """Validate ``dcp_local_lengths`` arguments; returns the device."""
-    _tensor("seq_lens", seq_lens)
+def dcp_lengths_device(seq_lens, dcp_size, dcp_rank, kv_start_idx, out, lens_name="seq_lens",
+                       start_name="kv_start_idx"):
+    """Validate ``dcp_local_lengths`` arguments; returns the device (``lens_name``, ``start_name``: what the
+    caller calls ``seq_lens`` and ``kv_start_idx``)."""
+    _tensor(lens_name, seq_lens)
     batch = seq_lens.shape[0] if seq_lens.dim() == 1 else -1
     device = seq_lens.device
-    _index_vector("seq_lens", seq_lens, device, batch)
+    _index_vector(lens_name, seq_lens, device, batch)
     if kv_start_idx is not None:
-        _index_vector("kv_start_idx", kv_start_idx, device, batch)
+        _index_vector(start_name, kv_start_idx, device, batch)
     if out is not None:
         _index_vector("out", out, device, batch, at_least=True)
         if out.shape[0] > 1 and out.stride(0) == 0:
             raise ValueError(f"entries of out share memory: its stride is 0 (shape {tuple(out.shape)}, an expanded "
                              "view); it must have an entry of its own per request")
-        _check_apart((("out", out),), (("seq_lens", seq_lens), ("kv_start_idx", kv_start_idx)))
+        _check_apart((("out", out),), ((lens_name, seq_lens), (start_name, kv_start_idx)))
     _check_dcp(dcp_size, dcp_rank, False)
     return device
