@@ -16,7 +16,7 @@ import traceback
 import torch
 
 from . import bench as bench_command
-from . import dispatch
+from . import dispatch, info
 
 PROG = "kvdispatch"
 
@@ -93,9 +93,7 @@ def _demo(args) -> int:
 
 
 def _info(args) -> int:
-    from .info import report
-
-    return report(as_json=args.json)
+    return info.report(as_json=args.json)
 
 
 def _bench(args) -> int:
@@ -142,6 +140,7 @@ def _compile(args) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog=PROG, description="KV-cache index tables for LLM decode.")
+    parser.add_argument("--version", action="version", version=f"{PROG} {info.kvdispatch_version()}")
     _add_common(parser, top_level=True)
     commands = parser.add_subparsers(dest="command", required=True)
 
@@ -149,9 +148,9 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--device", type=parse_device, help="torch device (default: the current GPU, else CPU)")
     demo.set_defaults(run=_demo)
 
-    info = commands.add_parser("info", help="versions, devices, and the backend chosen for each")
-    info.add_argument("--json", action="store_true", help="print JSON")
-    info.set_defaults(run=_info)
+    info_ = commands.add_parser("info", help="versions, devices, and the backend chosen for each")
+    info_.add_argument("--json", action="store_true", help="print JSON")
+    info_.set_defaults(run=_info)
 
     bench = commands.add_parser(
         "bench", help="time every backend against the naive loop and plain PyTorch",
@@ -170,7 +169,7 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter)
     compile_.add_argument("targets", nargs="*", help="backend:arch:warp_size, e.g. cuda:90:32 or hip:gfx942:64")
     compile_.set_defaults(run=_compile)
-    for command in (demo, info, bench, compile_):
+    for command in (demo, info_, bench, compile_):
         _add_common(command, top_level=False)
     return parser
 
