@@ -1,28 +1,35 @@
 """Ahead-of-time compilation of every kernel specialisation for a GPU target, on any machine.
 
 ``kvdispatch compile [TARGET ...]`` runs it for users (a check, before a deployment, that the installed Triton
-builds every kernel for the deployment's GPUs); the CI lanes ``compile-triton`` and ``triton-oldest`` use it to prove that the kernels
-build for NVIDIA and AMD targets without a GPU, and to report binary size, registers and shared memory.
+builds the kernels for the deployment's GPUs); the CI lanes ``compile-triton`` and ``triton-oldest`` use it to
+prove that every kernel builds for NVIDIA and AMD targets without a GPU, and to report binary size, registers
+and shared memory.
 It builds its own ``JITFunction`` objects from the kernels' Python source, so it works even when
 ``TRITON_INTERPRET=1`` made ``@triton.jit`` return interpreted functions.
 
-``--pdl`` (``pdl=True``) compiles instead one specialisation per kernel with programmatic dependent launch (the
-``PDL`` constexpr and Triton's ``launch_pdl`` option), for the NVIDIA targets only (AMD GPUs have no PDL); their
-reports list the ``griddepcontrol`` instructions found in the PTX.
+``--pdl`` (``Selection(pdl=True)``) compiles instead one specialisation per kernel with programmatic dependent
+launch (the ``PDL`` constexpr and Triton's ``launch_pdl`` option), for the NVIDIA targets only (AMD GPUs have no
+PDL); their reports list the ``griddepcontrol`` instructions found in the PTX.
+
+Compilation runs in a pool of spawned worker processes (one per CPU by default) with a Triton cache of their
+own: a private temporary directory, removed at the end, unless the caller names one.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import functools
 import json
+import multiprocessing
 import os
 import re
-import subprocess
-import sys
+import shutil
+import tempfile
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass
 
 from kvdispatch import grid as launch_grid
-from kvdispatch._env import flag
 
 from . import dcp, draft_decode, launch, mapped_tables, page_table, token_csr
 
@@ -134,7 +141,9 @@ def compile_one(spec: Specialization, target):
     if not isinstance(target, GPUTarget):
         target = GPUTarget(*target)
     source = triton.compiler.ASTSource(fn=spec.kernel, signature=spec.signature, constexprs=spec.constexprs)
-    options = {"num_warps": spec.num_warps}
+    # The kernels do no floating-point arithmetic, so FP fusion changes nothing; naming it keeps Triton 3.9 from
+    # warning that its default (TRITON_DEFAULT_FP_FUSION) changes in 3.10.
+    options = {"num_warps": spec.num_warps, "enable_fp_fusion": False}
     if spec.constexprs.get("PDL"):
         options["launch_pdl"] = True
     return triton.compile(source, target=target, options=options)
@@ -163,40 +172,120 @@ def _registers_from_asm(compiled) -> int | None:
     return None
 
 
-def cross_compile(target, page_sizes=PAGE_SIZES, index_types=("i32", "i64"), pdl=False) -> list[CompileReport]:
-    """Compile every specialisation for ``target`` (``(backend, arch, warp_size)``, e.g.
-    ``("hip", "gfx942", 64)``); raises on the first failure. ``pdl``: the ``pdl_specializations`` instead
-    (none for a HIP target).
+def is_ordinary(spec: Specialization) -> bool:
+    """Whether ``spec`` is what a call without options builds: contiguous index vectors (``UNIT_STRIDES``) and
+    every other flag off; page sizes and index and output dtypes vary as in every specialisation."""
+    return all(value is (name == "UNIT_STRIDES") for name, value in spec.constexprs.items() if isinstance(value, bool))
 
-    Under ``TRITON_INTERPRET=1`` Triton's code generator does not work in this process, so the
-    compilation runs in a child process without it.
+
+@dataclass(frozen=True)
+class Selection:
+    """Which specialisations to compile: those of ``page_sizes`` and ``index_types``; ``ordinary``: only the
+    ``is_ordinary`` ones; ``pdl``: the ``pdl_specializations`` instead (none for a HIP target)."""
+
+    page_sizes: tuple = PAGE_SIZES
+    index_types: tuple = ("i32", "i64")
+    ordinary: bool = False
+    pdl: bool = False
+
+    def specializations(self, target) -> list[Specialization]:
+        if self.pdl:
+            return list(pdl_specializations(target[2])) if target[0] == "cuda" else []
+        specs = specializations(target[2], self.page_sizes, self.index_types)
+        return [spec for spec in specs if is_ordinary(spec)] if self.ordinary else list(specs)
+
+
+ORDINARY = Selection(ordinary=True)
+
+
+def default_jobs() -> int:
+    """The CPUs this process may run on."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+def cross_compile(targets, selection: Selection = Selection(), *, jobs: int | None = None, cache_dir=None,
+                  progress=None) -> dict[tuple, list[CompileReport]]:
+    """Compile the ``selection`` for each of ``targets`` (``(backend, arch, warp_size)``, e.g.
+    ``("hip", "gfx942", 64)``) in ``jobs`` worker processes (default: ``default_jobs()``); returns the reports
+    per target, in the selection's order. Raises on the first failure, naming the specialisation and target.
+
+    ``cache_dir``: Triton's cache for the workers (created if missing, kept); None: a private temporary
+    directory, removed at the end. ``progress(target, done, total)`` is called after each compilation.
     """
-    target = tuple(target)
-    if flag("TRITON_INTERPRET"):
-        return _cross_compile_in_child(target, page_sizes, index_types, pdl)
-    if pdl:
-        specs = pdl_specializations(target[2]) if target[0] == "cuda" else ()
+    targets = [tuple(target) for target in targets]
+    counts = {target: len(selection.specializations(target)) for target in targets}
+    reports = {target: [None] * count for target, count in counts.items()}
+    done = dict.fromkeys(targets, 0)
+    with _worker_environment(cache_dir), ProcessPoolExecutor(
+            jobs or default_jobs(), mp_context=multiprocessing.get_context("spawn")) as pool:
+        futures = {pool.submit(_compile_in_worker, selection, target, index): (target, index)
+                   for target in targets for index in range(counts[target])}
+        try:
+            for future in as_completed(futures):
+                target, index = futures[future]
+                reports[target][index] = future.result()
+                done[target] += 1
+                if progress is not None:
+                    progress(target, done[target], counts[target])
+        except BaseException:
+            pool.shutdown(cancel_futures=True)
+            raise
+    return reports
+
+
+@contextlib.contextmanager
+def _worker_environment(cache_dir):
+    """The workers' environment in ``os.environ`` while the pool lives (a spawned process starts with it, before
+    it imports anything), restored after: no ``TRITON_INTERPRET`` (Triton's code generator does not work in a
+    process that imported Triton under it) and ``TRITON_CACHE_DIR``, ``cache_dir`` or a new private (0700)
+    temporary directory, removed at the end."""
+    private = cache_dir is None
+    if private:
+        cache_dir = tempfile.mkdtemp(prefix="kvdispatch-compile-")
     else:
-        specs = specializations(target[2], page_sizes, index_types)
-    return [report(spec, target, compile_one(spec, target)) for spec in specs]
+        os.makedirs(cache_dir, exist_ok=True)
+    saved = {name: os.environ.pop(name, None) for name in ("TRITON_INTERPRET", "TRITON_CACHE_DIR")}
+    os.environ["TRITON_CACHE_DIR"] = os.path.abspath(cache_dir)
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+        if private:
+            shutil.rmtree(cache_dir, ignore_errors=True)
 
 
-def _cross_compile_in_child(target, page_sizes, index_types, pdl=False) -> list[CompileReport]:
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    package_root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [package_root, env.get("PYTHONPATH")]))
-    command = [sys.executable, "-m", "kernels_triton.crosscompile", "--json",
-               "--page-sizes", ",".join(map(str, page_sizes)), "--index-types", ",".join(index_types),
-               *(["--pdl"] if pdl else []), ":".join(map(str, target))]
-    done = subprocess.run(command, capture_output=True, text=True, env=env)
-    if done.returncode:
-        raise RuntimeError(f"cross-compilation for {target} failed:\n{done.stderr[-4000:]}")
-    return [CompileReport(**dict(row, griddepcontrol=tuple(row["griddepcontrol"]))) for row in json.loads(done.stdout)]
+@functools.lru_cache(maxsize=None)
+def _selected(selection: Selection, target) -> list[Specialization]:
+    return selection.specializations(target)
+
+
+def _compile_in_worker(selection: Selection, target, index: int) -> CompileReport:
+    """In a worker: compile the ``index``-th specialisation of ``selection`` for ``target``."""
+    spec = _selected(selection, target)[index]
+    try:
+        return report(spec, target, compile_one(spec, target))
+    except Exception as exc:  # Triton's own errors need not pickle back to the parent
+        raise RuntimeError(f"{spec.label} does not compile for {target_name(target)}: "
+                           f"{type(exc).__name__}: {exc}") from None
+
+
+def target_name(target) -> str:
+    """``target`` as ``parse_target`` reads it, e.g. ``cuda:90:32``."""
+    return ":".join(map(str, target))
 
 
 def parse_target(text: str):
-    """``"backend:arch:warp_size"`` as a target tuple, e.g. ``("hip", "gfx942", 64)``."""
-    backend, arch, warp = text.split(":")
+    """``"backend:arch:warp_size"`` as a target tuple, e.g. ``("hip", "gfx942", 64)``; a ``ValueError`` saying
+    what is expected for anything else."""
+    parts = text.split(":")
+    if len(parts) != 3 or parts[0] not in ("cuda", "hip") or not parts[1] or not parts[2].isdigit():
+        raise ValueError(f"target {text!r}: expected backend:arch:warp_size with backend cuda or hip, e.g. "
+                         f"{', '.join(map(target_name, TARGETS))}")
+    backend, arch, warp = parts
     return backend, int(arch) if arch.isdigit() else arch, int(warp)
 
 
@@ -212,11 +301,12 @@ def main(argv=None) -> int:
     parser.add_argument("--index-types", default="i32,i64")
     parser.add_argument("--pdl", action="store_true",
                         help="compile one specialisation per kernel with programmatic dependent launch (NVIDIA only)")
+    parser.add_argument("--jobs", type=int, help="worker processes (default: one per CPU)")
     options = parser.parse_args(argv)
     targets = [parse_target(t) for t in options.targets] or list(TARGETS)
-    page_sizes = tuple(int(p) for p in options.page_sizes.split(","))
-    index_types = tuple(options.index_types.split(","))
-    reports = [r for target in targets for r in cross_compile(target, page_sizes, index_types, options.pdl)]
+    selection = Selection(tuple(int(p) for p in options.page_sizes.split(",")),
+                          tuple(options.index_types.split(",")), pdl=options.pdl)
+    reports = [r for rows in cross_compile(targets, selection, jobs=options.jobs).values() for r in rows]
     if options.json:
         print(json.dumps([dataclasses.asdict(r) for r in reports]))
         return 0

@@ -1,4 +1,4 @@
-"""The ``kvdispatch`` command: ``demo``, ``info`` and ``bench``.
+"""The ``kvdispatch`` command: ``demo``, ``info``, ``bench`` and ``compile``.
 
 An error ends the command with one line on stderr, ``kvdispatch: error: ...``, and exit status 2 for a
 command line that cannot run here (bad arguments, a device or backend this machine lacks) or 1 for a
@@ -9,14 +9,16 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import importlib.util
 import json
 import sys
+import time
 import traceback
 
 import torch
 
 from . import bench as bench_command
-from . import dispatch
+from . import dispatch, info
 
 PROG = "kvdispatch"
 
@@ -93,9 +95,7 @@ def _demo(args) -> int:
 
 
 def _info(args) -> int:
-    from .info import report
-
-    return report(as_json=args.json)
+    return info.report(as_json=args.json)
 
 
 def _bench(args) -> int:
@@ -130,18 +130,52 @@ def _add_common(parser: argparse.ArgumentParser, top_level: bool):
 
 
 def _compile(args) -> int:
+    if importlib.util.find_spec("triton") is None:
+        raise UsageError("kvdispatch compile needs Triton: pip install triton")
+    import triton
+
     from kernels_triton import crosscompile
 
-    targets = [crosscompile.parse_target(text) for text in args.targets] or list(crosscompile.TARGETS)
-    for target in targets:
-        reports = crosscompile.cross_compile(target)
-        print(f"{':'.join(map(str, target))}: {len(reports)} specialisations compiled, binaries "
-              f"{min(r.binary_bytes for r in reports)}..{max(r.binary_bytes for r in reports)} bytes")
+    try:
+        targets = [crosscompile.parse_target(text) for text in args.targets] or list(crosscompile.TARGETS)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    selection = crosscompile.Selection(ordinary=not args.all, pdl=args.pdl)
+    jobs = args.jobs or crosscompile.default_jobs()
+    every = len(crosscompile.Selection().specializations(targets[0]))
+    what = ("the programmatic-dependent-launch specialisation of each kernel (NVIDIA targets)" if args.pdl
+            else f"all {every} specialisations" if args.all
+            else f"the ordinary specialisations ({len(selection.specializations(targets[0]))} of {every}; "
+                 f"--all: every one)")
+    compilations = sum(len(selection.specializations(target)) for target in targets)
+    cache = args.cache_dir or "a temporary directory, removed at the end"
+    print(f"compiling {what} for {len(targets)} target(s), {compilations} compilations, with Triton "
+          f"{triton.__version__} in {jobs} process(es); Triton cache: {cache}", flush=True)
+    start = time.monotonic()
+
+    def progress(target, done, total):
+        if done % max(1, -(-total // 10)) == 0 or done == total:
+            print(f"{crosscompile.target_name(target)}: {done}/{total} ({time.monotonic() - start:.0f} s)",
+                  flush=True)
+
+    reports = crosscompile.cross_compile(targets, selection, jobs=jobs, cache_dir=args.cache_dir, progress=progress)
+    for target, rows in reports.items():
+        sizes = [r.binary_bytes for r in rows]
+        print(f"{crosscompile.target_name(target)}: {len(rows)} specialisations compiled"
+              + (f", binaries {min(sizes)}..{max(sizes)} bytes" if sizes else ""))
+    print(f"done in {time.monotonic() - start:.0f} s")
     return 0
+
+
+def _positive(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive whole number, got {text!r}")
+    return int(text)
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog=PROG, description="KV-cache index tables for LLM decode.")
+    parser.add_argument("--version", action="version", version=f"{PROG} {info.kvdispatch_version()}")
     _add_common(parser, top_level=True)
     commands = parser.add_subparsers(dest="command", required=True)
 
@@ -149,9 +183,9 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--device", type=parse_device, help="torch device (default: the current GPU, else CPU)")
     demo.set_defaults(run=_demo)
 
-    info = commands.add_parser("info", help="versions, devices, and the backend chosen for each")
-    info.add_argument("--json", action="store_true", help="print JSON")
-    info.set_defaults(run=_info)
+    info_ = commands.add_parser("info", help="versions, devices, and the backend chosen for each")
+    info_.add_argument("--json", action="store_true", help="print JSON")
+    info_.set_defaults(run=_info)
 
     bench = commands.add_parser(
         "bench", help="time every backend against the naive loop and plain PyTorch",
@@ -163,14 +197,27 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--device", type=parse_device, help="torch device (default: the current GPU, else CPU)")
     bench.set_defaults(run=_bench)
     compile_ = commands.add_parser(
-        "compile", help="compile every Triton kernel specialisation for GPU targets, here, without a GPU",
-        description="Compile every specialisation the Triton launchers can ask for, for each target (default:\n"
-                    "NVIDIA Hopper and Blackwell, AMD CDNA3 and CDNA4), and print one line per target: a\n"
-                    "check, before a deployment, that the installed Triton builds kvdispatch for its GPUs.",
+        "compile", help="compile the Triton kernels for GPU targets, here, without a GPU",
+        description="Compile the Triton kernel specialisations for each target (default: NVIDIA Hopper and\n"
+                    "Blackwell, AMD CDNA3 and CDNA4) in worker processes, with progress lines, and print one\n"
+                    "line per target: a check, before a deployment, that the installed Triton builds kvdispatch\n"
+                    "for its GPUs. By default the ordinary specialisations (what calls without options use: a\n"
+                    "few minutes on two cores); --all compiles every one the launchers can ask for (some twenty\n"
+                    "times as many). Triton's cache is a private temporary directory, removed at the end,\n"
+                    "unless --cache-dir names one.",
         formatter_class=argparse.RawDescriptionHelpFormatter)
-    compile_.add_argument("targets", nargs="*", help="backend:arch:warp_size, e.g. cuda:90:32 or hip:gfx942:64")
+    compile_.add_argument("targets", nargs="*", metavar="TARGET",
+                          help="backend:arch:warp_size, e.g. cuda:90:32 or hip:gfx942:64")
+    which = compile_.add_mutually_exclusive_group()
+    which.add_argument("--all", action="store_true", help="every specialisation, not only the ordinary ones")
+    which.add_argument("--pdl", action="store_true",
+                       help="each kernel's specialisation with programmatic dependent launch (NVIDIA targets)")
+    compile_.add_argument("--jobs", "-j", type=_positive, metavar="N",
+                          help="worker processes (default: one per CPU this process may use)")
+    compile_.add_argument("--cache-dir", metavar="DIR",
+                          help="Triton's cache for the compilation (created if missing, kept afterwards)")
     compile_.set_defaults(run=_compile)
-    for command in (demo, info, bench, compile_):
+    for command in (demo, info_, bench, compile_):
         _add_common(command, top_level=False)
     return parser
 

@@ -23,6 +23,14 @@ def _version(dist: str) -> str | None:
         return None
 
 
+def kvdispatch_version() -> str:
+    """The installed distribution's version; from a checkout that is not installed, the package's own
+    ``__version__`` (which the distribution's version is built from)."""
+    from . import __version__
+
+    return _version("kvdispatch") or __version__
+
+
 def _cupy_version() -> str | None:
     for dist in ("cupy-cuda13x", "cupy-cuda12x", "cupy-rocm-7-0", "cupy"):
         version = _version(dist)
@@ -51,7 +59,7 @@ def collect() -> dict:
     if torch.cuda.is_available():
         visible += [torch.device("cuda", i) for i in range(torch.cuda.device_count())]
     report = {
-        "versions": {"kvdispatch": _version("kvdispatch"), "torch": torch.__version__,
+        "versions": {"kvdispatch": kvdispatch_version(), "torch": torch.__version__,
                      "torch_cuda": torch.version.cuda, "torch_hip": torch.version.hip,
                      "triton": _version("triton") or _version("pytorch-triton-rocm"),
                      "cupy": _cupy_version(), "driver": _driver()},

@@ -1,5 +1,6 @@
 """The ``kvdispatch`` command line on its CPU path: ``bench`` (quick tiny runs, JSON, markdown, skipped
-backends, failing on a wrong result), errors as one line with their exit status, and the example's errors.
+backends, failing on a wrong result), ``--version``, errors as one line with their exit status, and the example's
+errors (``compile``: tests/test_triton_crosscompile.py).
 
 The GPU path of the bench (CUDA-graph replay, host-cost ratios, compilation counts) runs on a GPU machine only.
 """
@@ -354,6 +355,21 @@ def test_unavailable_backend_from_the_shell():
     assert proc.returncode == 2
     assert proc.stdout == ""
     assert _error_lines(proc.stderr)[0].startswith("kvdispatch: error: backend 'triton' cannot run on cpu")
+
+
+def test_version(capsys, monkeypatch):
+    """``kvdispatch --version`` and ``kvdispatch info``: the installed distribution's version, or the package's
+    ``__version__`` from a checkout that is not installed."""
+    import kvdispatch
+    from kvdispatch import info
+
+    with pytest.raises(SystemExit) as exit_:
+        cli.main(["--version"])
+    assert exit_.value.code == 0
+    assert capsys.readouterr().out == f"kvdispatch {info.kvdispatch_version()}\n"
+    monkeypatch.setattr(info, "_version", lambda dist: None)  # not installed
+    assert info.kvdispatch_version() == kvdispatch.__version__
+    assert info.collect()["versions"]["kvdispatch"] == kvdispatch.__version__
 
 
 def test_gpu_device_this_machine_lacks(capsys):

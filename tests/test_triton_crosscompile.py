@@ -1,50 +1,46 @@
 """Every kernel specialisation the launchers can produce compiles for NVIDIA Hopper/Blackwell and AMD
-CDNA3/CDNA4, on this machine, without a GPU.
+CDNA3/CDNA4, on this machine, without a GPU; and ``kvdispatch compile``: its options, its Triton cache and its
+progress lines.
 
-Compilation runs in child processes without ``TRITON_INTERPRET`` (under it Triton's code generator does
-not work in-process), all targets at once, with a Triton cache of their own. It takes minutes on two cores,
-so these tests carry the ``crosscompile`` mark, which the default run deselects: the ``compile-triton``
-lane (the installed, newest Triton) and the ``triton-oldest`` lane run them (``-m crosscompile``).
+Compilation runs in ``crosscompile``'s worker processes (spawned without ``TRITON_INTERPRET``, under which
+Triton's code generator does not work), all targets in one pool, with a Triton cache of their own. Compiling
+every specialisation takes minutes on two cores, so those tests carry the ``crosscompile`` mark, which the
+default run deselects: the ``compile-triton`` lane (the installed, newest Triton) and the ``triton-oldest`` lane
+run them (``-m crosscompile``). The command's own tests compile a handful of specialisations for one target.
 """
 
+import dataclasses
 import itertools
-import json
 import os
-import subprocess
-import sys
-from pathlib import Path
+import re
 
 import pytest
 
 pytest.importorskip("triton")
 
 from kernels_triton import crosscompile, dcp, token_csr  # noqa: E402
+from kvdispatch import cli  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[1]
-TARGETS = {f"{b}:{a}:{w}": (b, a, w) for b, a, w in crosscompile.TARGETS}
+TARGETS = {crosscompile.target_name(target): target for target in crosscompile.TARGETS}
+
+
+def _compile_every_target(selection):
+    """Rows (``CompileReport`` as dicts) per target name, compiled in one pool."""
+    reports = crosscompile.cross_compile(TARGETS.values(), selection)
+    return {crosscompile.target_name(target): [dataclasses.asdict(r) for r in rows] for target, rows in reports.items()}
 
 
 @pytest.fixture(scope="module")
-def reports(tmp_path_factory):
-    """Reports per target, compiled concurrently in child processes; prints one summary line per target."""
+def reports():
+    """Rows per target; prints one summary line per target."""
     import triton
 
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["TRITON_CACHE_DIR"] = str(tmp_path_factory.mktemp("triton-cache"))
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
-    children = {name: subprocess.Popen([sys.executable, "-m", "kernels_triton.crosscompile", "--json", name],
-                                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT)
-                for name in TARGETS}
-    results = {}
-    for name, child in children.items():
-        stdout, stderr = child.communicate(timeout=1200)
-        results[name] = (child.returncode, stdout, stderr)
-        if child.returncode == 0:
-            rows = json.loads(stdout)
-            registers = [r["registers"] for r in rows if r["registers"] is not None]
-            print(f"\n  Triton {triton.__version__}, {name}: {len(rows)} specialisations compiled; binary "
-                  f"{min(r['binary_bytes'] for r in rows)}..{max(r['binary_bytes'] for r in rows)} B; registers "
-                  f"max {max(registers) if registers else 'n/a'}", end="")
+    results = _compile_every_target(crosscompile.Selection())
+    for name, rows in results.items():
+        registers = [r["registers"] for r in rows if r["registers"] is not None]
+        print(f"\n  Triton {triton.__version__}, {name}: {len(rows)} specialisations compiled; binary "
+              f"{min(r['binary_bytes'] for r in rows)}..{max(r['binary_bytes'] for r in rows)} B; registers "
+              f"max {max(registers) if registers else 'n/a'}", end="")
     return results
 
 
@@ -55,9 +51,7 @@ def _expected_count():
 @pytest.mark.crosscompile
 @pytest.mark.parametrize("target", list(TARGETS))
 def test_every_specialisation_compiles(reports, target):
-    returncode, stdout, stderr = reports[target]
-    assert returncode == 0, stderr[-4000:]
-    rows = json.loads(stdout)
+    rows = reports[target]
     assert len(rows) == _expected_count()
     assert len({row["label"] for row in rows}) == len(rows)
     for row in rows:
@@ -77,9 +71,7 @@ def test_native_launch_parameters(reports, target):
     wide, as kvdispatch/host_path.c passes them: on NVIDIA read from the PTX entry, on AMD from the
     AMDGPU metadata's kernel arguments (hidden ones after them are the runtime's), on the target's
     wavefronts."""
-    returncode, stdout, stderr = reports[target]
-    assert returncode == 0, stderr[-4000:]
-    for row in json.loads(stdout):
+    for row in reports[target]:
         # The draft kernel's step and branch counts and a token mapping's length are 32-bit parameters: the
         # 64-bit words C passes are read by their low half on NVIDIA; on AMD such kernels take the Python path.
         narrow = row["label"].startswith("_draft_decode_kernel") or "HAS_MAPPING=1" in row["label"]
@@ -93,20 +85,9 @@ PDL_TARGETS = [name for name, (backend, _, _) in TARGETS.items() if backend == "
 
 
 @pytest.fixture(scope="module")
-def pdl_reports(tmp_path_factory):
-    """``--pdl`` reports for every target (none for HIP), compiled in one child process per target."""
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["TRITON_CACHE_DIR"] = str(tmp_path_factory.mktemp("triton-cache-pdl"))
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
-    children = {name: subprocess.Popen([sys.executable, "-m", "kernels_triton.crosscompile", "--json", "--pdl", name],
-                                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT)
-                for name in TARGETS}
-    results = {}
-    for name, child in children.items():
-        stdout, stderr = child.communicate(timeout=1200)
-        assert child.returncode == 0, stderr[-4000:]
-        results[name] = json.loads(stdout)
-    return results
+def pdl_reports():
+    """``Selection(pdl=True)`` rows for every target (none for HIP)."""
+    return _compile_every_target(crosscompile.Selection(pdl=True))
 
 
 @pytest.mark.crosscompile
@@ -123,7 +104,7 @@ def test_pdl_specialisations_compile_with_the_grid_dependency_instructions(pdl_r
     assert {row["label"].split("[")[0] for row in rows} == kernels and len(rows) == len(kernels)
     for row in rows:
         assert "PDL=1" in row["label"] and row["binary_bytes"] > 0, row
-        assert row["griddepcontrol"] == ["launch_dependents", "wait"], row
+        assert row["griddepcontrol"] == ("launch_dependents", "wait"), row
         assert row["native_parameters"] is None, row
 
 
@@ -169,25 +150,131 @@ def test_specialisations_cover_every_option():
     assert len(draft_options) == 3 * 2 * 2 * 3 and any(s.constexprs["FOLDED_GRID"] for s in draft)
 
 
-def test_compile_command_reports_each_target(monkeypatch, capsys):
-    """``kvdispatch compile``: every default target, or the ones named, one line each (the compilation itself
-    is what the crosscompile-marked tests above prove)."""
-    from kvdispatch import cli
+def test_ordinary_specialisations_are_those_without_options():
+    """The default of ``kvdispatch compile``: per kernel, page size and dtype, contiguous vectors and no option."""
+    every = crosscompile.specializations()
+    ordinary = crosscompile.ORDINARY.specializations(crosscompile.TARGETS[0])
+    assert [s.label for s in ordinary] == [s.label for s in every if crosscompile.is_ordinary(s)]
+    assert {s.kernel.__name__ for s in ordinary} == {s.kernel.__name__ for s in crosscompile.specializations()}
+    assert {s.constexprs["PAGE_SIZE"] for s in ordinary if s.kernel.__name__ == "_page_table_kernel"} == set(
+        crosscompile.PAGE_SIZES)
+    for spec in ordinary:
+        assert spec.constexprs.get("UNIT_STRIDES", True) is True and spec.constexprs["PDL"] is False, spec.label
+        assert not any(v for k, v in spec.constexprs.items() if isinstance(v, bool) and k != "UNIT_STRIDES"), spec.label
 
-    compiled = []
 
-    def fake_cross_compile(target):
-        compiled.append(target)
-        return [crosscompile.CompileReport("k", str(target), size, None, 0, 2, 18, None) for size in (10, 30)]
+class _FakeCrossCompile:
+    """Stands in for ``crosscompile.cross_compile``: records its arguments and reports ``total`` compilations of
+    10 and 30 bytes per target, calling ``progress`` after each."""
 
-    monkeypatch.setattr(crosscompile, "cross_compile", fake_cross_compile)
-    assert cli.main(["compile"]) == 0
-    assert compiled == list(crosscompile.TARGETS)
+    def __init__(self, total=20):
+        self.total, self.calls = total, []
+
+    def __call__(self, targets, selection, *, jobs, cache_dir, progress):
+        self.calls.append(dict(targets=list(targets), selection=selection, jobs=jobs, cache_dir=cache_dir))
+        reports = {}
+        for target in targets:
+            reports[target] = [crosscompile.CompileReport("k", str(target), 10 + 20 * (i % 2), None, 0, 2, 18, None)
+                               for i in range(self.total)]
+            for done in range(1, self.total + 1):
+                progress(target, done, self.total)
+        return reports
+
+
+@pytest.mark.parametrize("argv, expected", [
+    ([], dict(targets=list(crosscompile.TARGETS), selection=crosscompile.ORDINARY, jobs=crosscompile.default_jobs(),
+              cache_dir=None)),
+    (["hip:gfx942:64", "--all", "-j", "3", "--cache-dir", "kernels"],
+     dict(targets=[("hip", "gfx942", 64)], selection=crosscompile.Selection(), jobs=3, cache_dir="kernels")),
+    (["cuda:100:32", "--pdl", "--jobs", "1"],
+     dict(targets=[("cuda", 100, 32)], selection=crosscompile.Selection(ordinary=True, pdl=True), jobs=1,
+          cache_dir=None)),
+])
+def test_compile_command_options(monkeypatch, capsys, argv, expected):
+    fake = _FakeCrossCompile()
+    monkeypatch.setattr(crosscompile, "cross_compile", fake)
+    assert cli.main(["compile", *argv]) == 0
+    assert fake.calls == [expected]
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["cuda:90"], "target 'cuda:90': expected backend:arch:warp_size with backend cuda or hip, e.g. cuda:90:32"),
+    (["rocm:gfx942:64"], "target 'rocm:gfx942:64': expected backend:arch:warp_size"),
+    (["--jobs", "0"], "argument --jobs/-j: expected a positive whole number, got '0'"),
+    (["--all", "--pdl"], "argument --pdl: not allowed with argument --all"),
+])
+def test_compile_command_rejects_bad_options(monkeypatch, capsys, argv, message):
+    fake = _FakeCrossCompile()
+    monkeypatch.setattr(crosscompile, "cross_compile", fake)
+    assert cli.main(["compile", *argv]) == 2
+    out, err = capsys.readouterr()
+    assert err.startswith(f"kvdispatch: error: {message}") and len(err.splitlines()) == 1, err
+    assert fake.calls == [] and out == ""
+
+
+def test_compile_command_prints_progress_and_a_line_per_target(monkeypatch, capsys):
+    """A first line saying what is compiled where, a progress line per tenth of each target's compilations
+    (flushed as they come), then one line per target."""
+    monkeypatch.setattr(crosscompile, "cross_compile", _FakeCrossCompile(total=20))
+    assert cli.main(["compile", "cuda:90:32", "hip:gfx950:64", "-j", "2"]) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert lines[0] == "cuda:90:32: 2 specialisations compiled, binaries 10..30 bytes" and len(lines) == 4
-    compiled.clear()
-    assert cli.main(["compile", "hip:gfx942:64"]) == 0
-    assert compiled == [("hip", "gfx942", 64)]
+    ordinary = len(crosscompile.ORDINARY.specializations(crosscompile.TARGETS[0]))
+    assert lines[0] == (f"compiling the ordinary specialisations ({ordinary} of {_expected_count()}; --all: every one) "
+                        f"for 2 target(s), {2 * ordinary} compilations, with Triton {_triton_version()} in 2 "
+                        f"process(es); Triton cache: a temporary directory, removed at the end")
+    progress = [re.fullmatch(r"(\S+): (\d+)/20 \(\d+ s\)", line).groups() for line in lines[1:21]]
+    assert progress == [(name, str(done)) for name in ("cuda:90:32", "hip:gfx950:64") for done in range(2, 21, 2)]
+    assert lines[21:23] == ["cuda:90:32: 20 specialisations compiled, binaries 10..30 bytes",
+                            "hip:gfx950:64: 20 specialisations compiled, binaries 10..30 bytes"]
+    assert re.fullmatch(r"done in \d+ s", lines[23]) and len(lines) == 24
+
+
+def _triton_version():
+    import triton
+
+    return triton.__version__
+
+
+def test_worker_environment(tmp_path, monkeypatch):
+    """While the pool lives: no TRITON_INTERPRET, TRITON_CACHE_DIR the named directory (created, kept) or a
+    private temporary one (0700, removed at the end); afterwards the environment as it was."""
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "users-cache"))
+    named = tmp_path / "named" / "cache"
+    with crosscompile._worker_environment(str(named)):
+        assert "TRITON_INTERPRET" not in os.environ and os.environ["TRITON_CACHE_DIR"] == str(named)
+        (named / "kernel.bin").write_bytes(b"x")
+    assert (named / "kernel.bin").exists()
+    with crosscompile._worker_environment(None):
+        private = os.environ["TRITON_CACHE_DIR"]
+        assert os.stat(private).st_mode & 0o777 == 0o700 and os.listdir(private) == []
+    assert not os.path.exists(private)
+    assert os.environ["TRITON_INTERPRET"] == "1" and os.environ["TRITON_CACHE_DIR"] == str(tmp_path / "users-cache")
+    monkeypatch.delenv("TRITON_CACHE_DIR")
+    with crosscompile._worker_environment(None):
+        pass
+    assert "TRITON_CACHE_DIR" not in os.environ
+
+
+def test_compile_command_compiles_a_handful(capsys, monkeypatch):
+    """``kvdispatch compile cuda:90:32 --pdl``: seven real compilations in two worker processes (from this
+    process, which runs under TRITON_INTERPRET when there is no GPU), a progress line for each, into the
+    private cache, which goes with their files at the end."""
+    removed = []
+    real_rmtree = crosscompile.shutil.rmtree
+
+    def rmtree(path, **kwargs):
+        removed.append(sum(len(names) for _, _, names in os.walk(path)))
+        real_rmtree(path, **kwargs)
+
+    monkeypatch.setattr(crosscompile.shutil, "rmtree", rmtree)
+    assert cli.main(["compile", "cuda:90:32", "--pdl", "-j", "2"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    kernels = len(list(crosscompile.pdl_specializations()))
+    assert [re.fullmatch(r"cuda:90:32: (\d+)/(\d+) \(\d+ s\)", line).groups() for line in lines[1:-2]] == [
+        (str(done), str(kernels)) for done in range(1, kernels + 1)]
+    assert re.fullmatch(rf"cuda:90:32: {kernels} specialisations compiled, binaries \d+\.\.\d+ bytes", lines[-2])
+    assert len(removed) == 1 and removed[0] >= kernels  # the workers wrote to the private cache, removed with it
 
 
 def test_dcp_specialisations_cover_their_options():
