@@ -18,6 +18,8 @@
   page_size`` pages per program, programs past a row's tokens exit, block masks.
 * ``v2p_grid_2d``: the unified pool's translated page table after SGLang's design: a 2-D grid of
   ``V2P_COLUMNS_PER_PROGRAM`` columns per program, or, stricter, of ``grid_2d``'s ``4096 // page_size``.
+* Every launcher returns the grid it launched (``kvdispatch bench``'s programs column); the 2-D ones take
+  ``pages``, the columns their grid covers (the ideal baselines size it from the longest row).
 * ``producer``: a one-program copy into an op's input, optionally triggering programmatic dependent launch: the
   kernel ahead of the op in ``kvdispatch bench --pdl-chain``.
 
@@ -93,24 +95,29 @@ def _touch_kernel(x):
 
 def naive_loop(req_to_token, req_pool_indices, seq_lens, out, page_size):
     step = pages_per_program(page_size)
-    _naive_loop_kernel[(req_pool_indices.shape[0],)](
-        req_to_token, req_pool_indices, seq_lens, out, req_to_token.stride(0), out.stride(0),
-        PAGE=page_size, STEP=step)
+    grid = (req_pool_indices.shape[0],)
+    _naive_loop_kernel[grid](req_to_token, req_pool_indices, seq_lens, out, req_to_token.stride(0), out.stride(0),
+                             PAGE=page_size, STEP=step)
+    return grid
 
 
-def grid_2d(req_to_token, req_pool_indices, seq_lens, out, page_size):
+def grid_2d(req_to_token, req_pool_indices, seq_lens, out, page_size, pages=None):
+    """The page table on the grid ``(batch, pages / (4096 // page_size))``; ``pages``: the columns the grid
+    covers (default ``out.shape[1]``, the buffer's width)."""
     step = pages_per_program(page_size)
-    grid = (req_pool_indices.shape[0], triton.cdiv(out.shape[1], step))
+    grid = (req_pool_indices.shape[0], triton.cdiv(out.shape[1] if pages is None else pages, step))
     _grid_2d_kernel[grid](req_to_token, req_pool_indices, seq_lens, out, req_to_token.stride(0), out.stride(0),
                           PAGE=page_size, STEP=step)
+    return grid
 
 
 def csr_loop(req_to_token, req_pool_indices, seq_lens, kv_indptr, out, entry_page_size, token_mapping):
     """Token CSR into ``out`` (int32/int64 ``[N]``); ``token_mapping`` int32/int64 ``[M]`` or None."""
     mapped = token_mapping is not None
-    _csr_loop_kernel[(req_pool_indices.shape[0],)](
-        req_to_token, req_pool_indices, seq_lens, kv_indptr, token_mapping if mapped else out, out,
-        req_to_token.stride(0), ENTRY=entry_page_size, MAPPED=mapped, BLOCK=CSR_BLOCK)
+    grid = (req_pool_indices.shape[0],)
+    _csr_loop_kernel[grid](req_to_token, req_pool_indices, seq_lens, kv_indptr, token_mapping if mapped else out, out,
+                           req_to_token.stride(0), ENTRY=entry_page_size, MAPPED=mapped, BLOCK=CSR_BLOCK)
+    return grid
 
 
 def touch(x):
@@ -151,27 +158,30 @@ def _v2p_grid_2d_kernel(table, pool_idx, lengths, v2p, out, multiplier, max_page
 
 
 def mha_grid_2d(req_to_token, req_pool_indices, seq_lens, page_table, page_size, swa_page_table=None,
-                full_to_swa=None):
+                full_to_swa=None, pages=None):
     """The TRT-LLM MHA page table (and its SWA twin, sharing ``page_table``'s row stride) after SGLang's design:
-    a 2-D grid, ``4096 // page_size`` pages per program, programs past a row's tokens exit."""
+    a 2-D grid, ``4096 // page_size`` pages per program, programs past a row's tokens exit; ``pages``: the
+    columns the grid covers (default ``page_table.shape[1]``)."""
     step = pages_per_program(page_size)
     swa = full_to_swa is not None
-    grid = (req_pool_indices.shape[0], triton.cdiv(page_table.shape[1], step))
+    grid = (req_pool_indices.shape[0], triton.cdiv(page_table.shape[1] if pages is None else pages, step))
     _mha_grid_2d_kernel[grid](req_to_token, req_pool_indices, seq_lens, page_table,
                               swa_page_table if swa else page_table, full_to_swa if swa else page_table,
                               full_to_swa.numel() if swa else 0, req_to_token.stride(0), page_table.stride(0),
                               PAGE=page_size, STEP=step, HAS_SWA=swa)
+    return grid
 
 
 def v2p_grid_2d(req_to_token, req_pool_indices, seq_lens, v2p, out, page_size, multiplier=1,
-                columns_per_program=None):
+                columns_per_program=None, pages=None):
     """The unified pool's translated page table after SGLang's design, every column of ``out`` a possible
     live one, on a 2-D grid of ``columns_per_program`` columns per program (a power of two; None: the page
-    table's ``4096 // page_size``)."""
+    table's ``4096 // page_size``) over ``pages`` columns (default ``out.shape[1]``)."""
     step = columns_per_program or pages_per_program(page_size)
-    grid = (req_pool_indices.shape[0], triton.cdiv(out.shape[1], step))
+    grid = (req_pool_indices.shape[0], triton.cdiv(out.shape[1] if pages is None else pages, step))
     _v2p_grid_2d_kernel[grid](req_to_token, req_pool_indices, seq_lens, v2p, out, multiplier, out.shape[1],
                               req_to_token.stride(0), out.stride(0), PAGE=page_size, STEP=step)
+    return grid
 
 
 DRAFT_COPY_BLOCK = 128
@@ -210,11 +220,13 @@ def draft_loop(req_to_token, req_pool_indices, seq_lens, positions, out, kv_indp
     branch (``kvdispatch.create_draft_decode_kv_indices``'s layout; the last kv_indptr entry written by the first
     program of each step, entry 0 left untouched)."""
     batch = req_pool_indices.shape[0]
-    _draft_loop_kernel[(num_steps, batch, topk)](
+    grid = (num_steps, batch, topk)
+    _draft_loop_kernel[grid](
         req_to_token, req_pool_indices, seq_lens, positions, out, kv_indptr, req_to_token.stride(0), out.stride(0),
         kv_indptr.stride(0), PAGE=page_size, STEPS=num_steps, BS_UPPER=triton.next_power_of_2(batch),
         ITER_UPPER=triton.next_power_of_2(num_steps), TOKENS_UPPER=triton.next_power_of_2(batch * topk),
         BLOCK=DRAFT_COPY_BLOCK)
+    return grid
 
 
 @triton.jit
@@ -246,17 +258,20 @@ def _dcp_grid_2d_kernel(table, pool_idx, lengths, out, table_stride, out_stride,
 
 def dcp_loop(req_to_token, req_pool_indices, local_seq_lens, kv_indptr, out, dcp_size, dcp_rank):
     """One DCP rank's token CSR into ``out`` (int32/int64 ``[N]``), without a start."""
-    _dcp_loop_kernel[(req_pool_indices.shape[0],)](
-        req_to_token, req_pool_indices, local_seq_lens, kv_indptr, out, req_to_token.stride(0), DCP_SIZE=dcp_size,
-        DCP_RANK=dcp_rank, BLOCK=CSR_BLOCK)
+    grid = (req_pool_indices.shape[0],)
+    _dcp_loop_kernel[grid](req_to_token, req_pool_indices, local_seq_lens, kv_indptr, out, req_to_token.stride(0),
+                           DCP_SIZE=dcp_size, DCP_RANK=dcp_rank, BLOCK=CSR_BLOCK)
+    return grid
 
 
-def dcp_grid_2d(req_to_token, req_pool_indices, local_seq_lens, out, page_size, dcp_size, dcp_rank):
-    """One DCP rank's block table into ``out`` (int32 ``[>= B, W]``)."""
+def dcp_grid_2d(req_to_token, req_pool_indices, local_seq_lens, out, page_size, dcp_size, dcp_rank, pages=None):
+    """One DCP rank's block table into ``out`` (int32 ``[>= B, W]``) on a grid over ``pages`` columns (default
+    ``W``)."""
     step = pages_per_program(page_size)
-    grid = (req_pool_indices.shape[0], triton.cdiv(out.shape[1], step))
+    grid = (req_pool_indices.shape[0], triton.cdiv(out.shape[1] if pages is None else pages, step))
     _dcp_grid_2d_kernel[grid](req_to_token, req_pool_indices, local_seq_lens, out, req_to_token.stride(0),
                               out.stride(0), PAGE=page_size, DCP_SIZE=dcp_size, DCP_RANK=dcp_rank, STEP=step)
+    return grid
 
 
 @triton.jit

@@ -3,9 +3,10 @@
 Per case (page table ``BATCHxCONTEXTxPAGE``, token CSR ``csr:BATCHxCONTEXT[:i64][:eE][:map]``, the TRT-LLM MHA
 page table ``mha:BATCHxCONTEXTxPAGE[:swa]``, the unified pool's translated one ``v2p:BATCHxCONTEXTxPAGE`` or
 multi-step draft decode ``draft:BATCHxCONTEXTxSTEPSxTOPK[:pP]``, against draft-loop and a one-step build, one DCP
-rank's token CSR ``dcp:BATCHxCONTEXTxDCP`` or block table ``dcptable:BATCHxCONTEXTxPAGExDCP``) and
-implementation: correctness against ``kvdispatch.reference`` (a wrong result fails the run), device
-time per call (CUDA-graph replay on a GPU, wall clock on CPU), host time per eager call, ratios to the
+rank's token CSR ``dcp:BATCHxCONTEXTxDCP`` or block table ``dcptable:BATCHxCONTEXTxPAGExDCP``; with a last option
+``:len=LO-HI`` or ``:len=mix``, the real decode shape: buffers for CONTEXT tokens a row, rows shorter, against an
+ideal baseline too) and implementation: correctness against ``kvdispatch.reference`` (a wrong result fails the
+run), device time per call (CUDA-graph replay on a GPU, wall clock on CPU), host time per eager call, ratios to the
 naive loop, the SGLang-design baseline (2-D grid; csr-loop for token CSR; mha-2d-grid and v2p-sglang) and
 plain PyTorch (for mha and v2p: ``kvdispatch.reference``), and for
 page-1 page-table cases the bandwidth against a device-to-device copy. Once per run: host cost of ``x.add_(1)`` and
@@ -30,6 +31,7 @@ import torch
 
 import kvdispatch
 from kvdispatch import dispatch, reference
+from kvdispatch import grid as launch_grid
 
 POISON = -123456789
 NAIVE, GRID_2D, CSR_LOOP, PLAIN_TORCH = "naive-loop", "2d-grid", "csr-loop", "plain-torch"
@@ -49,6 +51,16 @@ TRITON_BASELINES.update(dcp=[DCP_LOOP], dcptable=[DCP_GRID])
 SGLANG_BASELINE.update(dcp=DCP_LOOP, dcptable=DCP_GRID)
 DCP_OPS = ("dcp", "dcptable")
 API_PREFIX = "api:"
+# The real decode shape (a case's last option :len=LO-HI or :len=mix): buffers sized for CONTEXT tokens per row, as
+# an engine's CUDA graphs hold them (req_to_token and the page tables CONTEXT wide, the token CSR's out for batch *
+# CONTEXT tokens), rows of random lengths from the case's seed: uniform in [LO, HI], or for mix uniform in
+# MIX_SHORT except rows 0, MIX_LONG_EVERY, 2 * MIX_LONG_EVERY, ... of the batch, uniform in the top MIX_LONG_EVERY-th
+# of CONTEXT.
+MIX, MIX_SHORT, MIX_LONG_EVERY = "mix", (1024, 8192), 16
+# The ideal baselines of real-shape cases: the 2-D design's kernel on a grid sized on the host from the longest row
+# (read before capture: a lower bound that no CUDA graph can keep, its grid baked at capture).
+GRID_IDEAL, MHA_IDEAL, V2P_IDEAL, DCP_IDEAL = "2d-ideal", "mha-ideal", "v2p-ideal", "dcptable-ideal"
+IDEAL_BASELINE = {"table": GRID_IDEAL, "mha": MHA_IDEAL, "v2p": V2P_IDEAL, "dcptable": DCP_IDEAL}
 
 GPU_CASES = ["1x131072x64", "64x32768x64", "1x131072x1", "256x32768x1", "1x4096x64", "1x32768x64",
              "8x131072x64", "256x8192x64", "512x4096x64", "64x32768x16"]
@@ -61,10 +73,19 @@ GPU_CASES += ["dcp:64x32768x4", "dcp:1x131072x8", "dcp:256x8192x2", "dcptable:64
               "dcptable:256x32768x16x2", "dcptable:64x32768x1x8"]
 GPU_QUICK_CASES = GPU_CASES[:4] + ["csr:64x4096:i64", "mha:64x32768x64:swa", "v2p:64x32768x64", "draft:64x4096x5x4",
                                    "dcp:64x32768x4", "dcptable:64x32768x64x4"]
+# The real decode shape at 128K, 160K and 1M tokens: every op at page 64 and 1 (page 16 too), rows 1K-8K and the mix.
+GPU_REAL_CASES = ["256x1048576x64:len=1024-8192", "256x1048576x64:len=mix", "1x1048576x64:len=1024-8192",
+                  "64x131072x1:len=mix", "256x163840x16:len=1024-8192", "csr:64x1048576:len=1024-8192",
+                  "csr:256x163840:e64:len=mix", "mha:256x1048576x64:swa:len=1024-8192", "mha:64x131072x1:len=mix",
+                  "v2p:256x1048576x64:len=mix", "v2p:64x163840x16:len=1024-8192",
+                  "draft:64x131072x5x4:len=1024-8192", "dcp:64x1048576x4:len=mix",
+                  "dcptable:256x1048576x64x4:len=1024-8192", "dcptable:64x131072x1x8:len=mix"]
+GPU_CASES += GPU_REAL_CASES
+GPU_QUICK_CASES += [GPU_REAL_CASES[i] for i in (0, 5, 11, 7, 9, 12)]
 CPU_CASES = ["1x4096x64", "1x32768x64", "1x131072x64", "1x131072x1", "8x4096x1", "64x4096x64", "4x8192x16"]
 CPU_CASES += ["csr:8x4096", "csr:8x4096:i64:e16:map", "mha:4x4096x16:swa", "v2p:4x4096x16", "draft:4x2048x3x2",
-              "dcp:8x4096x4", "dcptable:8x4096x16x4"]
-CPU_QUICK_CASES = ["1x4096x64", "2x4096x1", "csr:2x4096:e16:map"]
+              "dcp:8x4096x4", "dcptable:8x4096x16x4", "4x8192x16:len=mix"]
+CPU_QUICK_CASES = ["1x4096x64", "2x4096x1", "csr:2x4096:e16:map", "2x16384x64:len=256-2048"]
 # The Triton interpreter (CPU, TRITON_INTERPRET=1) runs only cases with at most this many tokens in all.
 INTERPRETER_MAX_TOKENS = 32768
 COMPILE_WIDTHS = 100
@@ -79,7 +100,13 @@ the lines above the table name what was skipped and why):
                (int64 out, entry_page_size E, token_mapping); rows full
                length, on shuffled physical pages; mha:...[:swa], v2p:...: the
                TRT-LLM MHA and the unified pool's translated page tables;
-               dcp:BxCxD, dcptable:BxCxPxD: DCP rank D-1's CSR and table
+               dcp:BxCxD, dcptable:BxCxPxD: DCP rank D-1's CSR and table;
+               any case with a last option :len=LO-HI or :len=mix: the real
+               decode shape, buffers sized for C tokens a row as a CUDA graph
+               holds them (req_to_token C wide, tables ceil(C/P) wide, the
+               CSR out B*C tokens, dcp's B*(C/D)), rows of lengths drawn
+               from the seed: uniform in [LO, HI]; mix: 1024-8192 except
+               every 16th request (from the first) in the top 16th of C
   impl         api:<backend>: the op's kvdispatch function, backend=<backend>;
                naive-loop: Triton, one program per request looping over its
                pages; 2d-grid: Triton on a (request, page block) grid after
@@ -89,19 +116,26 @@ the lines above the table name what was skipped and why):
                draft-loop (after SGLang), one-step (the API, step 0 only);
                dcp-loop, dcp-2d-grid: those designs for the DCP ops;
                mha-2d-grid, v2p-sglang: SGLang's MHA and translated-table
-               designs; v2p-2d-grid: the latter on 2d-grid's page blocks
+               designs; v2p-2d-grid: the latter on 2d-grid's page blocks;
+               :len= cases: 2d-ideal, mha-ideal, v2p-ideal (v2p-sglang's),
+               dcptable-ideal: the 2-D design on a grid sized on the host
+               from the longest row (a lower bound: not graph-safe); no
+               plain-torch for csr and dcp (written for full-length rows)
   status       ok; WRONG: differs from kvdispatch.reference (fails the run);
                error: see note
   path         api rows: what launched a repeated eager call, seen in that
                call: native (the compiled C host path), else the backend's
                Python path: triton (Triton's launcher; its interpreter on
                CPU), cupy, torch
+  programs     programs one call launches: the API's GPU kernels' grid
+               (kvdispatch.grid), a Triton baseline's own grid
   µs/call      time per call, the median over interleaved rounds: on a GPU,
                CUDA-graph replay; on CPU, wall clock
   host µs      host time per eager call (GPU; on CPU it is µs/call)
   /naive       µs/call divided by naive-loop's on the same case (< 1: faster)
   /2d          µs/call divided by the op's SGLang-design baseline's:
                2d-grid (csr-loop, mha-2d-grid, v2p-sglang, draft-loop, ...)
+  /ideal       :len= cases: µs/call divided by the op's ideal baseline's
   /torch       µs/call divided by plain-torch's on the same case
   GB/s         page-1 cases: bytes read and written per call / µs/call
   /copy        GB/s divided by a device-to-device copy's GB/s (GPU)
@@ -131,6 +165,7 @@ class Case:
     steps: int = 1  # draft decode: steps and branches per request
     topk: int = 1
     dcp_size: int = 1  # DCP ops: ranks per request
+    lengths: str = ""  # "" every row full length; "LO-HI" or "mix": see MIX (context is then the capacity)
 
     @property
     def width(self) -> int:
@@ -140,6 +175,10 @@ class Case:
 
     @property
     def name(self) -> str:
+        return self._shape_name + f":len={self.lengths}" * bool(self.lengths)
+
+    @property
+    def _shape_name(self) -> str:
         if self.op == "draft":
             return f"draft:{self.batch}x{self.context}x{self.steps}x{self.topk}" + f":p{self.page_size}" * (
                 self.page_size > 1)
@@ -159,8 +198,22 @@ class Case:
         """Bytes read and written by one build: a slot read and a page id written per page, plus the inputs."""
         return self.batch * (self.width * 8 + 8)
 
+    @property
+    def length_range(self) -> tuple[int, int]:
+        """The uniform range (inclusive) the rows' lengths are drawn from: ``(context, context)`` for full-length
+        rows; for ``mix``, that of its short rows (``MIX_SHORT``)."""
+        if not self.lengths:
+            return self.context, self.context
+        if self.lengths == MIX:
+            return MIX_SHORT
+        low, high = (int(part) for part in self.lengths.split("-"))
+        return low, high
+
     @classmethod
     def parse(cls, text: str) -> "Case":
+        shape, option, lengths = text.lower().partition(":len=")
+        if option:
+            return cls._parse_lengths(cls.parse(shape), lengths, text)
         if text.lower().startswith("csr:"):
             return cls._parse_csr(text)
         if text.lower().startswith("draft:"):
@@ -183,6 +236,22 @@ class Case:
         if batch < 1 or context < 1 or not 1 <= page <= 4096:
             raise argparse.ArgumentTypeError(f"case {text!r}: batch and context >= 1, page in [1, 4096]")
         return cls(batch, context, page)
+
+    @classmethod
+    def _parse_lengths(cls, case: "Case", lengths: str, text: str) -> "Case":
+        usage = (f"case {text!r}: the last option :len= takes LO-HI (rows of LO to HI tokens, 0 <= LO <= HI <= "
+                 f"CONTEXT) or {MIX} (CONTEXT >= {MIX_SHORT[1]})")
+        if lengths != MIX:
+            try:
+                low, high = (int(part) for part in lengths.split("-"))
+            except ValueError:
+                raise argparse.ArgumentTypeError(usage) from None
+            if not 0 <= low <= high <= case.context:
+                raise argparse.ArgumentTypeError(usage)
+            lengths = f"{low}-{high}"
+        elif case.context < MIX_SHORT[1]:
+            raise argparse.ArgumentTypeError(usage)
+        return dataclasses.replace(case, lengths=lengths)
 
     @classmethod
     def _parse_draft(cls, text: str) -> "Case":
@@ -265,6 +334,8 @@ class Row:
     host_us: float | None = None  # eager call, host side (GPU); equal to time_us on CPU
     vs_naive: float | None = None
     vs_2d: float | None = None
+    vs_ideal: float | None = None  # real-shape cases: time_us / the op's ideal baseline's
+    programs: int | None = None  # programs one call launches (GPU kernels; None for PyTorch)
     vs_torch: float | None = None
     gbps: float | None = None  # page 1 only: (bytes read + written) / time_us
     copy_fraction: float | None = None  # gbps / device copy bandwidth
@@ -413,11 +484,12 @@ CSR_POOL_PAGE = 64
 
 
 def make_inputs(case: Case, device: torch.device, seed: int) -> Inputs:
-    """A shuffled page pool: every request owns ``width`` random physical pages; all rows full length.
+    """A shuffled page pool: every request's tokens on random physical pages of its own.
 
     ``req_to_token`` has a few spare rows and ``req_pool_indices`` is a random subset of them, so rows
-    are read out of order, as in an engine. Token CSR: with ``E = case.page_size`` > 1 the table is
-    page-granular (one page id per E tokens), with E = 1 token-granular on pages of ``CSR_POOL_PAGE``
+    are read out of order, as in an engine. Rows are full length, or of random lengths in buffers for
+    ``case.context`` tokens (``case.lengths``, ``_requests``). Token CSR: with ``E = case.page_size`` > 1 the
+    table is page-granular (one page id per E tokens), with E = 1 token-granular on pages of ``CSR_POOL_PAGE``
     tokens; ``token_mapping`` is a random permutation of the pool's slots.
     """
     if case.op == "csr":
@@ -429,27 +501,49 @@ def make_inputs(case: Case, device: torch.device, seed: int) -> Inputs:
     if case.op in MAPPED_OPS:
         return _make_mapped_inputs(case, device, seed)
     g = torch.Generator().manual_seed(seed)
-    rows = case.batch + max(1, case.batch // 8)
-    req_to_token = _page_pool(rows, case.context, case.page_size, g, device)
-    pool = torch.randperm(rows, generator=g)[: case.batch].to(device=device, dtype=torch.int32)
-    seq_lens = torch.full((case.batch,), case.context, dtype=torch.int32, device=device)
+    rows, pool, lengths = _requests(case, g)
+    req_to_token = _page_pool(rows, case.context, case.page_size, g, device, lengths)
+    seq_lens = lengths[pool].to(device=device, dtype=torch.int32)
+    pool = pool.to(device=device, dtype=torch.int32)
     out = torch.full((case.batch, case.width), POISON, dtype=torch.int32, device=device)
     expected = reference.build_page_table(req_to_token, pool, seq_lens, out.clone(), case.page_size)
     return Inputs(req_to_token, pool, seq_lens, out, expected)
 
 
+def _requests(case: Case, g: torch.Generator) -> tuple[int, torch.Tensor, torch.Tensor]:
+    """``(rows, pool, lengths)``: the pool's rows (the batch and a few spare ones), the batch's rows (int64
+    ``[batch]``, a random subset) and every row's tokens (int64 ``[rows]``, CPU): ``case.context`` (full
+    length), or drawn from ``g``, uniform in ``case.length_range``; for ``mix``, every ``MIX_LONG_EVERY``-th
+    request of the batch (from the first) in the top ``1 / MIX_LONG_EVERY`` of ``case.context``."""
+    rows = case.batch + max(1, case.batch // 8)
+    pool = torch.randperm(rows, generator=g)[: case.batch]
+    if not case.lengths:
+        return rows, pool, torch.full((rows,), case.context)
+    low, high = case.length_range
+    lengths = torch.randint(low, high + 1, (rows,), generator=g)
+    if case.lengths == MIX:
+        long_rows = pool[::MIX_LONG_EVERY]
+        lengths[long_rows] = torch.randint(case.context - case.context // MIX_LONG_EVERY, case.context + 1,
+                                           (long_rows.numel(),), generator=g)
+    return rows, pool, lengths
+
+
+def _indptr(lengths: torch.Tensor) -> torch.Tensor:
+    """int32 ``[B + 1]``: rows of ``lengths`` back to back from 0."""
+    return torch.cat([lengths.new_zeros(1), lengths.cumsum(0)]).to(torch.int32)
+
+
 def _make_csr_inputs(case: Case, device: torch.device, seed: int) -> Inputs:
     g = torch.Generator().manual_seed(seed)
-    rows = case.batch + max(1, case.batch // 8)
+    rows, pool, lengths = _requests(case, g)
     if case.page_size == 1:
-        req_to_token = _page_pool(rows, case.context, CSR_POOL_PAGE, g, device)
-        slots = rows * -(-case.context // CSR_POOL_PAGE) * CSR_POOL_PAGE
+        req_to_token = _page_pool(rows, case.context, CSR_POOL_PAGE, g, device, lengths)
     else:
-        req_to_token = _page_pool(rows, case.width, 1, g, device)
-        slots = rows * case.width * case.page_size
-    pool = torch.randperm(rows, generator=g)[: case.batch].to(device=device, dtype=torch.int32)
-    seq_lens = torch.full((case.batch,), case.context, dtype=torch.int32, device=device)
-    kv_indptr = torch.arange(case.batch + 1, dtype=torch.int32, device=device) * case.context
+        req_to_token = _page_pool(rows, case.width, 1, g, device, -(-lengths // case.page_size))
+    slots = (int(req_to_token.max()) + 1) * case.page_size
+    seq_lens = lengths[pool].to(device=device, dtype=torch.int32)
+    pool = pool.to(device=device, dtype=torch.int32)
+    kv_indptr = _indptr(seq_lens)
     mapping = torch.randperm(slots, generator=g).to(device=device, dtype=torch.int32) if case.mapping else None
     out = torch.full((case.batch * case.context,), POISON, device=device,
                      dtype=torch.int64 if case.int64 else torch.int32)
@@ -463,11 +557,11 @@ def _make_mapped_inputs(case: Case, device: torch.device, seed: int) -> Inputs:
     mha with SWA, an int64 ``full_to_swa`` of every slot (``out`` then holds the page table's rows, then the SWA
     table's: one poisoned buffer); v2p, an int64 ``v2p`` of every virtual page, one in 16 freed (-1)."""
     g = torch.Generator().manual_seed(seed)
-    rows = case.batch + max(1, case.batch // 8)
-    req_to_token = _page_pool(rows, case.context, case.page_size, g, device)
-    pool = torch.randperm(rows, generator=g)[: case.batch].to(device=device, dtype=torch.int64)
-    seq_lens = torch.full((case.batch,), case.context, dtype=torch.int32, device=device)
-    pages = rows * case.width
+    rows, pool, lengths = _requests(case, g)
+    req_to_token = _page_pool(rows, case.context, case.page_size, g, device, lengths)
+    pages = int(req_to_token.max()) // case.page_size + 1
+    seq_lens = lengths[pool].to(device=device, dtype=torch.int32)
+    pool = pool.to(device=device)
     out_rows = case.batch * (2 if case.mapping else 1)
     out = torch.full((out_rows, case.width), POISON, dtype=torch.int32, device=device)
     expected = out.clone()
@@ -489,11 +583,12 @@ def _make_draft_inputs(case: Case, device: torch.device, seed: int) -> Inputs:
     for every branch's draft pages, int64 pool indices, lengths and positions (the lengths repeated ``topk``
     times), an int64 ``out`` of ``batch * topk * (context + steps)`` columns per step, an int32 ``kv_indptr``."""
     g = torch.Generator().manual_seed(seed)
-    rows = case.batch + max(1, case.batch // 8)
+    rows, pool, lengths = _requests(case, g)
     owned = -(-(case.page_size - 1 + case.steps) // case.page_size) * case.page_size
-    req_to_token = _page_pool(rows, case.context + case.topk * owned + case.page_size, case.page_size, g, device)
-    pool = torch.randperm(rows, generator=g)[: case.batch].to(device=device)
-    seq_lens = torch.full((case.batch,), case.context, dtype=torch.int64, device=device)
+    room = case.topk * owned + case.page_size  # the draft pages past a row's tokens
+    req_to_token = _page_pool(rows, case.context + room, case.page_size, g, device, lengths + room)
+    seq_lens = lengths[pool].to(device)
+    pool = pool.to(device)
     positions = seq_lens.repeat_interleave(case.topk)
     segments = case.batch * case.topk
     out = torch.full((case.steps, segments * (case.context + case.steps)), POISON, dtype=torch.int64, device=device)
@@ -508,39 +603,41 @@ def _make_draft_inputs(case: Case, device: torch.device, seed: int) -> Inputs:
 
 
 def _make_dcp_inputs(case: Case, device: torch.device, seed: int) -> Inputs:
-    """A pool of virtual pages (``page_size * dcp_size`` slots; ``CSR_POOL_PAGE`` for the token CSR), every row
-    full length; built for the last rank (the one whose first position is farthest from 0), its lengths from
-    ``dcp_local_lengths``; the CSR into int64 rows back to back (int32 ``kv_indptr``), as SGLang's Triton
-    backend allocates them."""
+    """A pool of virtual pages (``page_size * dcp_size`` slots; ``CSR_POOL_PAGE`` for the token CSR); built for
+    the last rank (the one whose first position is farthest from 0), its lengths from ``dcp_local_lengths``; the
+    CSR into int64 rows back to back (int32 ``kv_indptr``, ``out`` for ``context // dcp_size`` tokens a row, the
+    last rank's of a full row), as SGLang's Triton backend allocates them."""
     g = torch.Generator().manual_seed(seed)
-    rows, rank = case.batch + max(1, case.batch // 8), case.dcp_size - 1
+    (rows, pool, lengths), rank = _requests(case, g), case.dcp_size - 1
     virtual_page = CSR_POOL_PAGE if case.op == "dcp" else case.page_size * case.dcp_size
-    req_to_token = _page_pool(rows, case.context, virtual_page, g, device)
-    pool = torch.randperm(rows, generator=g)[: case.batch].to(device=device, dtype=torch.int32)
-    seq_lens = torch.full((case.batch,), case.context, dtype=torch.int32, device=device)
+    req_to_token = _page_pool(rows, case.context, virtual_page, g, device, lengths)
+    seq_lens = lengths[pool].to(device=device, dtype=torch.int32)
+    pool = pool.to(device=device, dtype=torch.int32)
     local = kvdispatch.dcp_local_lengths(seq_lens, case.dcp_size, rank)
     if case.op == "dcptable":
         out = torch.full((case.batch, case.width), POISON, dtype=torch.int32, device=device)
         expected = reference.build_dcp_page_table(req_to_token, pool, local, out.clone(), case.page_size, case.dcp_size,
                                                   rank)
         return Inputs(req_to_token, pool, local, out, expected, dcp_rank=rank)
-    owned = case.context // case.dcp_size  # the last rank's tokens of a full row
-    kv_indptr = torch.arange(case.batch + 1, dtype=torch.int32, device=device) * owned
-    out = torch.full((case.batch * owned,), POISON, dtype=torch.int64, device=device)
+    kv_indptr = _indptr(local)
+    out = torch.full((case.batch * (case.context // case.dcp_size),), POISON, dtype=torch.int64, device=device)
     expected = reference.build_dcp_token_indices(req_to_token, pool, local, kv_indptr, out.clone(), case.dcp_size, rank)
     return Inputs(req_to_token, pool, local, out, expected, kv_indptr, dcp_rank=rank)
 
 
-def _page_pool(rows: int, context: int, page_size: int, g: torch.Generator, device) -> torch.Tensor:
-    """int32 ``[rows, context]``: each row's slots on its own random physical pages of ``page_size``."""
-    width = -(-context // page_size)
-    physical = torch.randperm(rows * width, generator=g).view(rows, width).to(device)
-    if page_size == 1:
-        req_to_token = physical.to(torch.int32)
-    else:
-        offsets = torch.arange(page_size, device=device, dtype=torch.int64)
-        req_to_token = (physical[:, :, None] * page_size + offsets).view(rows, -1)[:, :context]
-        req_to_token = req_to_token.to(torch.int32).contiguous()
+def _page_pool(rows: int, context: int, page_size: int, g: torch.Generator, device,
+               lengths: torch.Tensor) -> torch.Tensor:
+    """int32 ``[rows, context]``: row r's first ``lengths[r]`` slots (int64 ``[rows]``, CPU) on random physical
+    pages of ``page_size`` of its own; the positions past a row's length hold slot 0 (stale, as an engine's
+    table holds there)."""
+    pages = -(-lengths // page_size)
+    physical = torch.randperm(int(pages.sum()), generator=g).to(device)
+    first_page, first_token = (pages.cumsum(0) - pages).to(device), (lengths.cumsum(0) - lengths).to(device)
+    row = torch.repeat_interleave(torch.arange(rows, device=device), lengths.to(device))
+    position = torch.arange(row.numel(), device=device) - first_token[row]
+    slots = physical[first_page[row] + position // page_size] * page_size + position % page_size
+    req_to_token = torch.zeros((rows, context), dtype=torch.int32, device=device)
+    req_to_token[row, position] = slots.to(torch.int32)
     return req_to_token
 
 
@@ -556,14 +653,26 @@ def triton_runs_on(device: torch.device) -> bool:
     return kvdispatch.probe(device).usable("triton")
 
 
-def implementations(backends: list[str], device: torch.device, op: str = "table") -> list[str]:
-    """What a case of ``op`` ("table" or "csr") is timed with: the API per backend, then the baselines."""
+def implementations(backends: list[str], device: torch.device, op: str = "table", real: bool = False) -> list[str]:
+    """What a case of ``op`` is timed with: the API per backend, then the baselines; ``real``: a real-shape case
+    (``Case.lengths``), which adds the op's ideal baseline and has no plain-torch token CSR (that one is written
+    for full-length rows)."""
     names = [API_PREFIX + b for b in backends]
     if op == "draft" and backends:
         names.append(ONE_STEP)
     if triton_runs_on(device):
-        names += TRITON_BASELINES[op]
-    return names + ([PLAIN_TORCH] if op != "draft" else [])
+        names += triton_baselines(op, real)
+    return names + ([PLAIN_TORCH] if op != "draft" and not (real and op in ("csr", "dcp")) else [])
+
+
+def triton_baselines(op: str, real: bool) -> list[str]:
+    """The Triton baselines of a case of ``op``; ``real``: a real-shape case, with the op's ideal one."""
+    return TRITON_BASELINES[op] + ([IDEAL_BASELINE[op]] if real and op in IDEAL_BASELINE else [])
+
+
+def ideal_pages(x: "Inputs", case: Case) -> int:
+    """The longest row's pages (read on the host): the columns an ideal baseline's grid covers."""
+    return -(-int(x.seq_lens.max()) // case.page_size)
 
 
 def plain_torch(req_to_token, req_pool_indices, seq_lens, out, page_size):
@@ -617,6 +726,8 @@ def _bind_dcp(impl: str, x: Inputs, case: Case):
         return functools.partial(api, *args, **options, dcp_size=dcp[0], dcp_rank=dcp[1],
                                  backend=impl[len(API_PREFIX):])
     function = plain if impl == PLAIN_TORCH else getattr(_baselines(), baseline)
+    if impl == DCP_IDEAL:
+        return functools.partial(function, *args, *dcp, pages=ideal_pages(x, case))
     return functools.partial(function, *args, *dcp)
 
 
@@ -637,6 +748,8 @@ def bind(impl: str, x: Inputs, case: Case):
                                  backend=impl[len(API_PREFIX):])
     if impl == PLAIN_TORCH:
         return functools.partial(plain_torch, *args, page_size)
+    if impl == GRID_IDEAL:
+        return functools.partial(_baselines().grid_2d, *args, page_size, pages=ideal_pages(x, case))
     function = {NAIVE: "naive_loop", GRID_2D: "grid_2d"}[impl]
     return functools.partial(getattr(_baselines(), function), *args, page_size)
 
@@ -659,9 +772,10 @@ def _bind_mapped(impl: str, x: Inputs, case: Case):
         if impl == PLAIN_TORCH:
             return functools.partial(reference.build_translated_page_table, *args, x.token_mapping, x.out,
                                      case.page_size)
-        columns = _baselines().V2P_COLUMNS_PER_PROGRAM if impl == V2P_SGLANG else None
+        columns = _baselines().V2P_COLUMNS_PER_PROGRAM if impl in (V2P_SGLANG, V2P_IDEAL) else None
         return functools.partial(_baselines().v2p_grid_2d, *args, x.token_mapping, x.out, case.page_size,
-                                 columns_per_program=columns)
+                                 columns_per_program=columns,
+                                 pages=ideal_pages(x, case) if impl == V2P_IDEAL else None)
     # The SWA table shares the page table's row stride, as SGLang's kernel assumes: rows B.. of one buffer.
     tables = (x.out[: case.batch], x.out[case.batch:] if case.mapping else None, x.token_mapping)
     if impl.startswith(API_PREFIX):
@@ -670,7 +784,8 @@ def _bind_mapped(impl: str, x: Inputs, case: Case):
                                  backend=impl[len(API_PREFIX):])
     if impl == PLAIN_TORCH:
         return functools.partial(reference.build_mha_page_table, *args, tables[0], case.page_size, *tables[1:], True)
-    return functools.partial(_baselines().mha_grid_2d, *args, tables[0], case.page_size, *tables[1:])
+    return functools.partial(_baselines().mha_grid_2d, *args, tables[0], case.page_size, *tables[1:],
+                             pages=ideal_pages(x, case) if impl == MHA_IDEAL else None)
 
 
 def _bind_draft(impl: str, x: Inputs, case: Case):
@@ -697,7 +812,37 @@ def _expected(fn, x: Inputs) -> torch.Tensor:
 
 def uses_interpreter(impl: str, device: torch.device) -> bool:
     return device.type == "cpu" and impl in (API_PREFIX + "triton", NAIVE, GRID_2D, CSR_LOOP, MHA_GRID_2D,
-                                             V2P_SGLANG, V2P_GRID_2D, DRAFT_LOOP, DCP_LOOP, DCP_GRID)
+                                             V2P_SGLANG, V2P_GRID_2D, DRAFT_LOOP, DCP_LOOP, DCP_GRID,
+                                             *IDEAL_BASELINE.values())
+
+
+def programs(impl: str, case: Case, x: Inputs, fn) -> int | None:
+    """Programs one call of ``impl`` launches: an API row's on the GPU backends, from ``kvdispatch.grid`` as
+    they size it; a Triton baseline's, the grid its launcher returns (``fn`` is called once more); None for
+    PyTorch (the torch backend, plain-torch)."""
+    if impl == ONE_STEP:  # the auto-selected backend: a GPU one on a GPU
+        return math.prod(_api_launch(case, x).grid) if x.out.is_cuda else None
+    if impl.startswith(API_PREFIX):
+        return None if impl == API_PREFIX + "torch" else math.prod(_api_launch(case, x).grid)
+    if impl == PLAIN_TORCH:
+        return None
+    return math.prod(fn())
+
+
+def _api_launch(case: Case, x: Inputs) -> launch_grid.Launch:
+    """The ``kvdispatch.grid`` launch of ``case``'s op on ``x``, with the arguments the GPU backends pass."""
+    batch, columns = x.req_pool_indices.shape[0], x.req_to_token.shape[1]
+    if case.op == "table":
+        return launch_grid.page_table_launch(batch, x.out.shape[1], case.page_size)
+    if case.op == "csr":
+        return launch_grid.token_csr_launch(batch, columns * case.page_size, x.out.shape[0])
+    if case.op in MAPPED_OPS:
+        return launch_grid.mapped_page_table_launch(batch, x.out.shape[1], case.page_size)
+    if case.op == "draft":
+        return launch_grid.draft_decode_launch(batch * case.topk, columns, x.out.shape[1])
+    if case.op == "dcp":
+        return launch_grid.dcp_token_csr_launch(batch, columns, x.out.shape[0], case.dcp_size)
+    return launch_grid.dcp_page_table_launch(batch, x.out.shape[1], case.page_size)
 
 
 # --------------------------------------------------------------------------------------- measurements
@@ -768,6 +913,7 @@ def measure(impl: str, case: Case, x: Inputs, device: torch.device, reps: Reps) 
             if wrong:
                 row.status, row.note = "WRONG", f"eager, repeated ({row.path}): {wrong}"
                 return row
+        row.programs = programs(impl, case, x, fn)
     except Exception as exc:  # one implementation failing must not stop the run
         row.status, row.note = "error", f"{type(exc).__name__}: {exc}".splitlines()[0][:300]
         _recover(device)
@@ -838,6 +984,7 @@ def add_ratios(rows: list[Row], add_host_us: float | None, copy_gbps: float | No
         host_of_sglang = next((b.host_us for b in rows if b.impl == sglang and b.status == "ok"), None)
         r.vs_naive = _ratio(r.time_us, base.get(NAIVE))
         r.vs_2d = _ratio(r.time_us, base.get(sglang))
+        r.vs_ideal = _ratio(r.time_us, base.get(IDEAL_BASELINE.get(case.op)))
         r.vs_torch = _ratio(r.time_us, base.get(PLAIN_TORCH))
         if case.op == "table" and case.page_size == 1:
             r.gbps = case.bytes_moved / r.time_us / 1e3
@@ -990,13 +1137,14 @@ def skipped_measurements(backends: list[str], device: torch.device, cases: list[
     skipped = {}
     triton_reason = kvdispatch.probe(device).reason("triton")
     if triton_reason is not None:
-        baselines = [b for op in dict.fromkeys(c.op for c in cases) for b in TRITON_BASELINES[op]]
+        baselines = list(dict.fromkeys(b for c in cases for b in triton_baselines(c.op, bool(c.lengths))))
         skipped[f"{', '.join(baselines[:-1])} and {baselines[-1]} (Triton baselines)" if len(baselines) > 1
                 else f"{baselines[0]} (Triton baseline)"] = triton_reason
     elif device.type == "cpu":
         too_big = [c for c in cases if c.batch * c.context > INTERPRETER_MAX_TOKENS]
         if too_big:
-            impls = ", ".join(dict.fromkeys(i for c in too_big for i in implementations(backends, device, c.op)
+            impls = ", ".join(dict.fromkeys(i for c in too_big for i in implementations(backends, device, c.op,
+                                                                                         bool(c.lengths))
                                             if uses_interpreter(i, device)))
             too_big = [c.name for c in too_big]
             skipped[f"{impls} on {', '.join(too_big)}"] = (
@@ -1036,7 +1184,7 @@ def run(cases: list[Case], requested: list[str] | None, device: torch.device, re
         # host's speed drifts over a run (by 1.8x within one run of the H200's host).
         add_rounds = [host_time_us(add_one, device, reps.host_calls, reps.host_batches)] if gpu else []
         case_rows = []
-        for impl in implementations(backends, device, case.op):
+        for impl in implementations(backends, device, case.op, bool(case.lengths)):
             if uses_interpreter(impl, device) and case.batch * case.context > INTERPRETER_MAX_TOKENS:
                 continue
             case_rows.append(measure(impl, case, x, device, reps))
@@ -1053,8 +1201,9 @@ def run(cases: list[Case], requested: list[str] | None, device: torch.device, re
             file=progress, flush=True)
         del x
     return Report(str(device), info.name, gpu, "cuda-graph replay" if gpu else "wall-clock (CPU)",
-                  "seq_lens = context for every row (all rows full length); width = ceil(context / page); "
-                  "shuffled physical pages; csr: token_mapping a random permutation of the pool's slots",
+                  "seq_lens = context for every row (all rows full length; :len= cases: CONTEXT is the buffers' "
+                  "capacity, rows of random lengths); width = ceil(context / page); shuffled physical pages; csr: "
+                  "token_mapping a random permutation of the pool's slots",
                   backends, skipped, refs, compilations, rows)
 
 
@@ -1062,8 +1211,9 @@ def run(cases: list[Case], requested: list[str] | None, device: torch.device, re
 
 COLUMNS = [  # (header, Row attribute, format)
     ("case", "case", "s"), ("impl", "impl", "s"), ("status", "status", "s"), ("path", "path", "s"),
-    ("µs/call", "time_us", "t"),
-    ("host µs", "host_us", "t"), ("/naive", "vs_naive", "x"), ("/2d", "vs_2d", "x"), ("/torch", "vs_torch", "x"),
+    ("programs", "programs", "n"), ("µs/call", "time_us", "t"),
+    ("host µs", "host_us", "t"), ("/naive", "vs_naive", "x"), ("/2d", "vs_2d", "x"), ("/ideal", "vs_ideal", "x"),
+    ("/torch", "vs_torch", "x"),
     ("GB/s", "gbps", "g"), ("/copy", "copy_fraction", "x"), ("host/add_", "host_vs_add", "x"),
     ("host/launch", "host_vs_launch", "x"), ("/no-pdl", "vs_no_pdl", "x"), ("note", "note", "s"),
 ]
@@ -1072,7 +1222,7 @@ COLUMNS = [  # (header, Row attribute, format)
 def _fmt(value, kind="t") -> str:
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return "" if kind == "s" else "-"
-    if kind == "s":
+    if kind in ("s", "n"):
         return str(value)
     if kind == "x":
         return f"{value:.2f}x"
@@ -1220,8 +1370,10 @@ def add_arguments(parser: argparse.ArgumentParser):
                         help='comma-separated BATCHxCONTEXTxPAGE (page table), csr:BATCHxCONTEXT[:i64][:eE][:map] '
                              '(token CSR), mha:BATCHxCONTEXTxPAGE[:swa], v2p:BATCHxCONTEXTxPAGE (mapped page tables), '
                              'draft:BATCHxCONTEXTxSTEPSxTOPK[:pP] (draft decode), dcp:BATCHxCONTEXTxDCP, '
-                             'dcptable:BATCHxCONTEXTxPAGExDCP (one DCP rank), e.g. '
-                             '"1x131072x64,csr:8x32768:i64:e64:map,draft:64x4096x5x4,dcp:64x32768x4"')
+                             'dcptable:BATCHxCONTEXTxPAGExDCP (one DCP rank), each with a last option :len=LO-HI '
+                             'or :len=mix for the real decode shape (CONTEXT the capacity; see below), e.g. '
+                             '"1x131072x64,csr:8x32768:i64:e64:map,draft:64x4096x5x4,dcp:64x32768x4,'
+                             '256x1048576x64:len=1024-8192"')
     parser.add_argument("--backends", type=parse_backends,
                         help="comma-separated subset of triton,cupy,torch (default: every one that can run on "
                              "the device; asking for one that cannot is an error)")

@@ -8,6 +8,7 @@ The GPU path of the bench (CUDA-graph replay, host-cost ratios, compilation coun
 import argparse
 import importlib.util
 import json
+import math
 import os
 import pathlib
 import subprocess
@@ -17,7 +18,7 @@ import types
 import pytest
 import torch
 
-from kvdispatch import bench, cli, dispatch, reference
+from kvdispatch import bench, cli, dispatch, grid, reference
 
 TINY = "1x256x16,2x128x1"
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -77,7 +78,7 @@ def test_markdown(capsys, tmp_path):
     rc, data, out, _ = _run(capsys, tmp_path, "--markdown", "--backends", "torch")
     assert rc == 0
     lines = [line for line in out.splitlines() if line.startswith("|")]
-    assert lines[0].startswith("| case | impl | status | path | µs/call")
+    assert lines[0].startswith("| case | impl | status | path | programs | µs/call")
     assert set(lines[1]) <= set("|-:")
     assert len(lines) == 2 + len(data["rows"])
     assert any(line.startswith("| 2x128x1 | api:torch | ok |") for line in lines)
@@ -450,3 +451,109 @@ def test_pdl_chain_needs_a_device_with_pdl(monkeypatch):
     dispatch.reset()
     assert bench_pdl.unavailable(sim.add(simdevices.H200)).startswith("the producer kernel is a Triton kernel")
     assert [c.name for c in bench_pdl.default_cases(quick=True)] == bench_pdl.CASES[:2]
+
+
+# -- the real decode shape: buffers for the capacity, rows shorter ----------------------------------------------
+
+REAL_TINY = ["4x8192x16:len=100-3000", "csr:4x8192:len=0-3000", "csr:3x8192:e16:map:len=mix",
+             "mha:4x8192x16:swa:len=100-3000", "v2p:4x8192x16:len=100-3000", "draft:4x4096x3x2:p16:len=10-1000",
+             "dcp:4x8192x4:len=mix", "dcptable:2x16384x64x2:len=500-3000"]
+
+
+def test_real_shape_parsing():
+    case = bench.Case.parse("256x1048576x64:len=1024-8192")
+    assert case == bench.Case(256, 1048576, 64, lengths="1024-8192") and case.width == 16384
+    assert case.length_range == (1024, 8192) and bench.Case.parse("1x8192x1:len=mix").length_range == bench.MIX_SHORT
+    for name in REAL_TINY + bench.GPU_REAL_CASES + ["csr:8x32768:i64:e64:map:len=0-32768", "mha:2x8192x1:len=mix"]:
+        assert bench.Case.parse(name).name == name
+    assert bench.Case.parse("CSR:8x32768:E64:LEN=1-2").lengths == "1-2"
+    ops = {bench.Case.parse(name).op for name in bench.GPU_REAL_CASES}
+    assert ops == {"table", "csr", "mha", "v2p", "draft", "dcp", "dcptable"}
+    quick = [bench.Case.parse(name) for name in bench.GPU_QUICK_CASES if ":len=" in name]
+    assert {c.op for c in quick} >= {"table", "csr", "mha", "v2p", "draft", "dcp"}
+    assert bench.Case(256, 1048576, 64, lengths="1024-8192") in quick
+    for cases in (bench.CPU_CASES, bench.CPU_QUICK_CASES):
+        [real] = [bench.Case.parse(name) for name in cases if ":len=" in name]
+        assert real.batch * real.context <= bench.INTERPRETER_MAX_TOKENS
+
+
+@pytest.mark.parametrize("case", ["1x64x16:len=5-3", "1x64x16:len=0-65", "1x4096x16:len=mix", "1x64x16:len=x",
+                                  "1x64x16:len=1-2-3", "csr:1x64:len=1-2:i64", "1x64x16:len="])
+def test_bad_real_shape_cases(case):
+    with pytest.raises(argparse.ArgumentTypeError, match=":len= takes LO-HI"):
+        bench.Case.parse(case)
+
+
+@pytest.mark.parametrize("name", REAL_TINY)
+def test_real_shape_inputs(name):
+    """Buffers sized for the capacity, lengths in range (mix: every 16th request long), each row's tokens on pages
+    of its own with slot 0 past its length."""
+    case = bench.Case.parse(name)
+    x = bench.make_inputs(case, torch.device("cpu"), seed=4)
+    rows = x.req_to_token[x.req_pool_indices.long()]
+    lengths = x.seq_lens.long()
+    low, high = case.length_range
+    long_rows = torch.arange(case.batch) % bench.MIX_LONG_EVERY == 0 if case.lengths == bench.MIX else None
+    if case.op not in bench.DCP_OPS:  # DCP: x.seq_lens are the last rank's
+        short = (low <= lengths) & (lengths <= high)
+        assert bool((short if long_rows is None else short | long_rows).all())
+        if long_rows is not None:
+            assert bool((lengths[long_rows] >= case.context - case.context // 16).all())
+        assert int(lengths.max()) < case.context
+    width = case.context if case.op != "csr" or case.page_size == 1 else case.width
+    assert x.req_to_token.shape[1] >= width and (case.op == "draft" or x.req_to_token.shape[1] == width)
+    out_shapes = {"table": (case.batch, case.width), "csr": (case.batch * case.context,),
+                  "mha": (2 * case.batch, case.width), "v2p": (case.batch, case.width),
+                  "draft": (case.steps, case.batch * case.topk * (case.context + case.steps)),
+                  "dcp": (case.batch * (case.context // case.dcp_size),), "dcptable": (case.batch, case.width)}
+    assert x.out.shape == out_shapes[case.op]
+    if case.op in ("table", "mha", "v2p"):
+        positions = torch.arange(x.req_to_token.shape[1])
+        assert bool((rows[positions >= lengths[:, None]] == 0).all())
+        live = rows[positions < lengths[:, None]]
+        pages = (lengths + case.page_size - 1) // case.page_size
+        assert len(torch.unique(live // case.page_size)) == int(pages.sum())  # distinct physical pages
+    if case.op in ("csr", "dcp"):
+        assert int(x.kv_indptr[-1]) == int(x.seq_lens.sum()) < x.out.numel()
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the Triton interpreter on CPU tensors: conftest turns it on "
+                    "only where there is no GPU")
+@pytest.mark.parametrize("name", [n for n in REAL_TINY if bench.Case.parse(n).op in bench.IDEAL_BASELINE])
+def test_ideal_baselines_match_the_reference(name):
+    """Each 2-D design's ideal baseline builds the reference's result on fewer programs than the width-sized
+    grid; the API's programs are kvdispatch.grid's."""
+    case = bench.Case.parse(name)
+    x = bench.make_inputs(case, torch.device("cpu"), seed=5)
+    impls = bench.implementations(["triton"], torch.device("cpu"), case.op, real=True)
+    ideal, width_sized = bench.IDEAL_BASELINE[case.op], bench.SGLANG_BASELINE[case.op]
+    assert ideal in impls and bench.PLAIN_TORCH in impls
+    programs = {}
+    for impl in impls:
+        fn = bench.bind(impl, x, case)
+        assert bench.check_eager(fn, x) == "", impl
+        programs[impl] = bench.programs(impl, case, x, fn)
+    assert programs[ideal] < programs[width_sized] and programs[bench.PLAIN_TORCH] is None
+    assert programs["api:triton"] >= programs[width_sized] // 4  # sized from the width too
+    assert bench.implementations(["triton"], torch.device("cpu"), case.op) == [
+        i for i in impls if i != ideal]  # full-length cases: no ideal row
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the Triton interpreter on CPU tensors: conftest turns it on "
+                    "only where there is no GPU")
+def test_real_shape_rows_carry_ratios_and_programs(capsys, tmp_path):
+    cases = "2x16384x64:len=256-2048,csr:2x8192:len=mix,dcp:2x8192x4:len=100-4000"
+    rc, data, out, _ = _run(capsys, tmp_path, cases=cases)
+    assert rc == 0 and "all results correct" in out
+    rows = {(r["case"], r["impl"]): r for r in data["rows"]}
+    table = "2x16384x64:len=256-2048"
+    assert rows[(table, bench.GRID_IDEAL)]["vs_ideal"] == 1.0
+    assert rows[(table, bench.GRID_2D)]["programs"] == 2 * 4 and rows[(table, bench.GRID_IDEAL)]["programs"] == 2
+    assert rows[(table, "api:triton")]["programs"] == math.prod(grid.page_table_launch(2, 256, 64).grid)
+    for (case, impl), row in rows.items():
+        assert row["status"] == "ok" and row["vs_2d"] > 0
+        assert (row["vs_ideal"] is not None) == case.startswith("2x16384")
+        assert (row["programs"] is None) == (impl in ("api:torch", bench.PLAIN_TORCH))
+    assert ("csr:2x8192:len=mix", bench.PLAIN_TORCH) not in rows  # plain-torch CSRs: full-length rows only
+    header = next(line for line in out.splitlines() if line.startswith("case "))
+    assert "programs" in header and "/ideal" in header
