@@ -162,13 +162,14 @@ def open_driver(library: str, reuse_loaded: bool):
 
 # PyTorch's C shim getters host_path.c reads tensors with, in configure()'s order.
 SHIM_GETTERS = ("aoti_torch_get_dim", "aoti_torch_get_sizes", "aoti_torch_get_strides", "aoti_torch_get_data_ptr",
-                "aoti_torch_get_dtype", "aoti_torch_get_device_type", "aoti_torch_get_device_index")
+                "aoti_torch_get_dtype", "aoti_torch_get_device_type", "aoti_torch_get_device_index",
+                "aoti_torch_get_layout", "aoti_torch_get_storage_size", "aoti_torch_get_storage_offset")
 
 
 def tensor_shim(device_type: str) -> tuple[int, ...]:
     """configure()'s ``shim``: the addresses of ``SHIM_GETTERS`` in the ``libtorch_cpu`` this process has
-    loaded (never a library loaded anew), then the shim's codes of int32, int64 and ``device_type`` ("cuda",
-    also ROCm's devices, or "cpu" for the tests)."""
+    loaded (never a library loaded anew), then the shim's codes of int32, int64, ``device_type`` ("cuda",
+    also ROCm's devices, or "cpu" for the tests) and the strided layout."""
     path = loaded_library("libtorch_cpu")
     if path is None:
         raise RuntimeError("libtorch_cpu is not loaded in this process")
@@ -181,7 +182,7 @@ def tensor_shim(device_type: str) -> tuple[int, ...]:
         return function()
 
     return addresses + (code("aoti_torch_dtype_int32"), code("aoti_torch_dtype_int64"),
-                        code(f"aoti_torch_device_type_{device_type}"))
+                        code(f"aoti_torch_device_type_{device_type}"), code("aoti_torch_layout_strided"))
 
 
 def _configure_for(module, vendor: str) -> None:
