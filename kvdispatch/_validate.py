@@ -554,6 +554,6 @@ def dcp_lengths_device(seq_lens, dcp_size, dcp_rank, kv_start_idx, out):
         _index_vector("kv_start_idx", kv_start_idx, device, batch)
     if out is not None:
         _index_vector("out", out, device, batch, at_least=True)
-        _check_apart((("out", out),), (("seq_lens", seq_lens), ("kv_start_idx", kv_start_idx)))
+    _check_apart((("out", out),), (("seq_lens", seq_lens), ("kv_start_idx", kv_start_idx)))
     _check_dcp(dcp_size, dcp_rank, False)
     return device

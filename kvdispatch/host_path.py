@@ -8,7 +8,9 @@ per op (0.64-0.84x ``add_`` for every op in ``kvdispatch bench`` on an H200; ``d
 each tensor's metadata through PyTorch's C shim (``tensor_shim``). It takes a call
 only when it is exactly a case the Python path has already launched: same device, selection (which names the
 launcher: ``on_selected``), shape key and current context. For anything else it returns ``NotImplemented``
-and the Python path runs, so errors, fallbacks and first calls are unchanged.
+and the Python path runs, so errors, fallbacks and first calls are unchanged: a tensor that is not strided, or
+whose memory does not hold its view (``kvdispatch._validate``: a released or short storage, a pointer not aligned
+to its element size; the shim's layout, storage size and offset tell), is never launched from C, by either entry.
 
 The other ops (``REPLAYED``) have one generic entry, ``replay``: validation stays in Python. A call of such
 an op that the Python path validated and served with exactly one launch (``call_and_register``: the backends

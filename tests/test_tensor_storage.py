@@ -216,6 +216,20 @@ def test_tensors_without_elements_pass_whatever_their_storage(backend):
     run(backend, "token_csr", args)
 
 
+@pytest.mark.parametrize("kind", list(SPOILERS))
+@pytest.mark.parametrize("name", ("seq_lens", "kv_start_idx", "out"))
+def test_dcp_local_lengths_refuses_them(name, kind):
+    """``dcp_local_lengths`` (PyTorch operations, which would read a released storage) refuses them too."""
+    args = dict(seq_lens=_ints(torch.Generator().manual_seed(1), 0, 99, (B,), torch.int64),
+                kv_start_idx=torch.arange(B), out=torch.full((B + 1,), POISON, dtype=torch.int64))
+    keep = []
+    args[name] = SPOILERS[kind](args[name], keep)
+    with pytest.raises(ValueError, match=f"^{name}.*{EXPECTED[kind]}"):
+        kvdispatch.dcp_local_lengths(**args, dcp_size=2, dcp_rank=1)
+    if name != "out":
+        assert (args["out"] == POISON).all()
+
+
 def test_the_reviewed_shrunk_output_is_refused():
     """A 64 x 1024 ``out`` over 16 bytes (its view 256 KiB past them) is refused on every backend."""
     for backend in BACKENDS:
