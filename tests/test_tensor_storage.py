@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import BACKENDS, _through
+from conftest import BACKENDS, DEVICE, _through
 from kvcases import POISON
 
 import kvdispatch
@@ -36,7 +36,7 @@ def _ints(g, low, high, shape, dtype=torch.int32):
 
 
 def _call(op, variant, seed=0):
-    """The keyword arguments of a valid CPU call of ``op`` (``variant``: "plain", the ordinary call whose
+    """The keyword arguments of a valid call of ``op`` on the test device (``variant``: "plain", the ordinary call whose
     page-1 copy or token CSR takes the 16-byte accesses, or "options", every option given), outputs poisoned."""
     g = torch.Generator().manual_seed(seed)
     plain = variant == "plain"
@@ -79,7 +79,7 @@ def _call(op, variant, seed=0):
                     fill_value=None if plain else -1)
     if op.startswith("dcp"):
         args["local_seq_lens"] = args.pop("seq_lens")
-    return args
+    return {k: v.to(DEVICE) if isinstance(v, torch.Tensor) else v for k, v in args.items()}
 
 
 VARIANTS = [(op, variant) for op in FUNCTIONS for variant in ("plain", "options")]
@@ -106,7 +106,7 @@ def reference(op, args):
 def _guarded(t, shift):
     """``t``'s values in a contiguous view ``shift`` elements past a 16-byte-aligned buffer, with ``GUARD``
     around it; returns the view and the buffer."""
-    buffer = torch.full((t.numel() + shift + 8,), GUARD, dtype=t.dtype)
+    buffer = torch.full((t.numel() + shift + 8,), GUARD, dtype=t.dtype, device=t.device)
     assert buffer.data_ptr() % 16 == 0
     view = buffer[shift: shift + t.numel()].view(t.shape)
     view.copy_(t)
@@ -128,10 +128,10 @@ def shrunk(t):
 
 def misaligned(t, keep):
     """``t``'s values at one byte past an aligned address (its buffer appended to ``keep``)."""
-    buffer = torch.zeros(t.nbytes + 16, dtype=torch.uint8)
+    buffer = torch.zeros(t.nbytes + 16, dtype=torch.uint8, device=t.device)
     keep.append(buffer)
     storage = torch._C._construct_storage_from_data_pointer(buffer.data_ptr() + 1, t.device, t.nbytes)
-    view = torch.empty(0, dtype=t.dtype).set_(storage, 0, t.shape, t.contiguous().stride())
+    view = torch.empty(0, dtype=t.dtype, device=t.device).set_(storage, 0, t.shape, t.contiguous().stride())
     view.copy_(t)
     return view
 
@@ -234,7 +234,7 @@ def test_the_reviewed_shrunk_output_is_refused():
     """A 64 x 1024 ``out`` over 16 bytes (its view 256 KiB past them) is refused on every backend."""
     for backend in BACKENDS:
         args = _call("page_table", "plain")
-        args["out"] = torch.full((64, 1024), POISON, dtype=torch.int32)
+        args["out"] = torch.full((64, 1024), POISON, dtype=torch.int32, device=DEVICE)
         args["out"].untyped_storage().resize_(16)
         with pytest.raises(ValueError, match="out's storage must hold its view, 262144 bytes .* got "
                                              r"untyped_storage\(\).nbytes\(\) 16"):
