@@ -119,6 +119,15 @@ def released(t):
     return t
 
 
+def released_under_offset(t):
+    """``t``'s values one element into a storage, then the storage released (``data_ptr()`` is then the
+    offset, not 0)."""
+    base = torch.empty(t.numel() + 1, dtype=t.dtype, device=t.device)
+    view = base[1:].view(t.shape).copy_(t)
+    base.untyped_storage().resize_(0)
+    return view
+
+
 def shrunk(t):
     """``t`` over a storage one element short of its view."""
     t = t.clone()
@@ -136,10 +145,11 @@ def misaligned(t, keep):
     return view
 
 
-SPOILERS = {"released storage": lambda t, keep: released(t), "shrunk storage": lambda t, keep: shrunk(t),
-            "byte offset": misaligned}
-EXPECTED = {"released storage": "no memory", "shrunk storage": "storage must hold its view",
-            "byte offset": "aligned to its element size"}
+SPOILERS = {"released storage": lambda t, keep: released(t),
+            "released under an offset": lambda t, keep: released_under_offset(t),
+            "shrunk storage": lambda t, keep: shrunk(t), "byte offset": misaligned}
+EXPECTED = {"released storage": "no memory", "released under an offset": "no memory",
+            "shrunk storage": "storage must hold its view", "byte offset": "aligned to its element size"}
 
 
 def assert_poisoned(op, args, except_name=None):
