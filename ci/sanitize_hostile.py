@@ -20,6 +20,10 @@ extremes or empty, multipliers at the int32 extremes, length deltas at the int32
 negative and extreme entries, under the same spoilt requests (page sizes 1, 64, 7).
 The draft decode indices: the spoilt pool indices and lengths above (2 branches, 3 steps, page sizes 1 and 16),
 outputs narrower than the segments, positions at the extremes, a v2p that ids fall outside of, a window.
+Tensors at other addresses, for every op (the ordinary page-1 table and token CSR, whose copies take 16-byte
+accesses, and every option): each tensor of the call 1 or 3 elements past a 16-byte boundary (valid: the reference
+result), and each tensor in turn released (``untyped_storage().resize_(0)``), over a storage one element short
+of its view, or at one byte past an aligned address (refused with a ValueError naming it, nothing written).
 Every tensor is its own exact-size allocation (PyTorch's caching allocator is turned off below, before torch is
 imported), so an access one element past any of them is reported by memcheck.
 
@@ -175,6 +179,74 @@ def draft_options(cpu, dtype, device, g):
     yield dict(name="window", width=width, window_size=5, sink_size=3, out_dtype=torch.int32)
 
 
+def storage_calls(device, g):
+    """(public function, keyword arguments on ``device``, output names) of a valid call of every op: the
+    ordinary page-1 table and token CSR (their 16-byte copies), then each op with its options; outputs poisoned."""
+    rows, cols, batch = BATCH + 3, 5 * 16 + 7, BATCH
+
+    def ints(low, high, shape, dtype=torch.int32):
+        return torch.randint(low, high, shape, generator=g, dtype=torch.int64).to(dtype).to(device)
+
+    def poison(*shape, dtype=torch.int32):
+        return torch.full(shape, POISON, dtype=dtype, device=device)
+
+    def common(lens_name="seq_lens"):
+        return {"req_to_token": ints(0, I32_MAX, (rows, cols)), "req_pool_indices": ints(0, rows, (batch,)),
+                lens_name: ints(1, cols // 2, (batch,), torch.int64)}
+
+    def csr(lens_name="seq_lens"):
+        args = common(lens_name)
+        indptr = torch.cat([torch.zeros(1, dtype=torch.int64), torch.cumsum(args[lens_name].cpu(), 0)])
+        return dict(args, kv_indptr=indptr.to(device), out=poison(int(indptr[-1]) + 5))
+
+    start = ints(0, cols // 2, (batch,))
+    yield "create_flashmla_kv_indices", dict(common(), out=poison(batch + 1, 2 * cols + 3), page_size=1), ("out",)
+    yield "create_flashmla_kv_indices", dict(common(), out=poison(batch, 13), page_size=16, kv_start_idx=start,
+                                             seq_lens_out=poison(batch), fill_value=-1), ("out", "seq_lens_out")
+    yield "create_flashinfer_kv_indices", csr(), ("out",)
+    yield "create_flashinfer_kv_indices", dict(csr(), kv_start_idx=start, entry_page_size=7,
+                                               token_mapping=ints(-2, I32_MAX, (7 * cols,), torch.int64)), ("out",)
+    yield "create_trtllm_mha_page_table", dict(common(), page_table=poison(batch, 9), page_size=16,
+                                               swa_page_table=poison(batch, 5),
+                                               full_to_swa=ints(-3, 2**20, (2**12,), torch.int64)), (
+        "page_table", "swa_page_table")
+    yield "create_translated_page_table", dict(common(), v2p=ints(-1, 2**10, (2**14,)), out=poison(batch, 9),
+                                               page_size=16, multiplier=3), ("out",)
+    for page_size, options in ((1, {}), (16, dict(positions=ints(0, cols, (2 * batch,)), v2p=ints(-1, 2**10, (50,)),
+                                                  window_size=5, sink_size=3))):
+        yield "create_draft_decode_kv_indices", dict(common(), kv_indptr=poison(3, 2 * batch + 1),
+                                                     out=poison(3, 301, dtype=torch.int64), num_steps=3, topk=2,
+                                                     page_size=page_size, **options), ("kv_indptr", "out")
+    yield "create_dcp_kv_indices", dict(csr("local_seq_lens"), dcp_size=2, dcp_rank=1, kv_start_idx=start), ("out",)
+    yield "create_dcp_page_table", dict(common("local_seq_lens"), out=poison(batch, 7), page_size=16, dcp_size=3,
+                                        dcp_rank=2, fill_value=-1), ("out",)
+
+
+def element_offset(t, shift):
+    """``t``'s values in an allocation of its own that the view ends, ``shift`` elements past its start."""
+    base = torch.empty(t.numel() + shift, dtype=t.dtype, device=t.device)
+    return base[shift:].view(t.shape).copy_(t)
+
+
+def byte_offset(t):
+    """``t``'s values one byte past the start of an allocation of its own; returns the view and the allocation."""
+    base = torch.zeros(t.nbytes + 16, dtype=torch.uint8, device=t.device)
+    storage = torch._C._construct_storage_from_data_pointer(base.data_ptr() + 1, t.device, t.nbytes)
+    return torch.empty(0, dtype=t.dtype, device=t.device).set_(storage, 0, t.shape, t.contiguous().stride()), base
+
+
+def resized(t, nbytes):
+    """A copy of ``t`` whose storage is then resized to ``nbytes``."""
+    t = t.clone()
+    t.untyped_storage().resize_(nbytes)
+    return t
+
+
+# How a tensor is spoilt: (the spoilt tensor, the allocation behind it, to keep alive while it is used).
+STORAGE_SPOILERS = {"released": lambda t: (resized(t, 0), None),
+                    "shrunk": lambda t: (resized(t, t.nbytes - t.itemsize), None), "byte-offset": byte_offset}
+
+
 def run(device, backends, verbose, shard=(0, 1)):
     """Run the cases of ``shard`` = (k, n): those whose ordinal is k modulo n (all data is still drawn, so
     every shard sees the cases the whole run would)."""
@@ -304,6 +376,40 @@ def run(device, backends, verbose, shard=(0, 1)):
             data["table"], data["pool"], data["lens"], out, page_size=page_size, dcp_size=dcp_size, dcp_rank=dcp_rank,
             fill_value=fill_value, backend=backend), ((out, expected),))
 
+    def storage_case(what, function, args, outputs, shift=None, spoilt=None):
+        """``function`` on ``args`` with every tensor ``shift`` elements past the start of its allocation
+        (compared with the torch backend on CPU copies), or with the tensor ``spoilt`` = (name, kind) spoilt as
+        ``STORAGE_SPOILERS[kind]`` does (refused with a ValueError naming it, every other output its poison)."""
+        nonlocal mismatches
+        if not selected():
+            return
+        call = dict(args)
+        try:
+            if spoilt is None:
+                expected = {k: v.cpu().clone() if isinstance(v, torch.Tensor) else v for k, v in args.items()}
+                getattr(kvdispatch, function)(**expected, backend="torch")
+                call.update({k: element_offset(v, shift) for k, v in args.items() if isinstance(v, torch.Tensor)})
+                getattr(kvdispatch, function)(**call, backend=backend)
+                for name in outputs:
+                    check(f"{what} {name}", call[name], expected[name])
+            else:
+                name, kind = spoilt
+                call[name], keep = STORAGE_SPOILERS[kind](args[name])  # noqa: F841  (keep: its allocation)
+                try:
+                    getattr(kvdispatch, function)(**call, backend=backend)
+                    raise AssertionError(f"not refused: {what}")
+                except ValueError as error:
+                    if not str(error).startswith(name):
+                        raise AssertionError(f"the error does not name {name}: {error}") from error
+                for output in outputs:
+                    if output != name and not bool((call[output] == POISON).all()):
+                        raise AssertionError(f"{output} written by a refused call")
+        except Exception:
+            mismatches += 1
+            print(f"ERROR {what}:\n{traceback.format_exc()}", flush=True)
+        if verbose:
+            print("ran", what, flush=True)
+
     for backend in backends:
         for page_size in PAGE_SIZES:
             for dtype in (torch.int32, torch.int64):
@@ -401,6 +507,13 @@ def run(device, backends, verbose, shard=(0, 1)):
                     dcp_csr_case(f"{backend} dcp_token_csr long row {str(dtype)[6:]} indptr={value} "
                                  f"start={with_start}", data, cpu, torch.tensor([value, 0]), total, with_start, 2, 1,
                                  torch.int64)
+        for function, args, outputs in storage_calls(device, g):
+            for shift in (1, 3):
+                storage_case(f"{backend} {function} page={args.get('page_size')} element-offset={shift}", function,
+                             args, outputs, shift=shift)
+            for name, kind in itertools.product([k for k, v in args.items() if isinstance(v, torch.Tensor)],
+                                                STORAGE_SPOILERS):
+                storage_case(f"{backend} {function} {name} {kind}", function, args, outputs, spoilt=(name, kind))
         if device.type == "cuda":
             torch.cuda.synchronize(device)  # surfaces a device-side fault here, under this backend's name
         print(f"backend {backend}: done", flush=True)

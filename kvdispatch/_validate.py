@@ -3,11 +3,20 @@
 Each failure is a ``TypeError`` (wrong kind of object or dtype) or a ``ValueError`` (wrong shape,
 layout, device or value) naming the argument, what was expected and what came.
 
+Every tensor argument (outputs, and optional ones when given, included) must be a plain strided tensor
+(``torch.strided`` layout, not nested or sparse). A tensor with elements must have memory that holds its
+view: storage that exists (not released, as ``untyped_storage().resize_(0)`` does: ``data_ptr()`` 0),
+whose ``untyped_storage().nbytes()`` covers the view's bytes (``storage_offset() * itemsize`` up to past
+its last element), and a ``data_ptr()`` aligned to its element size (the kernels' 16-byte accesses take
+element-aligned pointers at any other offset). A tensor without elements passes whatever its storage.
+Meta tensors have no memory to check, and the metadata checks of fake tensors (``memory=False``) leave
+these out: the real call makes them.
+
 Outputs must not share memory with an input or with each other, and rows of a page table must not
 share memory: where they did, what a backend writes would depend on the order its programs run in.
 Memory is compared as the byte ranges the tensors span, ``data_ptr()`` up to past their last element
-(gaps of a strided view included); a tensor without elements, or without memory (``data_ptr()`` 0:
-meta tensors), spans nothing.
+(gaps of a strided view included); a tensor without elements, or a meta tensor (``data_ptr()`` 0),
+spans nothing.
 """
 
 from __future__ import annotations
@@ -21,9 +30,16 @@ _INDEX_DTYPES = (_INT32, _INT64)
 _INT32_MIN, _INT32_MAX = -(2**31), 2**31 - 1
 
 
+_STRIDED = torch.strided
+
+
 def _tensor(name, value):
+    """A strided ``torch.Tensor`` (not nested or sparse: those have no strides or memory the kernels read)."""
     if not isinstance(value, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(value).__name__}")
+    if value.layout is not _STRIDED or value.is_nested:
+        layout = "a nested tensor" if value.is_nested else f"layout {value.layout}"
+        raise TypeError(f"{name} must be a strided tensor (layout torch.strided), got {layout}")
 
 
 def _int32_tensor(name, t, ndim):
@@ -84,9 +100,34 @@ def _span(t):
     return begin, begin + extent * t.itemsize
 
 
+def _check_storage(name, t):
+    """Raise unless ``t`` has no element, is a meta tensor, or has memory that holds its view at an address
+    aligned to its element size."""
+    elements = t.numel()
+    if not elements or t.device.type == "meta":
+        return
+    begin, itemsize, held = t.data_ptr(), t.itemsize, t.untyped_storage().nbytes()
+    if not begin or not held:
+        raise ValueError(f"{name} has {elements} elements but no memory: its storage holds {held} bytes "
+                         f"(data_ptr() {begin:#x}; released, as untyped_storage().resize_(0) does)")
+    if begin % itemsize:
+        raise ValueError(f"{name} must be aligned to its element size ({itemsize} bytes for {t.dtype}), got "
+                         f"data_ptr() {begin:#x} ({begin % itemsize} past a multiple of {itemsize})")
+    extent = 1 + sum((size - 1) * stride for size, stride in zip(t.shape, t.stride()))
+    needed = (t.storage_offset() + extent) * itemsize
+    if needed > held:
+        raise ValueError(f"{name}'s storage must hold its view, {needed} bytes (storage_offset() "
+                         f"{t.storage_offset()}, shape {tuple(t.shape)}, strides {t.stride()}), got "
+                         f"untyped_storage().nbytes() {held}")
+
+
 def _check_apart(outputs, inputs):
-    """Raise naming the first output that shares memory with an input or with an output before it.
+    """Raise naming the first tensor whose memory does not hold it (``_check_storage``; inputs, then outputs),
+    then the first output that shares memory with an input or with an output before it.
     ``outputs``, ``inputs``: ``(name, tensor or None)`` pairs."""
+    for name, t in inputs + outputs:
+        if t is not None:
+            _check_storage(name, t)
     earlier = [(name, _span(t)) for name, t in inputs if t is not None]
     for name, t in outputs:
         if t is None:
@@ -122,7 +163,24 @@ def _common(req_to_token, req_pool_indices, seq_lens, kv_start_idx, lens_name="s
 
 
 # The hot-path forms of the checks: each returns the tensor's span (as ``_span`` computes it) when the
-# tensor passes, else None, reading each attribute once.
+# tensor passes, ``_check_storage`` included, else None, reading each attribute once. A tensor of another
+# layout than torch.strided fails them: a sparse one has no data pointer (nor strides, or storage), a nested
+# one no shape or strides (those raise, and the hot path goes on to the detailed checks), a jagged one's
+# data_ptr() is 0; one without elements is tested for its layout.
+
+def _held(t, begin, size, itemsize, device):
+    """The span ``(begin, begin + size)`` of a tensor ``t`` with elements (``begin``: its ``data_ptr()``,
+    ``size``: the bytes from its first element to past its last) where its storage holds those bytes and
+    ``begin`` is aligned to ``itemsize``; ``_NOTHING`` for a meta tensor, else None."""
+    if begin and not begin % itemsize and t.storage_offset() * itemsize + size <= t.untyped_storage().nbytes():
+        return begin, begin + size
+    return _NOTHING if not begin and device.type == "meta" else None
+
+
+def _empty_span(t):
+    """The span of a tensor without elements: ``_NOTHING`` when it is strided, else None."""
+    return _NOTHING if t.layout is _STRIDED else None
+
 
 def _index_span(t, device, shape):
     """The hot-path form of ``_index_vector``: ``shape`` is the ``torch.Size`` ``t`` must have (the
@@ -131,11 +189,9 @@ def _index_span(t, device, shape):
     if (dtype is _INT32 or dtype is _INT64) and t.shape == shape and t.device == device:
         length = shape[0]
         if not length:
-            return _NOTHING
-        begin = t.data_ptr()
-        if not begin:
-            return _NOTHING
-        return begin, begin + ((length - 1) * t.stride()[0] + 1) * (4 if dtype is _INT32 else 8)
+            return _empty_span(t)
+        itemsize = 4 if dtype is _INT32 else 8
+        return _held(t, t.data_ptr(), ((length - 1) * t.stride()[0] + 1) * itemsize, itemsize, device)
     return None
 
 
@@ -156,8 +212,7 @@ def _int32_span(t, device, ndim, min_rows=0, distinct_rows=False):
         extent = (rows - 1) * stride[0] + width if rows and width else 0
     if rows < min_rows:
         return None
-    begin = t.data_ptr() if extent else 0
-    return (begin, begin + 4 * extent) if begin else _NOTHING
+    return _held(t, t.data_ptr(), 4 * extent, 4, device) if extent else _empty_span(t)
 
 
 def _apart(span, others):
@@ -202,7 +257,7 @@ def check_page_table_args(req_to_token, req_pool_indices, seq_lens, out, page_si
                     lens_written = _int32_span(seq_lens_out, device, 1, batch)
                     if lens_written and _apart(written, inputs + (lens_written,)) and _apart(lens_written, inputs):
                         return device
-    except (AttributeError, IndexError, TypeError):
+    except (AttributeError, IndexError, TypeError, RuntimeError, NotImplementedError):
         pass
     batch, device = _common(req_to_token, req_pool_indices, seq_lens, kv_start_idx, lens_name)
     _int32_tensor("out", out, 2)
@@ -245,8 +300,10 @@ def _out_vector_span(t, device):
         stride = t.stride()
         if len(stride) == 1 and stride[0] == 1:
             length = t.shape[0]
-            begin = t.data_ptr() if length else 0
-            return (begin, begin + length * (4 if dtype is _INT32 else 8)) if begin else _NOTHING
+            if not length:
+                return _empty_span(t)
+            itemsize = 4 if dtype is _INT32 else 8
+            return _held(t, t.data_ptr(), length * itemsize, itemsize, device)
     return None
 
 
@@ -281,7 +338,7 @@ def check_token_csr_args(req_to_token, req_pool_indices, seq_lens, kv_indptr, ou
                     mapping = _mapping_span(token_mapping, device)
                     if mapping and _apart(written, (mapping,)):
                         return device
-    except (AttributeError, IndexError, TypeError):
+    except (AttributeError, IndexError, TypeError, RuntimeError, NotImplementedError):
         pass
     batch, device = _common(req_to_token, req_pool_indices, seq_lens, kv_start_idx, lens_name)
     _index_vector("kv_indptr", kv_indptr, device, batch, at_least=True)
@@ -339,7 +396,7 @@ def check_mha_page_table_args(req_to_token, req_pool_indices, seq_lens, page_tab
                     if (swa_written and mapping and _apart(written, inputs + (mapping, swa_written))
                             and _apart(swa_written, inputs + (mapping,))):
                         return device
-    except (AttributeError, IndexError, TypeError):
+    except (AttributeError, IndexError, TypeError, RuntimeError, NotImplementedError):
         pass
     batch, device = _common(req_to_token, req_pool_indices, seq_lens, None)
     _table_output("page_table", page_table, batch, device)
@@ -382,7 +439,7 @@ def check_translated_page_table_args(req_to_token, req_pool_indices, seq_lens, v
                     and (max_pages is None or _small_int(max_pages, 0, out.shape[1]))
                     and _apart(written, (table, pool, lens, mapping))):
                 return device
-    except (AttributeError, IndexError, TypeError):
+    except (AttributeError, IndexError, TypeError, RuntimeError, NotImplementedError):
         pass
     batch, device = _common(req_to_token, req_pool_indices, seq_lens, None)
     _contiguous_vector("v2p", v2p, device)
@@ -502,6 +559,6 @@ def dcp_lengths_device(seq_lens, dcp_size, dcp_rank, kv_start_idx, out, lens_nam
         if out.shape[0] > 1 and out.stride(0) == 0:
             raise ValueError(f"entries of out share memory: its stride is 0 (shape {tuple(out.shape)}, an expanded "
                              "view); it must have an entry of its own per request")
-        _check_apart((("out", out),), ((lens_name, seq_lens), (start_name, kv_start_idx)))
+    _check_apart((("out", out),), ((lens_name, seq_lens), (start_name, kv_start_idx)))
     _check_dcp(dcp_size, dcp_rank, False)
     return device

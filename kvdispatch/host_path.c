@@ -70,12 +70,13 @@ static launch_fn launch_kernel = NULL;
 static context_fn current_context = NULL;
 static PyObject *stream_query = NULL, *tensor_type = NULL;
 static struct {
-    get_int64_fn dim;
+    get_int64_fn dim, storage_size, storage_offset;
     get_int64s_fn sizes, strides;
     get_pointer_fn data_ptr;
-    get_int32_fn dtype, device_type, device_index;
+    get_int32_fn dtype, device_type, device_index, layout;
     int32_t int32_code, int64_code;  // the shim's dtype codes of torch.int32 and torch.int64
     int32_t launch_device_type;      // the device type code of the tensors launches take
+    int32_t strided_code;            // the shim's layout code of torch.strided
 } shim;
 static long index_offset = 0;  // added to a tensor's device index: 0 on GPUs; 1 lets the tests use CPU tensors
 static unsigned long long launches = 0;
@@ -149,19 +150,20 @@ static void set_ref(PyObject **slot, PyObject *value) {
 }
 
 // configure(launch address, context address, stream query, torch.Tensor, shim, index offset); shim: the
-// addresses of aoti_torch_get_dim, _sizes, _strides, _data_ptr, _dtype, _device_type and _device_index, then the
-// dtype codes of int32 and int64 and the launch device's type code.
+// addresses of aoti_torch_get_dim, _sizes, _strides, _data_ptr, _dtype, _device_type, _device_index, _layout,
+// _storage_size and _storage_offset (host_path.SHIM_GETTERS), then the dtype codes of int32 and int64, the launch
+// device's type code and the layout code of torch.strided.
 static PyObject *configure(PyObject *self, PyObject *args) {
-    unsigned long long launch_address, context_address, getters[7];
-    int codes[3];
+    unsigned long long launch_address, context_address, getters[10];
+    int codes[4];
     PyObject *query, *type;
     long offset;
-    if (!PyArg_ParseTuple(args, "KKOO(KKKKKKKiii)l", &launch_address, &context_address, &query, &type, &getters[0],
-                          &getters[1], &getters[2], &getters[3], &getters[4], &getters[5], &getters[6], &codes[0],
-                          &codes[1], &codes[2], &offset))
+    if (!PyArg_ParseTuple(args, "KKOO(KKKKKKKKKKiiii)l", &launch_address, &context_address, &query, &type,
+                          &getters[0], &getters[1], &getters[2], &getters[3], &getters[4], &getters[5], &getters[6],
+                          &getters[7], &getters[8], &getters[9], &codes[0], &codes[1], &codes[2], &codes[3], &offset))
         return NULL;
     if (!PyType_Check(type)) return PyErr_Format(PyExc_TypeError, "configure: the tensor type must be a type");
-    for (int i = 0; i < 7; ++i)
+    for (int i = 0; i < 10; ++i)
         if (!getters[i]) return PyErr_Format(PyExc_ValueError, "configure: shim getter %d is missing", i);
     set_ref(&stream_query, query);
     set_ref(&tensor_type, type);
@@ -172,7 +174,11 @@ static PyObject *configure(PyObject *self, PyObject *args) {
     shim.dtype = (get_int32_fn)(uintptr_t)getters[4];
     shim.device_type = (get_int32_fn)(uintptr_t)getters[5];
     shim.device_index = (get_int32_fn)(uintptr_t)getters[6];
+    shim.layout = (get_int32_fn)(uintptr_t)getters[7];
+    shim.storage_size = (get_int64_fn)(uintptr_t)getters[8];
+    shim.storage_offset = (get_int64_fn)(uintptr_t)getters[9];
     shim.int32_code = codes[0], shim.int64_code = codes[1], shim.launch_device_type = codes[2];
+    shim.strided_code = codes[3];
     launch_kernel = (launch_fn)(uintptr_t)launch_address;
     current_context = (context_fn)(uintptr_t)context_address;
     index_offset = offset;
@@ -311,8 +317,10 @@ static int overlaps_any(const tensor_info *a, const tensor_info *const *others, 
     return 0;
 }
 
-// What the validator's hot path reads, for a tensor of exactly `dim` dimensions (-1: any up to 2) on the launch
-// device type. Returns 0, or -1 with no error set when anything does not fit.
+// What the validator's hot path reads, for a strided tensor of exactly `dim` dimensions (-1: any up to 2) on the
+// launch device type; an int32 or int64 one with elements must have memory that holds it (_validate._check_storage:
+// a data pointer aligned to the element size, a storage covering the view). Returns 0, or -1 with no error set when
+// anything does not fit.
 static int read_tensor(PyObject *t, int dim, tensor_info *info) {
     if (Py_TYPE(t) != (PyTypeObject *)tensor_type || !shim.dim) return -1;
     PyObject *address = PyObject_GetAttr(t, s_impl_address);
@@ -325,25 +333,33 @@ static int read_tensor(PyObject *t, int dim, tensor_info *info) {
     void *tensor = &impl;  // an at::Tensor: its TensorImpl pointer
     int64_t rank, *sizes, *strides;
     void *data;
-    int32_t device_type, device_index, dtype;
+    int32_t device_type, device_index, dtype, layout;
     if (shim.device_type(tensor, &device_type) || device_type != shim.launch_device_type ||
-        shim.dim(tensor, &rank) || rank > 2 || (dim >= 0 && rank != dim) || shim.sizes(tensor, &sizes) ||
-        shim.strides(tensor, &strides) || shim.data_ptr(tensor, &data) || shim.dtype(tensor, &dtype) ||
-        shim.device_index(tensor, &device_index))
+        shim.layout(tensor, &layout) || layout != shim.strided_code || shim.dim(tensor, &rank) || rank > 2 ||
+        (dim >= 0 && rank != dim) || shim.sizes(tensor, &sizes) || shim.strides(tensor, &strides) ||
+        shim.data_ptr(tensor, &data) || shim.dtype(tensor, &dtype) || shim.device_index(tensor, &device_index))
         return -1;
     info->dim = (int)rank;
+    info->dtype = dtype == shim.int32_code ? 1 : dtype == shim.int64_code ? 2 : 0;
     uint64_t extent = 1;  // elements from the first to the last (PyTorch strides are never negative)
-    int empty = data == NULL;
+    int empty = 0;
     for (int i = 0; i < rank; ++i) {
         info->size[i] = sizes[i], info->stride[i] = strides[i];
         empty |= sizes[i] == 0;
         extent += (uint64_t)(sizes[i] - 1) * (uint64_t)strides[i];
     }
+    const uint64_t itemsize = info->dtype == 2 ? 8 : 4;  // other dtypes are refused by every caller
     info->data = (uint64_t)(uintptr_t)data;
+    if (!empty && info->dtype) {  // storage that exists and covers the view, a pointer aligned to the element
+        int64_t held, offset;
+        if (data == NULL || info->data % itemsize || shim.storage_size(tensor, &held) ||
+            shim.storage_offset(tensor, &offset) || held <= 0 || offset < 0 ||
+            ((uint64_t)offset + extent) * itemsize > (uint64_t)held)
+            return -1;
+    }
     info->device = (long)device_index + index_offset;
-    info->dtype = dtype == shim.int32_code ? 1 : dtype == shim.int64_code ? 2 : 0;
     info->span[0] = empty ? 0 : info->data;
-    info->span[1] = empty ? 0 : info->data + extent * (info->dtype == 2 ? 8 : 4);  // other dtypes are refused
+    info->span[1] = empty ? 0 : info->data + extent * itemsize;
     return info->device >= 0 ? 0 : -1;
 }
 

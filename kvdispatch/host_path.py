@@ -8,7 +8,9 @@ per op (0.64-0.84x ``add_`` for every op in ``kvdispatch bench`` on an H200; ``d
 each tensor's metadata through PyTorch's C shim (``tensor_shim``). It takes a call
 only when it is exactly a case the Python path has already launched: same device, selection (which names the
 launcher: ``on_selected``), shape key and current context. For anything else it returns ``NotImplemented``
-and the Python path runs, so errors, fallbacks and first calls are unchanged.
+and the Python path runs, so errors, fallbacks and first calls are unchanged: a tensor that is not strided, or
+whose memory does not hold its view (``kvdispatch._validate``: a released or short storage, a pointer not aligned
+to its element size; the shim's layout, storage size and offset tell), is never launched from C, by either entry.
 
 The other ops (``REPLAYED``) have one generic entry, ``replay``: validation stays in Python. A call of such
 an op that the Python path validated and served with exactly one launch (``call_and_register``: the backends
@@ -162,13 +164,14 @@ def open_driver(library: str, reuse_loaded: bool):
 
 # PyTorch's C shim getters host_path.c reads tensors with, in configure()'s order.
 SHIM_GETTERS = ("aoti_torch_get_dim", "aoti_torch_get_sizes", "aoti_torch_get_strides", "aoti_torch_get_data_ptr",
-                "aoti_torch_get_dtype", "aoti_torch_get_device_type", "aoti_torch_get_device_index")
+                "aoti_torch_get_dtype", "aoti_torch_get_device_type", "aoti_torch_get_device_index",
+                "aoti_torch_get_layout", "aoti_torch_get_storage_size", "aoti_torch_get_storage_offset")
 
 
 def tensor_shim(device_type: str) -> tuple[int, ...]:
     """configure()'s ``shim``: the addresses of ``SHIM_GETTERS`` in the ``libtorch_cpu`` this process has
-    loaded (never a library loaded anew), then the shim's codes of int32, int64 and ``device_type`` ("cuda",
-    also ROCm's devices, or "cpu" for the tests)."""
+    loaded (never a library loaded anew), then the shim's codes of int32, int64, ``device_type`` ("cuda",
+    also ROCm's devices, or "cpu" for the tests) and the strided layout."""
     path = loaded_library("libtorch_cpu")
     if path is None:
         raise RuntimeError("libtorch_cpu is not loaded in this process")
@@ -181,7 +184,7 @@ def tensor_shim(device_type: str) -> tuple[int, ...]:
         return function()
 
     return addresses + (code("aoti_torch_dtype_int32"), code("aoti_torch_dtype_int64"),
-                        code(f"aoti_torch_device_type_{device_type}"))
+                        code(f"aoti_torch_device_type_{device_type}"), code("aoti_torch_layout_strided"))
 
 
 def _configure_for(module, vendor: str) -> None:

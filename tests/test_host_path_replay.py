@@ -339,6 +339,25 @@ def test_hands_back_a_call_of_another_key(stubs, op, launcher):
     assert replayed(stubs, op, siblings(args)) is not NotImplemented
 
 
+@pytest.mark.parametrize("launcher", LAUNCHERS)
+@pytest.mark.parametrize("op", OPS)
+def test_hands_back_a_tensor_its_memory_does_not_hold(stubs, op, launcher):
+    """A call of the registered key with one tensor whose storage was released, or is one element short of its
+    view: C launches nothing (the validator refuses it)."""
+    args = random_args(op, 404)
+    approve(stubs, op, launcher)
+    python_path(stubs, op, launcher, args)
+    for index in [i for i, a in enumerate(args) if isinstance(a, torch.Tensor) and a.numel()]:
+        for held in ("released", "short"):
+            call = siblings(args)
+            t = call[index]
+            end = (t.storage_offset() + 1 + sum((n - 1) * s for n, s in zip(t.shape, t.stride()))) * t.element_size()
+            t.untyped_storage().resize_(0 if held == "released" else end - t.element_size())
+            assert replayed(stubs, op, call) is NotImplemented, (index, held)
+    assert not stubs.launches
+    assert replayed(stubs, op, siblings(args)) is not NotImplemented
+
+
 def _placed(base, byte_offset, like):
     """A view of ``base`` (uint8) with ``like``'s dtype, shape and strides from ``byte_offset``."""
     return base.view(like.dtype).as_strided(like.shape, like.stride(), byte_offset // like.element_size())
