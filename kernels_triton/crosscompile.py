@@ -22,7 +22,7 @@ import sys
 from dataclasses import dataclass
 
 from kvdispatch import grid as launch_grid
-from kvdispatch._env import flag
+from kvdispatch._env import triton_flag
 
 from . import dcp, draft_decode, launch, mapped_tables, page_table, token_csr
 
@@ -172,7 +172,7 @@ def cross_compile(target, page_sizes=PAGE_SIZES, index_types=("i32", "i64"), pdl
     compilation runs in a child process without it.
     """
     target = tuple(target)
-    if flag("TRITON_INTERPRET"):
+    if triton_flag("TRITON_INTERPRET"):
         return _cross_compile_in_child(target, page_sizes, index_types, pdl)
     if pdl:
         specs = pdl_specializations(target[2]) if target[0] == "cuda" else ()
