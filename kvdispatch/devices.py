@@ -153,16 +153,22 @@ def normalize_device(device=None) -> torch.device:
     return device
 
 
+def no_gpu_reason() -> str:
+    """Why PyTorch has no GPU here (``torch.cuda.is_available()`` is False)."""
+    if not (torch.version.cuda or torch.version.hip):
+        return f"this PyTorch ({torch.__version__}) is built without CUDA or ROCm"
+    return "PyTorch sees no GPU (driver, CUDA_VISIBLE_DEVICES / HIP_VISIBLE_DEVICES)"
+
+
 def _on_a_gpu(device: torch.device, read, *args):
-    """``read(*args)``, a PyTorch CUDA function, for ``device``; where it fails because PyTorch has no GPU (a
-    CPU-only build, no driver: an ``AssertionError`` or ``RuntimeError``), a ``ValueError`` saying so."""
+    """``read(*args)``, a PyTorch CUDA function, for ``device``; where it fails because PyTorch has no GPU (an
+    ``AssertionError`` or ``RuntimeError`` then), a ``ValueError`` saying so."""
     try:
         return read(*args)
     except (AssertionError, RuntimeError) as exc:
         if torch.cuda.is_available():
             raise
-        raise ValueError(f"device {device}: PyTorch sees no CUDA or ROCm GPU here (torch.cuda.is_available() is "
-                         f"False; torch {torch.__version__})") from exc
+        raise ValueError(f"device {device}: no GPU here: {no_gpu_reason()}") from exc
 
 
 def probe(device=None) -> DeviceInfo:
