@@ -100,10 +100,10 @@ def add_plan(op: str, key: tuple, call: launch.KernelCall) -> None:
     does, with the C path, as the launch mode says. In ``auto`` mode nothing here ever fails the call: a plan
     it cannot register leaves such calls on the Python path."""
     global _off
+    mode = launch_mode()  # an invalid value raises before the key counts as tried
     if len(_tried) >= MAX_PLANS:
         reset()
     _tried.add(key)
-    mode = launch_mode()
     if mode == "python":
         _off = True
         return

@@ -238,7 +238,9 @@ def load(device_index: int | None = None):
                 dispatch.fast_token_csr = module.token_csr
                 dispatch.fast_replay = module.replay
                 _module = module
-            except Exception as exc:  # any failure: the Python path serves
+            except _env.InvalidVariableError:  # the caller's error: raised, and the next call tries again
+                raise
+            except Exception as exc:  # any other failure: the Python path serves
                 _failure = f"{type(exc).__name__}: {exc}"
                 refused = isinstance(exc, _build_cache.UntrustedPathError)
                 log.log(logging.WARNING if refused else logging.INFO,

@@ -664,6 +664,20 @@ def test_the_hip_host_path_variable_is_read_on_nvidia(sim, monkeypatch):
     assert host_path.configuration_for(device.index) is host_path.configure_for_cuda
 
 
+def test_an_invalid_variable_does_not_take_the_compiled_host_path_away(sim, monkeypatch):
+    """Raised to the caller when the extension loads, not recorded as the reason it is not available."""
+    from kvdispatch import host_path  # noqa: PLC0415
+
+    device = sim.add(H200)
+    monkeypatch.setattr(host_path, "_module", None)
+    monkeypatch.setattr(host_path, "_failure", None)
+    monkeypatch.setattr(host_path, "build", lambda: pytest.fail("built despite an invalid variable"))
+    monkeypatch.setenv("KVDISPATCH_HIP_HOST_PATH", "maybe")
+    with pytest.raises(ValueError, match="KVDISPATCH_HIP_HOST_PATH must be one of"):
+        host_path.load(device.index)
+    assert host_path.failure() is None
+
+
 # ---------------------------------------------------------------- TRITON_INTERPRET, read as Triton reads it
 
 
