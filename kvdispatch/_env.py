@@ -1,7 +1,8 @@
 """The package's environment variables and their two parsers, booleans (``flag``) and enumerations (``choice``):
-every ``KVDISPATCH_*`` variable is read through them, and ``check_variables`` reads them all, so that an invalid
-value is an ``InvalidVariableError`` on every platform, also for a variable only another vendor's or backend's
-path reads. ``TRITON_INTERPRET`` is Triton's own variable and is read as Triton reads it (``triton_flag``)."""
+every ``KVDISPATCH_*`` switch is read through them (``KVDISPATCH_CACHE_DIR``, a path, is ``_build_cache``'s), and
+``check_variables`` reads them all, so that an invalid value is an ``InvalidVariableError`` on every platform,
+also for a variable only another vendor's or backend's path reads. ``TRITON_INTERPRET`` is Triton's own
+variable and is read as Triton reads it (``triton_flag``)."""
 
 from __future__ import annotations
 
@@ -9,8 +10,9 @@ import os
 
 _ON = frozenset({"1", "true", "yes", "on"})
 _OFF = frozenset({"0", "false", "no", "off", ""})
-# What Triton (3.6 to 3.9: ``knobs.env_bool``, libtriton's ``getenv_bool``) takes for true: the value, lowered,
-# exactly one of these (no spaces stripped); anything else is false.
+# What Triton takes for true (``knobs.env_bool``, through libtriton's ``getenv_bool`` in 3.9): the value, lowered,
+# exactly one of these (no spaces stripped); anything else is false. tests/test_dispatch.py compares this reading
+# with the installed Triton's.
 _TRITON_ON = frozenset({"1", "y", "yes", "on", "true"})
 
 BACKEND = "KVDISPATCH_BACKEND"
