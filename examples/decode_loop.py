@@ -71,12 +71,26 @@ class Failure(Exception):
         self.status = status
 
 
+def bounded(low, high=None):
+    """An argparse type: an int in ``[low, high]`` (no upper bound for None), else a usage error."""
+    def parse(text):
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+        if value < low or (high is not None and value > high):
+            bound = f"at least {low}" if high is None else f"in [{low}, {high}]"
+            raise argparse.ArgumentTypeError(f"must be {bound}, got {value}")
+        return value
+    return parse
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="decode_loop.py", description=__doc__.split("\n")[0])
-    parser.add_argument("--steps", type=int, default=20)
-    parser.add_argument("--batch", type=int, default=8, help="batch slots (the captured batch size)")
-    parser.add_argument("--page-size", type=int, default=16)
-    parser.add_argument("--max-context", type=int, default=1024)
+    parser.add_argument("--steps", type=bounded(0), default=20)
+    parser.add_argument("--batch", type=bounded(1), default=8, help="batch slots (the captured batch size)")
+    parser.add_argument("--page-size", type=bounded(1, kvdispatch.grid.MAX_PAGE_SIZE), default=16)
+    parser.add_argument("--max-context", type=bounded(1), default=1024)
     parser.add_argument("--backend", default=None, help="triton | cupy | torch (default: auto)")
     parser.add_argument("--check", action="store_true", help="verify each table against the pool")
     parser.add_argument("--seed", type=int, default=0)

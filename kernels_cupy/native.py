@@ -22,17 +22,16 @@ Imports neither CuPy nor the kernel runtime (``runtime.py`` is imported where a 
 from __future__ import annotations
 
 import logging
-import os
 from typing import TYPE_CHECKING
 
-from kvdispatch import grid, host_path
+from kvdispatch import _env, grid, host_path
 
 if TYPE_CHECKING:  # launch.py imports this module
     from . import launch
 
 LAUNCHER = "cupy"
-LAUNCH_ENV = "KVDISPATCH_CUPY_LAUNCH"
-LAUNCH_MODES = ("auto", "native", "python")
+LAUNCH_ENV = _env.CUPY_LAUNCH
+LAUNCH_MODES = _env.LAUNCH_MODES[LAUNCH_ENV]
 MAX_PLANS = 4096  # the C path's table holds this many CuPy plans (host_path.c, TABLE_SLOTS)
 
 log = logging.getLogger("kvdispatch")
@@ -44,10 +43,7 @@ _off = False
 
 def launch_mode() -> str:
     """``KVDISPATCH_CUPY_LAUNCH``: ``auto``, ``native`` or ``python`` (surrounding spaces and case ignored)."""
-    mode = os.environ.get(LAUNCH_ENV, "auto").strip().lower() or "auto"
-    if mode not in LAUNCH_MODES:
-        raise ValueError(f"{LAUNCH_ENV} must be one of {', '.join(LAUNCH_MODES)}; got {mode!r}")
-    return mode
+    return _env.choice(LAUNCH_ENV, LAUNCH_MODES)
 
 
 def on_selected(device, op, backend) -> None:
@@ -104,10 +100,10 @@ def add_plan(op: str, key: tuple, call: launch.KernelCall) -> None:
     does, with the C path, as the launch mode says. In ``auto`` mode nothing here ever fails the call: a plan
     it cannot register leaves such calls on the Python path."""
     global _off
+    mode = launch_mode()  # an invalid value raises before the key counts as tried
     if len(_tried) >= MAX_PLANS:
         reset()
     _tried.add(key)
-    mode = launch_mode()
     if mode == "python":
         _off = True
         return

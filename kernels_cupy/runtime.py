@@ -9,6 +9,7 @@ graph once the device's module is compiled (the first call compiles; warm up bef
 from __future__ import annotations
 
 import ctypes
+import os
 import threading
 
 import cupy
@@ -31,6 +32,17 @@ class _RawStream:
 
     def __init__(self, ptr: int):
         self.ptr = ptr
+
+
+def _after_fork() -> None:
+    """In a child made by ``os.fork``: a new lock (another thread may have held this one at the fork) and no
+    compiled kernels (CUDA state does not cross a fork)."""
+    global _lock
+    _lock = threading.Lock()
+    _kernels.clear()
+
+
+os.register_at_fork(after_in_child=_after_fork)
 
 
 def kernel(index: int, name: str, defines: tuple):

@@ -5,7 +5,7 @@ it serves, decided without importing Triton or the kernel modules (this module i
 from __future__ import annotations
 
 from kvdispatch import devices
-from kvdispatch._env import flag
+from kvdispatch._env import triton_flag
 
 NAME = "triton"
 MODULE = "kernels_triton"
@@ -25,7 +25,7 @@ def reason_if_unsupported(raw: devices.RawDevice, family: str) -> str | None:
     if not devices._module_present("triton"):
         return f'Triton is not installed (pip install "{install_hint(raw.vendor)}")'
     if raw.vendor == "cpu":
-        if flag("TRITON_INTERPRET"):
+        if triton_flag("TRITON_INTERPRET"):  # as Triton reads it: then it interprets the kernels
             return None
         return "CPU tensors run Triton kernels only in its interpreter: set TRITON_INTERPRET=1 before the first call"
     if raw.vendor not in ("nvidia", "amd"):

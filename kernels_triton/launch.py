@@ -40,12 +40,12 @@ import torch
 import triton
 import triton.language as tl
 
-from kvdispatch import host_path
+from kvdispatch import _env, host_path
 
 from . import native
 
-LAUNCH_ENV = "KVDISPATCH_TRITON_LAUNCH"
-LAUNCH_MODES = ("auto", "native", "direct", "fast", "plain")
+LAUNCH_ENV = _env.TRITON_LAUNCH
+LAUNCH_MODES = _env.LAUNCH_MODES[LAUNCH_ENV]
 # Launch plans are kept per shape; engines use a handful of (batch, width) pairs, but a caller that
 # varies them freely must not grow the cache without bound.
 MAX_PLANS = 4096
@@ -107,10 +107,7 @@ def release_dependents(PDL: tl.constexpr):
 def launch_mode() -> str:
     """``KVDISPATCH_TRITON_LAUNCH``: ``auto`` (the deepest path supported), ``native``, ``direct`` or ``fast``
     (required), or ``plain``."""
-    mode = os.environ.get(LAUNCH_ENV, "auto").strip().lower() or "auto"
-    if mode not in LAUNCH_MODES:
-        raise ValueError(f"{LAUNCH_ENV} must be one of {', '.join(LAUNCH_MODES)}; got {mode!r}")
-    return mode
+    return _env.choice(LAUNCH_ENV, LAUNCH_MODES)
 
 
 @dataclass(frozen=True)
@@ -597,6 +594,19 @@ def reset(compiled: bool = False) -> None:
             launcher.conventions.clear()
             launcher.direct_paths.clear()
             launcher.native_kernels.clear()
+
+
+def _after_fork() -> None:
+    """In a child made by ``os.fork``: new locks (another thread may have been inside a launch, holding one, at
+    the fork) and no plans or compiled kernels (CUDA state does not cross a fork)."""
+    global _interpreter_lock
+    _interpreter_lock = threading.Lock()
+    for launcher in _launchers:
+        launcher._lock = threading.Lock()
+    reset(compiled=True)
+
+
+os.register_at_fork(after_in_child=_after_fork)
 
 
 def supports_pdl(device_index: int) -> bool:

@@ -80,6 +80,13 @@ def _python_int(name, value, low, high):
         raise ValueError(f"{name} must be in [{low}, {high}], got {value}")
 
 
+def check_flag(name, value, optional=False):
+    """``value`` is a ``bool`` (or None, where ``optional``); anything else (an int, a string, a tensor) is a
+    ``TypeError`` naming ``name``."""
+    if not (value is True or value is False or (optional and value is None)):
+        raise TypeError(f"{name} must be a bool{' or None' if optional else ''}, got {type(value).__name__}")
+
+
 _NOTHING = (0, 0)  # the span of a tensor without elements or memory, or of an absent one: it meets no other
 
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 import torch
 
 from . import _debug, dispatch, reference
-from ._validate import (check_dcp_page_table_args, check_dcp_token_csr_args, check_draft_decode_args,
+from ._validate import (check_dcp_page_table_args, check_dcp_token_csr_args, check_draft_decode_args, check_flag,
                         check_mha_page_table_args, check_page_table_args, check_token_csr_args,
                         check_translated_page_table_args, dcp_lengths_device)
 
@@ -86,11 +86,11 @@ def create_flashmla_kv_indices(req_to_token, req_pool_indices, seq_lens, out, *,
     Returns:
         ``out``.
     """
+    pdl = _pdl(enable_pdl)  # also while tracing: the custom op's schema would refuse a string with its own error
     if _compiling():
         return _page_table_in_graph(req_to_token, req_pool_indices, seq_lens, out, page_size, kv_start_idx,
                                     seqlen_offset, seq_lens_out, fill_value, round_toward_zero, backend,
                                     enable_pdl)
-    pdl = dispatch.pdl_default if enable_pdl is None else enable_pdl
     fast = dispatch.fast_page_table
     if fast is not None and not _debug.ENABLED and not pdl:  # the compiled launcher takes no PDL call
         # The compiled launcher hands back (NotImplemented) every call with round_toward_zero set.
@@ -146,10 +146,10 @@ def create_flashinfer_kv_indices(req_to_token, req_pool_indices, seq_lens, kv_in
     Returns:
         ``out``.
     """
+    pdl = _pdl(enable_pdl)  # also while tracing: the custom op's schema would refuse a string with its own error
     if _compiling():
         return _token_csr_in_graph(req_to_token, req_pool_indices, seq_lens, kv_indptr, out, kv_start_idx,
                                    entry_page_size, token_mapping, backend, enable_pdl)
-    pdl = dispatch.pdl_default if enable_pdl is None else enable_pdl
     fast = dispatch.fast_token_csr
     if fast is not None and not _debug.ENABLED and not pdl:  # the compiled launcher takes no PDL call
         # The compiled launcher hands back (NotImplemented) every call with an option or an int64 out.
@@ -242,13 +242,13 @@ def create_trtllm_mha_page_table(req_to_token, req_pool_indices, seq_lens, page_
     Returns:
         ``page_table``.
     """
+    pdl = _pdl(enable_pdl)  # also while tracing: the custom op's schema would refuse a string with its own error
     if _compiling():
         torch.ops.kvdispatch.create_trtllm_mha_page_table(
             req_to_token, req_pool_indices, seq_lens, page_table, page_size=page_size,
             swa_page_table=swa_page_table, full_to_swa=full_to_swa, round_toward_zero=round_toward_zero,
             backend=_requested_backend(backend, dispatch.generation), enable_pdl=enable_pdl)
         return page_table
-    pdl = dispatch.pdl_default if enable_pdl is None else enable_pdl
     if _replayed(_MHA_PAGE_TABLE, backend, pdl, req_to_token, req_pool_indices, seq_lens, page_table, page_size,
                  swa_page_table, full_to_swa, round_toward_zero):
         return page_table
@@ -299,13 +299,13 @@ def create_translated_page_table(req_to_token, req_pool_indices, seq_lens, v2p, 
     Returns:
         ``out``.
     """
+    pdl = _pdl(enable_pdl)  # also while tracing: the custom op's schema would refuse a string with its own error
     if _compiling():
         torch.ops.kvdispatch.create_translated_page_table(
             req_to_token, req_pool_indices, seq_lens, v2p, out, page_size=page_size, multiplier=multiplier,
             max_pages=max_pages, seq_len_delta=seq_len_delta, backend=_requested_backend(backend, dispatch.generation),
             enable_pdl=enable_pdl)
         return out
-    pdl = dispatch.pdl_default if enable_pdl is None else enable_pdl
     if _replayed(_TRANSLATED_PAGE_TABLE, backend, pdl, req_to_token, req_pool_indices, seq_lens, v2p, out, page_size,
                  multiplier, max_pages, seq_len_delta):
         return out
@@ -380,11 +380,11 @@ def create_draft_decode_kv_indices(req_to_token, req_pool_indices, seq_lens, kv_
     Returns:
         ``out``.
     """
+    pdl = _pdl(enable_pdl)  # also while tracing: the custom op's schema would refuse a string with its own error
     if _compiling():
         return _draft_decode_in_graph(req_to_token, req_pool_indices, seq_lens, kv_indptr, out, num_steps, topk,
                                       page_size, positions, window_size, sink_size, v2p, write_indptr_start,
                                       round_toward_zero, backend, enable_pdl)
-    pdl = dispatch.pdl_default if enable_pdl is None else enable_pdl
     if _replayed(_DRAFT_DECODE, backend, pdl, req_to_token, req_pool_indices, seq_lens, kv_indptr, out, num_steps, topk,
                  page_size, positions, window_size, sink_size, v2p, write_indptr_start, round_toward_zero):
         return out
@@ -450,7 +450,7 @@ def create_dcp_kv_indices(req_to_token, req_pool_indices, local_seq_lens, kv_ind
     Returns:
         ``out``.
     """
-    pdl = dispatch.pdl_default if enable_pdl is None else enable_pdl
+    pdl = _pdl(enable_pdl)
     if not _compiling() and _replayed(_DCP_TOKEN_CSR, backend, pdl, req_to_token, req_pool_indices, local_seq_lens,
                                       kv_indptr, out, dcp_size, dcp_rank, kv_start_idx, round_toward_zero):
         return out
@@ -493,7 +493,7 @@ def create_dcp_page_table(req_to_token, req_pool_indices, local_seq_lens, out, *
     Returns:
         ``out``.
     """
-    pdl = dispatch.pdl_default if enable_pdl is None else enable_pdl
+    pdl = _pdl(enable_pdl)
     if not _compiling() and _replayed(_DCP_PAGE_TABLE, backend, pdl, req_to_token, req_pool_indices, local_seq_lens,
                                       out, page_size, dcp_size, dcp_rank, fill_value, round_toward_zero):
         return out
@@ -541,8 +541,12 @@ def _dispatch(device, op, backend, pdl, args):
 
 def _pdl(enable_pdl):
     """The backends' ``pdl`` argument: ``enable_pdl``, or ``KVDISPATCH_PDL`` (``dispatch.pdl_default``) for
-    None. Each backend honours it only where the device supports PDL."""
-    return dispatch.pdl_default if enable_pdl is None else enable_pdl
+    None; anything but a bool or None is a ``TypeError``, before the compiled host path or a backend sees the
+    call. Each backend honours it only where the device supports PDL."""
+    if enable_pdl is None:
+        return dispatch.pdl_default
+    check_flag("enable_pdl", enable_pdl, optional=True)
+    return enable_pdl
 
 
 def dcp_local_lengths(seq_lens, dcp_size, dcp_rank, kv_start_idx=None, out=None):

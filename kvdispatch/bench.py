@@ -1359,7 +1359,8 @@ def parse_backends(text: str) -> list[str]:
 
 def plot_path(text: str) -> str:
     if importlib.util.find_spec("matplotlib") is None:
-        raise argparse.ArgumentTypeError('needs matplotlib: pip install "kvdispatch[bench]"')
+        raise argparse.ArgumentTypeError('needs matplotlib: pip install matplotlib (or, in a kvdispatch checkout, '
+                                         'pip install -e ".[bench]")')
     return text
 
 

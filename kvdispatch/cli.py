@@ -18,7 +18,7 @@ import traceback
 import torch
 
 from . import bench as bench_command
-from . import dispatch, info
+from . import devices, dispatch, info
 
 PROG = "kvdispatch"
 
@@ -47,10 +47,7 @@ def parse_device(text: str) -> torch.device:
         raise argparse.ArgumentTypeError(f"{text!r} is not a torch device (e.g. cpu, cuda, cuda:1)") from None
     if device.type == "cuda":
         if not torch.cuda.is_available():
-            built = torch.version.cuda or torch.version.hip
-            why = (f"this PyTorch ({torch.__version__}) is built without CUDA or ROCm" if not built
-                   else "PyTorch sees no GPU (driver, CUDA_VISIBLE_DEVICES / HIP_VISIBLE_DEVICES)")
-            raise argparse.ArgumentTypeError(f"{text}: no GPU here: {why}")
+            raise argparse.ArgumentTypeError(f"{text}: no GPU here: {devices.no_gpu_reason()}")
         count = torch.cuda.device_count()
         if device.index is not None and device.index >= count:
             raise argparse.ArgumentTypeError(f"{text}: this machine has {count} GPU(s), cuda:0 to cuda:{count - 1}")

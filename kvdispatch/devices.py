@@ -106,7 +106,7 @@ def read_device(device: torch.device) -> RawDevice:
         return RawDevice("cpu", "cpu", "cpu", platform.processor() or platform.machine(), os.cpu_count() or 1, 1)
     if device.type != "cuda":
         return RawDevice(str(device), device.type, device.type, device.type, 0, None)
-    props = torch.cuda.get_device_properties(device)
+    props = _on_a_gpu(device, torch.cuda.get_device_properties, device)
     if torch.version.hip:
         # "gfx942:sramecc+:xnack-" -> "gfx942"; major/minor mean nothing comparable on ROCm.
         vendor, arch = "amd", (getattr(props, "gcnArchName", "") or "").split(":")[0] or "unknown"
@@ -149,8 +149,26 @@ def normalize_device(device=None) -> torch.device:
         device = "cuda" if torch.cuda.is_available() else "cpu"
     device = torch.device(device)
     if device.type == "cuda" and device.index is None:
-        device = torch.device("cuda", torch.cuda.current_device())
+        device = torch.device("cuda", _on_a_gpu(device, torch.cuda.current_device))
     return device
+
+
+def no_gpu_reason() -> str:
+    """Why PyTorch has no GPU here (``torch.cuda.is_available()`` is False)."""
+    if not (torch.version.cuda or torch.version.hip):
+        return f"this PyTorch ({torch.__version__}) is built without CUDA or ROCm"
+    return "PyTorch sees no GPU (driver, CUDA_VISIBLE_DEVICES / HIP_VISIBLE_DEVICES)"
+
+
+def _on_a_gpu(device: torch.device, read, *args):
+    """``read(*args)``, a PyTorch CUDA function, for ``device``; where it fails because PyTorch has no GPU (an
+    ``AssertionError`` or ``RuntimeError`` then), a ``ValueError`` saying so."""
+    try:
+        return read(*args)
+    except (AssertionError, RuntimeError) as exc:
+        if torch.cuda.is_available():
+            raise
+        raise ValueError(f"device {device}: no GPU here: {no_gpu_reason()}") from exc
 
 
 def probe(device=None) -> DeviceInfo:
@@ -169,3 +187,14 @@ def clear_cache() -> None:
     """Forget every probed device (tests; or after changing TRITON_INTERPRET)."""
     with _lock:
         _cache.clear()
+
+
+def _after_fork() -> None:
+    """In a child made by ``os.fork``: a new lock (another thread may have held this one at the fork) and no
+    device probed (CUDA state does not cross a fork)."""
+    global _lock
+    _lock = threading.Lock()
+    _cache.clear()
+
+
+os.register_at_fork(after_in_child=_after_fork)

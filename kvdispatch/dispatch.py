@@ -3,16 +3,21 @@
 Auto order: Triton, then CuPy, then torch, each where the probe says it can serve the device.
 ``KVDISPATCH_BACKEND`` (read at first selection per device; ``reset()`` forgets) forces one; ``backend=``
 per call wins over it. A forced backend that cannot serve raises with the probe's reason, which names a
-package to install only where a missing one is why.
+package to install only where a missing one is why. Every ``KVDISPATCH_*`` variable is read at each first
+selection (``_env.check_variables``), so an invalid one raises there, on every platform.
 
-Failures, in auto mode: a backend that fails before it has served any call on a device (its module does
-not import, its kernels do not compile or do not run there) is taken out of auto selection for that
-device, with one warning, and the next one serves that call and the later ones, unless
-``KVDISPATCH_STRICT=1`` (then the failure raises). Once a backend has served a call on a device, a
-failing call (a launch these arguments make fail, ...) raises for that call only and the backend stays
-selected. A call beyond the GPU grid limits (``grid.GridLimitError``) is always that call's error. A forced
-backend's failures always raise. The hot path is one dict lookup per call, plus one attribute test while a
-selected backend has not served yet.
+Failures, in auto mode. A backend is taken out of auto selection for a device (with one warning, the next one
+serving that call and the later ones; ``KVDISPATCH_STRICT=1`` raises instead) only when it cannot run there
+at all: its module does not import, or its first call on the device fails (its kernels do not compile or do
+not run there). Every other failure is the call's own error, raised to the caller with the backend staying
+selected: any failing call once the backend has served a call on the device (a launch these arguments make
+fail, ...), and, first calls included, the errors that are the caller's by their kind: bad arguments (caught
+before any backend runs), a call beyond the GPU grid limits (``grid.GridLimitError``) and an invalid variable
+(``_env.InvalidVariableError``, a ``ValueError``). A forced backend's failures always raise. The hot path is one
+dict lookup per call, plus one attribute test while a selected backend has not served yet.
+
+A child process made by ``os.fork`` starts with fresh locks and forgets every selection and probe (another
+thread of the parent may have held a lock at the fork, and CUDA state does not cross it).
 """
 
 from __future__ import annotations
@@ -27,8 +32,8 @@ from dataclasses import dataclass
 
 import torch
 
-from . import _debug, devices
-from ._env import flag
+from . import _debug, _env, devices
+from ._env import InvalidVariableError, flag
 from .grid import GridLimitError
 
 # The registry and the auto order: one descriptor module per backend, in its own package (NAME, MODULE,
@@ -65,7 +70,7 @@ HOST_PATH_OPS = {"page_table": 0, "token_csr": 1, "draft_decode": 2, "dcp_token_
 
 # ``KVDISPATCH_PDL``: what ``enable_pdl=None`` means. Read at import and by ``reset()``, not per call (an
 # environment lookup costs more host time than a whole call's checks).
-pdl_default = flag("KVDISPATCH_PDL")
+pdl_default = flag(_env.PDL)
 
 # Bumped by ``reset()``. Code traced by ``torch.compile`` reads it (``kvdispatch.ops``), so Dynamo guards
 # on it and traces again after a reset instead of reusing a graph built for the old selection.
@@ -121,18 +126,19 @@ def requested_backend(backend: str | None = None) -> str:
     """The backend asked for: ``backend`` if given, else ``KVDISPATCH_BACKEND``, else ``"auto"``. Both are
     read alike: surrounding spaces and case do not matter, and empty means ``"auto"``."""
     if backend is None:
-        value, source = os.environ.get("KVDISPATCH_BACKEND", ""), "KVDISPATCH_BACKEND"
-    else:
-        value, source = backend, "backend"
-    name = (value.strip().lower() or "auto") if isinstance(value, str) else value
-    if name not in CHOICES:
-        raise ValueError(f"{source} must be one of {', '.join(CHOICES)}; got {value!r}")
-    return name
+        return _env.choice(_env.BACKEND, CHOICES)
+    return _env.normalized(backend, CHOICES, "backend")
 
 
 def strict() -> bool:
     """``KVDISPATCH_STRICT``, read where a backend fails (and checked at each first selection)."""
-    return flag("KVDISPATCH_STRICT")
+    return flag(_env.STRICT)
+
+
+def _described(device, info: devices.DeviceInfo) -> str:
+    """``device`` for a message, with its name, architecture and family: ``cuda:0 NVIDIA H200 (sm_90, hopper)``;
+    a CPU is only ``cpu`` (its architecture and family would read ``(cpu, cpu)``)."""
+    return str(device) if info.vendor == "cpu" else f"{device} {info.name} ({info.arch}, {info.family})"
 
 
 class _Selector:
@@ -148,13 +154,22 @@ class _Selector:
 
     def reset(self):
         with self._lock:
-            self._chosen.clear()
-            self._disabled.clear()
-            self._announced.clear()
-            self._served.clear()
-            self.untried.clear()
+            self._forget()
             for backend in REGISTRY.values():
                 backend.notify("on_deselected", None)
+
+    def _forget(self):
+        self._chosen.clear()
+        self._disabled.clear()
+        self._announced.clear()
+        self._served.clear()
+        self.untried.clear()
+
+    def after_fork(self):
+        """In a child made by ``os.fork``: a new lock (another thread may have held this one at the fork) and
+        nothing selected. The backends' hooks are not called: each module forgets its own state in the child."""
+        self._lock = threading.RLock()
+        self._forget()
 
     def disabled(self, device) -> dict[str, str]:
         return dict(self._disabled.get(device, {}))
@@ -190,8 +205,7 @@ class _Selector:
             if requested != "auto":
                 if requested not in usable:  # the probe's reasons name a package to install where one is missing
                     raise BackendUnavailableError(
-                        f"backend {requested!r} cannot serve {device} ({info.arch}, {info.family}): "
-                        f"{rejected[requested]}")
+                        f"backend {requested!r} cannot serve {_described(device, info)}: {rejected[requested]}")
                 chosen = requested
             else:
                 chosen = usable[0]  # torch always serves
@@ -200,8 +214,8 @@ class _Selector:
                 if info.family == "unknown":
                     warnings.warn(f"kvdispatch: unknown {info.vendor} architecture {info.arch} on {device}; "
                                   f"using the portable {chosen!r} backend", RuntimeWarning, stacklevel=4)
-                log.info("kvdispatch: %s %s (%s, %s): chose %s (%s); rejected: %s", device, info.name, info.arch,
-                         info.family, chosen, "forced" if requested != "auto" else "auto",
+                log.info("kvdispatch: %s: chose %s (%s); rejected: %s", _described(device, info), chosen,
+                         "forced" if requested != "auto" else "auto",
                          "; ".join(f"{k}: {v}" for k, v in rejected.items()) or "none")
         return chosen
 
@@ -217,14 +231,14 @@ class _Selector:
             return impl
         with self._lock:
             impl = self._chosen.get(key)
-            strict()  # a bad value is reported at the first call, not at the first failure
+            _env.check_variables(CHOICES)  # a bad value is reported at the first call, not at the first failure
             while impl is None:
                 requested = requested_backend(backend)
                 name = self.choose(device, requested)
                 try:
                     function = getattr(REGISTRY[name].load(), OP_FUNCTIONS[op])
                 except Exception as exc:
-                    if name == "torch" or strict():
+                    if name == "torch" or isinstance(exc, InvalidVariableError) or strict():
                         raise
                     if requested != "auto":
                         raise BackendUnavailableError(
@@ -257,15 +271,16 @@ class _Selector:
 
 
 selector = _Selector()
+os.register_at_fork(after_in_child=selector.after_fork)
 
 
 def call(device, op, backend, *args):
-    """Run ``op`` on the selected backend; in auto mode fall back past a backend that raises before it
-    has served any call on ``device``."""
+    """Run ``op`` on the selected backend; in auto mode fall back past a backend whose first call on
+    ``device`` fails, unless the error is the caller's (the module docstring)."""
     name, function = selector.resolve(device, op, backend)
     try:
         result = function(*args)
-    except GridLimitError:  # this call's arguments are beyond what a GPU grid takes: its own error
+    except (GridLimitError, InvalidVariableError):  # beyond a GPU grid's limits, an invalid variable: the caller's
         raise
     except Exception as exc:
         if (name == "torch" or selector.has_served(device, name) or requested_backend(backend) != "auto"
@@ -284,7 +299,7 @@ def reset() -> None:
     ``torch.compile`` trace again at their next call."""
     global generation, pdl_default
     generation += 1
-    pdl_default = flag("KVDISPATCH_PDL")
+    pdl_default = flag(_env.PDL)
     selector.reset()
     devices.clear_cache()
     _debug.refresh()

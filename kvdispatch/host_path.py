@@ -56,7 +56,7 @@ from pathlib import Path
 
 import torch
 
-from . import _build_cache, devices, dispatch
+from . import _build_cache, _env, devices, dispatch
 from . import grid as launch_grid
 from ._env import flag
 
@@ -77,7 +77,7 @@ LAUNCHERS = {"triton": 0, "cupy": 1}
 # A size or stride this large does not fit the 32-bit fields the Triton kernels pack their parameters into
 # (``page_table.packed_words``, ``token_csr.packed_words``): such a call reads the full-width ones.
 WIDE = 2**31
-HIP_HOST_PATH_ENV = "KVDISPATCH_HIP_HOST_PATH"
+HIP_HOST_PATH_ENV = _env.HIP_HOST_PATH
 
 log = logging.getLogger("kvdispatch")
 _lock = threading.Lock()
@@ -215,9 +215,10 @@ def configuration_for(device_index: int | None):
     ``configure_for_cuda`` otherwise. Raises on AMD while the variable is off (the default: this path has not
     run on AMD hardware), before anything is built or loaded."""
     device = None if device_index is None else torch.device("cuda", device_index)
+    hip_host_path = flag(HIP_HOST_PATH_ENV)  # read on every vendor: an invalid value raises everywhere
     if devices.probe(device).vendor != "amd":
         return configure_for_cuda
-    if not flag(HIP_HOST_PATH_ENV):
+    if not hip_host_path:
         raise RuntimeError(f"{HIP_HOST_PATH_ENV} is off: on AMD, launches take the Python path unless it is set")
     return configure_for_hip
 
@@ -240,7 +241,9 @@ def load(device_index: int | None = None):
                 dispatch.fast_token_csr = module.token_csr
                 dispatch.fast_replay = module.replay
                 _module = module
-            except Exception as exc:  # any failure: the Python path serves
+            except _env.InvalidVariableError:  # the caller's error: raised, and the next call tries again
+                raise
+            except Exception as exc:  # any other failure: the Python path serves
                 _failure = f"{type(exc).__name__}: {exc}"
                 refused = isinstance(exc, _build_cache.UntrustedPathError)
                 log.log(logging.WARNING if refused else logging.INFO,
@@ -250,6 +253,15 @@ def load(device_index: int | None = None):
 
 def failure() -> str | None:
     return _failure
+
+
+def _after_fork() -> None:
+    """In a child made by ``os.fork``: a new lock (another thread may have held this one at the fork)."""
+    global _lock
+    _lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_after_fork)
 
 
 def on_selected(launcher: str, device, op, backend) -> None:

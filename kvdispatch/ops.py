@@ -13,8 +13,11 @@ and ``enable_pdl`` (None: ``KVDISPATCH_PDL`` when the op runs); it mutates its o
   dispatch and its compiled fast path. (An eager call routes to the op only while
   ``torch.compiler.is_compiling()``; a kernel runs when a compiled graph runs, after its compilation.)
 * Fake kernel: the same argument checks on the tensors' metadata, so a bad argument fails at trace time
-  with the eager error. The integer options are ``int`` (not ``SymInt``) in the schema: Dynamo specialises
-  on their values, and a new value traces again, as a new page size compiles a new Triton kernel.
+  with the eager error. The integer and flag options are ``Scalar`` in the schema (``Scalar?`` where None is
+  allowed), so that the kernel and the fake see the caller's object and refuse what the public functions
+  refuse: the ``int`` and ``bool`` types would convert it first (``True`` to 1, None to False, 0.5 to True).
+  Python ints and bools pass through unchanged; Dynamo specialises on their values, and a new value traces
+  again, as a new page size compiles a new Triton kernel.
 * ``backend`` is the backend *request*, fixed when the graph is traced: ``backend=`` if given, else
   ``KVDISPATCH_BACKEND`` as read then, else ``"auto"`` (which selects at the op's first run per device, as
   eager calls do). Dynamo guards on ``backend=`` and on ``dispatch.generation``, which ``kvdispatch.reset()``
@@ -26,44 +29,47 @@ Registration defines the schemas and registers Python kernels; no device is touc
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from . import api
-from ._validate import (check_dcp_page_table_args, check_dcp_token_csr_args, check_draft_decode_args,
+from ._validate import (check_dcp_page_table_args, check_dcp_token_csr_args, check_draft_decode_args, check_flag,
                         check_mha_page_table_args, check_page_table_args, check_token_csr_args,
                         check_translated_page_table_args)
 
 NAMESPACE = "kvdispatch"
 PAGE_TABLE_SCHEMA = (
     "create_flashmla_kv_indices(Tensor req_to_token, Tensor req_pool_indices, Tensor seq_lens, Tensor(a!) out, *, "
-    "int page_size, Tensor? kv_start_idx=None, int seqlen_offset=0, Tensor(b!)? seq_lens_out=None, "
-    "int? fill_value=None, bool round_toward_zero=False, str backend=\"auto\", bool? enable_pdl=None) -> ()")
+    "Scalar page_size, Tensor? kv_start_idx=None, Scalar seqlen_offset=0, Tensor(b!)? seq_lens_out=None, "
+    "Scalar? fill_value=None, Scalar round_toward_zero=False, str backend=\"auto\", Scalar? enable_pdl=None) -> ()")
 TOKEN_CSR_SCHEMA = (
     "create_flashinfer_kv_indices(Tensor req_to_token, Tensor req_pool_indices, Tensor seq_lens, Tensor kv_indptr, "
-    "Tensor(a!) out, *, Tensor? kv_start_idx=None, int entry_page_size=1, Tensor? token_mapping=None, "
-    "str backend=\"auto\", bool? enable_pdl=None) -> ()")
+    "Tensor(a!) out, *, Tensor? kv_start_idx=None, Scalar entry_page_size=1, Tensor? token_mapping=None, "
+    "str backend=\"auto\", Scalar? enable_pdl=None) -> ()")
 MHA_PAGE_TABLE_SCHEMA = (
     "create_trtllm_mha_page_table(Tensor req_to_token, Tensor req_pool_indices, Tensor seq_lens, "
-    "Tensor(a!) page_table, *, int page_size, Tensor(b!)? swa_page_table=None, Tensor? full_to_swa=None, "
-    "bool round_toward_zero=False, str backend=\"auto\", bool? enable_pdl=None) -> ()")
+    "Tensor(a!) page_table, *, Scalar page_size, Tensor(b!)? swa_page_table=None, Tensor? full_to_swa=None, "
+    "Scalar round_toward_zero=False, str backend=\"auto\", Scalar? enable_pdl=None) -> ()")
 TRANSLATED_PAGE_TABLE_SCHEMA = (
     "create_translated_page_table(Tensor req_to_token, Tensor req_pool_indices, Tensor seq_lens, Tensor v2p, "
-    "Tensor(a!) out, *, int page_size, int multiplier=1, int? max_pages=None, int seq_len_delta=0, "
-    "str backend=\"auto\", bool? enable_pdl=None) -> ()")
+    "Tensor(a!) out, *, Scalar page_size, Scalar multiplier=1, Scalar? max_pages=None, Scalar seq_len_delta=0, "
+    "str backend=\"auto\", Scalar? enable_pdl=None) -> ()")
 DRAFT_DECODE_SCHEMA = (
     "create_draft_decode_kv_indices(Tensor req_to_token, Tensor req_pool_indices, Tensor seq_lens, "
-    "Tensor(a!) kv_indptr, Tensor(b!) out, *, int num_steps, int topk, int page_size=1, Tensor? positions=None, "
-    "int window_size=0, int sink_size=0, Tensor? v2p=None, bool write_indptr_start=True, "
-    "bool round_toward_zero=False, str backend=\"auto\", bool? enable_pdl=None) -> ()")
+    "Tensor(a!) kv_indptr, Tensor(b!) out, *, Scalar num_steps, Scalar topk, Scalar page_size=1, "
+    "Tensor? positions=None, Scalar window_size=0, Scalar sink_size=0, Tensor? v2p=None, "
+    "Scalar write_indptr_start=True, Scalar round_toward_zero=False, str backend=\"auto\", "
+    "Scalar? enable_pdl=None) -> ()")
 
 DCP_TOKEN_CSR_SCHEMA = (
     "create_dcp_kv_indices(Tensor req_to_token, Tensor req_pool_indices, Tensor local_seq_lens, Tensor kv_indptr, "
-    "Tensor(a!) out, *, int dcp_size, int dcp_rank, Tensor? kv_start_idx=None, bool round_toward_zero=False, "
-    "str backend=\"auto\", bool? enable_pdl=None) -> ()")
+    "Tensor(a!) out, *, Scalar dcp_size, Scalar dcp_rank, Tensor? kv_start_idx=None, "
+    "Scalar round_toward_zero=False, str backend=\"auto\", Scalar? enable_pdl=None) -> ()")
 DCP_PAGE_TABLE_SCHEMA = (
     "create_dcp_page_table(Tensor req_to_token, Tensor req_pool_indices, Tensor local_seq_lens, Tensor(a!) out, *, "
-    "int page_size, int dcp_size, int dcp_rank, int? fill_value=None, bool round_toward_zero=False, "
-    "str backend=\"auto\", bool? enable_pdl=None) -> ()")
+    "Scalar page_size, Scalar dcp_size, Scalar dcp_rank, Scalar? fill_value=None, Scalar round_toward_zero=False, "
+    "str backend=\"auto\", Scalar? enable_pdl=None) -> ()")
 
 # Kept alive for the life of the process: dropping a Library removes its ops.
 _library = torch.library.Library(NAMESPACE, "FRAGMENT")
@@ -176,6 +182,19 @@ def _dcp_page_table_kernel(*args, **kwargs):
     api.create_dcp_page_table(*args, **kwargs)
 
 
+def _registered_fake(fake):
+    """What is registered as the fake of ``fake``: ``enable_pdl`` checked (the public function checks it, its
+    argument checks do not), and each option Dynamo made symbolic (a ``SymInt`` where the caller passed an int
+    that changed between calls) taken as its value, guarded on: a new value traces again, as with an ``int``
+    schema type, and the checks see the Python int the real kernel will get."""
+    @functools.wraps(fake)
+    def checked(*tensors, enable_pdl=None, **options):
+        check_flag("enable_pdl", enable_pdl, optional=True)
+        fake(*tensors, **{name: int(value) if isinstance(value, torch.SymInt) else value
+                          for name, value in options.items()}, enable_pdl=enable_pdl)
+    return checked
+
+
 for _schema, _kernel, _fake in ((PAGE_TABLE_SCHEMA, _page_table_kernel, _page_table_fake),
                                 (TOKEN_CSR_SCHEMA, _token_csr_kernel, _token_csr_fake),
                                 (MHA_PAGE_TABLE_SCHEMA, _mha_page_table_kernel, _mha_page_table_fake),
@@ -187,4 +206,4 @@ for _schema, _kernel, _fake in ((PAGE_TABLE_SCHEMA, _page_table_kernel, _page_ta
     _name = _schema[: _schema.index("(")]
     _library.define(_schema)
     _library.impl(_name, _kernel, "CompositeExplicitAutograd")
-    torch.library.register_fake(f"{NAMESPACE}::{_name}", _fake, lib=_library)
+    torch.library.register_fake(f"{NAMESPACE}::{_name}", _registered_fake(_fake), lib=_library)

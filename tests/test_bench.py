@@ -200,9 +200,19 @@ def test_plot(capsys, tmp_path):
     rc = cli.main(["bench", "--quick", "--cases", "1x256x16", "--backends", "torch", "--plot", str(png)])
     out, err = capsys.readouterr()
     if importlib.util.find_spec("matplotlib") is None:
-        assert rc == 2 and 'pip install "kvdispatch[bench]"' in err
+        assert rc == 2 and "pip install matplotlib" in err
     else:
         assert rc == 0 and png.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_plot_without_matplotlib_names_installs_that_work_from_a_checkout(monkeypatch):
+    """No index has kvdispatch itself: the hint installs matplotlib, or the extra from a checkout."""
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *args: None if name == "matplotlib"
+                        else find_spec(name, *args))
+    with pytest.raises(argparse.ArgumentTypeError) as info:
+        bench.plot_path("bench.png")
+    assert str(info.value) == 'needs matplotlib: pip install matplotlib (or, in a kvdispatch checkout, pip install -e ".[bench]")'
 
 
 def test_rounds_are_interleaved_and_the_median_counts(monkeypatch):
@@ -425,6 +435,22 @@ def test_example_with_an_unknown_backend(capsys):
                                  "got 'bogus'"]
     assert example.main(["--backend", "bogus", "--steps", "1", "--verbose"]) == 2
     assert capsys.readouterr().err.startswith("Traceback (most recent call last):")
+
+
+@pytest.mark.parametrize("argv,words", [
+    (["--page-size", "0"], "argument --page-size: must be in [1, 4096], got 0"),
+    (["--page-size", "4097"], "argument --page-size: must be in [1, 4096], got 4097"),
+    (["--batch", "0"], "argument --batch: must be at least 1, got 0"),
+    (["--max-context", "-5"], "argument --max-context: must be at least 1, got -5"),
+    (["--steps", "-1"], "argument --steps: must be at least 0, got -1"),
+    (["--page-size", "x"], "argument --page-size: expected an integer, got 'x'"),
+])
+def test_example_refuses_bad_numbers_as_usage_errors(capsys, argv, words):
+    """Out-of-range sizes are argparse's usage errors (exit status 2), not a ZeroDivisionError later."""
+    with pytest.raises(SystemExit) as info:
+        _decode_loop().main(argv)
+    assert info.value.code == 2
+    assert capsys.readouterr().err.splitlines()[-1] == f"decode_loop.py: error: {words}"
 
 
 def test_pdl_chain_is_skipped_with_its_reason_without_a_gpu(capsys, tmp_path):

@@ -348,6 +348,32 @@ def test_bad_arguments_fail_at_trace_time_with_the_eager_message():
     assert torch.equal(out.cpu(), case.page_table_out().cpu()), "a failed call wrote"
 
 
+
+@pytest.mark.parametrize("entry,op,keyword,value,message", [
+    ("public", "page_table", "page_size", True, "page_size must be a Python int, got bool"),
+    ("public", "page_table", "enable_pdl", "false", "enable_pdl must be a bool or None, got str"),
+    ("torch.ops", "dcp_page_table", "dcp_rank", True, "dcp_rank must be a Python int, got bool"),
+    ("torch.ops", "draft_decode", "write_indptr_start", None, "write_indptr_start"),
+    ("torch.ops", "mha_page_table", "enable_pdl", 2, "enable_pdl must be a bool or None, got int"),
+])
+def test_bad_flags_and_counts_fail_at_trace_time(entry, op, keyword, value, message):
+    """Under ``torch.compile`` the fake kernels see the caller's object (the schema's ``Scalar``): a bool count
+    or a flag of another type fails at trace time, through the public function and the custom op alike."""
+    from test_validation import _entry, _op_call  # noqa: PLC0415
+
+    name, tensors, options = _op_call(op)
+    function = _entry(entry, name)
+
+    def step(*tensors):
+        function(*tensors, **dict(options, **{keyword: value}), backend="torch")
+        return tensors[-1]
+
+    before = [t.clone() for t in tensors]
+    with pytest.raises(Exception, match=message):
+        torch.compile(step, backend="aot_eager", fullgraph=True)(*tensors)
+    assert all(torch.equal(a, b) for a, b in zip(before, tensors)), "a failed call wrote"
+
+
 # ---------------------------------------------------------------- CUDA graphs through Inductor
 
 

@@ -6,6 +6,8 @@ A backend that fails at launch under the same race gives one warning and every t
 """
 
 import collections
+import os
+import signal
 import threading
 import time
 import warnings
@@ -157,3 +159,96 @@ def test_interpreted_launches_from_several_threads(monkeypatch):
         t.join(timeout=300)
     assert not any(t.is_alive() for t in threads), "a thread hung"
     assert not errors and not wrong, (errors, wrong)
+
+
+def _fork_and_call(timeout=60):
+    """Fork; the child makes one Triton call on CPU tensors (interpreted) and reports whether it was right.
+    Returns the child's report, or fails when it does not finish within ``timeout`` seconds."""
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: report and leave, whatever happens
+        code = 1
+        try:
+            got, expected = _work("page_table", "triton", 7)
+            os.write(write, b"right" if torch.equal(got, expected) else b"wrong")
+            code = 0
+        except BaseException as exc:  # noqa: BLE001  (reported to the parent)
+            os.write(write, f"{type(exc).__name__}: {exc}".encode()[:4000])
+        finally:
+            os._exit(code)
+    os.close(write)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        done, _ = os.waitpid(pid, os.WNOHANG)
+        if done:
+            break
+        time.sleep(0.05)
+    else:
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+        pytest.fail(f"the forked child's Triton call did not finish within {timeout} s")
+    with os.fdopen(read, "rb") as pipe:
+        return pipe.read().decode()
+
+
+def _interpreter_only():
+    if DEVICE.type != "cpu" or "triton" not in kvdispatch.available_backends("cpu"):
+        pytest.skip("Triton's interpreter serves CPU tensors only")
+
+
+@pytest.mark.filterwarnings("ignore:This process .* is multi-threaded:DeprecationWarning")  # the point of the test
+def test_fork_while_another_thread_holds_the_interpreter_lock(monkeypatch):
+    """A thread holds the interpreted launches' lock (and the selector's) when the main thread forks: the
+    child's first Triton call completes (it starts with fresh locks and nothing selected)."""
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    _interpreter_only()
+    assert torch.equal(*_work("page_table", "triton", 1))  # the kernels imported, a selection made
+    from kernels_triton import launch  # noqa: PLC0415  (imported by the call above)
+
+    held, release = threading.Event(), threading.Event()
+
+    def holder():
+        with launch._interpreter_lock, dispatch.selector._lock, devices._lock:
+            held.set()
+            release.wait(timeout=300)
+
+    thread = threading.Thread(target=holder)
+    thread.start()
+    try:
+        assert held.wait(timeout=60)
+        assert _fork_and_call() == "right"
+    finally:
+        release.set()
+        thread.join(timeout=60)
+
+
+@pytest.mark.filterwarnings("ignore:This process .* is multi-threaded:DeprecationWarning")  # the point of the test
+def test_fork_while_another_thread_is_inside_an_interpreted_launch(monkeypatch):
+    """A thread launches interpreted Triton kernels again and again while the main thread forks several
+    times: every child's Triton call completes with the right result."""
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    _interpreter_only()
+    assert torch.equal(*_work("page_table", "triton", 1))
+    from kernels_triton import launch  # noqa: PLC0415  (imported by the call above)
+
+    stop, errors = threading.Event(), []
+
+    def launcher():
+        try:
+            while not stop.is_set():
+                _work("token_csr", "triton", 3)
+        except BaseException as exc:  # noqa: BLE001
+            errors.append(exc)
+
+    thread = threading.Thread(target=launcher)
+    thread.start()
+    try:
+        for _ in range(3):
+            deadline = time.monotonic() + 60
+            while not launch._interpreter_lock.locked() and time.monotonic() < deadline:
+                time.sleep(0.001)  # fork while the other thread is inside a launch
+            assert _fork_and_call() == "right"
+    finally:
+        stop.set()
+        thread.join(timeout=300)
+    assert not errors, errors

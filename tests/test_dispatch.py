@@ -552,3 +552,157 @@ def test_real_gpu_backend_failure_falls_back(monkeypatch, backend):
     assert kvdispatch.select_backend(device) != backend
     with pytest.raises(RuntimeError, match="injected"):
         _page_table_call(backend=backend, device=device)
+
+
+# ---------------------------------------------------------------- the caller's errors never disable a backend
+
+
+def _real_triton_first(monkeypatch):
+    """On CPU, auto order puts the real Triton backend (its interpreter) ahead of torch."""
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    monkeypatch.setattr(dispatch, "CPU_ORDER", ("triton", "torch", "cupy"))
+    if "triton" not in kvdispatch.available_backends("cpu"):
+        pytest.skip("Triton's interpreter does not serve CPU tensors here")
+
+
+def _served_by_triton_and_right():
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no "disabled for this device" warning
+        out, expected = _page_table_call()
+    assert torch.equal(out, expected)
+    assert not dispatch.selector.disabled(CPU) and dispatch.selector.has_served(CPU, "triton")
+
+
+@pytest.mark.parametrize("enable_pdl", [torch.tensor([True, False]), "false", 0.5])
+def test_a_bad_flag_in_a_first_call_leaves_the_backend_selected(monkeypatch, enable_pdl):
+    """The first call on the device passes ``enable_pdl`` of another type: its TypeError, before any backend
+    runs; Triton stays the auto choice and serves the next call."""
+    _real_triton_first(monkeypatch)
+    case = make_case(6, 16, max_pages=5, device=CPU)
+    out = case.page_table_out()
+    with pytest.raises(TypeError, match="enable_pdl must be a bool or None"):
+        kvdispatch.create_flashmla_kv_indices(case.req_to_token, case.req_pool_indices, case.seq_lens, out,
+                                              page_size=16, enable_pdl=enable_pdl)
+    assert (out == POISON).all()
+    _served_by_triton_and_right()
+
+
+def test_an_invalid_variable_read_at_the_first_launch_is_the_calls_error(monkeypatch):
+    """``KVDISPATCH_TRITON_LAUNCH`` turns invalid after the selection, before Triton's first launch, which
+    reads it: the call's ValueError; Triton is not disabled and serves once the variable is valid again."""
+    _real_triton_first(monkeypatch)
+    assert dispatch.selector.resolve(CPU, "page_table", None)[0] == "triton"
+    from kernels_triton import launch  # noqa: PLC0415  (the selection imported it)
+
+    launch.reset()  # no plan left from earlier tests: the call builds one, reading the variable
+    monkeypatch.setenv("KVDISPATCH_TRITON_LAUNCH", "bogus")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with pytest.raises(ValueError, match="KVDISPATCH_TRITON_LAUNCH must be one of auto, native"):
+            _page_table_call()
+    assert not dispatch.selector.disabled(CPU) and not dispatch.selector.has_served(CPU, "triton")
+    monkeypatch.delenv("KVDISPATCH_TRITON_LAUNCH")
+    _served_by_triton_and_right()
+
+
+def test_an_invalid_variable_in_a_fake_backends_first_call_is_not_a_backend_failure(monkeypatch):
+    fake = _fake_triton_first(monkeypatch, _env.InvalidVariableError("KVDISPATCH_X must be one of a, b; got 'c'"))
+    with pytest.raises(ValueError, match="KVDISPATCH_X"):
+        _page_table_call()
+    assert not dispatch.selector.disabled(CPU)
+    fake.fail = None
+    out, expected = _page_table_call()
+    assert torch.equal(out, expected) and fake.calls == {"page_table": 2}
+
+
+def test_a_backend_whose_first_call_fails_is_still_disabled(failing_first):
+    """What stays: a backend that cannot run at all (its first call on the device fails) leaves auto selection."""
+    with pytest.warns(RuntimeWarning, match="disabled for this device"):
+        out, expected = _page_table_call()
+    assert torch.equal(out, expected) and set(dispatch.selector.disabled(CPU)) == {"triton"}
+
+
+# ---------------------------------------------------------------- every variable, read on every platform
+
+
+_INVALID_VARIABLES = [("KVDISPATCH_BACKEND", "bogus"), ("KVDISPATCH_STRICT", "maybe"), ("KVDISPATCH_DEBUG", "2"),
+                      ("KVDISPATCH_PDL", "sometimes"), ("KVDISPATCH_HIP_HOST_PATH", "maybe"),
+                      ("KVDISPATCH_TRITON_LAUNCH", "bogus"), ("KVDISPATCH_CUPY_LAUNCH", "bogus")]
+
+
+@pytest.mark.parametrize("name,value", _INVALID_VARIABLES)
+def test_every_variable_is_validated_on_cpu(monkeypatch, name, value):
+    """A CPU call (torch serves it) reads every KVDISPATCH_* variable, also those only a GPU vendor's path uses."""
+    monkeypatch.setenv(name, value)
+    case = make_case(3, 16, max_pages=3, device=CPU)
+    out = case.page_table_out()
+    with pytest.raises(ValueError, match=f"{name} must be one of .*{value!r}"):
+        kvdispatch.create_flashmla_kv_indices(case.req_to_token, case.req_pool_indices, case.seq_lens, out,
+                                              page_size=16, backend="torch")
+    assert (out == POISON).all()
+
+
+@pytest.mark.parametrize("raw", [H200, MI300X], ids=lambda r: r.name)
+@pytest.mark.parametrize("name,value", _INVALID_VARIABLES)
+def test_every_variable_is_validated_on_every_gpu_vendor(sim, monkeypatch, raw, name, value):
+    """On NVIDIA and AMD alike: the AMD-only ``KVDISPATCH_HIP_HOST_PATH`` and the CuPy launcher's variable too."""
+    device = sim.add(raw)
+    monkeypatch.setenv(name, value)
+    with pytest.raises(ValueError, match=f"{name} must be one of"):
+        dispatch.selector.resolve(device, "page_table", None)
+    assert not dispatch.selector.disabled(device)
+
+
+def test_the_hip_host_path_variable_is_read_on_nvidia(sim, monkeypatch):
+    from kvdispatch import host_path  # noqa: PLC0415  (not imported by import kvdispatch)
+
+    device = sim.add(H200)
+    monkeypatch.setenv("KVDISPATCH_HIP_HOST_PATH", "maybe")
+    with pytest.raises(ValueError, match="KVDISPATCH_HIP_HOST_PATH must be one of"):
+        host_path.configuration_for(device.index)
+    monkeypatch.setenv("KVDISPATCH_HIP_HOST_PATH", "off")
+    assert host_path.configuration_for(device.index) is host_path.configure_for_cuda
+
+
+def test_an_invalid_variable_does_not_take_the_compiled_host_path_away(sim, monkeypatch):
+    """Raised to the caller when the extension loads, not recorded as the reason it is not available."""
+    from kvdispatch import host_path  # noqa: PLC0415
+
+    device = sim.add(H200)
+    monkeypatch.setattr(host_path, "_module", None)
+    monkeypatch.setattr(host_path, "_failure", None)
+    monkeypatch.setattr(host_path, "build", lambda: pytest.fail("built despite an invalid variable"))
+    monkeypatch.setenv("KVDISPATCH_HIP_HOST_PATH", "maybe")
+    with pytest.raises(ValueError, match="KVDISPATCH_HIP_HOST_PATH must be one of"):
+        host_path.load(device.index)
+    assert host_path.failure() is None
+
+
+# ---------------------------------------------------------------- TRITON_INTERPRET, read as Triton reads it
+
+
+_INTERPRET_VALUES = ["1", " 1 ", "1 ", "true", "TRUE", "On", "yes", "y", "Y", "0", "false", "off", "no", "", "2",
+                     "bogus", " true", "interpret"]
+
+
+@pytest.mark.skipif(not devices._module_present("triton"), reason="needs Triton installed")
+@pytest.mark.parametrize("value", _INTERPRET_VALUES + [None])
+def test_triton_interpret_is_read_exactly_as_the_installed_triton_reads_it(monkeypatch, value):
+    """Triton offered for CPU tensors exactly when Triton itself interprets (``knobs.runtime.interpret``)."""
+    from triton import knobs  # noqa: PLC0415
+
+    if value is None:
+        monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    else:
+        monkeypatch.setenv("TRITON_INTERPRET", value)
+    interprets = knobs.runtime.interpret
+    assert _env.triton_flag("TRITON_INTERPRET") is interprets
+    assert ("triton" in kvdispatch.available_backends("cpu")) is interprets
+
+
+@pytest.mark.parametrize("value,on", [("1", True), ("y", True), ("YES", True), ("true", True), (" 1 ", False),
+                                      ("1\n", False), ("0", False), ("no", False), ("2", False), ("", False)])
+def test_triton_interpret_values(monkeypatch, value, on):
+    """Triton's reading (3.6 to 3.9), also where Triton is not installed: lowered, not stripped."""
+    monkeypatch.setenv("TRITON_INTERPRET", value)
+    assert _env.triton_flag("TRITON_INTERPRET") is on

@@ -291,14 +291,18 @@ def test_replays_what_the_python_path_launches(stubs, op, launcher, seed):
 
 
 def _mutations(op, args):
-    """Calls differing from ``args`` in one thing each: an int, a dtype, a stride, a shape, the alignment,
-    None for a tensor or a tensor for None."""
+    """Calls differing from ``args`` in one thing each: an int, an int's or a flag's type (an equal bool, int
+    or float), a dtype, a stride, a shape, the alignment, None for a tensor or a tensor for None."""
     for index, value in enumerate(args):
         changed = list(args)
         if type(value) is bool:
             changed[index] = not value
+            yield f"{index} as an int", _replaced(list(args), index, int(value))  # what Python refuses, C too
         elif type(value) is int:
             changed[index] = value + 1
+            if value in (0, 1):
+                yield f"{index} as a bool", _replaced(list(args), index, bool(value))
+            yield f"{index} as a float", _replaced(list(args), index, float(value))
         elif isinstance(value, torch.Tensor):
             other = torch.int64 if value.dtype == torch.int32 else torch.int32
             yield f"{index} dtype", _replaced(changed, index, sibling(value).to(other))

@@ -272,3 +272,25 @@ def test_real_gpu():
         assert found.usable("triton"), found.reason("triton")
     if devices._module_present("cupy"):
         assert found.usable("cupy"), found.reason("cupy")
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU is visible to PyTorch here")
+@pytest.mark.parametrize("device", ["cuda", "cuda:0", torch.device("cuda", 1)])
+def test_a_cuda_device_without_a_gpu_is_a_clear_value_error(device):
+    """Not the assertion of PyTorch's CPU-only build: a ValueError naming the device and why."""
+    for ask in (kvdispatch.select_backend, kvdispatch.probe, kvdispatch.available_backends):
+        with pytest.raises(ValueError, match=r"^device cuda(:\d)?: no GPU here: (this PyTorch|PyTorch sees no GPU)"):
+            ask(device)
+
+
+def test_errors_about_the_cpu_name_it_once(monkeypatch):
+    """A forced backend that cannot serve the CPU: "cannot serve cpu: ...", with no "(cpu, cpu)" pair; a GPU
+    keeps its architecture and family."""
+    monkeypatch.delenv("KVDISPATCH_BACKEND", raising=False)
+    with pytest.raises(kvdispatch.BackendUnavailableError) as info:
+        dispatch.selector.choose(torch.device("cpu"), "cupy")
+    assert str(info.value).startswith("backend 'cupy' cannot serve cpu: ") and "(cpu" not in str(info.value)
+    sim = Sim(monkeypatch, cupy=False)
+    gpu = sim.add(H200)
+    with pytest.raises(kvdispatch.BackendUnavailableError, match=r"serve cuda:0 NVIDIA H200 \(sm_90, hopper\): "):
+        dispatch.selector.choose(gpu, "cupy")

@@ -696,11 +696,16 @@ def test_amd_stays_in_python_unless_the_hip_host_path_is_on(hip_loading, monkeyp
     assert host_path.load(0) is None
     assert host_path.HIP_HOST_PATH_ENV in host_path.failure()
     assert opened == [] and dispatch.fast_page_table is None and dispatch.fast_token_csr is None
-    for value in ("0", "off", "maybe"):  # off, or not a boolean: the same, with the reason
+    for value in ("0", "off"):
         monkeypatch.setattr(host_path, "_failure", None)
         monkeypatch.setenv(host_path.HIP_HOST_PATH_ENV, value)
         assert host_path.load(0) is None and opened == []
         assert host_path.HIP_HOST_PATH_ENV in host_path.failure()
+    monkeypatch.setattr(host_path, "_failure", None)
+    monkeypatch.setenv(host_path.HIP_HOST_PATH_ENV, "maybe")  # not a boolean: the caller's error, not remembered
+    with pytest.raises(ValueError, match=f"{host_path.HIP_HOST_PATH_ENV} must be one of"):
+        host_path.load(0)
+    assert host_path.failure() is None and opened == []
 
 
 @pytest.mark.parametrize("raw, library", [("MI300X", "libamdhip64.so"), ("H200", "libcuda.so.1")])

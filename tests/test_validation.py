@@ -347,3 +347,96 @@ def test_random_sharing_is_refused_exactly_when_memory_overlaps(monkeypatch, op)
             build(**args, backend="torch")
             assert not detailed, seed
     assert 0 < refused < 80
+
+
+# ---------------------------------------------------------------- flags and counts, through every entry point
+
+
+def _op_call(op):
+    """``(public function name, tensors, valid keyword options)`` of a small valid call of ``op`` on DEVICE,
+    its outputs poisoned."""
+    table = torch.arange(4 * 64, dtype=torch.int32, device=DEVICE).reshape(4, 64)
+    pool = torch.tensor([2, 0, 3], dtype=torch.int32, device=DEVICE)
+    lens = torch.tensor([5, 17, 9], dtype=torch.int32, device=DEVICE)
+    indptr = torch.tensor([0, 5, 22, 31], dtype=torch.int32, device=DEVICE)
+
+    def poisoned(*shape, dtype=torch.int32):
+        return torch.full(shape, POISON, dtype=dtype, device=DEVICE)
+
+    if op == "page_table":
+        return "create_flashmla_kv_indices", (table, pool, lens, poisoned(3, 8)), dict(page_size=4, fill_value=-1)
+    if op == "token_csr":
+        return "create_flashinfer_kv_indices", (table, pool, lens, indptr, poisoned(40)), {}
+    if op == "mha_page_table":
+        return "create_trtllm_mha_page_table", (table, pool, lens, poisoned(3, 8)), dict(page_size=4)
+    if op == "translated_page_table":
+        v2p = torch.arange(64, dtype=torch.int32, device=DEVICE)
+        return ("create_translated_page_table", (table, pool, lens, v2p, poisoned(3, 8)),
+                dict(page_size=4, multiplier=2, max_pages=6, seq_len_delta=1))
+    if op == "draft_decode":
+        return ("create_draft_decode_kv_indices", (table, pool, lens, poisoned(2, 3 * 2 + 1), poisoned(2, 200)),
+                dict(num_steps=2, topk=2, page_size=1))
+    if op == "dcp_token_csr":
+        return "create_dcp_kv_indices", (table, pool, lens, indptr, poisoned(40)), dict(dcp_size=2, dcp_rank=1)
+    assert op == "dcp_page_table"
+    return "create_dcp_page_table", (table, pool, lens, poisoned(3, 8)), dict(page_size=4, dcp_size=2, dcp_rank=1)
+
+
+_NOT_A_FLAG = ("false", 0, 1, 2, 0.5, torch.tensor([True, False]), torch.tensor(True))
+_NOT_A_COUNT = (True, False, 4.0)
+# Per op: its integer options and its flags (enable_pdl, which may be None, aside).
+_OPTIONS = {
+    "page_table": (("page_size", "seqlen_offset", "fill_value"), ("round_toward_zero",)),
+    "token_csr": (("entry_page_size",), ()),
+    "mha_page_table": (("page_size",), ("round_toward_zero",)),
+    "translated_page_table": (("page_size", "multiplier", "max_pages", "seq_len_delta"), ()),
+    "draft_decode": (("num_steps", "topk", "page_size", "window_size", "sink_size"),
+                     ("write_indptr_start", "round_toward_zero")),
+    "dcp_token_csr": (("dcp_size", "dcp_rank"), ("round_toward_zero",)),
+    "dcp_page_table": (("page_size", "dcp_size", "dcp_rank", "fill_value"), ("round_toward_zero",)),
+}
+BAD_OPTIONS = sorted({(op, name, value) for op, (counts, flags) in _OPTIONS.items()
+                      for name, values in [(n, _NOT_A_COUNT) for n in counts]
+                      + [(n, _NOT_A_FLAG + (None,)) for n in flags] + [("enable_pdl", _NOT_A_FLAG)]
+                      for value in values}, key=repr)
+
+
+def _entry(entry, name):
+    return getattr(kvdispatch, name) if entry == "public" else getattr(torch.ops.kvdispatch, name)
+
+
+@pytest.mark.parametrize("entry", ("public", "torch.ops"))
+@pytest.mark.parametrize("op,keyword,value", BAD_OPTIONS, ids=lambda v: repr(v)[:24])
+def test_a_flag_or_count_of_another_type_is_refused(entry, op, keyword, value):
+    """A bool where an int is due, anything but a bool where a flag is (None only for enable_pdl): a
+    TypeError naming the argument from the public function and from its custom op, before anything is
+    written. (The custom op's schema refuses strings, tensors and None itself, with a RuntimeError naming the
+    argument.)"""
+    name, tensors, options = _op_call(op)
+    outputs = [t.clone() for t in tensors]
+    by_schema = isinstance(value, (str, torch.Tensor)) or value is None  # None: only enable_pdl is optional
+    refused = TypeError if entry == "public" or not by_schema else RuntimeError
+    with pytest.raises(refused, match=keyword):
+        _entry(entry, name)(*tensors, **dict(options, **{keyword: value}), backend="torch")
+    for before, after in zip(outputs, tensors):
+        assert torch.equal(before, after), "a refused call wrote"
+
+
+@pytest.mark.parametrize("entry", ("public", "torch.ops"))
+@pytest.mark.parametrize("op", sorted(_OPTIONS))
+def test_flags_as_bools_pass(entry, op):
+    """The same calls with bools (and enable_pdl None) pass, through both entry points."""
+    name, tensors, options = _op_call(op)
+    flags = {flag: True for flag in _OPTIONS[op][1]}
+    for enable_pdl in (None, False, True):
+        _entry(entry, name)(*tensors, **options, **flags, backend="torch", enable_pdl=enable_pdl)
+
+
+def test_enable_pdl_is_checked_before_the_compiled_host_path(monkeypatch):
+    """``enable_pdl=0`` (falsy, not a bool) must not reach the compiled launcher, which takes calls without PDL."""
+    taken = []
+    monkeypatch.setattr(kvdispatch.dispatch, "fast_page_table", lambda *args: taken.append(args))
+    name, tensors, options = _op_call("page_table")
+    with pytest.raises(TypeError, match="enable_pdl must be a bool or None, got int"):
+        kvdispatch.create_flashmla_kv_indices(*tensors, **options, enable_pdl=0)
+    assert not taken
