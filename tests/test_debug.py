@@ -637,6 +637,8 @@ def test_family_checks_only_what_is_read(debug_on):
     args = _family_case("draft_decode", g)  # a window of 6 + 2 sink tokens: the middle of a long prefix is not read
     args["seq_lens"][1] = 20
     args["req_to_token"][int(args["req_pool_indices"][1]), 5] = -1
+    steps, topk = args["num_steps"], args["topk"]  # out as wide as the longer prefix needs (8 entries of it)
+    args["out"] = _poisoned((steps, topk * int(args["seq_lens"].sum()) + FAMILY_BATCH * topk * steps)).to(DEVICE)
     _family_call("draft_decode", args)
 
 
