@@ -78,7 +78,8 @@ def test_markdown(capsys, tmp_path):
     rc, data, out, _ = _run(capsys, tmp_path, "--markdown", "--backends", "torch")
     assert rc == 0
     lines = [line for line in out.splitlines() if line.startswith("|")]
-    assert lines[0].startswith("| case | impl | status | path | programs | µs/call")
+    assert lines[0].startswith("| case | impl | status | path |")  # then programs, where a row knows them
+    assert "| µs/call |" in lines[0]
     assert set(lines[1]) <= set("|-:")
     assert len(lines) == 2 + len(data["rows"])
     assert any(line.startswith("| 2x128x1 | api:torch | ok |") for line in lines)

@@ -558,40 +558,47 @@ def test_real_gpu_backend_failure_falls_back(monkeypatch, backend):
 
 
 def _real_triton_first(monkeypatch):
-    """On CPU, auto order puts the real Triton backend (its interpreter) ahead of torch."""
-    monkeypatch.setenv("TRITON_INTERPRET", "1")
-    monkeypatch.setattr(dispatch, "CPU_ORDER", ("triton", "torch", "cupy"))
-    if "triton" not in kvdispatch.available_backends("cpu"):
-        pytest.skip("Triton's interpreter does not serve CPU tensors here")
+    """The device on which the real Triton backend is the auto choice: the GPU where there is one, else CPU,
+    with auto order putting Triton's interpreter ahead of torch (on a GPU machine the kernels were made for
+    the GPU at import, so the interpreter cannot serve CPU tensors there)."""
+    if HAS_GPU:
+        device = torch.device("cuda", torch.cuda.current_device())
+    else:
+        device = CPU
+        monkeypatch.setenv("TRITON_INTERPRET", "1")
+        monkeypatch.setattr(dispatch, "CPU_ORDER", ("triton", "torch", "cupy"))
+    if kvdispatch.available_backends(device)[:1] != ["triton"]:
+        pytest.skip(f"Triton is not the auto choice for {device} here")
+    return device
 
 
-def _served_by_triton_and_right():
+def _served_by_triton_and_right(device):
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # no "disabled for this device" warning
-        out, expected = _page_table_call()
+        out, expected = _page_table_call(device=device)
     assert torch.equal(out, expected)
-    assert not dispatch.selector.disabled(CPU) and dispatch.selector.has_served(CPU, "triton")
+    assert not dispatch.selector.disabled(device) and dispatch.selector.has_served(device, "triton")
 
 
 @pytest.mark.parametrize("enable_pdl", [torch.tensor([True, False]), "false", 0.5])
 def test_a_bad_flag_in_a_first_call_leaves_the_backend_selected(monkeypatch, enable_pdl):
     """The first call on the device passes ``enable_pdl`` of another type: its TypeError, before any backend
     runs; Triton stays the auto choice and serves the next call."""
-    _real_triton_first(monkeypatch)
-    case = make_case(6, 16, max_pages=5, device=CPU)
+    device = _real_triton_first(monkeypatch)
+    case = make_case(6, 16, max_pages=5, device=device)
     out = case.page_table_out()
     with pytest.raises(TypeError, match="enable_pdl must be a bool or None"):
         kvdispatch.create_flashmla_kv_indices(case.req_to_token, case.req_pool_indices, case.seq_lens, out,
                                               page_size=16, enable_pdl=enable_pdl)
     assert (out == POISON).all()
-    _served_by_triton_and_right()
+    _served_by_triton_and_right(device)
 
 
 def test_an_invalid_variable_read_at_the_first_launch_is_the_calls_error(monkeypatch):
     """``KVDISPATCH_TRITON_LAUNCH`` turns invalid after the selection, before Triton's first launch, which
     reads it: the call's ValueError; Triton is not disabled and serves once the variable is valid again."""
-    _real_triton_first(monkeypatch)
-    assert dispatch.selector.resolve(CPU, "page_table", None)[0] == "triton"
+    device = _real_triton_first(monkeypatch)
+    assert dispatch.selector.resolve(device, "page_table", None)[0] == "triton"
     from kernels_triton import launch  # noqa: PLC0415  (the selection imported it)
 
     launch.reset()  # no plan left from earlier tests: the call builds one, reading the variable
@@ -599,10 +606,10 @@ def test_an_invalid_variable_read_at_the_first_launch_is_the_calls_error(monkeyp
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         with pytest.raises(ValueError, match="KVDISPATCH_TRITON_LAUNCH must be one of auto, native"):
-            _page_table_call()
-    assert not dispatch.selector.disabled(CPU) and not dispatch.selector.has_served(CPU, "triton")
+            _page_table_call(device=device)
+    assert not dispatch.selector.disabled(device) and not dispatch.selector.has_served(device, "triton")
     monkeypatch.delenv("KVDISPATCH_TRITON_LAUNCH")
-    _served_by_triton_and_right()
+    _served_by_triton_and_right(device)
 
 
 def test_an_invalid_variable_in_a_fake_backends_first_call_is_not_a_backend_failure(monkeypatch):
