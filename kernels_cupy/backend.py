@@ -12,12 +12,17 @@ NAME = "cupy"
 MODULE = "kernels_cupy"
 
 
+# The CuPy build of each extra (pyproject.toml; a test checks them equal).
+PACKAGES = {"cuda12": "cupy-cuda12x", "cuda13": "cupy-cuda13x", "rocm": "cupy-rocm-7-0"}
+
+
 def install_hint(vendor: str) -> str:
-    """The pip requirement that installs the CuPy build matching ``vendor`` and PyTorch's CUDA version."""
+    """How to install the CuPy build matching ``vendor`` and PyTorch's CUDA version."""
     if vendor == "amd":
-        return "kvdispatch[rocm]"
-    major = (torch.version.cuda or "12").split(".")[0]
-    return "kvdispatch[cuda13]" if major == "13" else "kvdispatch[cuda12]"
+        extra = "rocm"
+    else:
+        extra = "cuda13" if (torch.version.cuda or "12").split(".")[0] == "13" else "cuda12"
+    return devices.install_command(PACKAGES[extra], extra)
 
 
 def reason_if_unsupported(raw: devices.RawDevice, family: str) -> str | None:
@@ -25,7 +30,7 @@ def reason_if_unsupported(raw: devices.RawDevice, family: str) -> str | None:
     if raw.vendor not in ("nvidia", "amd"):
         return f"CuPy serves CUDA and ROCm GPUs only, not {raw.vendor}"
     if not devices._module_present("cupy"):
-        return f"CuPy is not installed (pip install \"{install_hint(raw.vendor)}\")"
+        return f"CuPy is not installed ({install_hint(raw.vendor)})"
     try:
         import cupy  # noqa: PLC0415  (imported only when a GPU is probed)
 
@@ -34,5 +39,5 @@ def reason_if_unsupported(raw: devices.RawDevice, family: str) -> str | None:
         return f"CuPy failed to import: {exc}"
     if built_for != raw.vendor:
         return (f"CuPy is built for {built_for.upper()} GPUs, this is an {raw.vendor.upper()} GPU "
-                f"(pip install \"{install_hint(raw.vendor)}\")")
+                f"({install_hint(raw.vendor)})")
     return None

@@ -15,15 +15,19 @@ TRITON_FAMILIES = frozenset({"ampere", "ada", "hopper", "blackwell", "blackwell-
                              "cdna2", "cdna3", "cdna4", "rdna3", "rdna4"})
 
 
+# The package of the ``triton`` extra (pyproject.toml; a test checks them equal).
+PACKAGES = {"triton": "triton"}
+
+
 def install_hint(vendor: str) -> str:
-    """The pip requirement that installs Triton for kvdispatch."""
-    return "kvdispatch[triton]"
+    """How to install Triton for kvdispatch."""
+    return devices.install_command(PACKAGES["triton"], "triton")
 
 
 def reason_if_unsupported(raw: devices.RawDevice, family: str) -> str | None:
     """None when the Triton kernels can serve ``raw`` (of ``family``), else why not."""
     if not devices._module_present("triton"):
-        return f'Triton is not installed (pip install "{install_hint(raw.vendor)}")'
+        return f"Triton is not installed ({install_hint(raw.vendor)})"
     if raw.vendor == "cpu":
         if triton_flag("TRITON_INTERPRET"):  # as Triton reads it: then it interprets the kernels
             return None

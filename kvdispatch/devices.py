@@ -57,9 +57,9 @@ DRIVER_LAUNCH_API = {
 class DeviceInfo:
     """What ``probe`` found for one device.
 
-    runtimes: ``(name, reason)`` per backend in ``dispatch.DESCRIPTORS`` (auto order); ``reason`` is None when it can serve the
-    device, else why it cannot. A reason names a package to install (``pip install "..."``) when a
-    missing package is why, and only then; otherwise it says what else to change.
+    runtimes: ``(name, reason)`` per backend in ``dispatch.DESCRIPTORS`` (auto order); ``reason`` is None when
+    it can serve the device, else why it cannot. A reason names a package to install (``install_command``)
+    when a missing package is why, and only then; otherwise it says what else to change.
     supports_pdl: whether kernels can be launched with programmatic dependent launch (``pdl_capable``).
     """
 
@@ -121,6 +121,12 @@ def pdl_capable(vendor: str, arch: str) -> bool:
     with ``XY >= PDL_MIN_NVIDIA_CAPABILITY``; never AMD, CPU or anything else."""
     digits = arch[3:] if vendor == "nvidia" and arch.startswith("sm_") else ""
     return digits.isdigit() and int(digits) >= PDL_MIN_NVIDIA_CAPABILITY
+
+
+def install_command(package: str, extra: str) -> str:
+    """How to install ``package``, the requirement of kvdispatch's extra ``extra`` (``pyproject.toml``): the
+    package itself, or the extra from a checkout of kvdispatch (no package index serves kvdispatch)."""
+    return f'pip install {package}, or from a kvdispatch checkout: pip install -e ".[{extra}]"'
 
 
 def _module_present(name: str) -> bool:

@@ -202,7 +202,9 @@ def test_no_install_hint_when_nothing_is_missing(monkeypatch, backend, reason):
 def test_wrong_cupy_build_is_a_missing_package(monkeypatch):
     sim = Sim(monkeypatch, cupy_vendor="nvidia")
     device = sim.add(MI300X)
-    with pytest.raises(kvdispatch.BackendUnavailableError, match=r'built for NVIDIA.*pip install "kvdispatch\[rocm\]"'):
+    with pytest.raises(kvdispatch.BackendUnavailableError,
+                       match=r'built for NVIDIA.*pip install cupy-rocm-7-0, or from a kvdispatch checkout: '
+                             r'pip install -e "\.\[rocm\]"'):
         dispatch.selector.choose(device, "cupy")
 
 

@@ -6,6 +6,7 @@ device properties of both PyTorch builds (ROCm reports capability numbers that m
 """
 
 import dataclasses
+import re
 import threading
 import types
 import warnings
@@ -149,18 +150,20 @@ def test_triton_missing(sim):
     sim.modules(triton=False, cupy=True)
     found = kvdispatch.probe(sim.add(H200))
     assert "Triton is not installed" in found.reason("triton")
-    assert 'pip install "kvdispatch[triton]"' in found.reason("triton")
+    assert 'pip install triton, or from a kvdispatch checkout: pip install -e ".[triton]"' in found.reason("triton")
     assert found.usable("cupy")
     assert kvdispatch.select_backend(GPU) == "cupy"
 
 
-@pytest.mark.parametrize("raw,cuda,hint", [(H200, "12.8", "kvdispatch[cuda12]"), (B200, "13.0", "kvdispatch[cuda13]"),
-                                           (MI300X, None, "kvdispatch[rocm]")], ids=["cuda12", "cuda13", "rocm"])
-def test_cupy_missing(monkeypatch, raw, cuda, hint):
+@pytest.mark.parametrize("raw,cuda,package,extra", [(H200, "12.8", "cupy-cuda12x", "cuda12"),
+                                                   (B200, "13.0", "cupy-cuda13x", "cuda13"),
+                                                   (MI300X, None, "cupy-rocm-7-0", "rocm")],
+                         ids=["cuda12", "cuda13", "rocm"])
+def test_cupy_missing(monkeypatch, raw, cuda, package, extra):
     sim = Sim(monkeypatch, cupy=False, cuda_version=cuda)
     found = kvdispatch.probe(sim.add(raw))
     assert "CuPy is not installed" in found.reason("cupy")
-    assert f'pip install "{hint}"' in found.reason("cupy")
+    assert f'pip install {package}, or from a kvdispatch checkout: pip install -e ".[{extra}]"' in found.reason("cupy")
     assert found.usable("triton")
 
 
@@ -169,16 +172,16 @@ def test_cupy_built_for_rocm_on_an_nvidia_gpu(monkeypatch):
     found = kvdispatch.probe(sim.add(H200))
     reason = found.reason("cupy")
     assert "built for AMD" in reason and "NVIDIA" in reason
-    assert 'pip install "kvdispatch[cuda12]"' in reason
+    assert "pip install cupy-cuda12x" in reason
     with pytest.raises(kvdispatch.BackendUnavailableError, match="built for AMD") as raised:
         dispatch.selector.choose(torch.device(GPU), "cupy")
-    assert "kvdispatch[cuda12]" in str(raised.value)
+    assert '".[cuda12]"' in str(raised.value)
 
 
 def test_cupy_built_for_cuda_on_an_amd_gpu(monkeypatch):
     sim = Sim(monkeypatch, cupy_vendor="nvidia")
     reason = kvdispatch.probe(sim.add(MI300X)).reason("cupy")
-    assert "built for NVIDIA" in reason and "AMD" in reason and "kvdispatch[rocm]" in reason
+    assert "built for NVIDIA" in reason and "AMD" in reason and "pip install cupy-rocm-7-0" in reason
 
 
 def test_broken_cupy_does_not_break_the_probe(monkeypatch):
@@ -294,3 +297,19 @@ def test_errors_about_the_cpu_name_it_once(monkeypatch):
     gpu = sim.add(H200)
     with pytest.raises(kvdispatch.BackendUnavailableError, match=r"serve cuda:0 NVIDIA H200 \(sm_90, hopper\): "):
         dispatch.selector.choose(gpu, "cupy")
+
+
+def test_install_hints_name_the_extras_packages():
+    """Each backend's install hint names the package its extra in pyproject.toml requires."""
+    import tomllib
+    from pathlib import Path
+
+    from kernels_cupy import backend as cupy_backend
+    from kernels_triton import backend as triton_backend
+
+    extras = tomllib.loads((Path(__file__).parents[1] / "pyproject.toml").read_text())["project"][
+        "optional-dependencies"]
+    for packages in (triton_backend.PACKAGES, cupy_backend.PACKAGES):
+        for extra, package in packages.items():
+            names = [re.split(r"[<>=!~ ]", requirement)[0] for requirement in extras[extra]]
+            assert package in names, (extra, package, extras[extra])
