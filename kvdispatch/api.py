@@ -81,7 +81,9 @@ def create_flashmla_kv_indices(req_to_token, req_pool_indices, seq_lens, out, *,
     Raises ``TypeError``/``ValueError`` naming the argument before anything is written, also where
     ``out`` or ``seq_lens_out`` shares memory with an input or with the other (the byte ranges from
     ``data_ptr()`` to past the last element intersect), or rows of ``out`` share memory
-    (``out.stride(0) < W`` with more than one row).
+    (``out.stride(0) < W`` with more than one row), or where a tensor argument is not strided (sparse,
+    nested), its storage is released or does not hold its view, or its address is not a multiple of its
+    element size.
 
     Returns:
         ``out``.
