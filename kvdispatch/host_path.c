@@ -307,6 +307,7 @@ typedef struct {
                        // element or memory
     long device;
     int dtype;  // 1 int32, 2 int64, 0 other
+    int64_t storage_offset, storage_bytes;  // as the shim reads them where the storage is checked, else -1
 } tensor_info;
 
 // Whether `a` shares a byte with any of the `count` tensors `others` (NULL: an absent one). An empty span
@@ -350,11 +351,12 @@ static int read_tensor(PyObject *t, int dim, tensor_info *info) {
     }
     const uint64_t itemsize = info->dtype == 2 ? 8 : 4;  // other dtypes are refused by every caller
     info->data = (uint64_t)(uintptr_t)data;
+    info->storage_offset = info->storage_bytes = -1;
     if (!empty && info->dtype) {  // storage that exists and covers the view, a pointer aligned to the element
-        int64_t held, offset;
-        if (data == NULL || info->data % itemsize || shim.storage_size(tensor, &held) ||
-            shim.storage_offset(tensor, &offset) || held <= 0 || offset < 0 ||
-            ((uint64_t)offset + extent) * itemsize > (uint64_t)held)
+        int64_t *held = &info->storage_bytes, *offset = &info->storage_offset;
+        if (data == NULL || info->data % itemsize || shim.storage_size(tensor, held) ||
+            shim.storage_offset(tensor, offset) || *held <= 0 || *offset < 0 ||
+            ((uint64_t)*offset + extent) * itemsize > (uint64_t)*held)
             return -1;
     }
     info->device = (long)device_index + index_offset;
@@ -363,19 +365,30 @@ static int read_tensor(PyObject *t, int dim, tensor_info *info) {
     return info->device >= 0 ? 0 : -1;
 }
 
-// tensor_metadata(t) -> (dtype code, device, sizes, strides, data pointer), or None where read_tensor refuses t.
+// An int64 read from the shim, or None for one not read (-1).
+static PyObject *read_or_none(int64_t value) {
+    return value < 0 ? Py_NewRef(Py_None) : PyLong_FromLongLong(value);
+}
+
+// tensor_metadata(t) -> (dtype code, device, sizes, strides, data pointer, storage offset, storage bytes), the
+// storage's two None where read_tensor does not check it (no element, another dtype), or None where it refuses t.
 static PyObject *tensor_metadata(PyObject *self, PyObject *t) {
     tensor_info info;
     if (read_tensor(t, -1, &info)) Py_RETURN_NONE;
     PyObject *sizes = PyTuple_New(info.dim), *strides = PyTuple_New(info.dim);
+    PyObject *offset = read_or_none(info.storage_offset), *held = read_or_none(info.storage_bytes);
     for (int i = 0; sizes && strides && i < info.dim; ++i) {
         PyTuple_SET_ITEM(sizes, i, PyLong_FromLongLong(info.size[i]));
         PyTuple_SET_ITEM(strides, i, PyLong_FromLongLong(info.stride[i]));
     }
-    PyObject *result = sizes && strides ? Py_BuildValue("(ilOOK)", info.dtype, info.device, sizes, strides,
-                                                        (unsigned long long)info.data) : NULL;
+    PyObject *result = sizes && strides && offset && held
+                           ? Py_BuildValue("(ilOOKOO)", info.dtype, info.device, sizes, strides,
+                                           (unsigned long long)info.data, offset, held)
+                           : NULL;
     Py_XDECREF(sizes);
     Py_XDECREF(strides);
+    Py_XDECREF(offset);
+    Py_XDECREF(held);
     return result;
 }
 
@@ -856,7 +869,8 @@ static PyMethodDef methods[] = {
     {"replay", (PyCFunction)(void (*)(void))replay, METH_FASTCALL,
      "replay(op, backend, *public arguments): launches from the call's replay plan, or returns NotImplemented"},
     {"tensor_metadata", tensor_metadata, METH_O,
-     "tensor_metadata(t) -> (dtype code, device, sizes, strides, data pointer) as the checks read them, or None"},
+     "tensor_metadata(t) -> (dtype code, device, sizes, strides, data pointer, storage offset, storage bytes) as "
+     "the checks read them, or None"},
     {"replay_plan_count", replay_plan_count, METH_NOARGS, "the replay plans held"},
     {NULL, NULL, 0, NULL}};
 

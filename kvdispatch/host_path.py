@@ -25,9 +25,12 @@ It is built at first use with the system's C compiler (``CC``, else ``cc``, ``gc
 Python's headers, once per source and Python version, into the build cache (``kvdispatch._build_cache``:
 ``$KVDISPATCH_CACHE_DIR``, default ``$XDG_CACHE_HOME/kvdispatch`` or ``~/.cache/kvdispatch``), which must be
 private to the current user. A cache directory or library that another user could have written (or a
-symbolic link) is refused and never loaded: one warning is logged, ``failure()`` says why, and launches
-stay on the Python path. Where it cannot be built or loaded otherwise, launches stay on the Python path
-too (one info line). Each launcher has a variable that requires it (``KVDISPATCH_TRITON_LAUNCH=native``,
+symbolic link) is refused and never loaded. Once built and configured, and before it is installed, it must
+read a set of probe tensors (``probe_tensors``) on the CPU and on the GPU as PyTorch does (``self_check``): the
+shim on a ``TensorImpl`` is no PyTorch contract. Where it is refused, cannot be built, loaded or configured, or
+fails that check, ``failure()`` says why, launches stay on the Python path (a higher host time per call) and
+``load`` warns once (a ``RuntimeWarning``), but for AMD while ``KVDISPATCH_HIP_HOST_PATH`` is off (one info
+line: off by that setting). Each launcher has a variable that requires it (``KVDISPATCH_TRITON_LAUNCH=native``,
 ``KVDISPATCH_CUPY_LAUNCH=native``), which then raises with the reason.
 
 The vendor of the device (``kvdispatch.probe``) picks the driver (``devices.DRIVER_LAUNCH_API``):
@@ -51,6 +54,7 @@ import subprocess
 import sys
 import sysconfig
 import threading
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -187,6 +191,15 @@ def tensor_shim(device_type: str) -> tuple[int, ...]:
                         code(f"aoti_torch_device_type_{device_type}"), code("aoti_torch_layout_strided"))
 
 
+class NotEnabledError(RuntimeError):
+    """The compiled host path is off by a setting (``KVDISPATCH_HIP_HOST_PATH`` on AMD)."""
+
+
+# The device index the extension reads for a tensor is its own plus this offset (configure()'s last argument):
+# CPU tensors (device index -1) are device 0 where the CPU is the launch device type (the self-check, the tests).
+INDEX_OFFSET = {"cuda": 0, "cpu": 1}
+
+
 def _configure_for(module, vendor: str) -> None:
     """Point ``module`` at ``vendor``'s launch and context functions, at PyTorch's raw stream query (the
     current ``hipStream_t`` on ROCm builds, whose devices and tensors are PyTorch's ``cuda`` ones) and at its
@@ -195,7 +208,7 @@ def _configure_for(module, vendor: str) -> None:
     driver = open_driver(api.library, reuse_loaded=vendor == "amd")
     module.configure(ctypes.cast(getattr(driver, api.launch), ctypes.c_void_p).value,
                      ctypes.cast(getattr(driver, api.current_context), ctypes.c_void_p).value,
-                     torch._C._cuda_getCurrentRawStream, torch.Tensor, tensor_shim("cuda"), 0)
+                     torch._C._cuda_getCurrentRawStream, torch.Tensor, tensor_shim("cuda"), INDEX_OFFSET["cuda"])
 
 
 def configure_for_cuda(module) -> None:
@@ -219,13 +232,69 @@ def configuration_for(device_index: int | None):
     if devices.probe(device).vendor != "amd":
         return configure_for_cuda
     if not hip_host_path:
-        raise RuntimeError(f"{HIP_HOST_PATH_ENV} is off: on AMD, launches take the Python path unless it is set")
+        raise NotEnabledError(f"{HIP_HOST_PATH_ENV} is off: on AMD, launches take the Python path unless it is set")
     return configure_for_hip
 
 
+def probe_tensors(device: torch.device) -> dict[str, tuple[torch.Tensor, bool]]:
+    """The tensors ``self_check`` reads on ``device``, by name, each with whether the extension must read it
+    (False: it must refuse it). Made with ``torch.empty`` and views only: no kernel runs (``load`` may be
+    called while a CUDA graph is being captured)."""
+    matrix = torch.empty(5, 7, dtype=torch.int32, device=device)
+    vector = torch.empty(10, dtype=torch.int64, device=device)
+    released = torch.empty(4, dtype=torch.int32, device=device)
+    released.untyped_storage().resize_(0)
+    return {
+        "a contiguous int32 matrix": (matrix, True),
+        "a strided int64 vector": (vector[1::3], True),
+        "an int32 view at a storage offset": (matrix[2:, 3:], True),
+        "a transposed int64 view": (vector.view(2, 5).t(), True),
+        "a float32 matrix": (torch.empty(3, 2, device=device), True),
+        "an empty int64 matrix": (torch.empty(0, 3, dtype=torch.int64, device=device), True),
+        "a tensor whose storage is released": (released, False),
+        "a sparse tensor": (torch.empty(2, 2, dtype=torch.int32, layout=torch.sparse_coo, device=device), False),
+        "a tensor of another device type": (torch.empty(2, dtype=torch.int32, device="meta"), False),
+    }
+
+
+def python_reads(t: torch.Tensor) -> tuple:
+    """What ``tensor_metadata(t)`` must give for a strided tensor ``t`` of the launch device type that it
+    reads: the dtype code (``DTYPE_CODES``, 0 for others), device index (plus ``INDEX_OFFSET``), sizes,
+    strides and data pointer, then the storage offset (elements) and the storage's bytes, both None where the
+    extension does not check the storage (no element, another dtype)."""
+    code = DTYPE_CODES.get(t.dtype, 0)
+    checked = code != 0 and t.numel() > 0
+    return (code, t.get_device() + INDEX_OFFSET[t.device.type], tuple(t.shape), t.stride(), t.data_ptr(),
+            t.storage_offset() if checked else None, t.untyped_storage().nbytes() if checked else None)
+
+
+def check_reads(module, device: torch.device) -> None:
+    """Raise ``RuntimeError`` naming the first of ``probe_tensors(device)`` that ``module`` (configured for
+    tensors of ``device.type``) reads otherwise than PyTorch does (``python_reads``), or reads where it
+    must refuse it."""
+    for name, (t, readable) in probe_tensors(device).items():
+        read, expected = module.tensor_metadata(t), python_reads(t) if readable else None
+        if read != expected:
+            raise RuntimeError(f"its tensor reads disagree with PyTorch's for {name} on {device}: "
+                               f"read {read}, PyTorch gives {expected}")
+
+
+def self_check(module, configure, device_index: int | None) -> None:
+    """``check_reads`` of ``module`` on the CPU (configured to read CPU tensors, nothing to launch), then on
+    the GPU ``device_index`` (None: the current one) where PyTorch has one, after ``configure(module)``
+    (``configuration_for``), which it leaves in place. Raises at the first disagreement."""
+    module.configure(0, 0, None, torch.Tensor, tensor_shim("cpu"), INDEX_OFFSET["cpu"])
+    check_reads(module, torch.device("cpu"))
+    configure(module)
+    if torch.cuda.is_available():
+        check_reads(module, torch.device("cuda", torch.cuda.current_device() if device_index is None
+                                         else device_index))
+
+
 def load(device_index: int | None = None):
-    """The configured extension, or None (the reason is in ``failure()``); built once per process, for the
-    vendor of ``device_index`` (``configuration_for``)."""
+    """The configured extension, or None (the reason is in ``failure()``, and a ``RuntimeWarning`` says it
+    once, but for a path off by a setting: ``NotEnabledError``); built once per process, for the vendor of
+    ``device_index`` (``configuration_for``), installed once it passes ``self_check``."""
     global _module, _failure
     if _module is not None or _failure is not None:
         return _module
@@ -234,7 +303,7 @@ def load(device_index: int | None = None):
             try:
                 configure = configuration_for(device_index)
                 module = build()
-                configure(module)
+                self_check(module, configure, device_index)
                 for (op, index, backend), launcher in _approved.items():
                     module.approve(OPS[op], index, backend, LAUNCHERS[launcher])
                 dispatch.fast_page_table = module.page_table
@@ -245,9 +314,11 @@ def load(device_index: int | None = None):
                 raise
             except Exception as exc:  # any other failure: the Python path serves
                 _failure = f"{type(exc).__name__}: {exc}"
-                refused = isinstance(exc, _build_cache.UntrustedPathError)
-                log.log(logging.WARNING if refused else logging.INFO,
-                        "kvdispatch: the compiled launcher is not available (%s); launches stay in Python", _failure)
+                if isinstance(exc, NotEnabledError):
+                    log.info("kvdispatch: the compiled host path is off (%s); calls take the Python path", _failure)
+                else:
+                    warnings.warn(f"kvdispatch: the compiled host path is not available ({_failure}); calls take "
+                                  "the Python path: higher host time per call", RuntimeWarning, stacklevel=2)
     return _module
 
 

@@ -60,7 +60,8 @@ def install(built, monkeypatch, count: int) -> Stubs:
     stubs = Stubs(count)
     built.configure(ctypes.cast(stubs.launch, ctypes.c_void_p).value,
                     ctypes.cast(stubs.current_context, ctypes.c_void_p).value,
-                    lambda index: STREAM_BASE + index, torch.Tensor, host_path.tensor_shim("cpu"), 1)
+                    lambda index: STREAM_BASE + index, torch.Tensor, host_path.tensor_shim("cpu"),
+                    host_path.INDEX_OFFSET["cpu"])
     monkeypatch.setattr(host_path, "_module", built)
     monkeypatch.setattr(host_path, "_approved", {})
     stubs.module = built

@@ -13,6 +13,7 @@ table, the launch and the tensor reads, and has its own packing and hand-back ca
 from __future__ import annotations
 
 import contextlib
+import warnings
 
 import pytest
 import torch
@@ -61,8 +62,9 @@ def expected_params(call):
 @pytest.mark.parametrize("seed", range(20))
 def test_reads_tensor_metadata_as_python_does(stubs, seed):
     """The C reads (PyTorch's C shim on the TensorImpl) give the dtype, device, sizes, strides and data pointer
-    Python gives, for views at offsets, transposes, broadcasts, empty tensors and a 2**40 stride; a tensor of more than two
-    dimensions, a subclass or another device type is refused."""
+    Python gives, and for an int32 or int64 tensor with elements the storage offset and bytes, for views at offsets,
+    transposes, broadcasts, empty tensors and a 2**40 stride; a tensor of more than two dimensions, a subclass or
+    another device type is refused."""
     generator = torch.Generator().manual_seed(seed)
     rows, cols = (int(v) for v in torch.randint(0, 9, (2,), generator=generator))
     dtype = (torch.int32, torch.int64, torch.float32)[seed % 3]
@@ -72,7 +74,8 @@ def test_reads_tensor_metadata_as_python_does(stubs, seed):
     for view in views:
         read = stubs.module.tensor_metadata(view)
         code = {torch.int32: 1, torch.int64: 2}.get(view.dtype, 0)
-        assert read == (code, 0, tuple(view.shape), view.stride(), view.data_ptr()), view.shape
+        storage = (view.storage_offset(), view.untyped_storage().nbytes()) if code and view.numel() else (None, None)
+        assert read == (code, 0, tuple(view.shape), view.stride(), view.data_ptr(), *storage), view.shape
     for refused in (torch.zeros(2, 2, 2, dtype=torch.int32), torch.nn.Parameter(torch.zeros(3), requires_grad=False),
                     torch.zeros(3, device="meta"), 3, None):
         assert stubs.module.tensor_metadata(refused) is None
@@ -575,9 +578,11 @@ def test_load_failure_leaves_launches_in_python(tmp_path, monkeypatch):
     monkeypatch.setattr(host_path, "_failure", None)
     monkeypatch.setenv("CC", str(tmp_path / "no-such-compiler"))
     monkeypatch.setenv(_build_cache.CACHE_ENV, str(tmp_path / "cache"))
-    assert host_path.load() is None
-    assert host_path.failure()
-    assert host_path.load() is None  # no second attempt
+    with pytest.warns(RuntimeWarning, match="calls take the Python path: higher host time per call") as caught:
+        assert host_path.load() is None
+        assert host_path.failure()
+        assert host_path.load() is None  # no second attempt, no second warning
+    assert len(caught) == 1 and host_path.failure() in str(caught[0].message)
     launcher = launch.KernelLauncher(page_table.page_table_kernel, page_table.CONSTEXPRS)
     launcher.compiled[(0, "spec")] = object()
     monkeypatch.setattr(launch, "native_parameter_count", lambda compiled, runtime_args: runtime_args + 2)
@@ -693,7 +698,9 @@ def test_amd_stays_in_python_unless_the_hip_host_path_is_on(hip_loading, monkeyp
 
     sim, stubs, opened = hip_loading
     sim.add(MI300X)
-    assert host_path.load(0) is None
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)  # off by the setting: no warning
+        assert host_path.load(0) is None
     assert host_path.HIP_HOST_PATH_ENV in host_path.failure()
     assert opened == [] and dispatch.fast_page_table is None and dispatch.fast_token_csr is None
     for value in ("0", "off"):
@@ -723,6 +730,64 @@ def test_the_probe_vendor_picks_the_driver(hip_loading, monkeypatch, raw, librar
     assert host_path.current_context() == CONTEXT  # the context query is the driver's (here the stub)
     assert dispatch.fast_page_table == module.page_table and dispatch.fast_token_csr == module.token_csr
     assert dispatch.fast_replay == module.replay
+
+
+def test_the_self_check_passes_on_this_pytorch(stubs):
+    """Every probe tensor on the CPU is read as PyTorch reads it, or refused where it must be (a released
+    storage, a sparse tensor, another device type)."""
+    host_path.check_reads(stubs.module, torch.device("cpu"))
+    probes = host_path.probe_tensors(torch.device("cpu"))
+    assert sorted(name for name, (t, readable) in probes.items() if not readable) == [
+        "a sparse tensor", "a tensor of another device type", "a tensor whose storage is released"]
+
+
+def _shifted_pointer(original):
+    return lambda t: original(t)[:4] + (original(t)[4] + 4,) + original(t)[5:]
+
+
+@pytest.mark.parametrize("misread", ["python reads another pointer", "C reads a refused tensor"])
+def test_a_misread_keeps_the_path_off_and_warns_once(hip_loading, built, monkeypatch, misread):
+    """Where the extension's reads of a probe tensor differ from PyTorch's, ``load`` installs nothing, says
+    which probe, and warns once."""
+    from simdevices import H200
+
+    sim, stubs, opened = hip_loading
+    sim.add(H200)
+    if misread == "python reads another pointer":
+        monkeypatch.setattr(host_path, "python_reads", _shifted_pointer(host_path.python_reads))
+    else:
+        reads = built.tensor_metadata
+        monkeypatch.setattr(built, "tensor_metadata", lambda t: reads(t) or (0, 0, (), (), 0, None, None))
+    with pytest.warns(RuntimeWarning, match="calls take the Python path: higher host time per call") as caught:
+        assert host_path.load(0) is None
+        assert host_path.load(0) is None
+    assert len(caught) == 1 and "its tensor reads disagree with PyTorch's for a " in host_path.failure()
+    assert host_path.failure() in str(caught[0].message)
+    assert dispatch.fast_page_table is None and dispatch.fast_token_csr is None and dispatch.fast_replay is None
+
+
+def test_a_missing_shim_symbol_keeps_the_path_off_and_warns(hip_loading, monkeypatch):
+    from simdevices import H200
+
+    sim, stubs, opened = hip_loading
+    sim.add(H200)
+    monkeypatch.setattr(host_path, "SHIM_GETTERS", host_path.SHIM_GETTERS[:-1] + ("aoti_torch_get_no_such_getter",))
+    with pytest.warns(RuntimeWarning, match="aoti_torch_get_no_such_getter.*higher host time per call"):
+        assert host_path.load(0) is None
+    assert dispatch.fast_page_table is None
+
+
+def test_cpu_calls_never_attempt_it(monkeypatch):
+    """CPU tensors never take the compiled host path: nothing is built and nothing warns."""
+    monkeypatch.setattr(host_path, "_module", None)
+    monkeypatch.setattr(host_path, "_failure", None)
+    monkeypatch.setattr(host_path, "build", lambda *a: pytest.fail("built for a CPU call"))
+    monkeypatch.setenv(launch.LAUNCH_ENV, "auto")
+    table, pool, lens, out = random_call(5, page_size=16, with_start=False, options="")[:4]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        kvdispatch.create_flashmla_kv_indices(table, pool, lens, out, page_size=16, backend="triton")
+    assert host_path.failure() is None
 
 
 def test_amd_plan_launches_with_its_wavefronts(stubs, monkeypatch):
