@@ -1,5 +1,5 @@
-"""The kernel source and every way it is compiled: NVRTC/hipRTC options, nvcc, hipcc and clang (HIP)
-offline checks.
+"""The kernel source, what one call of its kernels is (``KernelCall``), and every way it is compiled:
+NVRTC/hipRTC options, nvcc, hipcc and clang (HIP) offline checks.
 
 Every path compiles the same file; the macros are those of a specialisation (``KV_PAGE_SIZE``, ``KV_FLAGS``)
 or none (the generic kernels, runtime page size and flags). Only the language standard flag and hipcc's
@@ -16,6 +16,7 @@ import subprocess
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 SOURCE_PATH = Path(__file__).with_name("kv_indices.cu")
 PAGE_TABLE_KERNEL = "kv_page_table"
@@ -36,6 +37,19 @@ HIP_CLANG = "clang-19"
 WIDE_GLOBAL_ACCESSES = ("global_load_dwordx4", "global_store_dwordx4")
 
 
+class KernelCall(NamedTuple):
+    """One launch of a kernel of the source: built by ``launch.py``, run by ``runtime.py`` (or the host build),
+    registered with the compiled host path by ``native.py``."""
+
+    kernel: str
+    defines: tuple  # ((macro, value), ...): the compile-time specialisation, e.g. KV_PAGE_SIZE and KV_FLAGS
+    grid: tuple  # (x, y, z): kvdispatch.grid.Launch.grid
+    threads: int
+    args: tuple
+    pdl: bool = False  # programmatic dependent launch: KV_PDL is among the defines (``launch.with_pdl``)
+    pointers: tuple = ()  # ((parameter index, tensor), ...): the parameters that are these tensors' addresses
+
+
 @functools.lru_cache(maxsize=None)
 def source() -> str:
     """The CUDA/HIP source text (read once)."""
@@ -49,7 +63,7 @@ def rtc_options(vendor: str) -> tuple[str, ...]:
 
 
 def define_flags(defines: tuple) -> tuple[str, ...]:
-    """``-DNAME=value`` per ``(name, value)`` of a specialisation (``kernels_cupy.launch.KernelCall.defines``)."""
+    """``-DNAME=value`` per ``(name, value)`` of a specialisation (``KernelCall.defines``)."""
     return tuple(f"-D{name}={value}" for name, value in defines)
 
 

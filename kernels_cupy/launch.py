@@ -1,5 +1,6 @@
-"""What one kernel call is: kernel name, specialisation, grid, threads and typed arguments. Shared by the
-CuPy launcher (GPU) and the host build (CI); neither decides a grid itself, ``kvdispatch.grid`` does.
+"""What each kernel call is (``build.KernelCall``): kernel name, specialisation, grid, threads and typed
+arguments. Shared by the CuPy launcher (GPU) and the host build (CI); neither decides a grid itself,
+``kvdispatch.grid`` does.
 The backend's builders (``build_page_table``, ``build_token_indices``) describe the call here and hand it
 to ``runtime.py``, imported (with CuPy) at the first launch; those two then register the call's plan with the
 compiled host path (``native.py``), which takes the next such call. The other ops' launches are recorded
@@ -21,7 +22,6 @@ generic library) runs the same call.
 from __future__ import annotations
 
 import functools
-from typing import NamedTuple
 
 import torch
 
@@ -30,7 +30,7 @@ from kvdispatch.reference import draft_prefix_cap
 
 from . import native
 from .build import (DCP_PAGE_TABLE_KERNEL, DCP_TOKEN_CSR_KERNEL, DRAFT_DECODE_KERNEL, MHA_PAGE_TABLE_KERNEL,
-                    PAGE_TABLE_KERNEL, TOKEN_CSR_KERNEL, TRANSLATED_PAGE_TABLE_KERNEL)
+                    PAGE_TABLE_KERNEL, TOKEN_CSR_KERNEL, TRANSLATED_PAGE_TABLE_KERNEL, KernelCall)
 
 # Flag bits; the same values as the KV_* macros in kv_indices.cu (tests/test_shared_constants.py).
 WIDE_POOL, WIDE_LENS, WIDE_START, WIDE_INDPTR, FILL, START, LENS_OUT, FOLDED_GRID = 1, 2, 4, 8, 16, 32, 64, 128
@@ -52,16 +52,6 @@ def forget_geometry() -> None:
     """Drop every cached ``Launch`` (after ``kvdispatch.grid``'s limits change, as tests do)."""
     for cache in _GEOMETRY_CACHES:
         cache.cache_clear()
-
-
-class KernelCall(NamedTuple):
-    kernel: str
-    defines: tuple  # ((macro, value), ...): the compile-time specialisation, e.g. KV_PAGE_SIZE and KV_FLAGS
-    grid: tuple  # (x, y, z): kvdispatch.grid.Launch.grid
-    threads: int
-    args: tuple
-    pdl: bool = False  # programmatic dependent launch: KV_PDL is among the defines (``with_pdl``)
-    pointers: tuple = ()  # ((parameter index, tensor), ...): the parameters that are these tensors' addresses
 
 
 def _kernel_call(kernel: str, defines: tuple, launch: grid.Launch, raw: tuple) -> KernelCall:

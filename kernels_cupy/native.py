@@ -11,7 +11,7 @@ size, batch, width, the index vectors' dtypes and which options are given (page 
 ``min(C, N)`` and the dtypes (token CSR, ordinary calls: int32 out, entry page size 1, no mapping).
 
 The other ops' launches become replay plans (``host_path.register_replay``) as ``replay_launch`` describes
-them: the call's parameters with each pointer as its tensor (``launch.KernelCall.pointers``).
+them: the call's parameters with each pointer as its tensor (``KernelCall.pointers``).
 
 ``KVDISPATCH_CUPY_LAUNCH`` = ``auto`` (default: the C path where it is available) | ``native`` (required: a
 plan it cannot take raises with the reason) | ``python`` (never); read when a plan is registered, so call
@@ -22,12 +22,10 @@ Imports neither CuPy nor the kernel runtime (``runtime.py`` is imported where a 
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING
 
 from kvdispatch import _env, grid, host_path
 
-if TYPE_CHECKING:  # launch.py imports this module
-    from . import launch
+from .build import KernelCall
 
 LAUNCHER = "cupy"
 LAUNCH_ENV = _env.CUPY_LAUNCH
@@ -81,21 +79,21 @@ def token_csr_key(req_to_token, req_pool_indices, seq_lens, kv_indptr, out, kv_s
             None if kv_start_idx is None else kv_start_idx.dtype, 0, 0)
 
 
-def add_page_table_plan(call: launch.KernelCall, *args) -> None:
+def add_page_table_plan(call: KernelCall, *args) -> None:
     """After ``call`` (``launch.page_table_call(*args)``, not rounding toward zero) has been launched: register
     its plan, once per key."""
     if not _off and (key := page_table_key(*args)) not in _tried:
         add_plan("page_table", key, call)
 
 
-def add_token_csr_plan(call: launch.KernelCall, *args) -> None:
+def add_token_csr_plan(call: KernelCall, *args) -> None:
     """After ``call`` (``launch.token_csr_call(*args)``, an ordinary call) has been launched: register its
     plan, once per key."""
     if not _off and (key := token_csr_key(*args)) not in _tried:
         add_plan("token_csr", key, call)
 
 
-def add_plan(op: str, key: tuple, call: launch.KernelCall) -> None:
+def add_plan(op: str, key: tuple, call: KernelCall) -> None:
     """Register the plan of ``key`` (``page_table_key``, ``token_csr_key``) for ``op``, launching as ``call``
     does, with the C path, as the launch mode says. In ``auto`` mode nothing here ever fails the call: a plan
     it cannot register leaves such calls on the Python path."""
@@ -119,7 +117,7 @@ def add_plan(op: str, key: tuple, call: launch.KernelCall) -> None:
         log.debug("kvdispatch: CuPy %s calls of key %s stay on the Python path: %s", op, key, reason)
 
 
-def kernel_and_context(index: int, call: launch.KernelCall) -> tuple[int, int | None]:
+def kernel_and_context(index: int, call: KernelCall) -> tuple[int, int | None]:
     """The ``CUfunction`` handle of ``call``'s kernel on device ``index`` (compiled by its first launch) and
     the context CuPy loaded it in (None: none current)."""
     from . import runtime  # noqa: PLC0415  (imports CuPy; the call has just launched through it)
@@ -129,7 +127,7 @@ def kernel_and_context(index: int, call: launch.KernelCall) -> tuple[int, int | 
         return function.ptr, host_path.current_context()
 
 
-def _register(op: str, key: tuple, call: launch.KernelCall) -> str | None:
+def _register(op: str, key: tuple, call: KernelCall) -> str | None:
     """Register the plan; None when the C path took it, else why not."""
     if host_path.load(key[0]) is None:
         return host_path.failure()
@@ -144,7 +142,7 @@ def _register(op: str, key: tuple, call: launch.KernelCall) -> str | None:
     return None
 
 
-def replay_launch(call: launch.KernelCall, index: int) -> host_path.Launch | None:
+def replay_launch(call: KernelCall, index: int) -> host_path.Launch | None:
     """``call`` (launched on device ``index``) as a replay plan's launch (``host_path.register_replay``): its
     parameters with each pointer as its tensor (``call.pointers``); None where the C path takes no CuPy call
     (the launch mode, the extension not available, no current context)."""

@@ -18,7 +18,7 @@ import torch
 from kvdispatch import devices
 
 from . import build
-from .launch import KernelCall
+from .build import KernelCall
 
 _kernels: dict[tuple, object] = {}  # (device index, kernel name, defines) -> cupy.cuda.function.Function
 _lock = threading.Lock()

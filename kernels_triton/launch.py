@@ -40,7 +40,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kvdispatch import _env, host_path
+from kvdispatch import _env, devices, host_path
 
 from . import native
 
@@ -612,13 +612,9 @@ os.register_at_fork(after_in_child=_after_fork)
 def supports_pdl(device_index: int) -> bool:
     """Whether the GPU ``device_index`` supports programmatic dependent launch (the probe's ``supports_pdl``);
     False for CPU tensors (index < 0), which the interpreter runs."""
-    from kvdispatch import probe  # noqa: PLC0415  (kvdispatch imports this package lazily)
-
-    return device_index >= 0 and probe(torch.device("cuda", device_index)).supports_pdl
+    return device_index >= 0 and devices.probe(torch.device("cuda", device_index)).supports_pdl
 
 
 def warps_for(device, threads: int) -> int:
     """``threads // warp_size`` of ``device`` per the probe (64 lanes on AMD), at least 1."""
-    from kvdispatch import probe  # noqa: PLC0415  (kvdispatch imports this package lazily)
-
-    return max(1, threads // max(1, probe(device).warp_size))
+    return max(1, threads // max(1, devices.probe(device).warp_size))

@@ -9,6 +9,8 @@ whether a compiled kernel takes ``cuLaunchKernel``'s parameters as the C path pa
 
 from __future__ import annotations
 
+import torch
+
 from kvdispatch import host_path
 
 LAUNCHER = "triton"
@@ -41,14 +43,19 @@ def add_page_table_plan(key: tuple, kernel, grid: tuple) -> bool:
                               kernel.threads, kernel.shared, kernel.param_count)
 
 
+def is_ordinary_token_csr(key: tuple) -> bool:
+    """Whether the token-CSR call of ``key`` (``token_csr.plan_key_and_arguments``) has none of the options,
+    the only calls the C path takes: an int32 ``out``, entry page size 1, no token mapping and no programmatic
+    dependent launch."""
+    return key[9] is torch.int32 and key[10] == 1 and key[11] is None and not key[12]
+
+
 def add_token_csr_plan(key: tuple, kernel, grid: tuple) -> bool:
     """Register the launch of one token-CSR call key (``token_csr.plan_key_and_arguments``) with
     ``kernel`` (a ``launch.NativeKernel``) on ``grid``, as ``add_page_table_plan``; returns whether the C
-    path took it. A key with an option (``token_csr.is_ordinary``) is refused: the C path takes no such
+    path took it. A key with an option (``is_ordinary_token_csr``) is refused: the C path takes no such
     call, so it has no plan for one."""
-    from . import token_csr  # noqa: PLC0415  (it imports this module)
-
-    if not token_csr.is_ordinary(key):
+    if not is_ordinary_token_csr(key):
         return False
     return host_path.add_plan(LAUNCHER, "token_csr", key[:9], kernel.context, kernel.function, grid,
                               kernel.threads, kernel.shared, kernel.param_count)

@@ -12,7 +12,6 @@ from __future__ import annotations
 import functools
 import itertools
 
-import torch
 import triton
 import triton.language as tl
 
@@ -179,17 +178,11 @@ def _build_plan(key, out, args):
     constexprs = constexprs_for(has_start, unit_strides, wide_indexing, geometry.folded, entry_page_size,
                                 key[11] is not None, pdl=key[12])
     plan, launched = launcher.plan(key[0], specialisation, geometry.grid, constexprs, warps, args)
-    if is_ordinary(key):  # the compiled launcher takes no call with an option
+    if native.is_ordinary_token_csr(key):  # the compiled launcher takes no call with an option
         kernel = launcher.native_kernel(key[0], specialisation, len(ORDINARY_PARAMETERS), geometry.threads)
         if kernel is not None:  # it takes this key's calls from now on
             native.add_token_csr_plan(key, kernel, geometry.grid)
     return _plans.add(key, plan), launched
-
-
-def is_ordinary(key) -> bool:
-    """Whether the call of ``key`` (``plan_key_and_arguments``) has none of the options: an int32 ``out``,
-    entry page size 1, no token mapping and no programmatic dependent launch."""
-    return key[9] is torch.int32 and key[10] == 1 and key[11] is None and not key[12]
 
 
 def build_token_indices(req_to_token, req_pool_indices, seq_lens, kv_indptr, out, kv_start_idx=None,
@@ -215,11 +208,12 @@ def build_token_indices(req_to_token, req_pool_indices, seq_lens, kv_indptr, out
 def plan_key_and_arguments(req_to_token, req_pool_indices, seq_lens, kv_indptr, out, kv_start_idx=None,
                            entry_page_size=1, token_mapping=None, pdl=False):
     """The launch-plan key of a call and the kernel's runtime arguments (tensors in the pointer slots), as
-    ``host_path.c`` computes them too for an ordinary call (``is_ordinary``). Key: device index, batch,
-    min(C * entry_page_size, N) (the geometry depends on nothing else: ``kvdispatch.grid.token_csr_launch``),
-    the dtypes of the pool, length, indptr and start vectors (None: no start), unit strides, wide indexing
-    (no ``packed_words``), then the options: out's dtype, the entry page size and the mapping's dtype (None:
-    no mapping), and pdl. The first nine fields are the compiled launcher's key."""
+    ``host_path.c`` computes them too for an ordinary call (``native.is_ordinary_token_csr``). Key: device
+    index, batch, min(C * entry_page_size, N) (the geometry depends on nothing else:
+    ``kvdispatch.grid.token_csr_launch``), the dtypes of the pool, length, indptr and start vectors (None: no
+    start), unit strides, wide indexing (no ``packed_words``), then the options: out's dtype, the entry page
+    size and the mapping's dtype (None: no mapping), and pdl. The first nine fields are the compiled
+    launcher's key."""
     has_start = kv_start_idx is not None
     rows, cols = req_to_token.shape
     table_stride, out_len = req_to_token.stride(0), out.shape[0]

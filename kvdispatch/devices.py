@@ -57,9 +57,10 @@ DRIVER_LAUNCH_API = {
 class DeviceInfo:
     """What ``probe`` found for one device.
 
-    runtimes: ``(name, reason)`` per backend in ``dispatch.DESCRIPTORS`` (auto order); ``reason`` is None when
-    it can serve the device, else why it cannot. A reason names a package to install (``install_command``)
-    when a missing package is why, and only then; otherwise it says what else to change.
+    runtimes: ``(name, reason)`` per registered backend (``register_backends``: ``dispatch.DESCRIPTORS``, in
+    auto order); ``reason`` is None when it can serve the device, else why it cannot. A reason names a package
+    to install (``install_command``) when a missing package is why, and only then; otherwise it says what else
+    to change.
     supports_pdl: whether kernels can be launched with programmatic dependent launch (``pdl_capable``).
     """
 
@@ -133,14 +134,23 @@ def _module_present(name: str) -> bool:
     return importlib.util.find_spec(name) is not None
 
 
-def describe(raw: RawDevice) -> DeviceInfo:
-    """Apply vendor facts to raw device facts, and ask each backend's descriptor whether it can serve
-    the device (pure: no device access beyond the CuPy import)."""
-    from .dispatch import DESCRIPTORS  # noqa: PLC0415  (dispatch imports this module)
+# The backends' descriptors (modules with ``NAME`` and ``reason_if_unsupported``), in auto order: the registry
+# passes them in at its import (``register_backends``).
+_descriptors: tuple = ()
 
+
+def register_backends(descriptors) -> None:
+    """Make ``descriptors`` (``dispatch.DESCRIPTORS``) the backends ``describe`` asks about each device."""
+    global _descriptors
+    _descriptors = tuple(descriptors)
+
+
+def describe(raw: RawDevice) -> DeviceInfo:
+    """Apply vendor facts to raw device facts, and ask each registered backend's descriptor whether it can
+    serve the device (pure: no device access beyond the CuPy import)."""
     family = family_of(raw.vendor, raw.arch)
     warp = raw.warp_size or (32 if family.startswith("rdna") else WARP_SIZE.get(raw.vendor, 1))
-    runtimes = tuple((backend.NAME, backend.reason_if_unsupported(raw, family)) for backend in DESCRIPTORS)
+    runtimes = tuple((backend.NAME, backend.reason_if_unsupported(raw, family)) for backend in _descriptors)
     return DeviceInfo(raw.device, raw.vendor, raw.arch, family, raw.name, raw.multiprocessors, warp, runtimes,
                       pdl_capable(raw.vendor, raw.arch))
 

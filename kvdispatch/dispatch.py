@@ -44,6 +44,7 @@ DESCRIPTORS = tuple(importlib.import_module(name) for name in (
     "kernels_cupy.backend",
     "kvdispatch.reference_backend",
 ))
+devices.register_backends(DESCRIPTORS)
 BACKENDS = tuple(backend.NAME for backend in DESCRIPTORS)
 # CPU tensors: the reference first; the Triton interpreter (TRITON_INTERPRET=1) only when asked for.
 CPU_ORDER = ("torch",) + tuple(name for name in BACKENDS if name != "torch")

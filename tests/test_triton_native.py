@@ -603,10 +603,10 @@ def test_no_plan_is_registered_for_a_call_with_an_option(stubs):
     for options in ((out64, 1, None, False), (call[4], 16, None, False), (call[4], 1, mapping, False),
                     (call[4], 1, None, True)):
         key, _ = token_csr.plan_key_and_arguments(*call[:4], options[0], call[5], *options[1:])
-        assert not token_csr.is_ordinary(key)
+        assert not native.is_ordinary_token_csr(key)
         assert native.add_token_csr_plan((0,) + key[1:], kernel, (0, 5, 1)) is False
     key, _ = token_csr.plan_key_and_arguments(*call[:6])
-    assert token_csr.is_ordinary(key)
+    assert native.is_ordinary_token_csr(key)
 
 
 # AMD: the same C path, configured with the HIP runtime's functions (KVDISPATCH_HIP_HOST_PATH).
