@@ -59,8 +59,9 @@ PAD = ", ".join(f"x{i}: tl.int64" for i in range(13))
 INTS = ("table_rows: tl.int64, table_cols: tl.int64, table_row_stride: tl.int64, out_width: tl.int64, "
         "out_row_stride: tl.int64, seqlen_offset: tl.int64")
 _WRAPPERS = f"""
-def _copy_padded_before(table_ptr, pool_ptr, lens_ptr, out_ptr, {PAD}, {INTS}, PAGE_SHIFT: tl.constexpr, PAGES: tl.constexpr,
-                        CHECK_WIDTH: tl.constexpr, CHECK_COLS: tl.constexpr, CHECK_RANGE: tl.constexpr):
+def _copy_padded_before(table_ptr, pool_ptr, lens_ptr, out_ptr, {PAD}, {INTS}, PAGE_SHIFT: tl.constexpr,
+                        PAGES: tl.constexpr, CHECK_WIDTH: tl.constexpr, CHECK_COLS: tl.constexpr,
+                        CHECK_RANGE: tl.constexpr):
     copy_runtime(table_ptr, pool_ptr, lens_ptr, out_ptr, table_rows, table_cols, table_row_stride, out_width,
                  out_row_stride, seqlen_offset, PAGE_SHIFT, PAGES, CHECK_WIDTH, CHECK_COLS, CHECK_RANGE)
 
@@ -88,7 +89,8 @@ def _packed(table_ptr, pool_ptr, lens_ptr, out_ptr, rows_and_stride: tl.int64, l
         below = position - seqlen_offset
     below = tl.minimum(below, 2**31 - 1).to(tl.int32)
     keep = (page < page_limit) & (pool.to(tl.uint32, bitcast=True) < table_rows) & (below < length)
-    offset = pool.to(tl.uint32, bitcast=True).to(tl.uint64) * table_row_stride.to(tl.uint64) + position.to(tl.uint64, bitcast=True)
+    offset = (pool.to(tl.uint32, bitcast=True).to(tl.uint64) * table_row_stride.to(tl.uint64)
+              + position.to(tl.uint64, bitcast=True))
     slots = tl.load(table_ptr + offset.to(tl.int64, bitcast=True), mask=keep, other=0)
     tl.store(out_row + page, slots >> PAGE_SHIFT, mask=keep)
 
@@ -115,8 +117,8 @@ def _narrow32(table_ptr, pool_ptr, lens_ptr, out_ptr, table_rows: tl.int32, tabl
     below = tl.minimum(position - seqlen_offset, 2**31 - 1).to(tl.int32)
     keep = ((page < page_limit) & (pool.to(tl.uint32, bitcast=True) < table_rows.to(tl.uint32, bitcast=True))
             & (below < length))
-    offset = (pool.to(tl.uint32, bitcast=True).to(tl.uint64) * table_row_stride.to(tl.uint32, bitcast=True).to(tl.uint64)
-              + position.to(tl.uint64, bitcast=True))
+    offset = (pool.to(tl.uint32, bitcast=True).to(tl.uint64)
+              * table_row_stride.to(tl.uint32, bitcast=True).to(tl.uint64) + position.to(tl.uint64, bitcast=True))
     slots = tl.load(table_ptr + offset.to(tl.int64, bitcast=True), mask=keep, other=0)
     tl.store(out_ptr + row.to(tl.int64) * out_row_stride + page, slots >> PAGE_SHIFT, mask=keep)
 
@@ -138,7 +140,6 @@ RUNTIME = ("table_rows", "table_cols", "table_row_stride", "out_width", "out_row
 POINTERS = ("table_ptr", "pool_ptr", "lens_ptr", "out_ptr")
 copy_runtime = triton.jit(_copy, do_not_specialize=RUNTIME, do_not_specialize_on_alignment=POINTERS)
 copy_specialised = triton.jit(_copy)
-_namespace = {"tl": tl, "triton": triton}
 
 
 def _padded(name):

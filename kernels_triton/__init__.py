@@ -1,8 +1,10 @@
 """Triton kernels (on the grid of ``kvdispatch.grid``) and their launchers.
 
-``build_page_table``, ``build_token_indices``, ``build_dcp_token_indices`` and ``build_dcp_page_table`` take
-the arguments of ``kvdispatch.reference`` (already validated) and launch one kernel on the tensors' device and current stream. Importing this package
-initialises no GPU: compilation happens at the first call per device and specialisation.
+``build_page_table``, ``build_token_indices``, ``build_mha_page_table``, ``build_translated_page_table``,
+``build_draft_decode_indices``, ``build_dcp_token_indices`` and ``build_dcp_page_table`` (one per op) take the
+arguments of ``kvdispatch.reference`` (already validated) and launch one kernel on the tensors' device and
+current stream. Importing this package initialises no GPU: compilation happens at the first call per device
+and specialisation.
 ``on_selected`` and ``on_deselected`` are the selector's hooks (``kvdispatch.dispatch``): they tell the
 compiled launcher (``native.py``) which devices Triton serves.
 

@@ -220,7 +220,8 @@ def build_dcp_page_table(req_to_token, req_pool_indices, local_seq_lens, out, pa
                          fill_value=None, round_toward_zero=False, pdl=False):
     """Write one DCP rank's block table into ``out`` (int32 ``[>= B, W]``); semantics of
     ``kvdispatch.reference.build_dcp_page_table`` (``pdl`` as for ``build_dcp_token_indices``). Untouched: rows
-    ``>= B``; without ``fill_value``, the columns past each row's pages. Arguments arrive validated by ``kvdispatch._validate``."""
+    ``>= B``; without ``fill_value``, the columns past each row's pages. Arguments arrive validated by
+    ``kvdispatch._validate``."""
     has_fill = fill_value is not None
     rows, cols = req_to_token.shape
     table_stride, width, out_stride = req_to_token.stride(0), out.shape[1], out.stride(0)

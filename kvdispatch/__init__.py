@@ -6,7 +6,8 @@ public builder as a PyTorch custom op, ``torch.ops.kvdispatch.<public name>`` (`
 
 from __future__ import annotations
 
-from . import grid, ops  # ops: torch.ops.kvdispatch.<public name>, registered without touching a device
+from . import grid
+from . import ops  # noqa: F401  (imported for its effect: registers torch.ops.kvdispatch.*, touching no device)
 from .api import (create_dcp_kv_indices, create_dcp_page_table, create_draft_decode_kv_indices,
                   create_flashinfer_kv_indices, create_flashmla_kv_indices, create_translated_page_table,
                   create_trtllm_mha_page_table, dcp_local_lengths)

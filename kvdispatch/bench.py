@@ -1,4 +1,4 @@
-"""``kvdispatch bench``: the page table and the token CSR through the public API, per backend, against baselines.
+"""``kvdispatch bench``: every op through the public API, per backend, against baselines.
 
 Per case (page table ``BATCHxCONTEXTxPAGE``, token CSR ``csr:BATCHxCONTEXT[:i64][:eE][:map]``, the TRT-LLM MHA
 page table ``mha:BATCHxCONTEXTxPAGE[:swa]``, the unified pool's translated one ``v2p:BATCHxCONTEXTxPAGE`` or
@@ -873,8 +873,8 @@ def eager_path(fn, x: Inputs, backend: str) -> tuple[str, str]:
     """``(path, wrong)`` of one more eager call of an API row's ``fn`` (``check_eager``'s verdict in
     ``wrong``): ``NATIVE_PATH`` when a compiled entry (``dispatch.fast_page_table`` / ``fast_token_csr`` /
     ``fast_replay``, the C host path) launched it, else ``backend``, the one the row asks for, whose Python
-    path then served it. Counted with wrappers around the installed entries, for this call only; an entry installed meanwhile
-    (the first use of the compiled path) is left in place."""
+    path then served it. Counted with wrappers around the installed entries, for this call only; an entry
+    installed meanwhile (the first use of the compiled path) is left in place."""
     launched = []
 
     def counting(entry):

@@ -17,7 +17,6 @@ import traceback
 
 import torch
 
-from . import bench as bench_command
 from . import devices, dispatch, info
 
 PROG = "kvdispatch"
@@ -37,6 +36,21 @@ EXIT_STATUS = {UsageError: 2, dispatch.BackendUnavailableError: 2, CheckFailed: 
 class _Parser(argparse.ArgumentParser):
     def error(self, message):
         raise UsageError(f"{message} (see {self.prog} --help)")
+
+
+class _CommandParser(_Parser):
+    """A command's parser. ``add_arguments(parser)``, when given, adds the command's options at its first parse
+    (``--help`` included): only when that command is chosen, so its module is not imported for the others."""
+
+    def __init__(self, *args, add_arguments=None, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._add_arguments = add_arguments
+
+    def parse_known_args(self, args=None, namespace=None):
+        if self._add_arguments is not None:
+            add_arguments, self._add_arguments = self._add_arguments, None
+            add_arguments(self)
+        return super().parse_known_args(args, namespace)
 
 
 def parse_device(text: str) -> torch.device:
@@ -98,6 +112,8 @@ def _info(args) -> int:
 def _bench(args) -> int:
     import kvdispatch
 
+    from . import bench as bench_command
+
     device = torch.device(kvdispatch.probe(args.device).device)
     gpu = device.type == "cuda"
     reps = bench_command.QUICK_REPS if args.quick else bench_command.Reps()
@@ -118,6 +134,16 @@ def _bench(args) -> int:
     if report.wrong:
         raise CheckFailed(f"{len(report.wrong)} wrong result(s): {'; '.join(report.wrong)}")
     return 0
+
+
+def _bench_arguments(parser: argparse.ArgumentParser):
+    """The ``bench`` command's options and legend (``kvdispatch.bench``, imported only for this command)."""
+    from . import bench as bench_command
+
+    parser.epilog = bench_command.LEGEND
+    bench_command.add_arguments(parser)
+    parser.add_argument("--device", type=parse_device, help="torch device (default: the current GPU, else CPU)")
+    _add_common(parser, top_level=False)
 
 
 def _add_common(parser: argparse.ArgumentParser, top_level: bool):
@@ -174,7 +200,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog=PROG, description="KV-cache index tables for LLM decode.")
     parser.add_argument("--version", action="version", version=f"{PROG} {info.kvdispatch_version()}")
     _add_common(parser, top_level=True)
-    commands = parser.add_subparsers(dest="command", required=True)
+    commands = parser.add_subparsers(dest="command", required=True, parser_class=_CommandParser)
 
     demo = commands.add_parser("demo", help="build a small page table on the default device and print it")
     demo.add_argument("--device", type=parse_device, help="torch device (default: the current GPU, else CPU)")
@@ -186,12 +212,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     bench = commands.add_parser(
         "bench", help="time every backend against the naive loop and plain PyTorch",
-        description="Time the page table and the token CSR of every backend that can run on the device,\n"
-                    "through the public API, against baselines. Every result is checked against\n"
-                    "kvdispatch.reference; a wrong one fails the run (exit status 1).",
-        epilog=bench_command.LEGEND, formatter_class=argparse.RawDescriptionHelpFormatter)
-    bench_command.add_arguments(bench)
-    bench.add_argument("--device", type=parse_device, help="torch device (default: the current GPU, else CPU)")
+        description="Time every op (page table, token CSR, the mapped page tables, draft decode, DCP) of\n"
+                    "every backend that can run on the device, through the public API, against baselines.\n"
+                    "Every result is checked against kvdispatch.reference; a wrong one fails the run (exit\n"
+                    "status 1).",
+        formatter_class=argparse.RawDescriptionHelpFormatter, add_arguments=_bench_arguments)
     bench.set_defaults(run=_bench)
     compile_ = commands.add_parser(
         "compile", help="compile the Triton kernels for GPU targets, here, without a GPU",
@@ -214,7 +239,7 @@ def build_parser() -> argparse.ArgumentParser:
     compile_.add_argument("--cache-dir", metavar="DIR",
                           help="Triton's cache for the compilation (created if missing, kept afterwards)")
     compile_.set_defaults(run=_compile)
-    for command in (demo, info_, bench, compile_):
+    for command in (demo, info_, compile_):  # bench: in _bench_arguments, after its own options
         _add_common(command, top_level=False)
     return parser
 

@@ -348,7 +348,8 @@ def on_deselected(launcher: str, device=None) -> None:
     """``launcher`` no longer serves ``device`` (None: any device): drop its approvals there. Its plans stay,
     as the Python launchers' do: without an approval the C path does not take a call, and a later selection
     makes them usable again."""
-    for entry in [e for e, owner in _approved.items() if owner == launcher and (device is None or e[1] == device.index)]:
+    for entry in [e for e, owner in _approved.items()
+                  if owner == launcher and (device is None or e[1] == device.index)]:
         del _approved[entry]
         if _module is not None:
             _module.approve(OPS[entry[0]], entry[1], entry[2], -1)

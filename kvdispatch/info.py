@@ -97,7 +97,7 @@ def report(as_json: bool = False) -> int:
         print(f"device {entry['device']}: {entry['name']}")
         print(f"  vendor {entry['vendor']}, arch {entry['arch']}, family {entry['family']}, "
               f"multiprocessors {entry['multiprocessors']}, warp size {entry['warp_size']}")
-        print(f"  chosen backend (both ops): {entry['chosen']}")
+        print(f"  chosen backend (every op): {entry['chosen']}")
         print("  programmatic dependent launch (enable_pdl, KVDISPATCH_PDL): "
               + ("available" if entry["supports_pdl"] else "unavailable (ignored on this device)"))
         for name, reason in entry["rejected"].items():

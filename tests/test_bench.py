@@ -213,7 +213,8 @@ def test_plot_without_matplotlib_names_installs_that_work_from_a_checkout(monkey
                         else find_spec(name, *args))
     with pytest.raises(argparse.ArgumentTypeError) as info:
         bench.plot_path("bench.png")
-    assert str(info.value) == 'needs matplotlib: pip install matplotlib (or, in a kvdispatch checkout, pip install -e ".[bench]")'
+    assert str(info.value) == ('needs matplotlib: pip install matplotlib '
+                               '(or, in a kvdispatch checkout, pip install -e ".[bench]")')
 
 
 def test_rounds_are_interleaved_and_the_median_counts(monkeypatch):

@@ -80,7 +80,8 @@ def test_lengths_and_starts_at_the_extremes(backend, entry_page_size, argument, 
     cols = 3
     values = extremes(dtype, cols * entry_page_size, CSR_COLS)
     batch = len(values)
-    data = dict(lens=draw(1, cols * entry_page_size + 1, batch, g).tolist(), start=draw(0, entry_page_size, batch, g).tolist())
+    data = dict(lens=draw(1, cols * entry_page_size + 1, batch, g).tolist(),
+                start=draw(0, entry_page_size, batch, g).tolist())
     data[argument] = values
     table = draw(0, 50, ROWS * cols, g).view(ROWS, cols).to(torch.int32)
     case = Case(table, vector(draw(0, ROWS, batch, g).tolist(), dtype), vector(data["lens"], dtype), 1, 0,

@@ -69,7 +69,7 @@ def _batch_of_one(call):
 def _hostile_page_table(call, kind):
     """``call`` (public page-table arguments) changed as ``kind`` says: values at the int32 edges, stride-0
     vectors, sizes and strides past 2**31 (no memory behind them)."""
-    batch, (rows, cols), width = call[1].shape[0], call[0].shape, call[3].shape[1]
+    batch, cols, width = call[1].shape[0], call[0].shape[1], call[3].shape[1]
     if kind == "offset at int32 max":
         call[6] = 2**31 - 1
     elif kind == "offset at int32 min":

@@ -64,8 +64,8 @@ def token_csr(case, indptr, out, **kwargs):
 def expected_csr(case, indptr, out, **kwargs):
     expected = torch.full_like(out, POISON).cpu()
     reference.build_token_indices(case.req_to_token.cpu(), case.req_pool_indices.cpu(), case.seq_lens.cpu(),
-                                  indptr.cpu(), expected, None if case.kv_start_idx is None else case.kv_start_idx.cpu(),
-                                  **kwargs)
+                                  indptr.cpu(), expected,
+                                  None if case.kv_start_idx is None else case.kv_start_idx.cpu(), **kwargs)
     return expected
 
 

@@ -13,7 +13,8 @@ import kvdispatch
 from conftest import BACKENDS, DEVICE, dcp_page_table, dcp_token_csr
 from kvcases import POISON, assert_same, wrap_int32
 from kvdispatch import grid, reference
-from test_extremes import DTYPES, I32_MAX, I32_MIN, I64_MAX, I64_MIN, ROWS, extremes, guarded, middle, vector
+from test_extremes import (DTYPES, I32_MAX, I32_MIN, I64_MAX, ROWS, copy_to_device, extremes, guarded, middle,
+                           vector)
 
 DCP_SIZES = (1, 2, 3, 4, 8)  # 3: a divisor that is not a power of two
 PAGE_SIZES = (1, 16, 7)
@@ -86,7 +87,7 @@ def loop_dcp_page_table(table, pool, lens, out, page_size, dcp_size, dcp_rank, f
 
 
 def to_device(*tensors):
-    return [None if t is None else t.clone().to(DEVICE) for t in tensors]
+    return [copy_to_device(t) for t in tensors]
 
 
 def check_dcp_csr(backend, table, pool, lens, indptr, total, out_dtype, dcp_size, dcp_rank, start=None,
@@ -147,7 +148,9 @@ def random_csr_case(index_dtype, with_start, dcp_size, g, cols=None):
     rank = int(draw(0, dcp_size, 1, g))
     local = reference.dcp_owned_counts(lengths, dcp_size, rank, start).clamp(min=0)
     local += draw(-1, 3, batch, g) * (draw(0, 4, batch, g) == 0)  # now and then not the rank's count
-    cast = (lambda t: None if t is None else t.to(index_dtype))
+
+    def cast(t):
+        return None if t is None else t.to(index_dtype)
     return random_table(ROWS, cols, g), cast(pool), cast(local), cast(start), rank
 
 

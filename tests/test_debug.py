@@ -525,8 +525,8 @@ def _page_past_v2p(args, b):
     args["seq_lens"][b] = max(int(args["seq_lens"][b]), 5)
     size, page_size = args["v2p"].shape[0], args["page_size"]
     args["req_to_token"][int(args["req_pool_indices"][b]), page_size] = size * page_size  # column 1
-    return rf"request {b}: req_to_token\[\d+, {page_size}\] = {size * page_size} is virtual page {size} \(column 1\), " \
-           rf"outside v2p's \[0, {size}\)"
+    return (rf"request {b}: req_to_token\[\d+, {page_size}\] = {size * page_size} is virtual page {size} "
+            rf"\(column 1\), outside v2p's \[0, {size}\)")
 
 
 def _draft_value_off_v2p(position, value):

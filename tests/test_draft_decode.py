@@ -20,7 +20,7 @@ from conftest import BACKENDS, DEVICE
 from kvcases import POISON, assert_same, wrap_int32
 from kvdispatch import grid, reference
 from test_folded_grid import BUILDS, FOLD_AT, folding  # noqa: F401  (a fixture)
-from test_extremes import DTYPES, GUARD, I32_MAX, I32_MIN, I64_MAX, I64_MIN, extremes, guarded, middle, vector
+from test_extremes import DTYPES, I32_MAX, I32_MIN, I64_MAX, I64_MIN, extremes, guarded, middle, vector
 
 LIMIT = grid.DRAFT_OFFSET_LIMIT
 PAGE_SIZES = (1, 4, 16, 7)
@@ -288,7 +288,6 @@ def test_extremes(backend, argument, dtype):
 def test_v2p_at_the_extremes(backend, out_dtype):
     """Table values and v2p entries at the int32/int64 limits: 0 for negatives and pages past v2p, the low bits of
     the exact value otherwise."""
-    g = generator()
     page = 16
     table = vector([0, -1, I32_MAX, I32_MIN, 15, 16, 17, 5 * page - 1, 5 * page, 3 * page + 2], torch.int64)
     table = table.to(torch.int32).view(1, -1)
@@ -369,7 +368,8 @@ def test_custom_op_is_registered():
 # -- launch geometry -------------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_rows_folded_into_the_third_grid_dimension(backend, folding):
+@pytest.mark.usefixtures("folding")
+def test_rows_folded_into_the_third_grid_dimension(backend):
     """Prefixes of more programs than the (lowered) second grid dimension takes."""
     g = generator()
     cols = (FOLD_AT + 1) * grid.items_per_program(grid.DRAFT_DECODE) + 50

@@ -67,9 +67,14 @@ def vector(values, dtype):
     return torch.tensor(values, dtype=torch.int64).to(dtype)
 
 
+def copy_to_device(tensor):
+    """A copy of ``tensor`` on DEVICE (None stays None)."""
+    return None if tensor is None else tensor.clone().to(DEVICE)
+
+
 def on_device(case: Case) -> Case:
     """A copy of ``case`` with its tensors on DEVICE (the CPU case stays for the reference and the loops)."""
-    move = (lambda t: None if t is None else t.clone().to(DEVICE))
+    move = copy_to_device
     return Case(move(case.req_to_token), move(case.req_pool_indices), move(case.seq_lens), case.page_size,
                 case.width, move(case.kv_start_idx), case.seqlen_offset, case.fill_value)
 

@@ -82,9 +82,9 @@ def _case(op, device, g):
             if backend is None:
                 return reference.build_draft_decode_indices(t["table"], t["pool"], t["lens"], t["draft_indptr"],
                                                             t["out"], steps, topk, 16)
-            return kvdispatch.create_draft_decode_kv_indices(t["table"], t["pool"], t["lens"], t["draft_indptr"], t["out"],
-                                                             num_steps=steps, topk=topk, page_size=16, backend=backend,
-                                                             **options)
+            return kvdispatch.create_draft_decode_kv_indices(t["table"], t["pool"], t["lens"], t["draft_indptr"],
+                                                             t["out"], num_steps=steps, topk=topk, page_size=16,
+                                                             backend=backend, **options)
         return x, ("draft_indptr", "out"), call
     if op == "dcp_csr":
         x.update(local=torch.zeros(BATCH, dtype=torch.int64, device=device),

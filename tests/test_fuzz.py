@@ -216,8 +216,9 @@ def build(spec: Spec, device) -> Built:
                lens=_vector(spec.lengths, lens_dt),
                start=None if spec.starts is None else _vector(spec.starts, start_dt),
                indptr=None if spec.indptr is None else _vector(spec.indptr, indptr_dt), seq_out=None)
-    case = Case(req_to_token=_on(device, store)[:, offset: offset + spec.cols], req_pool_indices=_on(device, cpu["pool"]),
-                seq_lens=_on(device, cpu["lens"]), page_size=spec.page_size, width=spec.width,
+    case = Case(req_to_token=_on(device, store)[:, offset: offset + spec.cols],
+                req_pool_indices=_on(device, cpu["pool"]), seq_lens=_on(device, cpu["lens"]),
+                page_size=spec.page_size, width=spec.width,
                 kv_start_idx=_on(device, cpu["start"]), seqlen_offset=spec.seqlen_offset, fill_value=spec.fill_value)
     row0, col0, pad, spare = spec.out_layout
     if spec.op == "page_table":
@@ -225,8 +226,8 @@ def build(spec: Spec, device) -> Built:
         out_store = _on(device, cpu["out_store"])
         if spec.seq_lens_out_extra is not None:
             cpu["seq_out"] = torch.full((spec.batch + spec.seq_lens_out_extra,), POISON, dtype=torch.int32)
-        return Built(case, out_store, out_store[row0:, col0: col0 + spec.width], seq_lens_out=_on(device, cpu["seq_out"]),
-                     cpu=cpu)
+        return Built(case, out_store, out_store[row0:, col0: col0 + spec.width],
+                     seq_lens_out=_on(device, cpu["seq_out"]), cpu=cpu)
     cpu["out_store"] = torch.full((col0 + spec.out_len + pad,), POISON, dtype=torch.int32)
     out_store = _on(device, cpu["out_store"])
     return Built(case, out_store, out_store[col0: col0 + spec.out_len], indptr=_on(device, cpu["indptr"]), cpu=cpu)

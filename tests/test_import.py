@@ -2,12 +2,16 @@
 
 Runs in a fresh interpreter: import and reset, check that no CUDA context exists, that neither Triton nor
 CuPy nor any kernel module was imported (the backends' packages and their descriptors, ``backend.py``, may
-be) and that Triton's driver is not initialised; then fork, and in the child build both index tables (on CUDA tensors when there
-is a GPU: this only works because the parent never initialised CUDA; on CPU with the torch backend).
-The parent process never asks CUDA anything: ``PYTORCH_NVML_BASED_CUDA_CHECK=1`` keeps even
+be) and that Triton's driver is not initialised; then fork, and in the child build a page table and a token CSR
+(on CUDA tensors when there is a GPU: this only works because the parent never initialised CUDA; on CPU with the
+torch backend). The parent process never asks CUDA anything: ``PYTORCH_NVML_BASED_CUDA_CHECK=1`` keeps even
 ``torch.cuda.is_available()`` from initialising the driver, and whether there is a GPU comes from pytest.
+
+The ``kvdispatch`` commands other than ``bench`` import neither the bench nor its Triton baselines, nor Triton
+or a kernel module (the probe asks only whether Triton is installed); ``bench --help`` imports the bench alone.
 """
 
+import json
 import os
 import subprocess
 import sys
@@ -124,3 +128,53 @@ def test_import_leaves_cuda_alone_on_cpu_with_the_torch_backend():
     assert result.returncode == 0, result.stdout + result.stderr
     assert "child served by torch" in result.stdout
 
+
+
+CLI_SCRIPT = r"""
+import contextlib, io, json, sys
+
+from kvdispatch import cli
+
+with contextlib.redirect_stdout(io.StringIO()) as out:
+    try:
+        status = cli.main(json.loads(sys.argv[1]))
+    except SystemExit as exit_:  # --version, --help
+        status = exit_.code
+print(json.dumps({"status": status, "out": out.getvalue(), "modules": sorted(sys.modules)}))
+"""
+
+# Imported by no command but bench: the bench, its baselines (Triton kernels), Triton and every kernel module.
+BENCH_MODULES = ("kvdispatch.bench", "kvdispatch.bench_pdl")
+NOT_FOR_COMMANDS = ("kvdispatch._baselines", "triton", "kernels_triton.page_table", "kernels_triton.token_csr",
+                    "kernels_triton.mapped_tables", "kernels_triton.draft_decode", "kernels_triton.dcp",
+                    "kernels_triton.launch", "kernels_triton.native", "kernels_triton.crosscompile",
+                    "kernels_cupy.launch", "kernels_cupy.native", "kvdispatch.host_path")
+
+
+def _run_cli(argv):
+    """``kvdispatch ARGV`` in a fresh interpreter (the torch backend, which imports no kernel module, for the
+    demo's build): its exit status, its output and the modules it left imported."""
+    env = dict(os.environ, PYTHONPATH=str(ROOT), KVDISPATCH_BACKEND="torch")
+    env.pop("KVDISPATCH_DEBUG", None)
+    result = subprocess.run([sys.executable, "-W", "ignore::DeprecationWarning", "-c", CLI_SCRIPT, json.dumps(argv)],
+                            env=env, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stdout + result.stderr
+    return json.loads(result.stdout.splitlines()[-1])
+
+
+@pytest.mark.parametrize("argv", [["--version"], ["info"], ["info", "--json"], ["demo", "--device", "cpu"]])
+def test_commands_but_bench_import_no_bench_triton_or_kernels(argv):
+    run = _run_cli(argv)
+    assert run["status"] == 0, run["out"]
+    assert run["out"]
+    imported = set(run["modules"]) & set(BENCH_MODULES + NOT_FOR_COMMANDS)
+    assert not imported, f"kvdispatch {' '.join(argv)} imported {sorted(imported)}"
+
+
+def test_bench_help_imports_the_bench_only():
+    run = _run_cli(["bench", "--help"])
+    assert run["status"] == 0
+    assert "--cases" in run["out"] and "--device" in run["out"] and "Columns (one row per case" in run["out"]
+    assert "kvdispatch.bench" in run["modules"]
+    imported = set(run["modules"]) & set(NOT_FOR_COMMANDS)
+    assert not imported, f"kvdispatch bench --help imported {sorted(imported)}"

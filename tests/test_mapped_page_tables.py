@@ -13,7 +13,8 @@ import kvdispatch
 from conftest import BACKENDS, DEVICE, mha_page_table, translated_page_table
 from kvcases import POISON, assert_same, wrap_int32
 from kvdispatch import reference
-from test_extremes import DTYPES, I32_MAX, I32_MIN, I64_MAX, I64_MIN, ROWS, extremes, guarded, middle, vector
+from test_extremes import (DTYPES, I32_MAX, I32_MIN, I64_MAX, I64_MIN, ROWS, copy_to_device, extremes, guarded,
+                           middle, vector)
 
 PAGE_SIZES = (1, 16, 64, 96, 7)  # powers of two (shifts), 96 and 7 (divisions)
 
@@ -82,7 +83,9 @@ def check_mha(backend, table, pool, lens, width, page_size, swa_width=None, full
     swa_store = None if swa_width is None else guarded((rows, swa_width))[0]
     expected = store.cpu().clone()
     expected_swa = None if swa_store is None else swa_store.cpu().clone()
-    view = (lambda s, w: None if s is None else middle(s, (rows, w)))
+
+    def view(allocation, columns):
+        return None if allocation is None else middle(allocation, (rows, columns))
     reference.build_mha_page_table(table, pool, lens, view(expected, width), page_size,
                                    view(expected_swa, swa_width), full_to_swa, round_toward_zero)
     loop_table, loop_swa = loop_mha(table, pool, lens, torch.full((rows, width), POISON, dtype=torch.int32),
@@ -93,7 +96,7 @@ def check_mha(backend, table, pool, lens, width, page_size, swa_width=None, full
     if swa_width is not None:
         assert_same(view(expected_swa, swa_width), loop_swa, "reference vs loop (swa_page_table)")
 
-    move = (lambda t: None if t is None else t.clone().to(DEVICE))
+    move = copy_to_device
     result = mha_page_table(backend, move(table), move(pool), move(lens), view(store, width), page_size=page_size,
                             swa_page_table=view(swa_store, swa_width), full_to_swa=move(full_to_swa),
                             round_toward_zero=round_toward_zero)
@@ -115,7 +118,7 @@ def check_translated(backend, table, pool, lens, v2p, width, page_size, multipli
     loop = loop_translated(table, pool, lens, v2p, torch.full((rows, width), POISON, dtype=torch.int32), page_size,
                            multiplier, max_pages, seq_len_delta)
     assert_same(middle(expected, (rows, width)), loop, "reference vs loop")
-    move = (lambda t: t.clone().to(DEVICE))
+    move = copy_to_device
     result = translated_page_table(backend, move(table), move(pool), move(lens), move(v2p), view,
                                    page_size=page_size, multiplier=multiplier, max_pages=max_pages,
                                    seq_len_delta=seq_len_delta)
@@ -192,7 +195,6 @@ def test_mha_index_extremes(backend, argument, dtype):
 def test_mha_value_extremes(backend, page_size, mapping_dtype, round_toward_zero):
     """Slots at the int32 limits (clamped into the mapping: its first and last entries), mapping values at
     their dtype's limits (the quotient's low 32 bits), and an empty mapping (nothing written into the SWA table)."""
-    g = generator()
     cols = 6 * page_size
     entries = [I32_MIN, I32_MAX, -1, 0, 4, 5, 6, I32_MIN + 1, I32_MAX - 1, -page_size - 1]
     table = torch.tensor([entries[(r + c) % len(entries)] for r in range(ROWS) for c in range(cols)],

@@ -20,7 +20,8 @@ def _simulate(monkeypatch, table):
     monkeypatch.delenv("KVDISPATCH_BACKEND", raising=False)  # the GPU lanes force one; these tests are auto
     monkeypatch.setattr(devices, "read_device", lambda device: table[str(device)])
     monkeypatch.setattr(cupy_backend, "reason_if_unsupported", lambda raw, family: "CuPy is not installed (simulated)")
-    monkeypatch.setattr(triton_backend, "reason_if_unsupported", lambda raw, family: None if family != "unknown" else "unknown")
+    monkeypatch.setattr(triton_backend, "reason_if_unsupported",
+                        lambda raw, family: None if family != "unknown" else "unknown")
 
 
 def test_selection_is_cached_per_device(monkeypatch):

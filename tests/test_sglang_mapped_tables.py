@@ -266,7 +266,8 @@ def test_unified_pool_asserts_are_value_errors(builder):
     build = getattr(sglang, builder)
     common = dict(req_to_token=table, req_pool_indices=rows, seq_lens=lens, v2p=v2p, multiplier=1, page_size=16)
     for bad in (dict(out=out.long(), max_pages=4), dict(out=out.view(-1), max_pages=4), dict(out=out, max_pages=5),
-                dict(out=out[:1], max_pages=4), dict(out=out.t(), max_pages=2), dict(out=out, max_pages=4, page_size=22)):
+                dict(out=out[:1], max_pages=4), dict(out=out.t(), max_pages=2),
+                dict(out=out, max_pages=4, page_size=22)):
         with pytest.raises(ValueError):
             build(**dict(common, **bad))
     assert (out == 0).all()

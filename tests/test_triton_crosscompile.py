@@ -282,7 +282,7 @@ def test_dcp_specialisations_cover_their_options():
     table = {(s.constexprs["PAGE_SIZE"], s.constexprs["VIRTUAL_PAGE"] // s.constexprs["PAGE_SIZE"])
              for s in specs if "VIRTUAL_PAGE" in s.constexprs}
     assert table == set(itertools.product(dcp.SPECIALISED_PAGE_SIZES, dcp.SPECIALISED_DCP_SIZES))
-    csr = {(s.constexprs["DCP_SIZE"], s.constexprs["HAS_START"], s.constexprs["ROUND_TOWARD_ZERO"], s.signature["out_ptr"])
-           for s in specs if "DCP_SIZE" in s.constexprs}
+    csr = {(s.constexprs["DCP_SIZE"], s.constexprs["HAS_START"], s.constexprs["ROUND_TOWARD_ZERO"],
+            s.signature["out_ptr"]) for s in specs if "DCP_SIZE" in s.constexprs}
     assert len(csr) == len(dcp.SPECIALISED_DCP_SIZES) * 8
     assert len({s.label for s in specs}) == len(specs)

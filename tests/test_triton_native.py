@@ -2,9 +2,9 @@
 
 The extension is built here and pointed at stubs (``host_path_stubs``): a ``cuLaunchKernel`` that records
 what it is given, a ``cuCtxGetCurrent`` and a stream query, with CPU tensors as the launch device type
-(``tensor_shim("cpu")``, device index offset 1, so CPU is device 0). Each call is compared with what the Python path would launch
-(``page_table.plan_key_and_arguments``); every case it must not take returns NotImplemented without a
-launch. On a GPU, ``test_triton_launch.py`` runs the real thing.
+(``tensor_shim("cpu")``, device index offset 1, so CPU is device 0). Each call is compared with what the Python
+path would launch (``page_table.plan_key_and_arguments``); every case it must not take returns NotImplemented
+without a launch. On a GPU, ``test_triton_launch.py`` runs the real thing.
 
 Most cases are page-table calls, whose checks are the larger set; the token-CSR entry shares the plan
 table, the launch and the tensor reads, and has its own packing and hand-back cases below.
@@ -62,9 +62,9 @@ def expected_params(call):
 @pytest.mark.parametrize("seed", range(20))
 def test_reads_tensor_metadata_as_python_does(stubs, seed):
     """The C reads (PyTorch's C shim on the TensorImpl) give the dtype, device, sizes, strides and data pointer
-    Python gives, and for an int32 or int64 tensor with elements the storage offset and bytes, for views at offsets,
-    transposes, broadcasts, empty tensors and a 2**40 stride; a tensor of more than two dimensions, a subclass or
-    another device type is refused."""
+    Python gives, and for an int32 or int64 tensor with elements the storage offset and bytes, for views at
+    offsets, transposes, broadcasts, empty tensors and a 2**40 stride; a tensor of more than two dimensions, a
+    subclass or another device type is refused."""
     generator = torch.Generator().manual_seed(seed)
     rows, cols = (int(v) for v in torch.randint(0, 9, (2,), generator=generator))
     dtype = (torch.int32, torch.int64, torch.float32)[seed % 3]
@@ -513,7 +513,8 @@ def test_token_csr_packs_the_edges_as_python_does(stubs, edge, contiguous):
         call[1:4], call[5] = [v.contiguous() for v in call[1:4]], call[5].contiguous()
     table = call[0][:1]
     size = token_csr.WIDE - (1 if edge.endswith("below") else 0)
-    call[0] = table.expand(size, table.shape[1]) if edge.startswith("rows") else table.as_strided(table.shape, (size, 1))
+    call[0] = (table.expand(size, table.shape[1]) if edge.startswith("rows")
+               else table.as_strided(table.shape, (size, 1)))
     key, _ = token_csr.plan_key_and_arguments(*call[:6])
     assert key[7:9] == (contiguous, "below" not in edge)  # unit strides, wide indexing
     stubs.module.approve(TOKEN_CSR, 0, None, TRITON)
@@ -624,7 +625,8 @@ def amdgpu_assembly(sizes, kinds=None, wavefront=64, workgroup=128, kernels=1, o
               f"    .max_flat_workgroup_size: {workgroup}\n    .name:           k\n    .symbol:         k.kd\n"
               f"    .wavefront_size: {wavefront}\n")
     return (f"\t.amdhsa_code_object_version 5\n\t.amdgpu_metadata\n---\namdhsa.kernels:\n{kernel * kernels}"
-            "amdhsa.target:   amdgcn-amd-amdhsa--gfx942\namdhsa.version:\n  - 1\n  - 2\n...\n\n\t.end_amdgpu_metadata\n")
+            "amdhsa.target:   amdgcn-amd-amdhsa--gfx942\namdhsa.version:\n  - 1\n  - 2\n"
+            "...\n\n\t.end_amdgpu_metadata\n")
 
 
 def hip_compiled(runtime_args, num_warps=2, **assembly):

@@ -93,8 +93,10 @@ def test_valid_calls_take_the_hot_path(monkeypatch, with_options):
     kvdispatch.create_flashinfer_kv_indices(**_csr_args(case), backend="torch")
 
 
-@pytest.mark.parametrize("keyword,value,error", [("seqlen_offset", 1.5, TypeError), ("seqlen_offset", 2**31, ValueError),
-                                                 ("fill_value", "x", TypeError), ("fill_value", -(2**31) - 1, ValueError),
+@pytest.mark.parametrize("keyword,value,error", [("seqlen_offset", 1.5, TypeError),
+                                                 ("seqlen_offset", 2**31, ValueError),
+                                                 ("fill_value", "x", TypeError),
+                                                 ("fill_value", -(2**31) - 1, ValueError),
                                                  ("round_toward_zero", 1, TypeError),
                                                  ("round_toward_zero", None, TypeError)])
 def test_page_table_rejects_scalars(keyword, value, error):
