@@ -62,27 +62,9 @@ def _fresh_selection():
     kvdispatch.reset()
 
 
-def page_table(backend, *args, **kwargs):
-    """Call the page-table builder of ``backend`` (``cupy-host``: the CUDA source built for the host)."""
-    if backend == "cupy-host":
-        import cuda_host
-
-        return cuda_host.create_flashmla_kv_indices(*args, **kwargs)
-    return kvdispatch.create_flashmla_kv_indices(*args, backend=None if backend == os.environ.get(
-        "KVDISPATCH_BACKEND") else backend, **kwargs)
-
-
-def token_csr(backend, *args, **kwargs):
-    if backend == "cupy-host":
-        import cuda_host
-
-        return cuda_host.create_flashinfer_kv_indices(*args, **kwargs)
-    return kvdispatch.create_flashinfer_kv_indices(*args, backend=None if backend == os.environ.get(
-        "KVDISPATCH_BACKEND") else backend, **kwargs)
-
-
-def _through(backend, name, args, kwargs):
-    """``kvdispatch.<name>`` on ``backend`` (``cupy-host``: the CUDA source built for the host)."""
+def through(backend, name, /, *args, **kwargs):
+    """``kvdispatch.<name>(*args, **kwargs)`` on ``backend`` (``cupy-host``: the CUDA source built for the host;
+    the backend ``KVDISPATCH_BACKEND`` names: ``backend=None``, through the variable)."""
     if backend == "cupy-host":
         import cuda_host
 
@@ -91,12 +73,22 @@ def _through(backend, name, args, kwargs):
                                      else backend, **kwargs)
 
 
-def mha_page_table(backend, *args, **kwargs):
-    return _through(backend, "create_trtllm_mha_page_table", args, kwargs)
+def _on_backend(name):
+    """``through`` bound to the builder ``name``: called as ``builder(backend, *args, **kwargs)``."""
+
+    def build(backend, *args, **kwargs):
+        return through(backend, name, *args, **kwargs)
+
+    build.__name__ = build.__qualname__ = name
+    return build
 
 
-def translated_page_table(backend, *args, **kwargs):
-    return _through(backend, "create_translated_page_table", args, kwargs)
+page_table = _on_backend("create_flashmla_kv_indices")
+token_csr = _on_backend("create_flashinfer_kv_indices")
+mha_page_table = _on_backend("create_trtllm_mha_page_table")
+translated_page_table = _on_backend("create_translated_page_table")
+dcp_token_csr = _on_backend("create_dcp_kv_indices")
+dcp_page_table = _on_backend("create_dcp_page_table")
 
 
 @pytest.fixture
@@ -114,22 +106,3 @@ def compat(monkeypatch, backend):
                         lambda *a, backend=None, **k: translated_page_table(name, *a, **k))
     return sglang
 
-
-def dcp_token_csr(backend, *args, **kwargs):
-    """``kvdispatch.create_dcp_kv_indices`` on ``backend`` (``cupy-host``: the CUDA source built for the host)."""
-    if backend == "cupy-host":
-        import cuda_host
-
-        return cuda_host.create_dcp_kv_indices(*args, **kwargs)
-    return kvdispatch.create_dcp_kv_indices(*args, backend=None if backend == os.environ.get(
-        "KVDISPATCH_BACKEND") else backend, **kwargs)
-
-
-def dcp_page_table(backend, *args, **kwargs):
-    """``kvdispatch.create_dcp_page_table`` on ``backend`` (as ``dcp_token_csr``)."""
-    if backend == "cupy-host":
-        import cuda_host
-
-        return cuda_host.create_dcp_page_table(*args, **kwargs)
-    return kvdispatch.create_dcp_page_table(*args, backend=None if backend == os.environ.get(
-        "KVDISPATCH_BACKEND") else backend, **kwargs)

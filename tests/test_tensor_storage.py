@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import BACKENDS, DEVICE, _through
+from conftest import BACKENDS, DEVICE, through
 from kvcases import POISON
 
 import kvdispatch
@@ -93,7 +93,7 @@ CASES = [(op, variant, name) for op, variant in VARIANTS for name in _tensor_nam
 
 
 def run(backend, op, args):
-    return _through(backend, FUNCTIONS[op], (), args)
+    return through(backend, FUNCTIONS[op], **args)
 
 
 def reference(op, args):
