@@ -54,6 +54,31 @@ BACKENDS = backends_under_test()
 GPU_BACKENDS = [b for b in BACKENDS if b != "torch"]
 
 
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(items):
+    """``@pytest.mark.representative(*names)`` on a parametrized test: of its cases with the same values of the
+    parameters ``names`` and of ``backend``, one stays in the default run and the others are marked
+    ``exhaustive`` (deselected by default; the cpu-exhaustive CI lane runs them). The test's ``i``-th such group
+    keeps its ``i``-th case (modulo its size), so the default run spreads over the other parameters' values and
+    keeps the same cases whatever else is collected. On a GPU every case stays in the default run (the GPU
+    lanes run it once per backend)."""
+    if HAS_GPU:
+        return
+    groups = {}  # test function -> {values of its names and backend -> its cases}
+    for item in items:
+        marker = item.get_closest_marker("representative")
+        if marker is not None:
+            params = item.callspec.params
+            key = tuple(repr(params.get(name)) for name in (*marker.args, "backend"))
+            groups.setdefault(item.function, {}).setdefault(key, []).append(item)
+    for test_groups in groups.values():
+        for i, members in enumerate(test_groups.values()):
+            kept = members[i % len(members)]
+            for item in members:
+                if item is not kept:
+                    item.add_marker(pytest.mark.exhaustive)
+
+
 @pytest.fixture(autouse=True)
 def _fresh_selection():
     """Every test starts with no cached selection, probe or disabled backend."""
