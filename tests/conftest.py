@@ -54,6 +54,31 @@ BACKENDS = backends_under_test()
 GPU_BACKENDS = [b for b in BACKENDS if b != "torch"]
 
 
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(items):
+    """``@pytest.mark.representative(*names)`` on a parametrized test: of its cases with the same values of the
+    parameters ``names`` and of ``backend``, one stays in the default run and the others are marked
+    ``exhaustive`` (deselected by default; the cpu-exhaustive CI lane runs them). The test's ``i``-th such group
+    keeps its ``i``-th case (modulo its size), so the default run spreads over the other parameters' values and
+    keeps the same cases whatever else is collected. On a GPU every case stays in the default run (the GPU
+    lanes run it once per backend)."""
+    if HAS_GPU:
+        return
+    groups = {}  # test function -> {values of its names and backend -> its cases}
+    for item in items:
+        marker = item.get_closest_marker("representative")
+        if marker is not None:
+            params = item.callspec.params
+            key = tuple(repr(params.get(name)) for name in (*marker.args, "backend"))
+            groups.setdefault(item.function, {}).setdefault(key, []).append(item)
+    for test_groups in groups.values():
+        for i, members in enumerate(test_groups.values()):
+            kept = members[i % len(members)]
+            for item in members:
+                if item is not kept:
+                    item.add_marker(pytest.mark.exhaustive)
+
+
 @pytest.fixture(autouse=True)
 def _fresh_selection():
     """Every test starts with no cached selection, probe or disabled backend."""
@@ -62,27 +87,9 @@ def _fresh_selection():
     kvdispatch.reset()
 
 
-def page_table(backend, *args, **kwargs):
-    """Call the page-table builder of ``backend`` (``cupy-host``: the CUDA source built for the host)."""
-    if backend == "cupy-host":
-        import cuda_host
-
-        return cuda_host.create_flashmla_kv_indices(*args, **kwargs)
-    return kvdispatch.create_flashmla_kv_indices(*args, backend=None if backend == os.environ.get(
-        "KVDISPATCH_BACKEND") else backend, **kwargs)
-
-
-def token_csr(backend, *args, **kwargs):
-    if backend == "cupy-host":
-        import cuda_host
-
-        return cuda_host.create_flashinfer_kv_indices(*args, **kwargs)
-    return kvdispatch.create_flashinfer_kv_indices(*args, backend=None if backend == os.environ.get(
-        "KVDISPATCH_BACKEND") else backend, **kwargs)
-
-
-def _through(backend, name, args, kwargs):
-    """``kvdispatch.<name>`` on ``backend`` (``cupy-host``: the CUDA source built for the host)."""
+def through(backend, name, /, *args, **kwargs):
+    """``kvdispatch.<name>(*args, **kwargs)`` on ``backend`` (``cupy-host``: the CUDA source built for the host;
+    the backend ``KVDISPATCH_BACKEND`` names: ``backend=None``, through the variable)."""
     if backend == "cupy-host":
         import cuda_host
 
@@ -91,12 +98,22 @@ def _through(backend, name, args, kwargs):
                                      else backend, **kwargs)
 
 
-def mha_page_table(backend, *args, **kwargs):
-    return _through(backend, "create_trtllm_mha_page_table", args, kwargs)
+def _on_backend(name):
+    """``through`` bound to the builder ``name``: called as ``builder(backend, *args, **kwargs)``."""
+
+    def build(backend, *args, **kwargs):
+        return through(backend, name, *args, **kwargs)
+
+    build.__name__ = build.__qualname__ = name
+    return build
 
 
-def translated_page_table(backend, *args, **kwargs):
-    return _through(backend, "create_translated_page_table", args, kwargs)
+page_table = _on_backend("create_flashmla_kv_indices")
+token_csr = _on_backend("create_flashinfer_kv_indices")
+mha_page_table = _on_backend("create_trtllm_mha_page_table")
+translated_page_table = _on_backend("create_translated_page_table")
+dcp_token_csr = _on_backend("create_dcp_kv_indices")
+dcp_page_table = _on_backend("create_dcp_page_table")
 
 
 @pytest.fixture
@@ -114,22 +131,3 @@ def compat(monkeypatch, backend):
                         lambda *a, backend=None, **k: translated_page_table(name, *a, **k))
     return sglang
 
-
-def dcp_token_csr(backend, *args, **kwargs):
-    """``kvdispatch.create_dcp_kv_indices`` on ``backend`` (``cupy-host``: the CUDA source built for the host)."""
-    if backend == "cupy-host":
-        import cuda_host
-
-        return cuda_host.create_dcp_kv_indices(*args, **kwargs)
-    return kvdispatch.create_dcp_kv_indices(*args, backend=None if backend == os.environ.get(
-        "KVDISPATCH_BACKEND") else backend, **kwargs)
-
-
-def dcp_page_table(backend, *args, **kwargs):
-    """``kvdispatch.create_dcp_page_table`` on ``backend`` (as ``dcp_token_csr``)."""
-    if backend == "cupy-host":
-        import cuda_host
-
-        return cuda_host.create_dcp_page_table(*args, **kwargs)
-    return kvdispatch.create_dcp_page_table(*args, backend=None if backend == os.environ.get(
-        "KVDISPATCH_BACKEND") else backend, **kwargs)

@@ -43,6 +43,7 @@ def _check_page_table(backend, case, with_seq_out=False):
     return out
 
 
+@pytest.mark.representative("page_size")
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("page_size", PAGE_SIZES)
 @pytest.mark.parametrize("batch", BATCHES)
@@ -56,6 +57,7 @@ def test_page_table(backend, page_size, batch):
     assert (out[case.batch:] == POISON).all()
 
 
+@pytest.mark.representative("page_size", "option")
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("page_size", (1, 16, 96))
 @pytest.mark.parametrize("index_dtype", (torch.int32, torch.int64))
@@ -68,6 +70,7 @@ def test_page_table_options(backend, page_size, index_dtype, with_start, option)
     _check_page_table(backend, case, with_seq_out=option == "offset")
 
 
+@pytest.mark.representative("page_size", "round_toward_zero")
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("page_size", (1, 7, 16, 64, 96))
 @pytest.mark.parametrize("round_toward_zero", (False, True))
@@ -102,6 +105,7 @@ def _check_token_csr(backend, case, indptr, out):
     torch.testing.assert_close(out.cpu(), expected.cpu(), rtol=0, atol=0)
 
 
+@pytest.mark.representative("batch")
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("batch", BATCHES)
 @pytest.mark.parametrize("with_start", (False, True))

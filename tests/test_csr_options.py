@@ -55,6 +55,7 @@ def random_case(index_dtype, with_start, entry_page_size, g):
     return case, pages
 
 
+@pytest.mark.representative("entry_page_size", "mapping")
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("out_dtype", DTYPES)
 @pytest.mark.parametrize("entry_page_size", ENTRY_PAGE_SIZES)
@@ -69,6 +70,7 @@ def test_options_match_the_reference(backend, out_dtype, entry_page_size, mappin
                         random_mapping(mapping, pages, entry_page_size, g))
 
 
+@pytest.mark.representative("entry_page_size", "argument")
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("entry_page_size", (16, 96, 4096))
 @pytest.mark.parametrize("argument", ("lens", "start"))
@@ -91,6 +93,7 @@ def test_lengths_and_starts_at_the_extremes(backend, entry_page_size, argument, 
         check_token_csr(backend, case, indptr.to(dtype), total, out_dtype, entry_page_size)
 
 
+@pytest.mark.representative("entry_page_size", "mapping")
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("entry_page_size", (1, 64, 7))
 @pytest.mark.parametrize("mapping", MAPPINGS)

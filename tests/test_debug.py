@@ -163,6 +163,7 @@ def test_a_value_that_is_not_a_boolean_is_an_error(monkeypatch, value):
     assert not _debug.enabled()
 
 
+@pytest.mark.representative("kind")
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("fill_value", [None, -1])
 @pytest.mark.parametrize("kind", sorted(PAGE_TABLE_CASES))

@@ -168,6 +168,7 @@ def check(backend, case, out_dtype=torch.int32, indptr_dtype=torch.int32, width=
 
 # -- random data ---------------------------------------------------------------------------------------------
 
+@pytest.mark.representative("page_size")
 @pytest.mark.parametrize("backend", BUILDS)
 @pytest.mark.parametrize("page_size", PAGE_SIZES)
 @pytest.mark.parametrize("out_dtype", DTYPES)
@@ -214,6 +215,7 @@ def test_more_draft_steps_than_one_slot_block(backend, steps):
         check(backend, random_case(g, page_size=page_size, topk=topk, steps=steps, positions=page_size == 1))
 
 
+@pytest.mark.representative()
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_long_batches_and_strided_index_vectors(backend, dtype):
@@ -255,6 +257,7 @@ def test_nothing_to_do(backend):
 
 # -- integer extremes ------------------------------------------------------------------------------------------
 
+@pytest.mark.representative("argument")
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("argument", ("lens", "pool", "positions"))
 @pytest.mark.parametrize("dtype", DTYPES)

@@ -136,6 +136,7 @@ def spoilt_case(argument, dtype, with_start, page_size, cols, width, g, seqlen_o
                 page_size, width, start, seqlen_offset, fill_value)
 
 
+@pytest.mark.representative("geometry", "seqlen_offset")
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("geometry", sorted(PAGE_GEOMETRIES))
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -149,6 +150,7 @@ def test_page_table_lengths(backend, geometry, dtype, with_start, seqlen_offset,
     check_page_table(backend, case)
 
 
+@pytest.mark.representative("geometry", "argument")
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("geometry", sorted(PAGE_GEOMETRIES))
 @pytest.mark.parametrize("dtype", DTYPES)

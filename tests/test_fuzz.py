@@ -6,11 +6,12 @@ the floor division), poisoned outputs inside larger poisoned allocations, so eve
 contract's region shows. On failure Hypothesis shrinks and prints the minimal spec.
 
 Profiles (``KVDISPATCH_FUZZ_PROFILE``): ``ci`` (default) is bounded so this file stays well under two minutes
-on a 2-core machine with the Triton interpreter; ``long`` runs 10,000 examples per backend and op (for a GPU
-box; ``KVDISPATCH_FUZZ_EXAMPLES`` overrides the count, so that shards with different ``--hypothesis-seed``
-values can share the work). Each test prints how many examples it ran (``-s`` shows it). On a GPU, Triton and
-CuPy compile one kernel per page size and option set, so there page sizes come from a fixed list; the
-interpreter and the other backends take any page size in [1, 4096].
+on a 2-core machine with the Triton interpreter (without a GPU the default run draws a quarter of its examples,
+the ``exhaustive`` cases, which the cpu-exhaustive CI lane runs, the rest); ``long`` runs 10,000 examples per
+backend and op (for a GPU box; ``KVDISPATCH_FUZZ_EXAMPLES`` overrides the count, so that shards with different
+``--hypothesis-seed`` values can share the work). Each test prints how many examples it ran (``-s`` shows it).
+On a GPU, Triton and CuPy compile one kernel per page size and option set, so there page sizes come from a
+fixed list; the interpreter and the other backends take any page size in [1, 4096].
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ import torch
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from conftest import BACKENDS, DEVICE, page_table, token_csr
+from conftest import BACKENDS, DEVICE, HAS_GPU, page_table, token_csr
 from kvdispatch import grid, reference
 from kvcases import POISON, Case, assert_same, loop_page_table, loop_token_csr, wrap_int32
 
@@ -34,11 +35,16 @@ INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
 # Examples per backend and op in the ci profile (the interpreter runs each Triton program in NumPy).
 CI_EXAMPLES = {"triton": 100, "reference": 150}
 CI_DEFAULT = 200
+# The parts of a test's examples: "default" draws a quarter of the ci profile's, "exhaustive" the rest; "all"
+# (on a GPU, in the long profile, or with the count given) all of them, in the default run.
+SPLIT = PROFILE == "ci" and not HAS_GPU and "KVDISPATCH_FUZZ_EXAMPLES" not in os.environ
+PARTS = ["default", pytest.param("exhaustive", marks=pytest.mark.exhaustive)] if SPLIT else ["all"]
 
 
-def fuzz_settings(backend):
+def fuzz_settings(backend, part):
     examples = 10_000 if PROFILE == "long" else CI_EXAMPLES.get(backend, CI_DEFAULT)
     examples = int(os.environ.get("KVDISPATCH_FUZZ_EXAMPLES", examples))
+    examples = {"all": examples, "default": examples // 4, "exhaustive": examples - examples // 4}[part]
     return settings(max_examples=examples, deadline=None, print_blob=True,
                     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow,
                                            HealthCheck.data_too_large, HealthCheck.filter_too_much])
@@ -315,7 +321,7 @@ def check(backend, spec: Spec):
         assert tensor is None or torch.equal(tensor.cpu(), built.cpu[name]), f"{backend} wrote into {name}"
 
 
-def fuzz(backend, op, specs, regressions=()):
+def fuzz(backend, part, op, specs, regressions=()):
     """``check`` over Hypothesis-drawn ``specs`` (the ``regressions`` first), then the count printed. In the
     long profile a line every 1,000 examples too: a run stopped by a timeout still shows how far it got."""
     count = 0
@@ -329,23 +335,28 @@ def fuzz(backend, op, specs, regressions=()):
 
     for spec in regressions:
         run = example(spec=spec)(run)
-    fuzz_settings(backend)(given(spec=specs)(run))()
+    fuzz_settings(backend, part)(given(spec=specs)(run))()
     print(f"\nfuzz {backend} {op}: {count} examples, 0 failures")
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_page_table_matches_reference(backend):
-    fuzz(backend, "page_table", page_table_specs(backend))
+@pytest.mark.parametrize("part", PARTS)
+def test_page_table_matches_reference(backend, part):
+    fuzz(backend, part, "page_table", page_table_specs(backend))
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_token_csr_matches_reference(backend):
-    fuzz(backend, "token_csr", token_csr_specs(backend), TOKEN_CSR_REGRESSIONS)
+@pytest.mark.parametrize("part", PARTS)
+def test_token_csr_matches_reference(backend, part):
+    fuzz(backend, part, "token_csr", token_csr_specs(backend), TOKEN_CSR_REGRESSIONS)
 
 
-@fuzz_settings("reference")
-@given(spec=page_table_specs("torch"))
-def test_reference_page_table_matches_loop(spec):
+@pytest.mark.parametrize("part", PARTS)
+def test_reference_page_table_matches_loop(part):
+    fuzz_settings("reference", part)(given(spec=page_table_specs("torch"))(reference_page_table_matches_loop))()
+
+
+def reference_page_table_matches_loop(spec):
     built = build(spec, "cpu")
     case = built.case
     expected = loop_page_table(case, built.out)
@@ -363,11 +374,15 @@ def test_reference_page_table_matches_loop(spec):
         assert_same(built.seq_lens_out, want, "reference seq_lens_out")
 
 
-@fuzz_settings("reference")
-@given(spec=token_csr_specs("torch"))
-@example(spec=TOKEN_CSR_REGRESSIONS[0])
-@example(spec=TOKEN_CSR_REGRESSIONS[1])
-def test_reference_token_csr_matches_loop(spec):
+@pytest.mark.parametrize("part", PARTS)
+def test_reference_token_csr_matches_loop(part):
+    run = given(spec=token_csr_specs("torch"))(reference_token_csr_matches_loop)
+    for spec in TOKEN_CSR_REGRESSIONS:
+        run = example(spec=spec)(run)
+    fuzz_settings("reference", part)(run)()
+
+
+def reference_token_csr_matches_loop(spec):
     built = build(spec, "cpu")
     case = built.case
     expected = loop_token_csr(case, built.indptr, built.out)

@@ -152,6 +152,7 @@ def random_lookup(dtype, size, g):
 
 # -- the TRT-LLM MHA page table -----------------------------------------------------------------------------
 
+@pytest.mark.representative("page_size", "swa")
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("page_size", PAGE_SIZES)
 @pytest.mark.parametrize("swa", (None, "int32", "int64"))
@@ -221,6 +222,7 @@ def test_mha_nothing_to_do(backend):
 
 # -- the translated page table ------------------------------------------------------------------------------
 
+@pytest.mark.representative("page_size", "multiplier", "max_pages", "seq_len_delta")
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("page_size", PAGE_SIZES)
 @pytest.mark.parametrize("v2p_dtype", DTYPES)

@@ -10,6 +10,7 @@ PAGE_SIZES = (1, 2, 3, 16, 64, 96, 4096)
 BATCHES = (0, 1, 37, 513)
 
 
+@pytest.mark.representative("page_size", "batch")
 @pytest.mark.parametrize("page_size", PAGE_SIZES)
 @pytest.mark.parametrize("batch", BATCHES)
 @pytest.mark.parametrize("index_dtype", (torch.int32, torch.int64))

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import BACKENDS, DEVICE, _through, dcp_page_table, dcp_token_csr
+from conftest import BACKENDS, DEVICE, dcp_page_table, dcp_token_csr, through
 from kvcases import POISON, assert_same
 
 import kvdispatch
@@ -30,7 +30,7 @@ def sglang(compat, monkeypatch, backend):
     monkeypatch.setattr(compat, "_build_dcp_token_csr", lambda *a, backend=None, **k: dcp_token_csr(name, *a, **k))
     monkeypatch.setattr(compat, "_build_dcp_page_table", lambda *a, backend=None, **k: dcp_page_table(name, *a, **k))
     monkeypatch.setattr(compat, "_build_draft_decode",
-                        lambda *a, backend=None, **k: _through(name, "create_draft_decode_kv_indices", a, k))
+                        lambda *a, backend=None, **k: through(name, "create_draft_decode_kv_indices", *a, **k))
     return compat
 
 

@@ -225,6 +225,7 @@ def test_dcp_prefix_gather(backend, index_dtype, compat):
 
 # -- create_flashinfer_kv_indices_triton ---------------------------------------------------------------------
 
+@pytest.mark.representative("window", "token_blocks")
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("index_dtype", INDEX_DTYPES)
 @pytest.mark.parametrize("out_dtype", INDEX_DTYPES)
@@ -326,6 +327,7 @@ def test_token_csr_forwards_options_only_when_set(monkeypatch):
 
 # -- create_flashmla_kv_indices_triton -----------------------------------------------------------------------
 
+@pytest.mark.representative("page_size", "layout")
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("page_size", (1, 16, 32, 64, 128, 5))
 @pytest.mark.parametrize("index_dtype", INDEX_DTYPES)

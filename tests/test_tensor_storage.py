@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import BACKENDS, DEVICE, _through
+from conftest import BACKENDS, DEVICE, through
 from kvcases import POISON
 
 import kvdispatch
@@ -93,7 +93,7 @@ CASES = [(op, variant, name) for op, variant in VARIANTS for name in _tensor_nam
 
 
 def run(backend, op, args):
-    return _through(backend, FUNCTIONS[op], (), args)
+    return through(backend, FUNCTIONS[op], **args)
 
 
 def reference(op, args):
@@ -166,6 +166,7 @@ def assert_poisoned(op, args, spoilt=None, kind=None, keep=()):
             assert torch.equal(keep[0][1: 1 + t.nbytes].cpu(), poison), name
 
 
+@pytest.mark.representative("op", "kind")
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("kind", list(SPOILERS))
 @pytest.mark.parametrize("op, variant, name", CASES)
@@ -188,6 +189,7 @@ LAYOUT_CASES = [(op, variant, name, layout) for op, variant, name in CASES for l
 
 
 @pytest.mark.filterwarnings("ignore::UserWarning")  # nested and sparse CSR tensors are beta
+@pytest.mark.representative("op", "layout")
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("op, variant, name, layout", LAYOUT_CASES)
 def test_other_layouts_are_refused(backend, op, variant, name, layout):
@@ -198,6 +200,7 @@ def test_other_layouts_are_refused(backend, op, variant, name, layout):
     assert_poisoned(op, args, name)
 
 
+@pytest.mark.representative("op", "variant")
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("shift", (1, 3))
 @pytest.mark.parametrize("op, variant", VARIANTS)
@@ -264,6 +267,7 @@ CUSTOM_OPS = {"page_table": torch.ops.kvdispatch.create_flashmla_kv_indices,
               "translated_page_table": torch.ops.kvdispatch.create_translated_page_table}
 
 
+@pytest.mark.representative("op", "kind")
 @pytest.mark.parametrize("kind", list(SPOILERS))
 @pytest.mark.parametrize("op, variant, name", [c for c in CASES if c[0] in CUSTOM_OPS])
 def test_the_custom_ops_refuse_them_as_the_eager_call(op, variant, name, kind):
@@ -303,6 +307,7 @@ def built(tmp_path_factory):
     return build(tmp_path_factory)
 
 
+@pytest.mark.representative("op", "kind")
 @pytest.mark.parametrize("kind", list(SPOILERS) + ["sparse"])
 @pytest.mark.parametrize("op, position", [("page_table", p) for p in (0, 1, 2, 3)]
                          + [("token_csr", p) for p in (0, 1, 2, 3, 4)])

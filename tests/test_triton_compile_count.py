@@ -93,6 +93,7 @@ def _specialisation_keys(calls, module):
     return keys
 
 
+@pytest.mark.representative("page_size")
 @pytest.mark.parametrize("page_size", (1, 16, 96))
 @pytest.mark.parametrize("options", ((False, False, False, False, torch.int32), (True, True, True, True, torch.int64)))
 def test_page_table_one_compile_per_specialisation(recorded, page_size, options):
