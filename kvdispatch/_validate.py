@@ -94,17 +94,17 @@ def _span(t):
     """``(begin, end)``: the bytes from the first to past the last element of ``t``, ``(0, 0)`` when it has
     none. PyTorch strides are never negative, so the first element is the one at ``data_ptr()``."""
     begin = t.data_ptr()
-    if not begin:
+    if not begin or not t.numel():
         return _NOTHING
     if t.is_contiguous():
-        size = t.nbytes
-        return (begin, begin + size) if size else _NOTHING
-    extent = 1
-    for size, stride in zip(t.shape, t.stride()):
-        if not size:
-            return _NOTHING
-        extent += (size - 1) * stride
-    return begin, begin + extent * t.itemsize
+        return begin, begin + t.nbytes
+    return begin, begin + _extent(t) * t.itemsize
+
+
+def _extent(t):
+    """The elements from the first to past the last of ``t``, which has elements (gaps of a strided view
+    included)."""
+    return 1 + sum((size - 1) * stride for size, stride in zip(t.shape, t.stride()))
 
 
 def _check_storage(name, t):
@@ -120,8 +120,7 @@ def _check_storage(name, t):
     if begin % itemsize:
         raise ValueError(f"{name} must be aligned to its element size ({itemsize} bytes for {t.dtype}), got "
                          f"data_ptr() {begin:#x} ({begin % itemsize} past a multiple of {itemsize})")
-    extent = 1 + sum((size - 1) * stride for size, stride in zip(t.shape, t.stride()))
-    needed = (t.storage_offset() + extent) * itemsize
+    needed = (t.storage_offset() + _extent(t)) * itemsize
     if needed > held:
         raise ValueError(f"{name}'s storage must hold its view, {needed} bytes (storage_offset() "
                          f"{t.storage_offset()}, shape {tuple(t.shape)}, strides {t.stride()}), got "

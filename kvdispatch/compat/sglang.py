@@ -74,7 +74,7 @@ import inspect
 import torch
 
 from .. import api, reference
-from .._validate import _INT32_MAX, _int32_tensor, _python_int, _tensor, dcp_lengths_device
+from .._validate import _INT32_MAX, _int32_tensor, _python_int, _tensor, check_flag, dcp_lengths_device
 from ..grid import DRAFT_MAX_STEPS, DRAFT_MAX_TOPK, MAX_DCP_SIZE, MAX_PAGE_SIZE
 
 # SGLang's page-table kernel gives each program 4096 tokens' worth of pages.
@@ -195,11 +195,6 @@ def _check_int(name, value, low, high):
         _python_int(name, value, low, high)
 
 
-def _check_flag(name, value):
-    if value is not True and value is not False:
-        raise TypeError(f"{name} must be a bool, got {type(value).__name__}")
-
-
 def _check_stride(name, given, tensor, tensor_name):
     """``given``, SGLang's explicit row stride of ``tensor`` (the argument ``tensor_name``): None, or a Python
     int equal to ``tensor.stride(0)``."""
@@ -264,7 +259,7 @@ def _create_flashinfer_kv_indices(launch_grid, req_to_token_ptr, req_pool_indice
     """
     _check_stride("req_to_token_ptr_stride", req_to_token_ptr_stride, req_to_token_ptr, "req_to_token_ptr")
     _check_int("ENTRY_PAGE_SIZE", ENTRY_PAGE_SIZE, 1, MAX_PAGE_SIZE)
-    _check_flag("TOKEN_BLOCK_PARALLEL", TOKEN_BLOCK_PARALLEL)
+    check_flag("TOKEN_BLOCK_PARALLEL", TOKEN_BLOCK_PARALLEL)
     if ENTRY_PAGE_SIZE != 1 or token_mapping is not None:
         _build_token_csr(req_to_token_ptr, req_pool_indices_ptr, page_kernel_lens_ptr, kv_indptr, kv_indices_ptr,
                          kv_start_idx=kv_start_idx, entry_page_size=ENTRY_PAGE_SIZE, token_mapping=token_mapping)
@@ -387,7 +382,7 @@ def _create_trtllm_mha_kv_indices(launch_grid, req_to_token_ptr, req_pool_indice
                         "create_trtllm_mha_kv_indices_triton[grid](...), its rows being grid[0]")
     _check_stride("req_to_token_stride", req_to_token_stride, req_to_token_ptr, "req_to_token_ptr")
     _check_mha_page_size("PAGE_SIZE", PAGE_SIZE)
-    _check_flag("HAS_SWA", HAS_SWA)
+    check_flag("HAS_SWA", HAS_SWA)
     page_table = _as_rows(page_table_ptr, page_table_stride, "page_table_ptr", "page_table_stride")
     swa_page_table = full_to_swa = None
     if HAS_SWA:
@@ -551,7 +546,7 @@ def _generate_draft_decode_kv_indices(launch_grid, req_pool_indices, req_to_toke
     if ENTRY_PAGE_SIZE != 1:
         raise NotImplementedError(f"ENTRY_PAGE_SIZE={ENTRY_PAGE_SIZE}: only 1 (a token-granular table) is "
                                   "supported by generate_draft_decode_kv_indices")
-    _check_flag("TRANSLATE", TRANSLATE)
+    check_flag("TRANSLATE", TRANSLATE)
     if TRANSLATE and v2p is None:
         raise ValueError("TRANSLATE=True needs v2p")
     _check_int("NUM_STEPS", NUM_STEPS, 0, DRAFT_MAX_STEPS)
