@@ -23,8 +23,9 @@ import torch
 import triton
 import triton.language as tl
 
+from kvdispatch import ops
 import kvdispatch
-from kvdispatch import bench, reference
+from kvdispatch import bench
 from kvdispatch import grid as launch_grid
 from perf_probe import experiment_setup, time_case
 
@@ -73,7 +74,7 @@ def csr_inputs(case, device, seed):
     indptr = torch.zeros(lens.shape[0] + 1, dtype=torch.int32, device=device)
     indptr[1:] = torch.cumsum(lens, 0)
     out = torch.full((int(indptr[-1]),), -7, dtype=torch.int32, device=device)
-    expected = reference.build_token_indices(p.req_to_token, p.req_pool_indices, lens, indptr, out.clone())
+    expected = ops.token_csr.reference(p.req_to_token, p.req_pool_indices, lens, indptr, out.clone())
     return dict(table=p.req_to_token, pool=p.req_pool_indices, lens=lens, indptr=indptr, out=out,
                 expected=expected)
 

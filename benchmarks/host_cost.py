@@ -15,9 +15,10 @@ import torch
 
 # The test suite's case builder (tests/ is a folder of modules, not a package).
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+from kvdispatch import ops
 import kvdispatch  # noqa: E402
 from kvcases import make_case  # noqa: E402
-from kvdispatch import _debug, _validate, dispatch  # noqa: E402
+from kvdispatch import _debug, dispatch  # noqa: E402
 
 
 def host_us(fn, calls=2000, batches=7):
@@ -62,7 +63,7 @@ def main() -> int:
         ("x.add_(1)", lambda: x.add_(1)),
         ("public API", lambda: api(*args, page_size=64, backend=backend)),
         ("public API, token CSR", lambda: kvdispatch.create_flashinfer_kv_indices(*csr_args, backend=backend)),
-        ("validation only", lambda: _validate.check_page_table_args(*full)),
+        ("validation only", lambda: ops.page_table.check_arguments(*full)),
         ("debug switch read", _debug.enabled),
         ("selection lookup", lambda: dispatch.selector.resolve(out.device, "page_table", backend)),
         (f"{name} build_page_table", lambda: build(*full)),

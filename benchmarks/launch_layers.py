@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import torch
 
+from kvdispatch import ops
 import kvdispatch
 from host_cost import host_case, host_us
 from kernels_triton import page_table
-from kvdispatch import _baselines, _validate
+from kvdispatch import _baselines
 
 
 def main() -> int:
@@ -37,7 +38,7 @@ def main() -> int:
         ("plain launch, 2-D baseline kernel", lambda: _baselines.grid_2d(*args, 64)),
         ("public API, triton", lambda: api(*args, page_size=64, backend="triton")),
         ("public API, cupy", lambda: api(*args, page_size=64, backend="cupy")),
-        ("validation", lambda: _validate.check_page_table_args(*args, 64, None, 0, None, None)),
+        ("validation", lambda: ops.page_table.check_arguments(*args, 64, None, 0, None, None)),
         ("compiled.run(ints)", lambda: run(grid[0], grid[1], 1, stream, function, metadata, None, None, None,
                                            *ints, *tail)),
     ]

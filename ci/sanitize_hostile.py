@@ -45,8 +45,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
+from kvdispatch import ops
 import kvdispatch  # noqa: E402
-from kvdispatch import grid, reference  # noqa: E402
+from kvdispatch import grid  # noqa: E402
 
 PAGE_SIZES = (1, 16, 64, 96)
 FILL_VALUES = (None, -1)
@@ -277,7 +278,7 @@ def run(device, backends, verbose, shard=(0, 1)):
         expected = torch.full((BATCH, width), POISON, dtype=torch.int32)
         expected_seq = seq_out.cpu().clone()  # .cpu() of a CPU tensor is no copy
         start, start_cpu = (data["start"], cpu["start"]) if with_start else (None, None)
-        reference.build_page_table(cpu["table"], cpu["pool"], cpu["lens"], expected, page_size, start_cpu,
+        ops.page_table.reference(cpu["table"], cpu["pool"], cpu["lens"], expected, page_size, start_cpu,
                                    seqlen_offset, expected_seq, fill_value)
         launch_and_check(what, lambda: kvdispatch.create_flashmla_kv_indices(
             data["table"], data["pool"], data["lens"], out, page_size=page_size, kv_start_idx=start,
@@ -291,7 +292,7 @@ def run(device, backends, verbose, shard=(0, 1)):
         flat = torch.full((total,), POISON, dtype=out_dtype, device=device)
         expected = flat.cpu().clone()
         start, start_cpu = (data["start"], cpu["start"]) if with_start else (None, None)
-        reference.build_token_indices(cpu["table"], cpu["pool"], cpu["lens"], indptr, expected, start_cpu,
+        ops.token_csr.reference(cpu["table"], cpu["pool"], cpu["lens"], indptr, expected, start_cpu,
                                       entry_page_size, None if token_mapping is None else token_mapping.cpu())
         launch_and_check(what, lambda: kvdispatch.create_flashinfer_kv_indices(
             data["table"], data["pool"], data["lens"], indptr.to(data["pool"].dtype).to(device), flat,
@@ -308,13 +309,13 @@ def run(device, backends, verbose, shard=(0, 1)):
         lookup_cpu = None if lookup is None else lookup.cpu()
         if op == "mha":
             swa = None if lookup is None else (outs[1], expected[1])
-            reference.build_mha_page_table(cpu["table"], cpu["pool"], cpu["lens"], expected[0], page_size,
+            ops.mha_page_table.reference(cpu["table"], cpu["pool"], cpu["lens"], expected[0], page_size,
                                            swa and swa[1], lookup_cpu, options["round_toward_zero"])
             launch = lambda: kvdispatch.create_trtllm_mha_page_table(  # noqa: E731
                 data["table"], data["pool"], data["lens"], outs[0], page_size=page_size,
                 swa_page_table=swa and swa[0], full_to_swa=lookup, backend=backend, **options)
         else:
-            reference.build_translated_page_table(cpu["table"], cpu["pool"], cpu["lens"], lookup_cpu, expected[0],
+            ops.translated_page_table.reference(cpu["table"], cpu["pool"], cpu["lens"], lookup_cpu, expected[0],
                                                   page_size, **options)
             launch = lambda: kvdispatch.create_translated_page_table(  # noqa: E731
                 data["table"], data["pool"], data["lens"], lookup, outs[0], page_size=page_size, backend=backend,
@@ -330,7 +331,7 @@ def run(device, backends, verbose, shard=(0, 1)):
         indptr = torch.full((steps, BATCH * topk + 1), POISON, dtype=torch.int32, device=device)
         expected, expected_indptr = out.cpu().clone(), indptr.cpu().clone()
         options = dict(num_steps=steps, topk=topk, page_size=page_size, window_size=window_size, sink_size=sink_size)
-        reference.build_draft_decode_indices(cpu["table"], cpu["pool"], cpu["lens"], expected_indptr, expected,
+        ops.draft_decode.reference(cpu["table"], cpu["pool"], cpu["lens"], expected_indptr, expected,
                                              positions=positions, v2p=v2p, **options)
         launch_and_check(what, lambda: kvdispatch.create_draft_decode_kv_indices(
             data["table"], data["pool"], data["lens"], indptr, out, backend=backend, **options,
@@ -358,7 +359,7 @@ def run(device, backends, verbose, shard=(0, 1)):
         expected = flat.cpu().clone()
         start, start_cpu = (data["start"], cpu["start"]) if with_start else (None, None)
         toward_zero = out_dtype == torch.int64
-        reference.build_dcp_token_indices(cpu["table"], cpu["pool"], cpu["lens"], indptr, expected, dcp_size,
+        ops.dcp_token_csr.reference(cpu["table"], cpu["pool"], cpu["lens"], indptr, expected, dcp_size,
                                           dcp_rank, start_cpu, toward_zero)
         launch_and_check(what, lambda: kvdispatch.create_dcp_kv_indices(
             data["table"], data["pool"], data["lens"], indptr.to(data["pool"].dtype).to(device), flat,
@@ -370,7 +371,7 @@ def run(device, backends, verbose, shard=(0, 1)):
             return
         out = torch.full((BATCH, 3), POISON, dtype=torch.int32, device=device)
         expected = out.cpu().clone()
-        reference.build_dcp_page_table(cpu["table"], cpu["pool"], cpu["lens"], expected, page_size, dcp_size,
+        ops.dcp_page_table.reference(cpu["table"], cpu["pool"], cpu["lens"], expected, page_size, dcp_size,
                                        dcp_rank, fill_value)
         launch_and_check(what, lambda: kvdispatch.create_dcp_page_table(
             data["table"], data["pool"], data["lens"], out, page_size=page_size, dcp_size=dcp_size, dcp_rank=dcp_rank,

@@ -1,29 +1,38 @@
 """CUDA/HIP-portable kernels and their CuPy RawModule launchers.
 
-``build_page_table`` / ``build_token_indices`` take ``kvdispatch.reference``'s positional arguments
-(already validated, CUDA tensors on one device) and write ``out`` in place with one kernel launch on
-PyTorch's current stream. ``on_selected`` and ``on_deselected`` are the selector's hooks
-(``kvdispatch.dispatch``): they tell the compiled host path (``native.py``) which devices CuPy serves.
+``kernel(key)`` is the launcher of op ``key`` (``KERNELS``): it takes the op's parameters as its torch
+reference does (``kvdispatch/ops/<key>.py``; already validated, CUDA tensors on one device) and ``pdl``, and
+writes the outputs in place with one kernel launch on PyTorch's current stream. ``on_selected`` and
+``on_deselected`` are the selector's hooks (``kvdispatch.dispatch``): they tell the compiled host path
+(``native.py``) which devices CuPy serves.
 
 Importing this package (or its descriptor, ``backend.py``, which ``import kvdispatch`` does) imports
 neither CuPy nor the kernel modules: the builders are imported from ``launch.py`` at their first access,
 and CuPy at the first launch.
 """
 
+import sys
+
 from kvdispatch._lazy import exports
 
-# Public name -> the submodule defining it.
-_OWNERS = {
-    "build_page_table": "launch",
-    "build_token_indices": "launch",
-    "build_mha_page_table": "launch",
-    "build_translated_page_table": "launch",
-    "build_draft_decode_indices": "launch",
-    "build_dcp_token_indices": "launch",
-    "build_dcp_page_table": "launch",
-    "on_deselected": "native",
-    "on_selected": "native",
+# Op key -> (the submodule defining its launcher, the launcher's name).
+KERNELS = {
+    "page_table": ("launch", "build_page_table"),
+    "token_csr": ("launch", "build_token_indices"),
+    "mha_page_table": ("launch", "build_mha_page_table"),
+    "translated_page_table": ("launch", "build_translated_page_table"),
+    "draft_decode": ("launch", "build_draft_decode_indices"),
+    "dcp_token_csr": ("launch", "build_dcp_token_indices"),
+    "dcp_page_table": ("launch", "build_dcp_page_table"),
 }
+# Public name -> the submodule defining it.
+_OWNERS = {name: module for module, name in KERNELS.values()} | {"on_deselected": "native", "on_selected": "native"}
 
-__all__ = sorted(_OWNERS)
+
+def kernel(key: str):
+    """The launcher of op ``key`` (imported at the first access)."""
+    return getattr(sys.modules[__name__], KERNELS[key][1])
+
+
+__all__ = sorted(_OWNERS) + ["KERNELS", "kernel"]
 __getattr__, __dir__ = exports(__name__, _OWNERS)

@@ -1,10 +1,10 @@
 """Triton kernels (on the grid of ``kvdispatch.grid``) and their launchers.
 
-``build_page_table``, ``build_token_indices``, ``build_mha_page_table``, ``build_translated_page_table``,
-``build_draft_decode_indices``, ``build_dcp_token_indices`` and ``build_dcp_page_table`` (one per op) take the
-arguments of ``kvdispatch.reference`` (already validated) and launch one kernel on the tensors' device and
-current stream. Importing this package initialises no GPU: compilation happens at the first call per device
-and specialisation.
+``kernel(key)`` is the launcher of op ``key`` (``KERNELS``: the op's module and function here): it takes the
+op's parameters as its torch reference does (``kvdispatch/ops/<key>.py``; already validated) and ``pdl``,
+and launches one kernel on the tensors' device and current stream.
+Importing this package initialises no GPU: compilation happens at the first call per device and
+specialisation.
 ``on_selected`` and ``on_deselected`` are the selector's hooks (``kvdispatch.dispatch``): they tell the
 compiled launcher (``native.py``) which devices Triton serves.
 
@@ -13,23 +13,34 @@ neither Triton nor the kernel modules: each name below is imported from the subm
 first access.
 """
 
+import sys
+
 from kvdispatch._lazy import exports
 
+# Op key -> (the submodule defining its launcher, the launcher's name).
+KERNELS = {
+    "page_table": ("page_table", "build_page_table"),
+    "token_csr": ("token_csr", "build_token_indices"),
+    "mha_page_table": ("mapped_tables", "build_mha_page_table"),
+    "translated_page_table": ("mapped_tables", "build_translated_page_table"),
+    "draft_decode": ("draft_decode", "build_draft_decode_indices"),
+    "dcp_token_csr": ("dcp", "build_dcp_token_indices"),
+    "dcp_page_table": ("dcp", "build_dcp_page_table"),
+}
 # Public name -> the submodule defining it.
-_OWNERS = {
-    "build_page_table": "page_table",
-    "build_token_indices": "token_csr",
+_OWNERS = {name: module for module, name in KERNELS.values()} | {
     "cross_compile": "crosscompile",
     "on_deselected": "native",
     "on_selected": "native",
     "reset": "launch",
     "specializations": "crosscompile",
-    "build_mha_page_table": "mapped_tables",
-    "build_translated_page_table": "mapped_tables",
-    "build_draft_decode_indices": "draft_decode",
-    "build_dcp_token_indices": "dcp",
-    "build_dcp_page_table": "dcp",
 }
 
-__all__ = sorted(_OWNERS)
+
+def kernel(key: str):
+    """The launcher of op ``key`` (imported at the first access)."""
+    return getattr(sys.modules[__name__], KERNELS[key][1])
+
+
+__all__ = sorted(_OWNERS) + ["KERNELS", "kernel"]
 __getattr__, __dir__ = exports(__name__, _OWNERS)

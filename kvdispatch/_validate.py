@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import torch
 
-from .grid import DRAFT_MAX_STEPS, DRAFT_MAX_TOPK, DRAFT_OFFSET_LIMIT, MAX_DCP_SIZE, MAX_PAGE_SIZE
+from .grid import MAX_DCP_SIZE
 
 _INT32, _INT64 = torch.int32, torch.int64
 _INDEX_DTYPES = (_INT32, _INT64)
@@ -234,71 +234,6 @@ def _small_int(value, low=_INT32_MIN, high=_INT32_MAX):
     return type(value) is int and low <= value <= high
 
 
-def check_page_table_args(req_to_token, req_pool_indices, seq_lens, out, page_size, kv_start_idx,
-                          seqlen_offset, seq_lens_out, fill_value, round_toward_zero=False, memory=True,
-                          lens_name="seq_lens"):
-    """Validate ``create_flashmla_kv_indices`` arguments; returns the device. ``memory=False`` leaves out
-    what needs the tensors' memory (where outputs lie, which fake tensors under ``torch.compile`` lack):
-    the real call checks it. ``lens_name``: the name errors give ``seq_lens``."""
-    # Hot path: a valid call passes these attribute reads (each tensor's read once) and returns. Anything
-    # else, every error included, goes through the detailed checks below, which name the argument. Devices
-    # are compared as objects, so CPU calls take this path too (and CI tests it).
-    try:
-        device, batch_shape = req_to_token.device, req_pool_indices.shape
-        if (memory and len(batch_shape) == 1 and _small_int(page_size, 1, MAX_PAGE_SIZE) and _small_int(seqlen_offset)
-                and (fill_value is None or _small_int(fill_value))
-                and (round_toward_zero is False or round_toward_zero is True)):
-            batch = batch_shape[0]
-            table = _int32_span(req_to_token, device, 2)
-            written = _int32_span(out, device, 2, batch, True)  # rows: at least the batch, sharing no memory
-            pool = _index_span(req_pool_indices, device, batch_shape)
-            lens = _index_span(seq_lens, device, batch_shape)
-            start = _NOTHING if kv_start_idx is None else _index_span(kv_start_idx, device, batch_shape)
-            if table and written and pool and lens and start:
-                inputs = (table, pool, lens, start)
-                if seq_lens_out is None:
-                    if _apart(written, inputs):
-                        return device
-                else:
-                    lens_written = _int32_span(seq_lens_out, device, 1, batch)
-                    if lens_written and _apart(written, inputs + (lens_written,)) and _apart(lens_written, inputs):
-                        return device
-    except (AttributeError, IndexError, TypeError, RuntimeError, NotImplementedError):
-        pass
-    batch, device = _common(req_to_token, req_pool_indices, seq_lens, kv_start_idx, lens_name)
-    _int32_tensor("out", out, 2)
-    if out.shape[0] < batch:
-        raise ValueError(f"out must have at least {batch} rows (the batch), got shape {tuple(out.shape)}")
-    if out.device != device:
-        raise ValueError(f"out is on {out.device}, expected {device} (the device of req_to_token)")
-    _python_int("page_size", page_size, 1, MAX_PAGE_SIZE)
-    _python_int("seqlen_offset", seqlen_offset, _INT32_MIN, _INT32_MAX)
-    if fill_value is not None:
-        _python_int("fill_value", fill_value, _INT32_MIN, _INT32_MAX)
-    if not isinstance(round_toward_zero, bool):
-        raise TypeError(f"round_toward_zero must be a bool, got {type(round_toward_zero).__name__}")
-    if seq_lens_out is not None:
-        _int32_tensor("seq_lens_out", seq_lens_out, 1)
-        if seq_lens_out.shape[0] < batch:
-            raise ValueError(f"seq_lens_out must have at least {batch} entries (the batch), "
-                             f"got {seq_lens_out.shape[0]}")
-        if seq_lens_out.device != device:
-            raise ValueError(f"seq_lens_out is on {seq_lens_out.device}, expected {device} "
-                             "(the device of req_to_token)")
-    if not memory:
-        return device
-    _check_rows_apart(out)
-    _check_apart((("out", out), ("seq_lens_out", seq_lens_out)),
-                 (("req_to_token", req_to_token), ("req_pool_indices", req_pool_indices), (lens_name, seq_lens),
-                  ("kv_start_idx", kv_start_idx)))
-    return device
-
-
-# ``entry_page_size`` of an ordinary call, compared by identity on the hot path (CPython keeps one object per
-# small int); any other object, an equal one included, takes the options' checks.
-_ENTRY_PAGE_SIZE_DEFAULT = 1
-
-
 def _out_vector_span(t, device):
     """The hot-path check of a token-CSR ``out``: int32 or int64, 1-D, contiguous, on ``device``."""
     dtype = t.dtype
@@ -318,56 +253,6 @@ def _mapping_span(t, device):
     return _out_vector_span(t, device)
 
 
-def check_token_csr_args(req_to_token, req_pool_indices, seq_lens, kv_indptr, out, kv_start_idx, entry_page_size=1,
-                         token_mapping=None, memory=True, lens_name="seq_lens"):
-    """Validate ``create_flashinfer_kv_indices`` arguments; returns the device (``memory``, ``lens_name``: as
-    for ``check_page_table_args``)."""
-    try:  # hot path, as in check_page_table_args
-        device, batch_shape = req_to_token.device, req_pool_indices.shape
-        if memory and len(batch_shape) == 1:
-            batch = batch_shape[0]
-            table = _int32_span(req_to_token, device, 2)
-            written = _out_vector_span(out, device)
-            pool = _index_span(req_pool_indices, device, batch_shape)
-            lens = _index_span(seq_lens, device, batch_shape)
-            indptr_shape = kv_indptr.shape
-            indptr = (_index_span(kv_indptr, device, indptr_shape)
-                      if len(indptr_shape) == 1 and indptr_shape[0] >= batch else None)
-            start = _NOTHING if kv_start_idx is None else _index_span(kv_start_idx, device, batch_shape)
-            if (table and written and pool and lens and indptr and start
-                    and _apart(written, (table, pool, lens, indptr, start))):
-                if entry_page_size is _ENTRY_PAGE_SIZE_DEFAULT and token_mapping is None:
-                    return device
-                if _small_int(entry_page_size, 1, MAX_PAGE_SIZE):
-                    if token_mapping is None:
-                        return device
-                    mapping = _mapping_span(token_mapping, device)
-                    if mapping and _apart(written, (mapping,)):
-                        return device
-    except (AttributeError, IndexError, TypeError, RuntimeError, NotImplementedError):
-        pass
-    batch, device = _common(req_to_token, req_pool_indices, seq_lens, kv_start_idx, lens_name)
-    _index_vector("kv_indptr", kv_indptr, device, batch, at_least=True)
-    _tensor("out", out)
-    if out.dtype not in _INDEX_DTYPES:
-        raise TypeError(f"out must have dtype torch.int32 or torch.int64, got {out.dtype}")
-    if out.dim() != 1:
-        raise ValueError(f"out must be 1-D, got shape {tuple(out.shape)}")
-    if out.stride(0) != 1 and out.shape[0] > 1:
-        raise ValueError(f"out must be contiguous (stride 1), got strides {out.stride()}")
-    if out.device != device:
-        raise ValueError(f"out is on {out.device}, expected {device} (the device of req_to_token)")
-    _python_int("entry_page_size", entry_page_size, 1, MAX_PAGE_SIZE)
-    if token_mapping is not None:
-        _contiguous_vector("token_mapping", token_mapping, device)
-    if not memory:
-        return device
-    _check_apart((("out", out),),
-                 (("req_to_token", req_to_token), ("req_pool_indices", req_pool_indices), (lens_name, seq_lens),
-                  ("kv_indptr", kv_indptr), ("kv_start_idx", kv_start_idx), ("token_mapping", token_mapping)))
-    return device
-
-
 def _table_output(name, t, batch, device):
     """An int32 ``[>= batch, W]`` output table on ``device``, last dimension contiguous."""
     _int32_tensor(name, t, 2)
@@ -375,149 +260,6 @@ def _table_output(name, t, batch, device):
         raise ValueError(f"{name} must have at least {batch} rows (the batch), got shape {tuple(t.shape)}")
     if t.device != device:
         raise ValueError(f"{name} is on {t.device}, expected {device} (the device of req_to_token)")
-
-
-def check_mha_page_table_args(req_to_token, req_pool_indices, seq_lens, page_table, page_size, swa_page_table=None,
-                              full_to_swa=None, round_toward_zero=False, memory=True):
-    """Validate ``create_trtllm_mha_page_table`` arguments; returns the device (``memory``: as for
-    ``check_page_table_args``)."""
-    try:  # hot path, as in check_page_table_args
-        device, batch_shape = req_to_token.device, req_pool_indices.shape
-        if (memory and len(batch_shape) == 1 and _small_int(page_size, 1, MAX_PAGE_SIZE)
-                and (round_toward_zero is False or round_toward_zero is True)
-                and (swa_page_table is None) == (full_to_swa is None)):
-            batch = batch_shape[0]
-            table = _int32_span(req_to_token, device, 2)
-            written = _int32_span(page_table, device, 2, batch, True)
-            pool = _index_span(req_pool_indices, device, batch_shape)
-            lens = _index_span(seq_lens, device, batch_shape)
-            if table and written and pool and lens:
-                inputs = (table, pool, lens)
-                if swa_page_table is None:
-                    if _apart(written, inputs):
-                        return device
-                else:
-                    swa_written = _int32_span(swa_page_table, device, 2, batch, True)
-                    mapping = _mapping_span(full_to_swa, device)
-                    if (swa_written and mapping and _apart(written, inputs + (mapping, swa_written))
-                            and _apart(swa_written, inputs + (mapping,))):
-                        return device
-    except (AttributeError, IndexError, TypeError, RuntimeError, NotImplementedError):
-        pass
-    batch, device = _common(req_to_token, req_pool_indices, seq_lens, None)
-    _table_output("page_table", page_table, batch, device)
-    _python_int("page_size", page_size, 1, MAX_PAGE_SIZE)
-    if not isinstance(round_toward_zero, bool):
-        raise TypeError(f"round_toward_zero must be a bool, got {type(round_toward_zero).__name__}")
-    if (swa_page_table is None) != (full_to_swa is None):
-        given, missing = ("swa_page_table", "full_to_swa") if full_to_swa is None else ("full_to_swa",
-                                                                                       "swa_page_table")
-        raise ValueError(f"{given} was given without {missing}: the SWA table needs both")
-    if swa_page_table is not None:
-        _table_output("swa_page_table", swa_page_table, batch, device)
-        _contiguous_vector("full_to_swa", full_to_swa, device)
-    if not memory:
-        return device
-    _check_rows_apart(page_table, "page_table")
-    if swa_page_table is not None:
-        _check_rows_apart(swa_page_table, "swa_page_table")
-    _check_apart((("page_table", page_table), ("swa_page_table", swa_page_table)),
-                 (("req_to_token", req_to_token), ("req_pool_indices", req_pool_indices), ("seq_lens", seq_lens),
-                  ("full_to_swa", full_to_swa)))
-    return device
-
-
-def check_translated_page_table_args(req_to_token, req_pool_indices, seq_lens, v2p, out, page_size, multiplier=1,
-                                     max_pages=None, seq_len_delta=0, memory=True):
-    """Validate ``create_translated_page_table`` arguments; returns the device (``memory``: as for
-    ``check_page_table_args``)."""
-    try:  # hot path, as in check_page_table_args
-        device, batch_shape = req_to_token.device, req_pool_indices.shape
-        if (memory and len(batch_shape) == 1 and _small_int(page_size, 1, MAX_PAGE_SIZE) and _small_int(multiplier)
-                and _small_int(seq_len_delta)):
-            batch = batch_shape[0]
-            table = _int32_span(req_to_token, device, 2)
-            written = _int32_span(out, device, 2, batch, True)
-            pool = _index_span(req_pool_indices, device, batch_shape)
-            lens = _index_span(seq_lens, device, batch_shape)
-            mapping = _mapping_span(v2p, device)
-            if (table and written and pool and lens and mapping
-                    and (max_pages is None or _small_int(max_pages, 0, out.shape[1]))
-                    and _apart(written, (table, pool, lens, mapping))):
-                return device
-    except (AttributeError, IndexError, TypeError, RuntimeError, NotImplementedError):
-        pass
-    batch, device = _common(req_to_token, req_pool_indices, seq_lens, None)
-    _contiguous_vector("v2p", v2p, device)
-    _table_output("out", out, batch, device)
-    _python_int("page_size", page_size, 1, MAX_PAGE_SIZE)
-    _python_int("multiplier", multiplier, _INT32_MIN, _INT32_MAX)
-    if max_pages is not None:
-        _python_int("max_pages", max_pages, 0, out.shape[1])
-    _python_int("seq_len_delta", seq_len_delta, _INT32_MIN, _INT32_MAX)
-    if not memory:
-        return device
-    _check_rows_apart(out)
-    _check_apart((("out", out),),
-                 (("req_to_token", req_to_token), ("req_pool_indices", req_pool_indices), ("seq_lens", seq_lens),
-                  ("v2p", v2p)))
-    return device
-
-
-def _index_table(name, t, device, min_rows, min_cols):
-    """An int32/int64 2-D output with a contiguous last dimension, at least ``min_rows`` rows and
-    ``min_cols`` columns, rows that share no memory, on ``device``."""
-    _tensor(name, t)
-    if t.dtype not in _INDEX_DTYPES:
-        raise TypeError(f"{name} must have dtype torch.int32 or torch.int64, got {t.dtype}")
-    if t.dim() != 2:
-        raise ValueError(f"{name} must be 2-D, got shape {tuple(t.shape)}")
-    if t.stride(-1) != 1 and t.shape[-1] > 1:
-        raise ValueError(f"{name} must have a contiguous last dimension (stride 1), got strides {t.stride()}")
-    rows, cols = t.shape
-    if rows < min_rows:
-        raise ValueError(f"{name} must have at least {min_rows} rows (num_steps), got shape {tuple(t.shape)}")
-    if cols < min_cols:
-        raise ValueError(f"{name} must have at least {min_cols} columns (req_pool_indices.shape[0] * topk + 1), "
-                         f"got shape {tuple(t.shape)}")
-    if t.device != device:
-        raise ValueError(f"{name} is on {t.device}, expected {device} (the device of req_to_token)")
-    if rows > 1 and t.stride(0) < cols:
-        raise ValueError(f"rows of {name} share memory: its row stride {t.stride(0)} is below its width {cols} "
-                         f"(shape {tuple(t.shape)})")
-
-
-def check_draft_decode_args(req_to_token, req_pool_indices, seq_lens, kv_indptr, out, num_steps, topk, page_size,
-                            positions=None, window_size=0, sink_size=0, v2p=None, write_indptr_start=True,
-                            round_toward_zero=False, memory=True):
-    """Validate ``create_draft_decode_kv_indices`` arguments; returns the device (``memory``: as for
-    ``check_page_table_args``)."""
-    batch, device = _common(req_to_token, req_pool_indices, seq_lens, None)
-    _python_int("num_steps", num_steps, 0, DRAFT_MAX_STEPS)
-    _python_int("topk", topk, 1, DRAFT_MAX_TOPK)
-    _python_int("page_size", page_size, 1, MAX_PAGE_SIZE)
-    _python_int("window_size", window_size, 0, _INT32_MAX)
-    _python_int("sink_size", sink_size, 0, _INT32_MAX)
-    for name, value in (("write_indptr_start", write_indptr_start), ("round_toward_zero", round_toward_zero)):
-        if not isinstance(value, bool):
-            raise TypeError(f"{name} must be a bool, got {type(value).__name__}")
-    segments = batch * topk
-    if segments > _INT32_MAX:
-        raise ValueError(f"req_pool_indices.shape[0] * topk must be at most {_INT32_MAX}, got {segments}")
-    _index_table("out", out, device, num_steps, 0)
-    if out.shape[1] > DRAFT_OFFSET_LIMIT:
-        raise ValueError(f"out must be at most {DRAFT_OFFSET_LIMIT} columns wide, got shape {tuple(out.shape)}")
-    _index_table("kv_indptr", kv_indptr, device, num_steps, segments + 1)
-    if positions is not None:
-        _index_vector("positions", positions, device, segments, at_least=True)
-    if v2p is not None:
-        _contiguous_vector("v2p", v2p, device)
-    if not memory:
-        return device
-    _check_apart((("out", out), ("kv_indptr", kv_indptr)),
-                 (("req_to_token", req_to_token), ("req_pool_indices", req_pool_indices), ("seq_lens", seq_lens),
-                  ("positions", positions), ("v2p", v2p)))
-    return device
 
 
 def _check_dcp(dcp_size, dcp_rank, round_toward_zero):
@@ -528,26 +270,6 @@ def _check_dcp(dcp_size, dcp_rank, round_toward_zero):
     _python_int("dcp_size", dcp_size, 1, MAX_DCP_SIZE)
     _python_int("dcp_rank", dcp_rank, 0, dcp_size - 1)
     raise TypeError(f"round_toward_zero must be a bool, got {type(round_toward_zero).__name__}")
-
-
-def check_dcp_token_csr_args(req_to_token, req_pool_indices, local_seq_lens, kv_indptr, out, kv_start_idx, dcp_size,
-                             dcp_rank, round_toward_zero=False, memory=True):
-    """Validate ``create_dcp_kv_indices`` arguments (the token CSR's, then the DCP integers); returns the device
-    (``memory``: as for ``check_page_table_args``)."""
-    device = check_token_csr_args(req_to_token, req_pool_indices, local_seq_lens, kv_indptr, out, kv_start_idx,
-                                  memory=memory, lens_name="local_seq_lens")
-    _check_dcp(dcp_size, dcp_rank, round_toward_zero)
-    return device
-
-
-def check_dcp_page_table_args(req_to_token, req_pool_indices, local_seq_lens, out, page_size, dcp_size, dcp_rank,
-                              fill_value=None, round_toward_zero=False, memory=True):
-    """Validate ``create_dcp_page_table`` arguments (the page table's, then the DCP integers); returns the device
-    (``memory``: as for ``check_page_table_args``)."""
-    device = check_page_table_args(req_to_token, req_pool_indices, local_seq_lens, out, page_size, None, 0, None,
-                                   fill_value, round_toward_zero, memory, "local_seq_lens")
-    _check_dcp(dcp_size, dcp_rank, round_toward_zero)
-    return device
 
 
 def dcp_lengths_device(seq_lens, dcp_size, dcp_rank, kv_start_idx, out, lens_name="seq_lens",

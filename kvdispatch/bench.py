@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 import torch
 
 import kvdispatch
-from kvdispatch import dispatch, reference
+from kvdispatch import dispatch, ops
 from kvdispatch import grid as launch_grid
 
 POISON = -123456789
@@ -506,7 +506,7 @@ def make_inputs(case: Case, device: torch.device, seed: int) -> Inputs:
     seq_lens = lengths[pool].to(device=device, dtype=torch.int32)
     pool = pool.to(device=device, dtype=torch.int32)
     out = torch.full((case.batch, case.width), POISON, dtype=torch.int32, device=device)
-    expected = reference.build_page_table(req_to_token, pool, seq_lens, out.clone(), case.page_size)
+    expected = ops.page_table.reference(req_to_token, pool, seq_lens, out.clone(), case.page_size)
     return Inputs(req_to_token, pool, seq_lens, out, expected)
 
 
@@ -547,7 +547,7 @@ def _make_csr_inputs(case: Case, device: torch.device, seed: int) -> Inputs:
     mapping = torch.randperm(slots, generator=g).to(device=device, dtype=torch.int32) if case.mapping else None
     out = torch.full((case.batch * case.context,), POISON, device=device,
                      dtype=torch.int64 if case.int64 else torch.int32)
-    expected = reference.build_token_indices(req_to_token, pool, seq_lens, kv_indptr, out.clone(),
+    expected = ops.token_csr.reference(req_to_token, pool, seq_lens, kv_indptr, out.clone(),
                                              entry_page_size=case.page_size, token_mapping=mapping)
     return Inputs(req_to_token, pool, seq_lens, out, expected, kv_indptr, mapping)
 
@@ -568,13 +568,13 @@ def _make_mapped_inputs(case: Case, device: torch.device, seed: int) -> Inputs:
     if case.op == "mha":
         lookup = (torch.randint(0, pages * case.page_size, (pages * case.page_size,), generator=g).to(device)
                   if case.mapping else None)
-        reference.build_mha_page_table(req_to_token, pool, seq_lens, expected[: case.batch], case.page_size,
+        ops.mha_page_table.reference(req_to_token, pool, seq_lens, expected[: case.batch], case.page_size,
                                        expected[case.batch:] if case.mapping else None, lookup, True)
     else:
         lookup = torch.randint(0, pages * 4, (pages,), generator=g)
         lookup[torch.randperm(pages, generator=g)[: pages // 16]] = -1
         lookup = lookup.to(device)
-        reference.build_translated_page_table(req_to_token, pool, seq_lens, lookup, expected, case.page_size)
+        ops.translated_page_table.reference(req_to_token, pool, seq_lens, lookup, expected, case.page_size)
     return Inputs(req_to_token, pool, seq_lens, out, expected, token_mapping=lookup)
 
 
@@ -594,9 +594,9 @@ def _make_draft_inputs(case: Case, device: torch.device, seed: int) -> Inputs:
     out = torch.full((case.steps, segments * (case.context + case.steps)), POISON, dtype=torch.int64, device=device)
     kv_indptr = torch.zeros((case.steps, segments + 1), dtype=torch.int32, device=device)
     options = dict(num_steps=case.steps, topk=case.topk, page_size=case.page_size, positions=positions)
-    expected = reference.build_draft_decode_indices(req_to_token, pool, seq_lens, kv_indptr.clone(), out.clone(),
+    expected = ops.draft_decode.reference(req_to_token, pool, seq_lens, kv_indptr.clone(), out.clone(),
                                                     **options)
-    one_step = reference.build_draft_decode_indices(req_to_token, pool, seq_lens, kv_indptr.clone(), out.clone(),
+    one_step = ops.draft_decode.reference(req_to_token, pool, seq_lens, kv_indptr.clone(), out.clone(),
                                                     **dict(options, num_steps=1))
     return Inputs(req_to_token, pool, seq_lens, out, expected, kv_indptr, positions=positions,
                   expected_one_step=one_step)
@@ -616,12 +616,12 @@ def _make_dcp_inputs(case: Case, device: torch.device, seed: int) -> Inputs:
     local = kvdispatch.dcp_local_lengths(seq_lens, case.dcp_size, rank)
     if case.op == "dcptable":
         out = torch.full((case.batch, case.width), POISON, dtype=torch.int32, device=device)
-        expected = reference.build_dcp_page_table(req_to_token, pool, local, out.clone(), case.page_size, case.dcp_size,
+        expected = ops.dcp_page_table.reference(req_to_token, pool, local, out.clone(), case.page_size, case.dcp_size,
                                                   rank)
         return Inputs(req_to_token, pool, local, out, expected, dcp_rank=rank)
     kv_indptr = _indptr(local)
     out = torch.full((case.batch * (case.context // case.dcp_size),), POISON, dtype=torch.int64, device=device)
-    expected = reference.build_dcp_token_indices(req_to_token, pool, local, kv_indptr, out.clone(), case.dcp_size, rank)
+    expected = ops.dcp_token_csr.reference(req_to_token, pool, local, kv_indptr, out.clone(), case.dcp_size, rank)
     return Inputs(req_to_token, pool, local, out, expected, kv_indptr, dcp_rank=rank)
 
 
@@ -770,7 +770,7 @@ def _bind_mapped(impl: str, x: Inputs, case: Case):
             return functools.partial(kvdispatch.create_translated_page_table, *args, x.token_mapping, x.out,
                                      page_size=case.page_size, backend=impl[len(API_PREFIX):])
         if impl == PLAIN_TORCH:
-            return functools.partial(reference.build_translated_page_table, *args, x.token_mapping, x.out,
+            return functools.partial(ops.translated_page_table.reference, *args, x.token_mapping, x.out,
                                      case.page_size)
         columns = _baselines().V2P_COLUMNS_PER_PROGRAM if impl in (V2P_SGLANG, V2P_IDEAL) else None
         return functools.partial(_baselines().v2p_grid_2d, *args, x.token_mapping, x.out, case.page_size,
@@ -783,7 +783,7 @@ def _bind_mapped(impl: str, x: Inputs, case: Case):
                                  swa_page_table=tables[1], full_to_swa=tables[2], round_toward_zero=True,
                                  backend=impl[len(API_PREFIX):])
     if impl == PLAIN_TORCH:
-        return functools.partial(reference.build_mha_page_table, *args, tables[0], case.page_size, *tables[1:], True)
+        return functools.partial(ops.mha_page_table.reference, *args, tables[0], case.page_size, *tables[1:], True)
     return functools.partial(_baselines().mha_grid_2d, *args, tables[0], case.page_size, *tables[1:],
                              pages=ideal_pages(x, case) if impl == MHA_IDEAL else None)
 
@@ -866,7 +866,7 @@ def check_eager(fn, x: Inputs) -> str:
 
 # The "path" of an API row whose repeated eager call the compiled entries of dispatch took.
 NATIVE_PATH = "native"
-COMPILED_ENTRIES = ("fast_page_table", "fast_token_csr", "fast_replay")
+COMPILED_ENTRIES = ("fast_replay",)
 
 
 def eager_path(fn, x: Inputs, backend: str) -> tuple[str, str]:

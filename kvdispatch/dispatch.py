@@ -22,6 +22,7 @@ thread of the parent may have held a lock at the fork, and CUDA state does not c
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import logging
 import os
@@ -49,25 +50,19 @@ BACKENDS = tuple(backend.NAME for backend in DESCRIPTORS)
 # CPU tensors: the reference first; the Triton interpreter (TRITON_INTERPRET=1) only when asked for.
 CPU_ORDER = ("torch",) + tuple(name for name in BACKENDS if name != "torch")
 CHOICES = ("auto",) + BACKENDS
-OP_FUNCTIONS = {"page_table": "build_page_table", "token_csr": "build_token_indices",
-                "mha_page_table": "build_mha_page_table", "translated_page_table": "build_translated_page_table",
-                "draft_decode": "build_draft_decode_indices", "dcp_token_csr": "build_dcp_token_indices",
-                "dcp_page_table": "build_dcp_page_table"}
+# The declared ops (``kvdispatch.op.declare`` adds each, in the order ``kvdispatch.ops`` imports them): key -> Op.
+# Each backend serves op ``key`` with ``kernel(key)`` of its module.
+OPS: dict = {}
 
 log = logging.getLogger("kvdispatch")
 
-# The compiled host path's entries for whole calls (``kvdispatch/host_path.py`` sets them once built): called
-# with the public arguments, all positional, they launch and return ``out``, or return NotImplemented and
-# the path below (validation, selection, the backend's Python launcher) serves.
-fast_page_table = None
-fast_token_csr = None
-# ``replay(op code, backend, *public arguments)``: the same for the other ops (``host_path.REPLAYED``), from
-# the replay plans the Python path registered (``host_path.call_and_register``).
+# The compiled host path's entry (``kvdispatch/host_path.py`` sets it once built): ``replay(op code, backend,
+# *the op's parameters)`` launches what the Python path launched for a call of the same key and returns its
+# first output, or returns NotImplemented and the Python path (validation, selection, the backend's launcher)
+# serves.
 fast_replay = None
-# The compiled host path's op codes (``host_path.c``'s ``OP_*`` values, given as ``-D`` options): the page table
-# and the token CSR have entries of their own; the others are replayed (``fast_replay``'s first argument).
-HOST_PATH_OPS = {"page_table": 0, "token_csr": 1, "draft_decode": 2, "dcp_token_csr": 3, "dcp_page_table": 4,
-                 "mha_page_table": 5, "translated_page_table": 6}
+# The compiled host path's op codes (``Op.code``), as ``host_path.c`` is built with them.
+HOST_PATH_OPS: dict = {}
 
 # ``KVDISPATCH_PDL``: what ``enable_pdl=None`` means. Read at import and by ``reset()``, not per call (an
 # environment lookup costs more host time than a whole call's checks).
@@ -86,9 +81,9 @@ class BackendUnavailableError(RuntimeError):
 class Backend:
     """A registered backend: where its implementation lives and when it can serve a device.
 
-    The module provides ``build_page_table`` and ``build_token_indices`` with the signatures of
-    ``kvdispatch.reference``. ``import kvdispatch`` imports the package (its descriptor lives there) but not
-    those functions' modules; ``load`` imports them, at the first selection.
+    The module's ``kernel(key)`` is its kernel of op ``key``, which takes the op's parameters (``Op.parameters``)
+    and ``pdl``. ``import kvdispatch`` imports the package (its descriptor lives there) but not its kernel
+    modules; ``load`` imports them, at the first selection.
     """
 
     name: str
@@ -99,11 +94,12 @@ class Backend:
         return [] if reason is None else [reason]
 
     def load(self):
-        """The module, with the modules defining its op functions imported (a lazy package imports them at
-        their first access); from then on ``notify`` reaches its hooks."""
+        """The module, with the modules of its kernels imported (an import failure raises; a kernel it lacks is
+        ``resolve``'s to report); from then on ``notify`` reaches its hooks."""
         module = importlib.import_module(self.module)
-        for function in OP_FUNCTIONS.values():
-            getattr(module, function, None)  # an import failure raises; a missing function is resolve's to report
+        for key in OPS:
+            with contextlib.suppress(AttributeError):
+                module.kernel(key)
         _loaded_modules.add(self.module)
         return module
 
@@ -237,7 +233,7 @@ class _Selector:
                 requested = requested_backend(backend)
                 name = self.choose(device, requested)
                 try:
-                    function = getattr(REGISTRY[name].load(), OP_FUNCTIONS[op])
+                    function = REGISTRY[name].load().kernel(op)
                 except Exception as exc:
                     if name == "torch" or isinstance(exc, InvalidVariableError) or strict():
                         raise

@@ -74,8 +74,7 @@ OPS = dispatch.HOST_PATH_OPS
 # call's arguments as ``replay()`` takes them (the API's order, ``backend`` and ``enable_pdl`` left out), the
 # first being the one the call returns. Every output must share no byte with any other tensor argument
 # (``kvdispatch._validate``: outputs apart from the inputs and from each other); C checks that per call.
-REPLAYED = {"draft_decode": (4, 3), "dcp_token_csr": (4,), "dcp_page_table": (3,), "mha_page_table": (3, 5),
-            "translated_page_table": (4,)}
+REPLAYED = {key: op.output_positions for key, op in dispatch.OPS.items() if key not in ("page_table", "token_csr")}
 # The launchers whose plans it takes, by the backend names that select them: LAUNCHER_TRITON, LAUNCHER_CUPY.
 LAUNCHERS = {"triton": 0, "cupy": 1}
 # A size or stride this large does not fit the 32-bit fields the Triton kernels pack their parameters into
@@ -414,6 +413,9 @@ def call_and_register(op: str, backend, args: tuple, call) -> None:
     """``call()`` (the Python path's dispatch of one validated call of ``op``, whose public arguments are
     ``args``, as ``replay()`` takes them), then, if it launched exactly one kernel that can be described,
     that launch as the replay plan of its key. What registering finds wrong only means no plan."""
+    if op not in REPLAYED:
+        call()
+        return
     launches = _recording.launches = []
     try:
         call()

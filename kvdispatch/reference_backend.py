@@ -1,10 +1,10 @@
-"""The torch backend's descriptor: its module is ``kvdispatch.reference``; it serves every device PyTorch
-has and needs nothing else."""
+"""The torch backend's descriptor: its module is ``kvdispatch.ops`` (each op's kernel is its torch reference);
+it serves every device PyTorch has and needs nothing else."""
 
 from __future__ import annotations
 
 NAME = "torch"
-MODULE = "kvdispatch.reference"
+MODULE = "kvdispatch.ops"
 
 
 def install_hint(vendor: str) -> None:

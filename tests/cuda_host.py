@@ -16,13 +16,11 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from kernels_cupy import build
+from kernels_cupy import KERNELS, build
 from kernels_cupy.launch import (KernelCall, dcp_page_table_call, dcp_token_csr_call, draft_decode_call,
                                  mha_page_table_call, page_table_call, token_csr_call, translated_page_table_call)
 from kvdispatch import _build_cache
-from kvdispatch._validate import (check_dcp_page_table_args, check_dcp_token_csr_args, check_draft_decode_args,
-                                  check_mha_page_table_args, check_page_table_args, check_token_csr_args,
-                                  check_translated_page_table_args)
+from kvdispatch import ops
 
 SHIM_PATH = Path(__file__).with_name("cuda_host_shim.h")
 
@@ -92,8 +90,8 @@ def create_flashmla_kv_indices(req_to_token, req_pool_indices, seq_lens, out, *,
                                seqlen_offset=0, seq_lens_out=None, fill_value=None, round_toward_zero=False,
                                specialised=False):
     """``kvdispatch.create_flashmla_kv_indices`` on CPU tensors, through the host build of the kernel."""
-    check_page_table_args(req_to_token, req_pool_indices, seq_lens, out, page_size, kv_start_idx, seqlen_offset,
-                          seq_lens_out, fill_value, round_toward_zero)
+    ops.page_table.check_arguments(req_to_token, req_pool_indices, seq_lens, out, page_size, kv_start_idx,
+                                   seqlen_offset, seq_lens_out, fill_value, round_toward_zero)
     return build_page_table(req_to_token, req_pool_indices, seq_lens, out, page_size, kv_start_idx, seqlen_offset,
                             seq_lens_out, fill_value, round_toward_zero, specialised)
 
@@ -101,8 +99,8 @@ def create_flashmla_kv_indices(req_to_token, req_pool_indices, seq_lens, out, *,
 def create_flashinfer_kv_indices(req_to_token, req_pool_indices, seq_lens, kv_indptr, out, *, kv_start_idx=None,
                                  entry_page_size=1, token_mapping=None, specialised=False):
     """``kvdispatch.create_flashinfer_kv_indices`` on CPU tensors, through the host build of the kernel."""
-    check_token_csr_args(req_to_token, req_pool_indices, seq_lens, kv_indptr, out, kv_start_idx, entry_page_size,
-                         token_mapping)
+    ops.token_csr.check_arguments(req_to_token, req_pool_indices, seq_lens, kv_indptr, out, kv_start_idx,
+                                  entry_page_size, token_mapping)
     return build_token_indices(req_to_token, req_pool_indices, seq_lens, kv_indptr, out, kv_start_idx,
                                entry_page_size, token_mapping, specialised)
 
@@ -128,7 +126,7 @@ def build_translated_page_table(req_to_token, req_pool_indices, seq_lens, v2p, o
 def create_trtllm_mha_page_table(req_to_token, req_pool_indices, seq_lens, page_table, *, page_size,
                                  swa_page_table=None, full_to_swa=None, round_toward_zero=False, specialised=False):
     """``kvdispatch.create_trtllm_mha_page_table`` on CPU tensors, through the host build of the kernel."""
-    check_mha_page_table_args(req_to_token, req_pool_indices, seq_lens, page_table, page_size, swa_page_table,
+    ops.mha_page_table.check_arguments(req_to_token, req_pool_indices, seq_lens, page_table, page_size, swa_page_table,
                               full_to_swa, round_toward_zero)
     return build_mha_page_table(req_to_token, req_pool_indices, seq_lens, page_table, page_size, swa_page_table,
                                 full_to_swa, round_toward_zero, specialised)
@@ -137,7 +135,7 @@ def create_trtllm_mha_page_table(req_to_token, req_pool_indices, seq_lens, page_
 def create_translated_page_table(req_to_token, req_pool_indices, seq_lens, v2p, out, *, page_size, multiplier=1,
                                  max_pages=None, seq_len_delta=0, specialised=False):
     """``kvdispatch.create_translated_page_table`` on CPU tensors, through the host build of the kernel."""
-    check_translated_page_table_args(req_to_token, req_pool_indices, seq_lens, v2p, out, page_size, multiplier,
+    ops.translated_page_table.check_arguments(req_to_token, req_pool_indices, seq_lens, v2p, out, page_size, multiplier,
                                      max_pages, seq_len_delta)
     return build_translated_page_table(req_to_token, req_pool_indices, seq_lens, v2p, out, page_size, multiplier,
                                        max_pages, seq_len_delta, specialised)
@@ -149,7 +147,7 @@ def create_draft_decode_kv_indices(req_to_token, req_pool_indices, seq_lens, kv_
     """``kvdispatch.create_draft_decode_kv_indices`` on CPU tensors, through the host build of the kernel."""
     args = (req_to_token, req_pool_indices, seq_lens, kv_indptr, out, num_steps, topk, page_size, positions,
             window_size, sink_size, v2p, write_indptr_start, round_toward_zero)
-    check_draft_decode_args(*args)
+    ops.draft_decode.check_arguments(*args)
     _require_cpu(req_to_token)
     run(draft_decode_call(*args), specialised)
     return out
@@ -165,7 +163,7 @@ def create_dcp_kv_indices(req_to_token, req_pool_indices, local_seq_lens, kv_ind
     """``kvdispatch.create_dcp_kv_indices`` on CPU tensors, through the host build of the kernel."""
     arguments = (req_to_token, req_pool_indices, local_seq_lens, kv_indptr, out)
     options = dict(dcp_size=dcp_size, dcp_rank=dcp_rank, kv_start_idx=kv_start_idx, round_toward_zero=round_toward_zero)
-    return _checked_run(check_dcp_token_csr_args, dcp_token_csr_call, arguments, options, specialised)
+    return _checked_run(ops.dcp_token_csr.check_arguments, dcp_token_csr_call, arguments, options, specialised)
 
 
 def create_dcp_page_table(req_to_token, req_pool_indices, local_seq_lens, out, *, page_size, dcp_size, dcp_rank,
@@ -174,7 +172,7 @@ def create_dcp_page_table(req_to_token, req_pool_indices, local_seq_lens, out, *
     arguments = (req_to_token, req_pool_indices, local_seq_lens, out)
     options = dict(page_size=page_size, dcp_size=dcp_size, dcp_rank=dcp_rank, fill_value=fill_value,
                    round_toward_zero=round_toward_zero)
-    return _checked_run(check_dcp_page_table_args, dcp_page_table_call, arguments, options, specialised)
+    return _checked_run(ops.dcp_page_table.check_arguments, dcp_page_table_call, arguments, options, specialised)
 
 
 def _checked_run(check, make_call, arguments, options, specialised):
@@ -184,3 +182,12 @@ def _checked_run(check, make_call, arguments, options, specialised):
     _require_cpu(arguments[0])
     run(make_call(*arguments, **options), specialised)
     return arguments[-1]
+
+
+def kernel(key):
+    """The host build's launcher of op ``key``, by the CuPy backend's names (``kernels_cupy.KERNELS``);
+    AttributeError for an op it has no launcher of."""
+    name = KERNELS[key][1]
+    if name not in globals():
+        raise AttributeError(f"the host build has no {name}")
+    return globals()[name]

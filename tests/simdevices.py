@@ -20,7 +20,8 @@ import types
 import torch
 
 from kernels_cupy import backend as cupy_backend
-from kvdispatch import devices, dispatch, reference
+from kvdispatch import ops
+from kvdispatch import devices, dispatch
 from kvdispatch.devices import RawDevice
 
 GPU = "cuda:0"
@@ -95,8 +96,8 @@ class FakeBackend:
         self.fail = fail
         self.calls = collections.Counter()
         module = types.ModuleType(module_name or f"kvtest_fake_{name}")
-        module.build_page_table = self._page_table
-        module.build_token_indices = self._token_csr
+        own = {"page_table": self._page_table, "token_csr": self._token_csr}
+        module.kernel = lambda key: own.get(key) or dispatch.OPS[key].reference
         monkeypatch.setitem(sys.modules, module.__name__, module)
         monkeypatch.setitem(dispatch.REGISTRY, name, dispatch.Backend(name, module.__name__))
 
@@ -104,10 +105,10 @@ class FakeBackend:
         self.calls["page_table"] += 1
         if self.fail is not None:
             raise self.fail
-        return reference.build_page_table(*args)
+        return ops.page_table.reference(*args)
 
     def _token_csr(self, *args):
         self.calls["token_csr"] += 1
         if self.fail is not None:
             raise self.fail
-        return reference.build_token_indices(*args)
+        return ops.token_csr.reference(*args)

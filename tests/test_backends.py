@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from conftest import BACKENDS, DEVICE, page_table, token_csr
-from kvdispatch import grid, reference
+from kvdispatch import ops
+from kvdispatch import grid
 from kvcases import POISON, assert_same, loop_page_table, make_case
 
 PAGE_SIZES = (1, 2, 3, 16, 64, 96, 4096)
@@ -23,7 +24,7 @@ def _pages_for(page_size, batch):
 def _expected_page_table(case, out, seq_lens_out=None):
     expected = out.clone()
     expected_seq = seq_lens_out.clone() if seq_lens_out is not None else None
-    reference.build_page_table(case.req_to_token, case.req_pool_indices, case.seq_lens, expected,
+    ops.page_table.reference(case.req_to_token, case.req_pool_indices, case.seq_lens, expected,
                                case.page_size, case.kv_start_idx, case.seqlen_offset, expected_seq,
                                case.fill_value)
     return expected, expected_seq
@@ -86,7 +87,7 @@ def test_page_table_negative_slots(backend, page_size, round_toward_zero, with_s
     case.req_to_token.copy_(slots)
     out = case.page_table_out()
     expected = out.clone()
-    reference.build_page_table(case.req_to_token, case.req_pool_indices, case.seq_lens, expected, page_size,
+    ops.page_table.reference(case.req_to_token, case.req_pool_indices, case.seq_lens, expected, page_size,
                                case.kv_start_idx, round_toward_zero=round_toward_zero)
     assert_same(expected, loop_page_table(case, out, round_toward_zero=round_toward_zero), "reference")
     result = page_table(backend, case.req_to_token, case.req_pool_indices, case.seq_lens, out,
@@ -98,7 +99,7 @@ def test_page_table_negative_slots(backend, page_size, round_toward_zero, with_s
 def _check_token_csr(backend, case, indptr, out):
     """One token-CSR call of ``backend`` on ``case`` into the poisoned ``out``, against the torch reference."""
     expected = out.clone()
-    reference.build_token_indices(case.req_to_token, case.req_pool_indices, case.seq_lens, indptr, expected,
+    ops.token_csr.reference(case.req_to_token, case.req_pool_indices, case.seq_lens, indptr, expected,
                                   case.kv_start_idx)
     assert token_csr(backend, case.req_to_token, case.req_pool_indices, case.seq_lens, indptr, out,
                      kv_start_idx=case.kv_start_idx) is out
@@ -140,7 +141,7 @@ def test_hostile_data(backend, fill_value):
     indptr[9] = -4                           # starts before out: only its 5th token lands, in out[0],
     case.seq_lens[9] = 5                     # which belongs to row 0, empty (its pool index is bad)
     expected = out.clone()
-    reference.build_token_indices(case.req_to_token, case.req_pool_indices, case.seq_lens, indptr, expected,
+    ops.token_csr.reference(case.req_to_token, case.req_pool_indices, case.seq_lens, indptr, expected,
                                   case.kv_start_idx)
     token_csr(backend, case.req_to_token, case.req_pool_indices, case.seq_lens, indptr, out,
               kv_start_idx=case.kv_start_idx)

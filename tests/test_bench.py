@@ -18,7 +18,8 @@ import types
 import pytest
 import torch
 
-from kvdispatch import bench, cli, dispatch, grid, reference
+from kvdispatch import ops
+from kvdispatch import bench, cli, dispatch, grid
 
 TINY = "1x256x16,2x128x1"
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -87,15 +88,14 @@ def test_markdown(capsys, tmp_path):
 
 def _fake_torch_backend(monkeypatch, build_page_table):
     module = types.ModuleType("fake_bench_backend")
-    module.build_page_table = build_page_table
-    module.build_token_indices = reference.build_token_indices
+    module.kernel = lambda key: build_page_table if key == "page_table" else dispatch.OPS[key].reference
     monkeypatch.setitem(sys.modules, module.__name__, module)
     monkeypatch.setitem(dispatch.REGISTRY, "torch", dispatch.Backend("torch", module.__name__))
 
 
 def test_wrong_result_fails_the_run(capsys, tmp_path, monkeypatch):
     def off_by_one(req_to_token, req_pool_indices, seq_lens, out, page_size, *rest):
-        reference.build_page_table(req_to_token, req_pool_indices, seq_lens, out, page_size, *rest)
+        ops.page_table.reference(req_to_token, req_pool_indices, seq_lens, out, page_size, *rest)
         out[-1, -1] += 1
 
     _fake_torch_backend(monkeypatch, off_by_one)
@@ -249,17 +249,17 @@ def test_path_is_what_launched_the_repeated_call(monkeypatch, takes):
     x = bench.make_inputs(case, torch.device("cpu"), 3)
     calls = []
 
-    def entry(*args):  # a stand-in for the C path: builds with the reference, or hands the call back
+    def entry(code, backend, *args):  # a stand-in for the C path: builds with the reference, or hands it back
         calls.append(args)
         if not takes:
             return NotImplemented
-        reference.build_page_table(*args[:9])
+        ops.page_table.reference(*args)
         return args[3]
 
-    monkeypatch.setattr(dispatch, "fast_page_table", entry)
+    monkeypatch.setattr(dispatch, "fast_replay", entry)
     row = bench.measure("api:torch", case, x, torch.device("cpu"), bench.Reps(rounds=1, host_batches=1))
     assert row.status == "ok" and row.path == ("native" if takes else "torch")
-    assert dispatch.fast_page_table is entry and len(calls) >= 2
+    assert dispatch.fast_replay is entry and len(calls) >= 2
 
 
 def test_host_cost_is_divided_by_the_cases_own_add():

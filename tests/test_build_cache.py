@@ -24,7 +24,8 @@ from conftest import page_table  # noqa: E402
 from kvcases import make_case  # noqa: E402
 from kernels_triton import launch  # noqa: E402
 from kernels_triton import page_table as triton_page_table  # noqa: E402
-from kvdispatch import _build_cache, host_path, reference  # noqa: E402
+from kvdispatch import ops
+from kvdispatch import _build_cache, host_path  # noqa: E402
 from kvdispatch._build_cache import UntrustedPathError  # noqa: E402
 
 OTHER_USER = 65534  # nobody
@@ -217,7 +218,7 @@ def test_refusal_warns_once_and_python_serves(tmp_path, plant, marker, monkeypat
     case = make_case(5, 16, with_start=True)
     out = case.page_table_out()
     expected = out.clone()
-    reference.build_page_table(case.req_to_token, case.req_pool_indices, case.seq_lens, expected, case.page_size,
+    ops.page_table.reference(case.req_to_token, case.req_pool_indices, case.seq_lens, expected, case.page_size,
                                case.kv_start_idx)
     page_table("torch", case.req_to_token, case.req_pool_indices, case.seq_lens, out, page_size=case.page_size,
                kv_start_idx=case.kv_start_idx)

@@ -6,9 +6,9 @@ import random
 import pytest
 import torch
 
+from kvdispatch import ops
 import kvdispatch
 from conftest import skip_module_unless_cupy_serves_the_gpu
-from kvdispatch import reference
 from kvcases import POISON, make_case
 
 skip_module_unless_cupy_serves_the_gpu()
@@ -25,7 +25,7 @@ def _page_table(case, out, **kwargs):
 
 def _expected(case, out):
     expected = out.clone()
-    reference.build_page_table(case.req_to_token, case.req_pool_indices, case.seq_lens, expected, case.page_size,
+    ops.page_table.reference(case.req_to_token, case.req_pool_indices, case.seq_lens, expected, case.page_size,
                                case.kv_start_idx, case.seqlen_offset, None, case.fill_value)
     return expected
 
@@ -87,7 +87,7 @@ def test_cuda_graph_replay_with_new_data(page_size):
         torch.cuda.synchronize()
         torch.testing.assert_close(out.cpu(), _expected(case, torch.full_like(out, POISON)).cpu(), rtol=0, atol=0)
         expected_csr = torch.full_like(csr_out, POISON)
-        reference.build_token_indices(case.req_to_token, case.req_pool_indices, case.seq_lens, indptr, expected_csr,
+        ops.token_csr.reference(case.req_to_token, case.req_pool_indices, case.seq_lens, indptr, expected_csr,
                                       case.kv_start_idx)
         torch.testing.assert_close(csr_out.cpu(), expected_csr.cpu(), rtol=0, atol=0)
 

@@ -12,7 +12,8 @@ import torch
 
 import cuda_host as host
 from kvcases import POISON, Case, loop_token_csr
-from kvdispatch import grid, reference
+from kvdispatch import ops
+from kvdispatch import grid
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -56,7 +57,7 @@ def test_page_table_alignments(page_size, shift, round_toward_zero, specialised)
     for fill in (None, -7):
         out = _poisoned(batch + 1, 2 * items + 3, 2 * items + 3 + shift)
         expected = out.clone()
-        reference.build_page_table(table, pool, lengths, expected, page_size, start, 0, None, fill,
+        ops.page_table.reference(table, pool, lengths, expected, page_size, start, 0, None, fill,
                                    round_toward_zero)
         host.create_flashmla_kv_indices(table, pool, lengths, out, page_size=page_size, kv_start_idx=start,
                                         fill_value=fill, round_toward_zero=round_toward_zero,
@@ -74,7 +75,7 @@ def test_mixed_index_dtypes_and_seq_lens_out(dtypes, specialised):
     start = torch.tensor([0, 5, 7, 2], dtype=start_dtype)
     out, seq_out = _poisoned(5, 20, 23), torch.full((6,), POISON, dtype=torch.int32)
     expected, expected_seq = out.clone(), seq_out.clone()
-    reference.build_page_table(table, pool, lengths, expected, 8, start, 2, expected_seq, None)
+    ops.page_table.reference(table, pool, lengths, expected, 8, start, 2, expected_seq, None)
     host.create_flashmla_kv_indices(table, pool, lengths, out, page_size=8, kv_start_idx=start, seqlen_offset=2,
                                     seq_lens_out=seq_out, specialised=specialised)
     torch.testing.assert_close(out, expected, rtol=0, atol=0)
@@ -106,7 +107,7 @@ def test_token_csr_alignments(shift, specialised):
     indptr = torch.tensor(offsets)
     out = torch.full((offsets[-2] + int(lengths[-1]) // 2 + shift,), POISON, dtype=torch.int32)
     expected = out.clone()
-    reference.build_token_indices(table, pool, lengths, indptr, expected, start)
+    ops.token_csr.reference(table, pool, lengths, indptr, expected, start)
     host.create_flashinfer_kv_indices(table, pool, lengths, indptr, out, kv_start_idx=start, specialised=specialised)
     torch.testing.assert_close(out, expected, rtol=0, atol=0)
 
@@ -144,11 +145,11 @@ def test_strided_index_vectors(op):
     pool, lengths, start, indptr = strided
     if op == "page_table":
         out, expected = _poisoned(4, 17, 17), _poisoned(4, 17, 17)
-        reference.build_page_table(table, vectors[0], vectors[1], expected, 4, vectors[2])
+        ops.page_table.reference(table, vectors[0], vectors[1], expected, 4, vectors[2])
         host.create_flashmla_kv_indices(table, pool, lengths, out, page_size=4, kv_start_idx=start)
     else:
         out = torch.full((160,), POISON, dtype=torch.int32)
         expected = out.clone()
-        reference.build_token_indices(table, vectors[0], vectors[1], vectors[3], expected, vectors[2])
+        ops.token_csr.reference(table, vectors[0], vectors[1], vectors[3], expected, vectors[2])
         host.create_flashinfer_kv_indices(table, pool, lengths, indptr, out, kv_start_idx=start)
     torch.testing.assert_close(out, expected, rtol=0, atol=0)

@@ -9,10 +9,10 @@ from __future__ import annotations
 import pytest
 import torch
 
+from kvdispatch import ops
 import kvdispatch
 from conftest import skip_module_unless_cupy_serves_the_gpu
 from kvcases import POISON, assert_same, make_case
-from kvdispatch import reference
 
 skip_module_unless_cupy_serves_the_gpu()
 
@@ -50,7 +50,7 @@ def expected_page_table(case, out, seq_lens_out=None, round_toward_zero=False):
     """The reference's ``out`` and ``seq_lens_out`` (on CPU) for ``case``, from poisoned copies."""
     expected = torch.full_like(out, POISON).cpu()
     lens_out = None if seq_lens_out is None else torch.full_like(seq_lens_out, POISON).cpu()
-    reference.build_page_table(case.req_to_token.cpu(), case.req_pool_indices.cpu(), case.seq_lens.cpu(), expected,
+    ops.page_table.reference(case.req_to_token.cpu(), case.req_pool_indices.cpu(), case.seq_lens.cpu(), expected,
                                case.page_size, None if case.kv_start_idx is None else case.kv_start_idx.cpu(),
                                case.seqlen_offset, lens_out, case.fill_value, round_toward_zero=round_toward_zero)
     return expected, lens_out
@@ -63,7 +63,7 @@ def token_csr(case, indptr, out, **kwargs):
 
 def expected_csr(case, indptr, out, **kwargs):
     expected = torch.full_like(out, POISON).cpu()
-    reference.build_token_indices(case.req_to_token.cpu(), case.req_pool_indices.cpu(), case.seq_lens.cpu(),
+    ops.token_csr.reference(case.req_to_token.cpu(), case.req_pool_indices.cpu(), case.seq_lens.cpu(),
                                   indptr.cpu(), expected,
                                   None if case.kv_start_idx is None else case.kv_start_idx.cpu(), **kwargs)
     return expected
@@ -148,7 +148,7 @@ def test_calls_it_does_not_take_run_in_python():
         for _ in range(2):
             token_csr(case, indptr, target, **kwargs)
         expected = torch.full_like(target, POISON).cpu()
-        reference.build_token_indices(case.req_to_token.cpu(), case.req_pool_indices.cpu(), case.seq_lens.cpu(),
+        ops.token_csr.reference(case.req_to_token.cpu(), case.req_pool_indices.cpu(), case.seq_lens.cpu(),
                                       indptr.cpu(), expected, case.kv_start_idx.cpu(),
                                       **{k: (v.cpu() if isinstance(v, torch.Tensor) else v) for k, v in kwargs.items()})
         assert_same(target, expected, str(kwargs))

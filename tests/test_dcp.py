@@ -9,6 +9,7 @@ integer extremes of every index argument, and the argument errors.
 import pytest
 import torch
 
+from kvdispatch import ops
 import kvdispatch
 from conftest import BACKENDS, DEVICE, dcp_page_table, dcp_token_csr
 from kvcases import POISON, assert_same, wrap_int32
@@ -96,7 +97,7 @@ def check_dcp_csr(backend, table, pool, lens, indptr, total, out_dtype, dcp_size
     reference, itself checked against the loop."""
     store, _ = guarded((total,), out_dtype)
     expected = store.cpu().clone()
-    reference.build_dcp_token_indices(table, pool, lens, indptr, middle(expected, (total,)), dcp_size, dcp_rank,
+    ops.dcp_token_csr.reference(table, pool, lens, indptr, middle(expected, (total,)), dcp_size, dcp_rank,
                                       start, round_toward_zero)
     loop = loop_dcp_csr(table, pool, lens, indptr, torch.full((total,), POISON, dtype=out_dtype), dcp_size, dcp_rank,
                         start, round_toward_zero)
@@ -113,7 +114,7 @@ def check_dcp_page_table(backend, table, pool, lens, width, page_size, dcp_size,
     shape = (pool.shape[0] + spare_rows, width)
     store, _ = guarded(shape)
     expected = store.cpu().clone()
-    reference.build_dcp_page_table(table, pool, lens, middle(expected, shape), page_size, dcp_size, dcp_rank,
+    ops.dcp_page_table.reference(table, pool, lens, middle(expected, shape), page_size, dcp_size, dcp_rank,
                                    fill_value, round_toward_zero)
     loop = loop_dcp_page_table(table, pool, lens, torch.full(shape, POISON, dtype=torch.int32), page_size, dcp_size,
                                dcp_rank, fill_value, round_toward_zero)
@@ -358,14 +359,14 @@ def test_host_build_of_one_specialisation():
     g = generator()
     table, pool, lens, start, rank = random_csr_case(torch.int64, True, 3, g)
     indptr, total = packed_indptr(lens, 2, g)
-    expected = reference.build_dcp_token_indices(table, pool, lens, indptr, torch.full((total,), POISON), 3, rank,
+    expected = ops.dcp_token_csr.reference(table, pool, lens, indptr, torch.full((total,), POISON), 3, rank,
                                                  start, True)
     got = cuda_host.create_dcp_kv_indices(table, pool, lens, indptr, torch.full((total,), POISON), dcp_size=3,
                                           dcp_rank=rank, kv_start_idx=start, round_toward_zero=True, specialised=True)
     assert_same(got, expected, "specialised DCP token CSR")
     table = random_table(ROWS, 200, g)
     pool, lens = vector([1, 3, 0], torch.int32), vector([40, 3, 0], torch.int32)
-    expected = reference.build_dcp_page_table(table, pool, lens, torch.full((4, 5), POISON, dtype=torch.int32), 16,
+    expected = ops.dcp_page_table.reference(table, pool, lens, torch.full((4, 5), POISON, dtype=torch.int32), 16,
                                               4, 2, -1)
     got = cuda_host.create_dcp_page_table(table, pool, lens, torch.full((4, 5), POISON, dtype=torch.int32),
                                           page_size=16, dcp_size=4, dcp_rank=2, fill_value=-1, specialised=True)

@@ -12,6 +12,7 @@ import random
 import pytest
 import torch
 
+from kvdispatch import ops
 import kvdispatch
 from conftest import BACKENDS, DEVICE, page_table, token_csr
 from kvdispatch import _debug, reference
@@ -199,7 +200,7 @@ def test_without_debug_csr_indptr_outside_out_is_safe(monkeypatch, backend, wher
     indptr[b] = {"past-out": flat.shape[0] - 2, "negative": -4, "far-past": flat.shape[0] + 1000}[where]
     expected = loop_token_csr(case, indptr.cpu(), flat)
     reference_out = flat.clone()
-    reference.build_token_indices(case.req_to_token, case.req_pool_indices, case.seq_lens, indptr, reference_out,
+    ops.token_csr.reference(case.req_to_token, case.req_pool_indices, case.seq_lens, indptr, reference_out,
                                   case.kv_start_idx)
     assert torch.equal(reference_out.cpu(), expected)
     token_csr(backend, case.req_to_token, case.req_pool_indices, case.seq_lens, indptr, flat,

@@ -15,10 +15,11 @@ import os
 import pytest
 import torch
 
+from kvdispatch import ops
 import kvdispatch
 from conftest import BACKENDS, DEVICE
 from kvcases import POISON, assert_same, wrap_int32
-from kvdispatch import grid, reference
+from kvdispatch import grid
 from test_folded_grid import BUILDS, FOLD_AT, folding  # noqa: F401  (a fixture)
 from test_extremes import DTYPES, I32_MAX, I32_MIN, I64_MAX, I64_MIN, extremes, guarded, middle, vector
 
@@ -151,7 +152,7 @@ def check(backend, case, out_dtype=torch.int32, indptr_dtype=torch.int32, width=
     expected, expected_indptr = store.cpu().clone(), indptr_store.cpu().clone()
     options = {k: v for k, v in case.items() if k not in ("req_to_token", "req_pool_indices", "seq_lens")}
     tensors = (case["req_to_token"], case["req_pool_indices"], case["seq_lens"])
-    reference.build_draft_decode_indices(*tensors, middle(expected_indptr, indptr_shape), middle(expected, out_shape),
+    ops.draft_decode.reference(*tensors, middle(expected_indptr, indptr_shape), middle(expected, out_shape),
                                          **options)
     if loop:
         looped, looped_indptr = loop_draft_decode(case, middle(store, out_shape).cpu(),

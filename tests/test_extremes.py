@@ -15,10 +15,11 @@ import time
 import pytest
 import torch
 
+from kvdispatch import ops
 import kvdispatch
 from conftest import (BACKENDS, DEVICE, dcp_page_table, dcp_token_csr, mha_page_table, page_table, token_csr,
                       translated_page_table)
-from kvdispatch import grid, reference
+from kvdispatch import grid
 from kvcases import POISON, Case, assert_same, loop_page_table, loop_token_csr
 
 I32_MIN, I32_MAX = -(2**31), 2**31 - 1
@@ -85,7 +86,7 @@ def check_page_table(backend, case: Case):
     store, _ = guarded((batch, width))
     seq_store, _ = guarded((batch,))
     expected, expected_seq = store.cpu().clone(), seq_store.cpu().clone()
-    reference.build_page_table(case.req_to_token, case.req_pool_indices, case.seq_lens,
+    ops.page_table.reference(case.req_to_token, case.req_pool_indices, case.seq_lens,
                                middle(expected, (batch, width)), case.page_size, case.kv_start_idx,
                                case.seqlen_offset, middle(expected_seq, (batch,)), case.fill_value)
     loop_out, loop_seq = torch.full((batch, width), POISON, dtype=torch.int32), torch.zeros(batch, dtype=torch.int32)
@@ -107,7 +108,7 @@ def check_token_csr(backend, case: Case, indptr: torch.Tensor, total: int, out_d
     entries of ``out_dtype`` and the options ``entry_page_size`` and ``token_mapping`` (CPU)."""
     store, _ = guarded((total,), out_dtype)
     expected = store.cpu().clone()
-    reference.build_token_indices(case.req_to_token, case.req_pool_indices, case.seq_lens, indptr,
+    ops.token_csr.reference(case.req_to_token, case.req_pool_indices, case.seq_lens, indptr,
                                   middle(expected, (total,)), case.kv_start_idx, entry_page_size, token_mapping)
     loop_out = torch.full((total,), POISON, dtype=out_dtype)
     assert_same(middle(expected, (total,)), loop_token_csr(case, indptr, loop_out, entry_page_size, token_mapping),
@@ -326,13 +327,13 @@ def test_reference_token_csr_cost():
     lens = torch.ones(batch, dtype=torch.int64, device=DEVICE)
     indptr = torch.arange(batch + 1, device=DEVICE)
     out = torch.full((width,), POISON, dtype=torch.int32, device=DEVICE)
-    reference.build_token_indices(table, pool, lens, indptr, out)  # warm-up
+    ops.token_csr.reference(table, pool, lens, indptr, out)  # warm-up
     if DEVICE.type == "cuda":
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
         before = torch.cuda.memory_allocated()
     began = time.perf_counter()
-    reference.build_token_indices(table, pool, lens, indptr, out)
+    ops.token_csr.reference(table, pool, lens, indptr, out)
     if DEVICE.type == "cuda":
         torch.cuda.synchronize()
         assert torch.cuda.max_memory_allocated() - before < 200 * (width + batch)  # bytes: a few vectors of N

@@ -11,10 +11,10 @@ from __future__ import annotations
 import pytest
 import torch
 
+from kvdispatch import ops
 import kvdispatch
 from conftest import BACKENDS, HAS_GPU
 from kvcases import POISON
-from kvdispatch import reference
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not HAS_GPU, reason="CUDA graphs need a GPU")]
 
@@ -55,7 +55,7 @@ def _case(op, device, g):
                  mapping=torch.randint(-5, 2**20, (2**20,), generator=g, dtype=torch.int64).to(device))
 
         def call(t, backend=None, **options):
-            fn = kvdispatch.create_trtllm_mha_page_table if backend is not None else reference.build_mha_page_table
+            fn = kvdispatch.create_trtllm_mha_page_table if backend is not None else ops.mha_page_table.reference
             if backend is None:
                 return fn(t["table"], t["pool"], t["lens"], t["page"], 32, t["swa"], t["mapping"])
             return fn(t["table"], t["pool"], t["lens"], t["page"], page_size=32, swa_page_table=t["swa"],
@@ -67,7 +67,7 @@ def _case(op, device, g):
 
         def call(t, backend=None, **options):
             if backend is None:
-                return reference.build_translated_page_table(t["table"], t["pool"], t["lens"], t["v2p"], t["out"], 16,
+                return ops.translated_page_table.reference(t["table"], t["pool"], t["lens"], t["v2p"], t["out"], 16,
                                                              3, 30, 2)
             return kvdispatch.create_translated_page_table(t["table"], t["pool"], t["lens"], t["v2p"], t["out"],
                                                            page_size=16, multiplier=3, max_pages=30, seq_len_delta=2,
@@ -80,7 +80,7 @@ def _case(op, device, g):
 
         def call(t, backend=None, **options):
             if backend is None:
-                return reference.build_draft_decode_indices(t["table"], t["pool"], t["lens"], t["draft_indptr"],
+                return ops.draft_decode.reference(t["table"], t["pool"], t["lens"], t["draft_indptr"],
                                                             t["out"], steps, topk, 16)
             return kvdispatch.create_draft_decode_kv_indices(t["table"], t["pool"], t["lens"], t["draft_indptr"],
                                                              t["out"], num_steps=steps, topk=topk, page_size=16,
@@ -93,7 +93,7 @@ def _case(op, device, g):
 
         def call(t, backend=None, **options):
             if backend is None:
-                return reference.build_dcp_token_indices(t["table"], t["pool"], t["local"], t["indptr"], t["out"], 3, 1)
+                return ops.dcp_token_csr.reference(t["table"], t["pool"], t["local"], t["indptr"], t["out"], 3, 1)
             return kvdispatch.create_dcp_kv_indices(t["table"], t["pool"], t["local"], t["indptr"], t["out"],
                                                     dcp_size=3, dcp_rank=1, backend=backend, **options)
         return x, ("out",), call
@@ -103,7 +103,7 @@ def _case(op, device, g):
 
     def call(t, backend=None, **options):
         if backend is None:
-            return reference.build_dcp_page_table(t["table"], t["pool"], t["local"], t["out"], 16, 3, 1)
+            return ops.dcp_page_table.reference(t["table"], t["pool"], t["local"], t["out"], 16, 3, 1)
         return kvdispatch.create_dcp_page_table(t["table"], t["pool"], t["local"], t["out"], page_size=16, dcp_size=3,
                                                 dcp_rank=1, backend=backend, **options)
     return x, ("out",), call

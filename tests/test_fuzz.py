@@ -25,7 +25,8 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from conftest import BACKENDS, DEVICE, HAS_GPU, page_table, token_csr
-from kvdispatch import grid, reference
+from kvdispatch import ops
+from kvdispatch import grid
 from kvcases import POISON, Case, assert_same, loop_page_table, loop_token_csr, wrap_int32
 
 PROFILE = os.environ.get("KVDISPATCH_FUZZ_PROFILE", "ci")
@@ -246,10 +247,10 @@ def expected_of(built: Built, spec: Spec):
     row0, col0, _, _ = spec.out_layout
     if spec.op == "page_table":
         seq_out = None if cpu["seq_out"] is None else cpu["seq_out"].clone()
-        reference.build_page_table(cpu["table"], cpu["pool"], cpu["lens"], store[row0:, col0: col0 + spec.width],
+        ops.page_table.reference(cpu["table"], cpu["pool"], cpu["lens"], store[row0:, col0: col0 + spec.width],
                                    spec.page_size, cpu["start"], spec.seqlen_offset, seq_out, spec.fill_value)
         return store, seq_out
-    reference.build_token_indices(cpu["table"], cpu["pool"], cpu["lens"], cpu["indptr"],
+    ops.token_csr.reference(cpu["table"], cpu["pool"], cpu["lens"], cpu["indptr"],
                                   store[col0: col0 + spec.out_len], cpu["start"])
     return store, None
 
@@ -361,7 +362,7 @@ def reference_page_table_matches_loop(spec):
     case = built.case
     expected = loop_page_table(case, built.out)
     store_before = built.out_store.clone()
-    reference.build_page_table(case.req_to_token, case.req_pool_indices, case.seq_lens, built.out, spec.page_size,
+    ops.page_table.reference(case.req_to_token, case.req_pool_indices, case.seq_lens, built.out, spec.page_size,
                                case.kv_start_idx, spec.seqlen_offset, built.seq_lens_out, spec.fill_value)
     assert_same(built.out, expected, "reference page table vs loop")
     row0, col0, _, _ = spec.out_layout
@@ -389,7 +390,7 @@ def reference_token_csr_matches_loop(spec):
     store = built.out_store.clone()
     col0 = spec.out_layout[1]
     store[col0: col0 + spec.out_len] = expected
-    reference.build_token_indices(case.req_to_token, case.req_pool_indices, case.seq_lens, built.indptr, built.out,
+    ops.token_csr.reference(case.req_to_token, case.req_pool_indices, case.seq_lens, built.indptr, built.out,
                                   case.kv_start_idx)
     store = settle_csr_overlaps(spec, case.req_to_token, built.out_store, store)
     assert_same(built.out_store, store, "reference token CSR vs loop (whole allocation)")

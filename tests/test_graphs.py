@@ -13,9 +13,10 @@ from __future__ import annotations
 import pytest
 import torch
 
+from kvdispatch import ops
 import kvdispatch
 from conftest import BACKENDS, HAS_GPU
-from kvdispatch import bench, reference
+from kvdispatch import bench
 from kvcases import POISON
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not HAS_GPU, reason="CUDA graphs need a GPU")]
@@ -84,7 +85,7 @@ def _expected_page_table(buffers, previous, previous_seq, page_size, fill_value)
     cpu = {k: buffers[k].cpu() for k in ("pool", "lens", "start")}
     cpu["table"] = buffers["table_cpu"]
     out, seq = previous.clone(), previous_seq.clone()
-    reference.build_page_table(cpu["table"], cpu["pool"], cpu["lens"], out, page_size, cpu["start"],
+    ops.page_table.reference(cpu["table"], cpu["pool"], cpu["lens"], out, page_size, cpu["start"],
                                SEQLEN_OFFSET, seq, fill_value)
     return out, seq
 
@@ -93,7 +94,7 @@ def _expected_token_csr(buffers, previous):
     cpu = {k: buffers[k].cpu() for k in ("pool", "lens", "start", "indptr")}
     cpu["table"] = buffers["table_cpu"]
     flat = previous.clone()
-    reference.build_token_indices(cpu["table"], cpu["pool"], cpu["lens"], cpu["indptr"], flat, cpu["start"])
+    ops.token_csr.reference(cpu["table"], cpu["pool"], cpu["lens"], cpu["indptr"], flat, cpu["start"])
     return flat
 
 

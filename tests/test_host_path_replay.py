@@ -18,6 +18,7 @@ import functools
 import pytest
 import torch
 
+from kvdispatch import ops
 import kvdispatch
 from host_path_stubs import CONTEXT, FUNCTION, STREAM_BASE, build, install, unsigned
 from kernels_cupy import launch as cupy_launch
@@ -40,11 +41,11 @@ TRITON = {"draft_decode": (draft_decode.build_draft_decode_indices, draft_decode
 CUPY = {"draft_decode": cupy_launch.build_draft_decode_indices, "dcp_token_csr": cupy_launch.build_dcp_token_indices,
         "dcp_page_table": cupy_launch.build_dcp_page_table, "mha_page_table": cupy_launch.build_mha_page_table,
         "translated_page_table": cupy_launch.build_translated_page_table}
-CHECKS = {"draft_decode": _validate.check_draft_decode_args,
-          "dcp_token_csr": lambda *a: _validate.check_dcp_token_csr_args(*a[:5], a[7], *a[5:7], a[8]),
-          "dcp_page_table": _validate.check_dcp_page_table_args,
-          "mha_page_table": _validate.check_mha_page_table_args,
-          "translated_page_table": _validate.check_translated_page_table_args}
+CHECKS = {"draft_decode": ops.draft_decode.check_arguments,
+          "dcp_token_csr": lambda *a: ops.dcp_token_csr.check_arguments(*a[:5], a[7], *a[5:7], a[8]),
+          "dcp_page_table": ops.dcp_page_table.check_arguments,
+          "mha_page_table": ops.mha_page_table.check_arguments,
+          "translated_page_table": ops.translated_page_table.check_arguments}
 
 
 @pytest.fixture(scope="module")

@@ -35,8 +35,9 @@ FORBIDDEN = ("triton", "cupy", "kernels_triton.page_table", "kernels_triton.toke
              "kernels_cupy.native", "kvdispatch.host_path")
 before = set(sys.modules)
 
+from kvdispatch import ops
 import kvdispatch
-import kvdispatch.api, kvdispatch.dispatch, kvdispatch.devices, kvdispatch.grid, kvdispatch.reference
+import kvdispatch.dispatch, kvdispatch.devices, kvdispatch.grid, kvdispatch.ops, kvdispatch.reference
 
 kvdispatch.reset()  # tells only loaded backends: imports no kernels
 
@@ -71,14 +72,14 @@ def build():
     lens = torch.tensor([290, 1, 37], dtype=torch.int32)
     out = torch.full((3, 20), -7, dtype=torch.int32)
     expected = out.clone()
-    kvdispatch.reference.build_page_table(table, pool, lens, expected, page)
+    ops.page_table.reference(table, pool, lens, expected, page)
     t = [x.to(device) for x in (table, pool, lens, out)]
     kvdispatch.create_flashmla_kv_indices(*t, page_size=page)
     assert torch.equal(t[3].cpu(), expected), "page table mismatch"
     indptr = torch.tensor([0, 290, 291, 328], dtype=torch.int32)
     flat = torch.full((330,), -7, dtype=torch.int32)
     flat_expected = flat.clone()
-    kvdispatch.reference.build_token_indices(table, pool, lens, indptr, flat_expected)
+    ops.token_csr.reference(table, pool, lens, indptr, flat_expected)
     t = [x.to(device) for x in (table, pool, lens, indptr, flat)]
     kvdispatch.create_flashinfer_kv_indices(*t)
     assert torch.equal(t[4].cpu(), flat_expected), "token CSR mismatch"

@@ -9,10 +9,10 @@ argument at the int32/int64 extremes, empty lookups and outputs, and the argumen
 import pytest
 import torch
 
+from kvdispatch import ops
 import kvdispatch
 from conftest import BACKENDS, DEVICE, mha_page_table, translated_page_table
 from kvcases import POISON, assert_same, wrap_int32
-from kvdispatch import reference
 from test_extremes import (DTYPES, I32_MAX, I32_MIN, I64_MAX, I64_MIN, ROWS, copy_to_device, extremes, guarded,
                            middle, vector)
 
@@ -86,7 +86,7 @@ def check_mha(backend, table, pool, lens, width, page_size, swa_width=None, full
 
     def view(allocation, columns):
         return None if allocation is None else middle(allocation, (rows, columns))
-    reference.build_mha_page_table(table, pool, lens, view(expected, width), page_size,
+    ops.mha_page_table.reference(table, pool, lens, view(expected, width), page_size,
                                    view(expected_swa, swa_width), full_to_swa, round_toward_zero)
     loop_table, loop_swa = loop_mha(table, pool, lens, torch.full((rows, width), POISON, dtype=torch.int32),
                                     None if swa_width is None else torch.full((rows, swa_width), POISON,
@@ -113,7 +113,7 @@ def check_translated(backend, table, pool, lens, v2p, width, page_size, multipli
     rows = batch if rows is None else rows
     store, view = guarded((rows, width))
     expected = store.cpu().clone()
-    reference.build_translated_page_table(table, pool, lens, v2p, middle(expected, (rows, width)), page_size,
+    ops.translated_page_table.reference(table, pool, lens, v2p, middle(expected, (rows, width)), page_size,
                                           multiplier, max_pages, seq_len_delta)
     loop = loop_translated(table, pool, lens, v2p, torch.full((rows, width), POISON, dtype=torch.int32), page_size,
                            multiplier, max_pages, seq_len_delta)
@@ -330,12 +330,12 @@ def test_translated_tables_at_the_2_31_edge(backend, edge):
         pool, lens = pool[:1], lens[:1]
         store = torch.full((width,), POISON, dtype=torch.int32)
         expected = store.as_strided((1, width), (size, 1)).clone()
-        reference.build_translated_page_table(table, pool, lens, v2p, expected, page_size, 2)
+        ops.translated_page_table.reference(table, pool, lens, v2p, expected, page_size, 2)
         store = store.to(DEVICE)
         out = store.as_strided((1, width), (size, 1))
     else:
         expected = torch.full((pool.shape[0], width), POISON, dtype=torch.int32)
-        reference.build_translated_page_table(table, pool, lens, v2p, expected, page_size, 2)
+        ops.translated_page_table.reference(table, pool, lens, v2p, expected, page_size, 2)
         out = torch.full_like(expected, POISON, device=DEVICE)
     moved = [t.to(DEVICE) for t in (pool, lens, v2p)]
     table = row.to(DEVICE).expand(size, cols) if edge.startswith("rows") else \
@@ -419,12 +419,12 @@ def test_specialised_host_builds(backend, page_size):
     for round_toward_zero in (False, True):
         expected, out = (torch.full((pool.shape[0], 6), POISON, dtype=torch.int32) for _ in range(2))
         expected_swa, swa = (torch.full((pool.shape[0], 4), POISON, dtype=torch.int32) for _ in range(2))
-        reference.build_mha_page_table(table, pool, lens, expected, page_size, expected_swa, mapping, round_toward_zero)
+        ops.mha_page_table.reference(table, pool, lens, expected, page_size, expected_swa, mapping, round_toward_zero)
         cuda_host.build_mha_page_table(table, pool, lens, out, page_size, swa, mapping, round_toward_zero, True)
         assert_same(out, expected, "page_table")
         assert_same(swa, expected_swa, "swa_page_table")
     expected, out = (torch.full((pool.shape[0], 6), POISON, dtype=torch.int32) for _ in range(2))
-    reference.build_translated_page_table(table, pool, lens, mapping, expected, page_size, 3, 5, 2)
+    ops.translated_page_table.reference(table, pool, lens, mapping, expected, page_size, 3, 5, 2)
     cuda_host.build_translated_page_table(table, pool, lens, mapping, out, page_size, 3, 5, 2, True)
     assert_same(out, expected, "translated")
 

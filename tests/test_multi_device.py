@@ -6,11 +6,12 @@ The two-GPU tests need two GPUs and skip otherwise; the cache-key tests simulate
 import pytest
 import torch
 
+from kvdispatch import ops
 import kvdispatch
 from kernels_cupy import backend as cupy_backend
 from kernels_triton import backend as triton_backend
 from conftest import GPU_BACKENDS, BACKENDS
-from kvdispatch import devices, dispatch, reference
+from kvdispatch import devices, dispatch
 from kvcases import make_case
 
 TWO_GPUS = torch.cuda.is_available() and torch.cuda.device_count() >= 2
@@ -55,7 +56,7 @@ def test_runs_on_the_tensors_device_and_captures_there(backend):
 
     def expected_from(before):
         expected = before.clone()
-        reference.build_page_table(case.req_to_token, case.req_pool_indices, case.seq_lens, expected, 16,
+        ops.page_table.reference(case.req_to_token, case.req_pool_indices, case.seq_lens, expected, 16,
                                    case.kv_start_idx, 0, None, -1)
         return expected
 

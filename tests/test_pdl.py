@@ -15,12 +15,13 @@ import inspect
 import pytest
 import torch
 
+from kvdispatch import ops
 import kvdispatch
 import simdevices
 from conftest import BACKENDS, DEVICE, HAS_GPU
 from kernels_cupy import launch as cupy_launch
 from kvcases import POISON, make_case
-from kvdispatch import bench, devices, dispatch, info, reference
+from kvdispatch import bench, devices, dispatch, info
 from kvdispatch.devices import RawDevice
 from test_family_graphs import FAMILY_OPS, _case, _refresh
 
@@ -43,7 +44,7 @@ def _op_case(op, device, g):
 
         def call(t, backend=None, **options):
             if backend is None:
-                return reference.build_page_table(t["table"], t["pool"], t["lens"], t["out"], PAGE_SIZE, t["start"],
+                return ops.page_table.reference(t["table"], t["pool"], t["lens"], t["out"], PAGE_SIZE, t["start"],
                                                   2, t["seq_out"], -1)
             return kvdispatch.create_flashmla_kv_indices(
                 t["table"], t["pool"], t["lens"], t["out"], page_size=PAGE_SIZE, kv_start_idx=t["start"],
@@ -54,7 +55,7 @@ def _op_case(op, device, g):
 
     def call(t, backend=None, **options):
         if backend is None:
-            return reference.build_token_indices(t["table"], t["pool"], t["lens"], t["indptr"], t["out"], t["start"])
+            return ops.token_csr.reference(t["table"], t["pool"], t["lens"], t["indptr"], t["out"], t["start"])
         return kvdispatch.create_flashinfer_kv_indices(t["table"], t["pool"], t["lens"], t["indptr"], t["out"],
                                                        kv_start_idx=t["start"], backend=backend, **options)
     return x, ("out",), call
@@ -156,11 +157,10 @@ def test_sglang_drop_ins_keep_their_signatures_and_follow_the_variable(monkeypat
 
 @pytest.mark.parametrize("op", ALL_OPS)
 def test_pdl_calls_never_take_the_compiled_host_path(monkeypatch, op):
-    """The compiled launcher (``dispatch.fast_*``: the page table's and token CSR's entries, the replay entry of
-    the other ops) refuses PDL kernels; the API does not even offer it the call."""
+    """The compiled host path (its replay entry, ``dispatch.fast_replay``) refuses PDL kernels; the API does not
+    even offer it the call."""
     offered = []
-    for name in ("fast_page_table", "fast_token_csr", "fast_replay"):
-        monkeypatch.setattr(dispatch, name, lambda *args, name=name: offered.append(name) or NotImplemented)
+    monkeypatch.setattr(dispatch, "fast_replay", lambda *args: offered.append(args) or NotImplemented)
     x, _, call = _op_case(op, torch.device("cpu"), torch.Generator().manual_seed(4))
     for enable_pdl, env, taken in ((True, None, False), (None, "1", False), (False, "1", True), (None, None, True)):
         _use_env(monkeypatch, env)
@@ -257,9 +257,9 @@ def test_pdl_chain_in_a_cuda_graph_reads_what_the_kernel_before_wrote(backend):
         staged_lens.copy_(torch.randint(0, 8 * 64, (batch,), generator=g, dtype=torch.int32))
         table, expected = case.req_to_token.cpu(), {}
         expected["first"], expected["second"], expected["lengths"] = first.cpu(), second.cpu(), lengths_out.cpu()
-        reference.build_page_table(table, staged_pool.cpu(), staged_lens.cpu(), expected["first"], 64, None, 1,
+        ops.page_table.reference(table, staged_pool.cpu(), staged_lens.cpu(), expected["first"], 64, None, 1,
                                    expected["lengths"])
-        reference.build_page_table(table, staged_pool.cpu(), expected["lengths"][:batch], expected["second"], 64,
+        ops.page_table.reference(table, staged_pool.cpu(), expected["lengths"][:batch], expected["second"], 64,
                                    fill_value=-1)
         graph.replay()
         torch.cuda.synchronize()

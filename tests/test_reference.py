@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from kvdispatch import reference
+from kvdispatch import ops
 from kvcases import POISON, loop_page_table, loop_token_csr, make_case
 
 PAGE_SIZES = (1, 2, 3, 16, 64, 96, 4096)
@@ -20,7 +20,7 @@ def test_page_table_matches_loop(page_size, batch, index_dtype, with_start):
                      with_start=with_start, strided_table=True, strided_out=True)
     out = case.page_table_out()
     expected = loop_page_table(case, out)
-    reference.build_page_table(case.req_to_token, case.req_pool_indices, case.seq_lens, out, page_size,
+    ops.page_table.reference(case.req_to_token, case.req_pool_indices, case.seq_lens, out, page_size,
                                case.kv_start_idx)
     assert torch.equal(out, expected)
 
@@ -33,7 +33,7 @@ def test_page_table_options_match_loop(page_size, fill_value, seqlen_offset):
     out, seq_out = case.page_table_out(), case.seq_lens_out()
     expected_seq = seq_out.clone()
     expected = loop_page_table(case, out, expected_seq)
-    reference.build_page_table(case.req_to_token, case.req_pool_indices, case.seq_lens, out, page_size,
+    ops.page_table.reference(case.req_to_token, case.req_pool_indices, case.seq_lens, out, page_size,
                                case.kv_start_idx, seqlen_offset, seq_out, fill_value)
     assert torch.equal(out, expected)
     assert torch.equal(seq_out, expected_seq)
@@ -47,7 +47,7 @@ def test_token_csr_matches_loop(batch, with_start, index_dtype):
     case = make_case(batch, 5, max_pages=4, with_start=with_start, index_dtype=index_dtype, strided_table=True)
     indptr, out = case.csr()
     expected = loop_token_csr(case, indptr, out)
-    reference.build_token_indices(case.req_to_token, case.req_pool_indices, case.seq_lens, indptr, out,
+    ops.token_csr.reference(case.req_to_token, case.req_pool_indices, case.seq_lens, indptr, out,
                                   case.kv_start_idx)
     assert torch.equal(out, expected)
 
@@ -63,7 +63,7 @@ def test_hostile_data_matches_loop():
     case.kv_start_idx[5] = -3                # negative start
     out = case.page_table_out()
     expected = loop_page_table(case, out)
-    reference.build_page_table(case.req_to_token, case.req_pool_indices, case.seq_lens, out, 4,
+    ops.page_table.reference(case.req_to_token, case.req_pool_indices, case.seq_lens, out, 4,
                                case.kv_start_idx, 0, None, -1)
     assert torch.equal(out, expected)
 
@@ -71,6 +71,6 @@ def test_hostile_data_matches_loop():
     indptr[6] = out.shape[0] - 2             # runs past the end of out
     indptr[7] = -4                           # starts before out
     expected = loop_token_csr(case, indptr, out)
-    reference.build_token_indices(case.req_to_token, case.req_pool_indices, case.seq_lens, indptr, out,
+    ops.token_csr.reference(case.req_to_token, case.req_pool_indices, case.seq_lens, indptr, out,
                                   case.kv_start_idx)
     assert torch.equal(out, expected)

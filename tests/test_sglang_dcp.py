@@ -15,7 +15,7 @@ import torch
 
 from conftest import BACKENDS, DEVICE, dcp_page_table, dcp_token_csr
 from kvcases import POISON, assert_same
-from kvdispatch import reference
+from kvdispatch import ops
 
 DCP_SIZES = (2, 4, 8)
 PAGE_SIZES = (1, 16, 32, 64)
@@ -146,7 +146,7 @@ def test_page_table_grid_decides_rows_and_pages(sglang, backend):
         out = torch.full((rows + 1, width), -1, dtype=torch.int32, device=DEVICE)
         covered = min(grid[1] * 16, width)
         expected = out.cpu().clone()
-        reference.build_dcp_page_table(table.cpu(), pool.cpu()[: grid[0]], local.cpu()[: grid[0]],
+        ops.dcp_page_table.reference(table.cpu(), pool.cpu()[: grid[0]], local.cpu()[: grid[0]],
                                        expected[: grid[0], :covered], page_size, dcp_size, rank,
                                        round_toward_zero=True)
         sglang.create_mla_kv_page_table_for_dcp[grid](table, pool, local, out, table.stride(0), width, page_size,
@@ -170,7 +170,7 @@ def test_token_csr_takes_the_batch_from_the_grid(sglang, backend):
     indptr = torch.tensor([0, 5, 45, 52], dtype=torch.int32, device=DEVICE)
     out = torch.full((60,), POISON, dtype=torch.int64, device=DEVICE)
     expected = out.cpu().clone()
-    reference.build_dcp_token_indices(table.cpu(), pool.cpu()[:2], lens.cpu()[:2], indptr.cpu(), expected, dcp_size,
+    ops.dcp_token_csr.reference(table.cpu(), pool.cpu()[:2], lens.cpu()[:2], indptr.cpu(), expected, dcp_size,
                                       rank, None, True)
     sglang.create_triton_kv_indices_for_dcp_triton[(2,)](table, pool, lens, indptr, None, out, table.stride(0),
                                                          dcp_size, rank)

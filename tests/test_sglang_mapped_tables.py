@@ -21,7 +21,7 @@ import torch
 
 from conftest import BACKENDS, DEVICE
 from kvcases import POISON
-from kvdispatch import reference
+from kvdispatch import ops
 from pagepool import populate
 from test_sglang_patterns import _batch, _churn, _pool, _replayer, _same, _scale, _vec
 
@@ -40,7 +40,7 @@ def _swa_mapping(pool, rng):
 def _expected_mha(page_table, swa_page_table, table, rows, lens, page_size, full_to_swa):
     expected = page_table.clone()
     expected_swa = None if swa_page_table is None else swa_page_table.clone()
-    reference.build_mha_page_table(table, rows, lens, expected, page_size, expected_swa, full_to_swa, True)
+    ops.mha_page_table.reference(table, rows, lens, expected, page_size, expected_swa, full_to_swa, True)
     return expected, expected_swa
 
 
@@ -217,7 +217,7 @@ def test_unified_pool_translator(backend, page_size, builder, mode, compat):
         out = torch.zeros((bs, max_pages), dtype=torch.int32, device=DEVICE) if mode == "eager" else reused
         expected = out.clone()
         rows_t, lens_t = _vec(rows, torch.int64), _vec(committed, torch.int32)
-        reference.build_translated_page_table(table, rows_t, lens_t, v2p, expected, page_size, multiplier, max_pages,
+        ops.translated_page_table.reference(table, rows_t, lens_t, v2p, expected, page_size, multiplier, max_pages,
                                               num_draft)
         options = dict(req_to_token=table, req_pool_indices=rows_t, seq_lens=lens_t, v2p=v2p, multiplier=multiplier,
                        page_size=page_size, max_pages=max_pages, out=out)

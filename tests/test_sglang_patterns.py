@@ -32,7 +32,8 @@ import torch
 
 from conftest import BACKENDS, DEVICE
 from kvcases import POISON
-from kvdispatch import dispatch, reference
+from kvdispatch import ops
+from kvdispatch import dispatch
 from kvdispatch.compat import sglang
 from pagepool import PagePool, populate
 
@@ -80,7 +81,7 @@ def _vec(values, dtype) -> torch.Tensor:
 def _expected_table(out, rows, lens, page_size, *, req_to_token):
     """``kvdispatch.reference`` on a copy of ``out`` as it is now (before the call)."""
     expected = out.clone()
-    reference.build_page_table(req_to_token, rows, lens, expected, page_size, None, 0, None, None)
+    ops.page_table.reference(req_to_token, rows, lens, expected, page_size, None, 0, None, None)
     return expected
 
 
@@ -311,7 +312,7 @@ def test_trtllm_mla_graph_metadata(backend, page_size, with_lengths, compat):
         rows_buf[:bs].copy_(_vec(rows, torch.int64))
         lens_buf[:bs].copy_(_vec(committed, torch.int32))
         expected = block_kv_indices.clone()
-        reference.build_page_table(table, rows_buf[:bs], lens_buf[:bs], expected, page_size, None, num_draft, None,
+        ops.page_table.reference(table, rows_buf[:bs], lens_buf[:bs], expected, page_size, None, num_draft, None,
                                    None, True)
         lengths_before = None if seq_lens_k is None else seq_lens_k.clone()
         replay()
@@ -356,7 +357,7 @@ def test_aiter_csr_and_page_table(backend, page_size, mode, compat):
             indptr, indices, pt = indptr_buf, indices_buf, pt_buf
         indptr[1: bs + 1] = torch.cumsum(seq_lens, 0)
         expected_csr = indices.clone()
-        reference.build_token_indices(table, rows, seq_lens, indptr, expected_csr)
+        ops.token_csr.reference(table, rows, seq_lens, indptr, expected_csr)
         expected_pt = _expected_table(pt, rows, seq_lens, page_size, req_to_token=table)
 
         compat.create_flashinfer_kv_indices_triton[(bs,)](table, rows, seq_lens, indptr, None, indices,

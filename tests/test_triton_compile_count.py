@@ -17,7 +17,7 @@ triton = pytest.importorskip("triton")
 
 import kernels_triton  # noqa: E402
 from kernels_triton import crosscompile, launch, page_table, token_csr  # noqa: E402
-from kvdispatch import reference  # noqa: E402
+from kvdispatch import ops  # noqa: E402
 
 CALLS = 100
 
@@ -102,7 +102,7 @@ def test_page_table_one_compile_per_specialisation(recorded, page_size, options)
     for _ in range(CALLS):
         call = _random_page_table_call(rng, page_size, *options)
         expected_out, expected_seq = call[3].clone(), None if call[7] is None else call[7].clone()
-        reference.build_page_table(*call[:3], expected_out, page_size, call[5], call[6], expected_seq, call[8])
+        ops.page_table.reference(*call[:3], expected_out, page_size, call[5], call[6], expected_seq, call[8])
         kernels_triton.build_page_table(*call)
         torch.testing.assert_close(call[3], expected_out, rtol=0, atol=0)
     keys = _specialisation_keys(recorded, page_table)
@@ -132,7 +132,7 @@ def test_token_csr_one_compile_per_specialisation(recorded, with_start):
         indptr = torch.cumsum(torch.cat([torch.zeros(1, dtype=torch.long, device=DEVICE), lens]), 0)
         out = torch.full((int(indptr[-1]) + rng.randint(0, 50),), -7, dtype=torch.int32, device=DEVICE)
         expected = out.clone()
-        reference.build_token_indices(table, pool, lens, indptr, expected, start)
+        ops.token_csr.reference(table, pool, lens, indptr, expected, start)
         kernels_triton.build_token_indices(table, pool, lens, indptr, out, start)
         torch.testing.assert_close(out, expected, rtol=0, atol=0)
     keys = _specialisation_keys(recorded, token_csr)

@@ -12,10 +12,11 @@ from conftest import DEVICE, HAS_GPU
 pytest.importorskip("triton")
 
 import kernels_triton  # noqa: E402
+from kvdispatch import ops
 import kvdispatch  # noqa: E402
 from kernels_triton import launch, page_table, token_csr  # noqa: E402
 from kvcases import POISON, make_case  # noqa: E402
-from kvdispatch import host_path, reference  # noqa: E402
+from kvdispatch import host_path  # noqa: E402
 
 ARG_NAMES = ("a_ptr", "n", "BLOCK")
 CONSTEXPR_NAMES = ("BLOCK",)
@@ -328,7 +329,7 @@ def test_seq_lens_out_written_for_zero_width_table():
     out = torch.empty((3, 0), dtype=torch.int32, device=DEVICE)
     seq_out = torch.full((4,), POISON, dtype=torch.int32, device=DEVICE)
     expected = seq_out.clone()
-    reference.build_page_table(case.req_to_token, case.req_pool_indices, case.seq_lens, out, 16, None, 2,
+    ops.page_table.reference(case.req_to_token, case.req_pool_indices, case.seq_lens, out, 16, None, 2,
                                expected, None)
     kernels_triton.build_page_table(case.req_to_token, case.req_pool_indices, case.seq_lens, out, 16, None, 2,
                                     seq_out, None)
@@ -338,7 +339,7 @@ def test_seq_lens_out_written_for_zero_width_table():
 def _api_matches_reference(table, pool, lens, page_size, width, **options):
     out = torch.full((pool.shape[0] + 1, width), POISON, dtype=torch.int32, device=table.device)
     expected = out.clone()
-    reference.build_page_table(table, pool, lens, expected, page_size, options.get("kv_start_idx"),
+    ops.page_table.reference(table, pool, lens, expected, page_size, options.get("kv_start_idx"),
                                options.get("seqlen_offset", 0), None, options.get("fill_value"))
     for _ in range(2):  # the second call takes the launch plan (in C where available)
         out.fill_(POISON)
@@ -422,7 +423,7 @@ def test_csr_tables_at_the_2_31_edge(edge, with_start):
     key, _ = token_csr.plan_key_and_arguments(table, pool, lens, indptr, out, start)
     assert key[8] == (size >= token_csr.WIDE)  # wide indexing
     expected = out.clone()
-    reference.build_token_indices(table, pool, lens, indptr, expected, start)
+    ops.token_csr.reference(table, pool, lens, indptr, expected, start)
     for _ in range(2):  # the second call takes the launch plan (in C where available)
         out.fill_(POISON)
         kvdispatch.create_flashinfer_kv_indices(table, pool, lens, indptr, out, kv_start_idx=start, backend="triton")
@@ -442,7 +443,7 @@ def test_output_row_strides_at_2_31(page_size, out_stride):
                                                page_size)
     assert key[10] == (out_stride >= page_table.WIDE)  # wide indexing
     expected = out.clone()
-    reference.build_page_table(case.req_to_token, case.req_pool_indices, case.seq_lens, expected, page_size,
+    ops.page_table.reference(case.req_to_token, case.req_pool_indices, case.seq_lens, expected, page_size,
                                None, 1, None, -1)
     for _ in range(2):  # the second call takes the launch plan (in C where available)
         store.fill_(POISON)
@@ -476,7 +477,7 @@ def test_negative_slots_floor_divide(page_size, fill_value):
     out = case.page_table_out()
     expected = out.clone()
     args = (case.req_pool_indices, case.seq_lens)
-    reference.build_page_table(case.req_to_token, *args, expected, page_size, case.kv_start_idx, 0, None, fill_value)
+    ops.page_table.reference(case.req_to_token, *args, expected, page_size, case.kv_start_idx, 0, None, fill_value)
     kernels_triton.build_page_table(case.req_to_token, *args, out, page_size, case.kv_start_idx, 0, None,
                                     fill_value)
     assert torch.equal(out.cpu(), expected.cpu())
@@ -488,7 +489,7 @@ def _page_table_matches(case, out_offset=0):
     seq_out = torch.full((case.batch,), POISON, dtype=torch.int32, device=DEVICE)
     expected, expected_seq = out.clone(), seq_out.clone()
     args = (case.req_to_token, case.req_pool_indices, case.seq_lens)
-    reference.build_page_table(*args, expected, case.page_size, case.kv_start_idx, 1, expected_seq, case.fill_value)
+    ops.page_table.reference(*args, expected, case.page_size, case.kv_start_idx, 1, expected_seq, case.fill_value)
     kvdispatch.create_flashmla_kv_indices(*args, out, page_size=case.page_size, kv_start_idx=case.kv_start_idx,
                                           seqlen_offset=1, seq_lens_out=seq_out, fill_value=case.fill_value,
                                           backend="triton")
@@ -575,7 +576,7 @@ def test_gpu_token_csr_paths(launch_path, with_start):
         launch.reset()  # random cases can share a plan key (batch and table width): each case's first call plans
         indptr, out = case.csr()
         expected = out.clone()
-        reference.build_token_indices(case.req_to_token, case.req_pool_indices, case.seq_lens, indptr, expected,
+        ops.token_csr.reference(case.req_to_token, case.req_pool_indices, case.seq_lens, indptr, expected,
                                       case.kv_start_idx)
         for call in range(2):  # the second call takes the plan (in C in native mode)
             before = _native_launches()
@@ -604,7 +605,7 @@ def test_gpu_side_stream_and_graph_replay(launch_path):
         build()
     torch.cuda.current_stream().wait_stream(side)
     expected = out.clone().fill_(POISON)
-    reference.build_page_table(case.req_to_token, case.req_pool_indices, case.seq_lens, expected, 16)
+    ops.page_table.reference(case.req_to_token, case.req_pool_indices, case.seq_lens, expected, 16)
     torch.testing.assert_close(out, expected, rtol=0, atol=0)
 
     graph = torch.cuda.CUDAGraph()
@@ -616,7 +617,7 @@ def test_gpu_side_stream_and_graph_replay(launch_path):
     graph.replay()
     torch.cuda.synchronize()
     expected.fill_(POISON)
-    reference.build_page_table(case.req_to_token, case.req_pool_indices, case.seq_lens, expected, 16)
+    ops.page_table.reference(case.req_to_token, case.req_pool_indices, case.seq_lens, expected, 16)
     torch.testing.assert_close(out, expected, rtol=0, atol=0)
 
 
@@ -629,7 +630,7 @@ def test_gpu_tensors_on_another_device_than_the_current_one(launch_path):
         out = case.page_table_out()
         expected = out.clone()
         args = (case.req_to_token, case.req_pool_indices, case.seq_lens)
-        reference.build_page_table(*args, expected, 64)
+        ops.page_table.reference(*args, expected, 64)
         for _ in range(2):  # the second call takes the plan (in C, where the device is current)
             out.fill_(POISON)
             kvdispatch.create_flashmla_kv_indices(*args, out, page_size=64, backend="triton")
@@ -664,6 +665,6 @@ def test_csr_row_starting_before_out_spans_programs(begin):
     indptr = torch.tensor([begin, begin + 5000, begin + 10000], device=DEVICE)
     out = torch.full((2500,), POISON, dtype=torch.int32, device=DEVICE)
     expected = out.clone()
-    reference.build_token_indices(case.req_to_token, case.req_pool_indices, case.seq_lens, indptr, expected)
+    ops.token_csr.reference(case.req_to_token, case.req_pool_indices, case.seq_lens, indptr, expected)
     kernels_triton.build_token_indices(case.req_to_token, case.req_pool_indices, case.seq_lens, indptr, out)
     assert torch.equal(out.cpu(), expected.cpu())

@@ -20,13 +20,14 @@ import torch
 
 pytest.importorskip("triton")
 
+from kvdispatch import ops
 import kvdispatch  # noqa: E402
 from conftest import DEVICE  # noqa: E402
 from kernels_triton import launch, native, page_table, token_csr  # noqa: E402
 from host_path_stubs import (CONTEXT, FUNCTION, PAGE_TABLE, STREAM_BASE, TOKEN_CSR, Stubs, build,  # noqa: E402
                              check_approvals_follow_the_hooks, install, random_call, random_csr_call, unsigned)
 from kvcases import named_overlap, overlapping_pairs, place_in_one_buffer  # noqa: E402
-from kvdispatch import _build_cache, _debug, _validate, dispatch, host_path, reference  # noqa: E402
+from kvdispatch import _build_cache, _debug, dispatch, host_path  # noqa: E402
 
 PARAMS = len(page_table.POINTERS) + len(page_table.RUNTIME_INTS) + 2  # + Triton's two scratch pointers
 CSR_PARAMS = len(token_csr.ORDINARY_PARAMETERS) + 2
@@ -234,7 +235,7 @@ def test_page_table_overlaps_are_decided_as_python_decides(stubs):
         register(call)
         stubs.launches.clear()
         taken = stubs.module.page_table(*call) is out
-        refusal = _python_refusal(_validate.check_page_table_args, call[:9])
+        refusal = _python_refusal(ops.page_table.check_arguments, call[:9])
         assert taken == (refusal is None) == (not pairs and not rows_overlap), (seed, refusal, pairs)
         if taken:
             assert [launched["params"] for launched in stubs.launches] == [expected_params(call)]
@@ -255,7 +256,7 @@ def test_token_csr_overlaps_are_decided_as_python_decides(stubs):
         register_csr(stubs, call)
         stubs.launches.clear()
         taken = stubs.module.token_csr(*call) is call[4]
-        refusal = _python_refusal(_validate.check_token_csr_args, call[:6])
+        refusal = _python_refusal(ops.token_csr.check_arguments, call[:6])
         assert taken == (refusal is None) == (not pairs), (seed, refusal, pairs)
         if refusal is not None:
             assert named_overlap(refusal) in pairs, (seed, refusal, pairs)
@@ -304,7 +305,7 @@ def test_hands_back_overlapping_calls(stubs, name):
     assert stubs.module.page_table(*call) is NotImplemented
     assert stubs.launches == []
     with pytest.raises(ValueError, match="shares? memory"):
-        _validate.check_page_table_args(*call[:9])
+        ops.page_table.check_arguments(*call[:9])
 
 
 def test_takes_outputs_next_to_inputs(stubs):
@@ -317,7 +318,7 @@ def test_takes_outputs_next_to_inputs(stubs):
     stubs.module.approve(PAGE_TABLE, 0, None, TRITON)
     register(call)
     assert stubs.module.page_table(*call) is call[3]
-    _validate.check_page_table_args(*call[:9])
+    ops.page_table.check_arguments(*call[:9])
 
 
 def test_hands_back_without_approval_plan_or_context(stubs):
@@ -396,7 +397,7 @@ def test_public_api_goes_through_it_and_errors_do_not(stubs, monkeypatch):
         kvdispatch.create_flashmla_kv_indices(table.long(), pool, lens, out, **kwargs)
     assert len(stubs.launches) == 1
     expected = out.clone()
-    reference.build_page_table(table, pool, lens, expected, page_size, start, offset, None, fill,
+    ops.page_table.reference(table, pool, lens, expected, page_size, start, offset, None, fill,
                                round_toward_zero=True)
     assert kvdispatch.create_flashmla_kv_indices(table, pool, lens, out, **kwargs, round_toward_zero=True) is out
     assert len(stubs.launches) == 1 and torch.equal(out, expected)  # the Python path served it

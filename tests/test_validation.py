@@ -7,10 +7,11 @@ to the detailed checks, which name the argument.
 import pytest
 import torch
 
+from kvdispatch import ops
 import kvdispatch
 from conftest import BACKENDS, DEVICE, page_table, token_csr
 from kvcases import POISON, make_case, named_overlap, overlapping_pairs, place_in_one_buffer
-from kvdispatch import _validate, grid, reference
+from kvdispatch import _validate, grid
 
 
 def _page_args(case):
@@ -286,7 +287,7 @@ def test_touching_and_empty_tensors_share_nothing():
     args = dict(_page_args(case), seq_lens=lens.copy_(case.seq_lens), kv_start_idx=start.copy_(case.kv_start_idx),
                 seq_lens_out=lens_out, out=out_flat.view(out_rows, 6))
     expected = args["out"].clone()
-    reference.build_page_table(case.req_to_token, case.req_pool_indices, case.seq_lens, expected,
+    ops.page_table.reference(case.req_to_token, case.req_pool_indices, case.seq_lens, expected,
                                case.page_size, case.kv_start_idx, 0, None, None)
     kvdispatch.create_flashmla_kv_indices(**args, backend="torch")
     assert torch.equal(args["out"], expected)
@@ -304,8 +305,8 @@ def test_meta_tensors_share_no_memory(monkeypatch):
 
     case = make_case(4, 16, with_start=True)
     page = on_meta(dict(_page_args(case), seq_lens_out=case.seq_lens_out()))
-    assert _validate.check_page_table_args(**page, seqlen_offset=0, fill_value=None).type == "meta"
-    assert _validate.check_token_csr_args(**on_meta(_csr_args(case))).type == "meta"
+    assert ops.page_table.check_arguments(**page, seqlen_offset=0, fill_value=None).type == "meta"
+    assert ops.token_csr.check_arguments(**on_meta(_csr_args(case))).type == "meta"
 
 
 def _random_sharing(seed, op):
@@ -437,7 +438,7 @@ def test_flags_as_bools_pass(entry, op):
 def test_enable_pdl_is_checked_before_the_compiled_host_path(monkeypatch):
     """``enable_pdl=0`` (falsy, not a bool) must not reach the compiled launcher, which takes calls without PDL."""
     taken = []
-    monkeypatch.setattr(kvdispatch.dispatch, "fast_page_table", lambda *args: taken.append(args))
+    monkeypatch.setattr(kvdispatch.dispatch, "fast_replay", lambda *args: taken.append(args))
     name, tensors, options = _op_call("page_table")
     with pytest.raises(TypeError, match="enable_pdl must be a bool or None, got int"):
         kvdispatch.create_flashmla_kv_indices(*tensors, **options, enable_pdl=0)

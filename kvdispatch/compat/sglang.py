@@ -73,7 +73,15 @@ import inspect
 
 import torch
 
-from .. import api, reference
+from .. import reference
+# The builders, looked up at call time through these names (tests route them per backend).
+from ..ops.dcp_page_table import create_dcp_page_table as _build_dcp_page_table
+from ..ops.dcp_token_csr import create_dcp_kv_indices as _build_dcp_token_csr
+from ..ops.draft_decode import create_draft_decode_kv_indices as _build_draft_decode
+from ..ops.mha_page_table import create_trtllm_mha_page_table as _build_mha_page_table
+from ..ops.page_table import create_flashmla_kv_indices as _build_page_table
+from ..ops.token_csr import create_flashinfer_kv_indices as _build_token_csr
+from ..ops.translated_page_table import create_translated_page_table as _build_translated_page_table
 from .._validate import _INT32_MAX, _int32_tensor, _python_int, _tensor, check_flag, dcp_lengths_device
 from ..grid import DRAFT_MAX_STEPS, DRAFT_MAX_TOPK, MAX_DCP_SIZE, MAX_PAGE_SIZE
 
@@ -86,12 +94,6 @@ _TOKEN_BLOCK_PROGRAMS = 512
 KV_INDICES_TOKEN_BLOCKS_MIN_WIDTH = 32768
 # The bound of sizes, widths and strides given as Python ints (a tensor's extent).
 _EXTENT_MAX = 2**63 - 1
-
-# The two public builders, looked up at call time through these names (tests route them per backend).
-_build_page_table = api.create_flashmla_kv_indices
-_build_token_csr = api.create_flashinfer_kv_indices
-_build_mha_page_table = api.create_trtllm_mha_page_table
-_build_translated_page_table = api.create_translated_page_table
 
 
 def _cdiv(a: int, b: int) -> int:
@@ -492,7 +494,6 @@ def build_kv_read_table(*, req_to_token, req_pool_indices, seq_lens, v2p, multip
                                   out, seq_len_delta, lambda pages, size, cols: (pages - 1) * size < cols)
 
 
-_build_draft_decode = api.create_draft_decode_kv_indices
 # SGLang's bound on a draft step row's width (its offsets are 32-bit there).
 _DRAFT_ROW_WIDTH_LIMIT = 2**31
 
@@ -568,10 +569,6 @@ def _generate_draft_decode_kv_indices(launch_grid, req_pool_indices, req_to_toke
 
 
 generate_draft_decode_kv_indices = _Launch(_generate_draft_decode_kv_indices, "generate_draft_decode_kv_indices")
-
-# The decode-context-parallel builders, looked up at call time as the two above.
-_build_dcp_token_csr = api.create_dcp_kv_indices
-_build_dcp_page_table = api.create_dcp_page_table
 
 
 def _create_triton_kv_indices_for_dcp(launch_grid, req_to_token_ptr, req_pool_indices_ptr, dcp_kernel_lens_ptr,
