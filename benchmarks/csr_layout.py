@@ -24,7 +24,8 @@ import triton
 import triton.language as tl
 
 import kvdispatch
-from kvdispatch import bench, reference
+from kvdispatch import reference
+from kvdispatch.bench import core as bench
 from kvdispatch import grid as launch_grid
 from perf_probe import experiment_setup, time_case
 

@@ -15,7 +15,8 @@ import torch
 
 import kvdispatch
 from conftest import BACKENDS, HAS_GPU
-from kvdispatch import bench, reference
+from kvdispatch import reference
+from kvdispatch.bench import core as bench
 from kvcases import POISON
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not HAS_GPU, reason="CUDA graphs need a GPU")]
