@@ -1069,13 +1069,10 @@ def add_arguments(parser: argparse.ArgumentParser):
     """The options of ``kvdispatch bench`` (``--device`` is the command line's, shared with ``demo``)."""
     parser.add_argument("--quick", action="store_true", help="a few cases, fewer repetitions")
     parser.add_argument("--cases", type=parse_cases,
-                        help='comma-separated BATCHxCONTEXTxPAGE (page table), token_csr:BATCHxCONTEXT[:i64][:eE]'
-                             '[:map], mha_page_table:BATCHxCONTEXTxPAGE[:swa], translated_page_table:BATCHxCONTEXTx'
-                             'PAGE, draft_decode:BATCHxCONTEXTxSTEPSxTOPK[:pP], dcp_token_csr:BATCHxCONTEXTxDCP, '
-                             'dcp_page_table:BATCHxCONTEXTxPAGExDCP (one DCP rank), each with a last option '
-                             ':len=LO-HI or :len=mix for the real decode shape (CONTEXT the capacity; see below), e.g. '
-                             '"1x131072x64,token_csr:8x32768:i64:e64:map,draft_decode:64x4096x5x4,'
-                             'dcp_token_csr:64x32768x4,256x1048576x64:len=1024-8192"')
+                        help='comma-separated BATCHxCONTEXTxPAGE (page table) or OP:SHAPE, OP an op\'s key (the '
+                             'case column below gives each SHAPE), each with a last option :len=LO-HI or :len=mix for '
+                             'the real decode shape (CONTEXT the capacity), e.g. "1x131072x64,token_csr:8x32768:i64:'
+                             'e64:map,draft_decode:64x4096x5x4,dcp_token_csr:64x32768x4,256x1048576x64:len=1024-8192"')
     parser.add_argument("--backends", type=parse_backends,
                         help="comma-separated subset of triton,cupy,torch (default: every one that can run on "
                              "the device; asking for one that cannot is an error)")
