@@ -21,7 +21,8 @@ import triton.language as tl
 
 import kvdispatch
 from floor_ladder import _chain2, checked, replay_us
-from kvdispatch import _baselines, bench
+from kvdispatch.bench import baselines
+from kvdispatch.bench import core as bench
 from perf_probe import ours, time_case
 
 
@@ -189,7 +190,7 @@ def main() -> int:
         candidates = {
             "api:triton": functools.partial(kvdispatch.create_flashmla_kv_indices, *args, page_size=64,
                                             backend="triton"),
-            "2d-grid (plain launch)": functools.partial(_baselines.grid_2d, *args, 64),
+            "2d-grid (plain launch)": functools.partial(baselines.grid_2d, *args, 64),
             "shipped kernel, direct": functools.partial(ours, x, 64, 64, 2),
             "copy: all tests": functools.partial(launch_copy, copy_runtime, x, "wcr"),
             "copy, 13 params before ints": functools.partial(launch_copy, padded_before, x, "wcr", "before"),

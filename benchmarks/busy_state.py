@@ -19,7 +19,8 @@ import torch
 
 import kvdispatch
 from floor_ladder import _empty
-from kvdispatch import _baselines, bench
+from kvdispatch.bench import baselines
+from kvdispatch.bench import core as bench
 
 CALLS = 20
 
@@ -56,7 +57,7 @@ def main() -> int:
     fns = {"empty": lambda: _empty[(1,)](scratch, num_warps=2),
            "api:triton": functools.partial(kvdispatch.create_flashmla_kv_indices, *args, page_size=64,
                                            backend="triton"),
-           "2d-grid": functools.partial(_baselines.grid_2d, *args, 64)}
+           "2d-grid": functools.partial(baselines.grid_2d, *args, 64)}
     graphs = {name: bench.capture(fn, CALLS) for name, fn in fns.items()}
     edges = [0, 5, 10, 20, 40, 80, 160, 320, 640, 1000, 1500]
     print("µs per call, median per window of ms since the start of the timing")

@@ -25,7 +25,7 @@ import triton.language as tl
 
 from kvdispatch import ops
 import kvdispatch
-from kvdispatch import bench
+from kvdispatch.bench import core as bench
 from kvdispatch import grid as launch_grid
 from perf_probe import experiment_setup, time_case
 

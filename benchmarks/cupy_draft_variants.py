@@ -24,7 +24,7 @@ from draft_program_size import CASES, checked_graph_us, loop, shipped
 from kernels_cupy import build
 from kernels_cupy import launch as cupy_launch
 from kernels_cupy import runtime
-from kvdispatch import bench
+from kvdispatch.bench import core as bench
 from perf_probe import experiment_setup, time_case
 
 

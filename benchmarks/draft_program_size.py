@@ -20,10 +20,12 @@ import torch
 
 import kvdispatch
 from kernels_triton import draft_decode
-from kvdispatch import _baselines, bench
+from kvdispatch.bench import baselines
+from kvdispatch.bench import core as bench
 from perf_probe import experiment_setup, time_case
 
-CASES = "draft:4x2048x5x1,draft:8x1024x3x4,draft:8x32768x3x1,draft:16x4096x5x4:p16,draft:64x4096x5x1,draft:64x4096x5x4"
+CASES = ("draft_decode:4x2048x5x1,draft_decode:8x1024x3x4,draft_decode:8x32768x3x1,draft_decode:16x4096x5x4:p16,"
+         "draft_decode:64x4096x5x1,draft_decode:64x4096x5x4")
 
 
 def shipped(x, case, num_steps):
@@ -46,8 +48,8 @@ def direct(x, case, tokens, warps):
 
 
 def loop(x, case):
-    _baselines.draft_loop(x.req_to_token, x.req_pool_indices, x.seq_lens, x.positions, x.out, x.kv_indptr,
-                          case.steps, case.topk, case.page_size)
+    baselines.draft_loop(x.req_to_token, x.req_pool_indices, x.seq_lens, x.positions, x.out, x.kv_indptr,
+                         case.steps, case.topk, case.page_size)
 
 
 def graph_us(fn):

@@ -27,7 +27,8 @@ import triton
 import triton.language as tl
 
 import kvdispatch
-from kvdispatch import _baselines, bench
+from kvdispatch.bench import baselines
+from kvdispatch.bench import core as bench
 from perf_probe import time_case
 
 LANES = 64
@@ -178,7 +179,7 @@ def main() -> int:
         args = (x.req_to_token, x.req_pool_indices, x.seq_lens, x.out)
         rows = {"api:triton": checked(functools.partial(kvdispatch.create_flashmla_kv_indices, *args, page_size=64,
                                                         backend="triton"), x.out, x.expected),
-                "2d-grid (plain launch)": checked(functools.partial(_baselines.grid_2d, *args, 64), x.out,
+                "2d-grid (plain launch)": checked(functools.partial(baselines.grid_2d, *args, 64), x.out,
                                                   x.expected)}
         rows.update(rungs(x, k))
         time_case(case.name, rows, replay_us, 5, {"2d": "2d-grid (plain launch)", "api": "api:triton"}, width=26)

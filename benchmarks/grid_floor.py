@@ -16,7 +16,7 @@ from __future__ import annotations
 import torch
 
 from floor_ladder import LANES, _chain2, _empty, _store, replay_us
-from kvdispatch import bench
+from kvdispatch.bench import core as bench
 from perf_probe import time_case
 
 

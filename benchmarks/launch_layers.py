@@ -14,16 +14,16 @@ from kvdispatch import ops
 import kvdispatch
 from host_cost import host_case, host_us
 from kernels_triton import page_table
-from kvdispatch import _baselines
+from kvdispatch.bench import baselines
 
 
 def main() -> int:
     args, _ = host_case("triton")
     out = args[3]
     api = kvdispatch.create_flashmla_kv_indices
-    _baselines.grid_2d(*args, 64)
+    baselines.grid_2d(*args, 64)
     x = torch.zeros(16, device="cuda")
-    _baselines.touch(x)
+    baselines.touch(x)
     compiled = next(iter(page_table.launcher.compiled.values()))
     _, run_args = page_table.plan_key_and_arguments(*args, 64)
     ints = tuple(a.data_ptr() if isinstance(a, torch.Tensor) else a for a in run_args)
@@ -34,8 +34,8 @@ def main() -> int:
     run, function, metadata = compiled.run, compiled.function, compiled.packed_metadata
     rows = [
         ("x.add_(1)", lambda: x.add_(1)),
-        ("plain launch, touch kernel (1 arg)", lambda: _baselines.touch(x)),
-        ("plain launch, 2-D baseline kernel", lambda: _baselines.grid_2d(*args, 64)),
+        ("plain launch, touch kernel (1 arg)", lambda: baselines.touch(x)),
+        ("plain launch, 2-D baseline kernel", lambda: baselines.grid_2d(*args, 64)),
         ("public API, triton", lambda: api(*args, page_size=64, backend="triton")),
         ("public API, cupy", lambda: api(*args, page_size=64, backend="cupy")),
         ("validation", lambda: ops.page_table.check_arguments(*args, 64, None, 0, None, None)),

@@ -14,11 +14,12 @@ from __future__ import annotations
 from unittest import mock
 
 from kernels_triton import launch as triton_launch
-from kvdispatch import bench
+from kvdispatch.bench import core as bench
 from kvdispatch import grid as launch_grid
 from perf_probe import experiment_setup, time_against_api_and_baseline
 
-CASES = "v2p:64x32768x64,v2p:8x131072x64,v2p:256x8192x16,mha:64x32768x64:swa"
+CASES = ("translated_page_table:64x32768x64,translated_page_table:8x131072x64,translated_page_table:256x8192x16,"
+         "mha_page_table:64x32768x64:swa")
 
 
 def with_geometry(fn, pages, threads):

@@ -28,7 +28,8 @@ import kvdispatch
 from host_cost import host_case, host_us
 from kernels_triton import launch
 from kernels_triton import page_table as triton_page_table
-from kvdispatch import _baselines, dispatch, host_path
+from kvdispatch import dispatch, host_path
+from kvdispatch.bench import baselines
 from perf_probe import interleaved_rounds, print_medians
 
 
@@ -71,7 +72,7 @@ def main() -> int:
     api(*args, page_size=64)  # the plan exists: the next calls take the compiled path
     taken = host_path._module
     print(f"compiled launcher: {'loaded' if taken else host_path.failure()}")
-    _baselines.grid_2d(*args, 64)
+    baselines.grid_2d(*args, 64)
     x = torch.zeros(16, device="cuda")
 
     compiled = next(iter(triton_page_table.launcher.compiled.values()))
@@ -117,7 +118,7 @@ def main() -> int:
     rows = {"x.add_(1)": lambda: x.add_(1),
             "public API (compiled path)": lambda: api(*args, page_size=64),
             "public API, Python path": python_path,
-            "plain launch, 2-D baseline": lambda: _baselines.grid_2d(*args, 64),
+            "plain launch, 2-D baseline": lambda: baselines.grid_2d(*args, 64),
             "C: launch_raw (ints given)": raw,
             "raw stream query": lambda: torch._C._cuda_getCurrentRawStream(0)}
     if torch_native is not None:

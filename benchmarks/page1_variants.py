@@ -19,7 +19,7 @@ import triton
 import triton.language as tl
 
 import kvdispatch
-from kvdispatch import bench
+from kvdispatch.bench import core as bench
 from perf_probe import graph_us
 
 

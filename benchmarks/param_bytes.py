@@ -16,7 +16,8 @@ import triton
 import triton.language as tl
 
 import kvdispatch
-from kvdispatch import _baselines, bench
+from kvdispatch.bench import baselines
+from kvdispatch.bench import core as bench
 from perf_probe import graph_us, time_case
 
 EXTRA = [f"x{i}" for i in range(12)]
@@ -25,7 +26,7 @@ EXTRA = [f"x{i}" for i in range(12)]
 def _grid_2d_padded(table, pool_idx, lengths, out, table_stride, out_stride, x0, x1, x2, x3, x4, x5, x6, x7, x8,
                     x9, x10, x11, PAGE: tl.constexpr, STEP: tl.constexpr):
     # The baseline's kernel itself, inlined: only the parameter list differs.
-    _baselines._grid_2d_kernel(table, pool_idx, lengths, out, table_stride, out_stride, PAGE, STEP)
+    baselines._grid_2d_kernel(table, pool_idx, lengths, out, table_stride, out_stride, PAGE, STEP)
 
 
 def padded_kernel(extra):
@@ -34,7 +35,7 @@ def padded_kernel(extra):
 
 
 def padded(kernel, x, page_size):
-    step = _baselines.pages_per_program(page_size)
+    step = baselines.pages_per_program(page_size)
     grid = (x.req_pool_indices.shape[0], triton.cdiv(x.out.shape[1], step))
     kernel[grid](x.req_to_token, x.req_pool_indices, x.seq_lens, x.out, x.req_to_token.stride(0), x.out.stride(0),
                  *([7] * 12), PAGE=page_size, STEP=step)
@@ -48,7 +49,7 @@ def main() -> int:
         x = bench.make_inputs(case, device, i)
         args = (x.req_to_token, x.req_pool_indices, x.seq_lens, x.out)
         rows = {"api:triton": functools.partial(kvdispatch.create_flashmla_kv_indices, *args, page_size=64),
-                "2d-grid (plain launch)": functools.partial(_baselines.grid_2d, *args, 64)}
+                "2d-grid (plain launch)": functools.partial(baselines.grid_2d, *args, 64)}
         for extra, kernel in kernels.items():
             rows[f"2d-grid, strides + {extra} params runtime i64"] = functools.partial(padded, kernel, x, 64)
         time_case(case.name, rows, functools.partial(graph_us, inputs=x), 5, {"2d": "2d-grid (plain launch)"},

@@ -29,7 +29,7 @@ import triton
 import triton.language as tl
 
 from kernels_triton import page_table
-from kvdispatch import bench
+from kvdispatch.bench import core as bench
 from kvdispatch import grid as launch_grid
 from perf_probe import api, experiment_setup, graph_us, time_case
 

@@ -19,7 +19,8 @@ import triton
 
 import kvdispatch
 from kernels_triton import page_table
-from kvdispatch import _baselines, bench
+from kvdispatch.bench import baselines
+from kvdispatch.bench import core as bench
 
 
 def ours(inputs, page_size, pages, warps):
@@ -34,9 +35,9 @@ def ours(inputs, page_size, pages, warps):
 
 def baseline(inputs, page_size, pages, warps):
     grid = (inputs.req_pool_indices.shape[0], triton.cdiv(inputs.out.shape[1], pages))
-    _baselines._grid_2d_kernel[grid](inputs.req_to_token, inputs.req_pool_indices, inputs.seq_lens, inputs.out,
-                                     inputs.req_to_token.stride(0), inputs.out.stride(0), PAGE=page_size,
-                                     STEP=pages, num_warps=warps)
+    baselines._grid_2d_kernel[grid](inputs.req_to_token, inputs.req_pool_indices, inputs.seq_lens, inputs.out,
+                                    inputs.req_to_token.stride(0), inputs.out.stride(0), PAGE=page_size,
+                                    STEP=pages, num_warps=warps)
 
 
 def api(inputs, page_size):
@@ -89,7 +90,7 @@ def time_against_api_and_baseline(case, x, variants: dict, rounds: int, width: i
     """``variants`` (``{name: fn}``) of ``case`` on the inputs ``x``, next to the op's API as shipped (Triton)
     and its first SGLang-design baseline, timed by ``graph_us`` in interleaved rounds, with ratios to both."""
     rows = {API_ROW: bench.bind(bench.API_PREFIX + "triton", x, case),
-            BASELINE_ROW: bench.bind(bench.TRITON_BASELINES[case.op][0], x, case), **variants}
+            BASELINE_ROW: bench.bind(case.module.TRITON_BASELINES[0], x, case), **variants}
     return time_case(case.name, rows, functools.partial(graph_us, inputs=x), rounds,
                      {"api": API_ROW, "2d": BASELINE_ROW}, width)
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import functools
 
-from kvdispatch import bench
+from kvdispatch.bench import core as bench
 from kvdispatch import grid as launch_grid
 from perf_probe import api, experiment_setup, graph_us, ours, time_case
 

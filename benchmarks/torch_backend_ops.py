@@ -5,7 +5,7 @@ and costs host time, so the kernel count is what the torch backend's GPU and hos
 counts them on CPU, where it runs without a GPU, for the bench's cases (``kvdispatch.bench``'s inputs and
 callables):
 
-    PYTHONPATH=. python3 benchmarks/torch_backend_ops.py [--cases 64x32768x64,csr:64x4096,...] [--device cpu]
+    PYTHONPATH=. python3 benchmarks/torch_backend_ops.py [--cases 64x32768x64,token_csr:64x4096,...] [--device cpu]
 
 Per case and implementation: ``kernels`` (ATen ops other than views and metadata, what launches on a GPU),
 ``ops`` (every ATen op), and µs per call: the best of a few batches of eager calls, wall clock (synchronised
@@ -25,14 +25,17 @@ import time
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from kvdispatch import bench
+from kvdispatch.bench import core as bench
+from kvdispatch.bench import draft_decode
 
-CASES = ["64x32768x64", "64x4096x64", "64x4096x1", "csr:64x4096", "csr:64x4096:i64", "csr:64x4096:e16:map",
-         "mha:64x32768x64", "mha:64x32768x64:swa", "v2p:64x32768x64", "draft:64x4096x5x4", "draft:8x1024x3x4",
-         "dcp:64x32768x4", "dcptable:64x32768x64x4", "dcptable:64x32768x1x8"]
+CASES = ["64x32768x64", "64x4096x64", "64x4096x1", "token_csr:64x4096", "token_csr:64x4096:i64",
+         "token_csr:64x4096:e16:map", "mha_page_table:64x32768x64", "mha_page_table:64x32768x64:swa",
+         "translated_page_table:64x32768x64", "draft_decode:64x4096x5x4", "draft_decode:8x1024x3x4",
+         "dcp_token_csr:64x32768x4", "dcp_page_table:64x32768x64x4", "dcp_page_table:64x32768x1x8"]
 # Few tokens: on CPU their µs is mostly per-op host cost, as a GPU's eager call is.
-SMALL_CASES = ["4x256x64", "4x256x1", "csr:4x256", "csr:4x256:i64:e16:map", "mha:4x256x16:swa", "v2p:4x256x16",
-               "draft:2x64x3x2", "dcp:4x256x4", "dcptable:4x256x16x4"]
+SMALL_CASES = ["4x256x64", "4x256x1", "token_csr:4x256", "token_csr:4x256:i64:e16:map", "mha_page_table:4x256x16:swa",
+               "translated_page_table:4x256x16", "draft_decode:2x64x3x2", "dcp_token_csr:4x256x4",
+               "dcp_page_table:4x256x16x4"]
 
 # Ops that only make a new view or read metadata: no kernel on a GPU.
 VIEW_OPS = {"view", "_unsafe_view", "slice", "select", "expand", "unsqueeze", "squeeze", "alias", "as_strided",
@@ -84,7 +87,7 @@ def best_us(fn, device, seconds: float = 0.05, batches: int = 7) -> float:
 
 
 def implementations(case: bench.Case) -> list[str]:
-    return [bench.API_PREFIX + "torch", bench.ONE_STEP if case.op == "draft" else bench.PLAIN_TORCH]
+    return [bench.API_PREFIX + "torch", draft_decode.ONE_STEP if case.op == "draft_decode" else bench.PLAIN_TORCH]
 
 
 def main() -> int:
@@ -98,7 +101,7 @@ def main() -> int:
     if device.type == "cpu":
         torch.set_num_threads(1)  # steadier on a shared machine; each op's host cost is what is compared
     print(f"torch {torch.__version__}, {device}; kernels = ATen ops that are not views, ops = all ATen ops")
-    print(f"{'case':26} {'impl':12} {'kernels':>7} {'ops':>5} {'µs/call':>10} {'kernels/plain':>13} {'µs/plain':>9}")
+    print(f"{'case':34} {'impl':12} {'kernels':>7} {'ops':>5} {'µs/call':>10} {'kernels/plain':>13} {'µs/plain':>9}")
     for case in options.cases:
         x = bench.make_inputs(case, device, seed=0)
         rows = []
@@ -112,7 +115,7 @@ def main() -> int:
                 print(f"  {impl}: {' '.join(counter.kernels)}")
         plain_kernels, plain_us = len(rows[-1][1].kernels), rows[-1][2]
         for impl, counter, us, problem in rows:
-            print(f"{case.name:26} {impl:12} {len(counter.kernels):7d} {len(counter.names):5d} {us:10.1f} "
+            print(f"{case.name:34} {impl:12} {len(counter.kernels):7d} {len(counter.names):5d} {us:10.1f} "
                   f"{len(counter.kernels) / plain_kernels:13.2f} {us / plain_us:9.2f} {problem}")
     return 0
 
@@ -121,7 +124,7 @@ def bind(impl: str, x: bench.Inputs, case: bench.Case):
     """The bench's callable for ``impl``; the one-step draft build (draft decode has no plain version in the
     bench, so building step 0 only stands in for one) through the torch backend too."""
     fn = bench.bind(impl, x, case)
-    if impl == bench.ONE_STEP:
+    if impl == draft_decode.ONE_STEP:
         expected = fn.expected
         fn = functools.partial(fn, backend="torch")
         fn.expected = expected

@@ -9,7 +9,7 @@ made the page table's page-1 copy 0.95x (``page1_variants.py``).
 Outputs are checked against the reference first (nan if wrong); CUDA-graph replay, 20 calls per graph,
 interleaved rounds, medians, ratios to the API and to the baseline.
 
-    PYTHONPATH=. python3 benchmarks/translated_checks.py [--cases v2p:64x32768x64,...]
+    PYTHONPATH=. python3 benchmarks/translated_checks.py [--cases translated_page_table:64x32768x64,...]
 """
 
 from __future__ import annotations
@@ -19,10 +19,11 @@ import functools
 import triton
 import triton.language as tl
 
-from kvdispatch import _baselines, bench
+from kvdispatch.bench import baselines
+from kvdispatch.bench import core as bench
 from perf_probe import experiment_setup, time_against_api_and_baseline
 
-CASES = "v2p:64x32768x64,v2p:8x131072x64,v2p:256x8192x16"
+CASES = "translated_page_table:64x32768x64,translated_page_table:8x131072x64,translated_page_table:256x8192x16"
 
 
 def _checked_2d(table, pool_idx, lengths, v2p, out, multiplier, max_pages, table_stride, out_stride, table_rows,
@@ -51,7 +52,7 @@ _unspecialised = triton.jit(_checked_2d, do_not_specialize=("multiplier", "max_p
 
 
 def checked(kernel, x, case, check_row, check_map, streaming=False):
-    step = _baselines.pages_per_program(case.page_size)
+    step = baselines.pages_per_program(case.page_size)
     grid = (x.req_pool_indices.shape[0], triton.cdiv(x.out.shape[1], step))
     kernel[grid](x.req_to_token, x.req_pool_indices, x.seq_lens, x.token_mapping, x.out, 1, x.out.shape[1],
                  x.req_to_token.stride(0), x.out.stride(0), x.req_to_token.shape[0], x.token_mapping.shape[0],

@@ -112,13 +112,13 @@ def _info(args) -> int:
 def _bench(args) -> int:
     import kvdispatch
 
-    from . import bench as bench_command
+    from .bench import core as bench_command
 
     device = torch.device(kvdispatch.probe(args.device).device)
     gpu = device.type == "cuda"
     reps = bench_command.QUICK_REPS if args.quick else bench_command.Reps()
     if args.pdl_chain:
-        from . import bench_pdl
+        from .bench import pdl as bench_pdl
 
         cases, run = args.cases or bench_pdl.default_cases(args.quick), bench_pdl.run
     else:
@@ -138,7 +138,7 @@ def _bench(args) -> int:
 
 def _bench_arguments(parser: argparse.ArgumentParser):
     """The ``bench`` command's options and legend (``kvdispatch.bench``, imported only for this command)."""
-    from . import bench as bench_command
+    from .bench import core as bench_command
 
     parser.epilog = bench_command.LEGEND
     bench_command.add_arguments(parser)

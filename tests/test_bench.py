@@ -6,6 +6,7 @@ The GPU path of the bench (CUDA-graph replay, host-cost ratios, compilation coun
 """
 
 import argparse
+import dataclasses
 import importlib.util
 import json
 import math
@@ -19,7 +20,9 @@ import pytest
 import torch
 
 from kvdispatch import ops
-from kvdispatch import bench, cli, dispatch, grid
+from kvdispatch import cli, dispatch, grid
+from kvdispatch.bench import core as bench
+from kvdispatch.bench import page_table, token_csr
 
 TINY = "1x256x16,2x128x1"
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -64,7 +67,7 @@ def test_quick_json(capsys, tmp_path):
     assert [r["path"] for r in _rows(data, "api:torch")] == ["torch", "torch"]
     assert [r["path"] for r in _rows(data, bench.PLAIN_TORCH)] == ["", ""]  # baselines: no API path
     if "triton" in data["backends"]:  # the Triton interpreter (TRITON_INTERPRET=1): baselines run too
-        for impl in ("api:triton", bench.NAIVE, bench.GRID_2D):
+        for impl in ("api:triton", bench.NAIVE, page_table.GRID_2D):
             assert [r["status"] for r in _rows(data, impl)] == ["ok", "ok"]
         assert [r["path"] for r in _rows(data, "api:triton")] == ["triton", "triton"]  # CPU: never native
         assert all(r["vs_naive"] > 0 and r["vs_2d"] > 0 for r in _rows(data, "api:torch"))
@@ -120,26 +123,31 @@ def test_backend_error_is_reported_not_fatal(capsys, tmp_path, monkeypatch):
     assert "RuntimeError: launch failed" in out
 
 
+def test_every_op_has_a_case_module():
+    assert list(bench.case_modules()) == list(dispatch.OPS)
+
+
 def test_case_parsing():
     assert bench.parse_cases("1x131072x64, 256x32768x1") == [bench.Case(1, 131072, 64), bench.Case(256, 32768, 1)]
     assert bench.Case(1, 131072, 64).width == 2048 and bench.Case(2, 100, 64).width == 2
-    assert bench.parse_cases("csr:64x4096,CSR:8x32768:map:e64:i64") == [
-        bench.Case(64, 4096, 1, "csr"), bench.Case(8, 32768, 64, "csr", int64=True, mapping=True)]
-    for name in ("csr:64x4096", "csr:64x4096:i64", "csr:64x4096:e16", "csr:64x4096:map", "csr:8x32768:i64:e64:map",
-                 "64x32768x16"):
+    assert bench.parse_cases("token_csr:64x4096,TOKEN_CSR:8x32768:map:e64:i64") == [
+        bench.Case(64, 4096, 1, "token_csr"), bench.Case(8, 32768, 64, "token_csr", int64=True, mapping=True)]
+    assert bench.Case.parse("page_table:64x32768x16") == bench.Case(64, 32768, 16)
+    for name in ("token_csr:64x4096", "token_csr:64x4096:i64", "token_csr:64x4096:e16", "token_csr:64x4096:map",
+                 "token_csr:8x32768:i64:e64:map", "64x32768x16"):
         assert bench.Case.parse(name).name == name
     for cases in (bench.CPU_CASES, bench.CPU_QUICK_CASES, bench.GPU_CASES, bench.GPU_QUICK_CASES):
-        assert any(name.startswith("csr:") for name in cases) and bench.parse_cases(",".join(cases))
+        assert any(name.startswith("token_csr:") for name in cases) and bench.parse_cases(",".join(cases))
 
 
-@pytest.mark.parametrize("case", ["csr:2", "csr:2x64x1", "csr:2x64:i32", "csr:2x64:e0", "csr:2x64:e16:e32",
-                                  "csr:2x64:ex", "csr:0x64"])
+@pytest.mark.parametrize("case", ["token_csr:2", "token_csr:2x64x1", "token_csr:2x64:i32", "token_csr:2x64:e0",
+                                  "token_csr:2x64:e16:e32", "token_csr:2x64:ex", "token_csr:0x64"])
 def test_bad_csr_cases(case):
     with pytest.raises(argparse.ArgumentTypeError, match="csr"):
         bench.Case.parse(case)
 
 
-CSR_TINY = "csr:2x200,csr:3x100:i64:e16:map"
+CSR_TINY = "token_csr:2x200,token_csr:3x100:i64:e16:map"
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the Triton interpreter on CPU tensors: conftest turns it on "
@@ -150,18 +158,18 @@ def test_csr_cases_run_every_backend_and_baseline(capsys, tmp_path):
     rc, data, out, _ = _run(capsys, tmp_path, cases=CSR_TINY)  # every backend that can run here
     assert rc == 0 and "all results correct" in out
     assert {"triton", "torch"} <= set(data["backends"])  # conftest turns the interpreter on
-    impls = [f"api:{b}" for b in data["backends"]] + [bench.CSR_LOOP, bench.PLAIN_TORCH]
+    impls = [f"api:{b}" for b in data["backends"]] + [token_csr.CSR_LOOP, bench.PLAIN_TORCH]
     for case in CSR_TINY.split(","):
         rows = {r["impl"]: r for r in data["rows"] if r["case"] == case}
         assert list(rows) == impls
         assert all(r["status"] == "ok" and r["time_us"] > 0 and r["vs_2d"] > 0 for r in rows.values())
-        assert rows[bench.CSR_LOOP]["vs_2d"] == 1.0 and rows["api:torch"]["vs_naive"] is None
+        assert rows[token_csr.CSR_LOOP]["vs_2d"] == 1.0 and rows["api:torch"]["vs_naive"] is None
     assert data["rows"][-1]["page_size"] == 16
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the Triton interpreter on CPU tensors: conftest turns it on "
                     "only where there is no GPU")
-@pytest.mark.parametrize("case", ["csr:3x100", "csr:3x100:i64:e16:map", "csr:2x64:e64"])
+@pytest.mark.parametrize("case", ["token_csr:3x100", "token_csr:3x100:i64:e16:map", "token_csr:2x64:e64"])
 def test_csr_inputs_and_baselines_match_the_reference(case):
     case = bench.Case.parse(case)
     x = bench.make_inputs(case, torch.device("cpu"), seed=2)
@@ -170,13 +178,14 @@ def test_csr_inputs_and_baselines_match_the_reference(case):
     if case.mapping:  # a permutation of the pool's slots
         assert torch.equal(x.token_mapping.sort().values, torch.arange(x.token_mapping.numel(), dtype=torch.int32))
     assert bool((x.expected >= 0).all()) and len(torch.unique(x.expected)) == x.expected.numel()
-    for impl in ("api:torch", bench.CSR_LOOP, bench.PLAIN_TORCH):
+    for impl in ("api:torch", token_csr.CSR_LOOP, bench.PLAIN_TORCH):
         assert bench.check_eager(bench.bind(impl, x, case), x) == ""
 
 
 @pytest.mark.parametrize("argv, says", [
     (["bench", "--cases", "1x2"], "argument --cases: a case is BATCHxCONTEXTxPAGE"),
-    (["bench", "--cases", "csr:1x2:i16"], "argument --cases: a token-CSR case is csr:BATCHxCONTEXT"),
+    (["bench", "--cases", "csr:1x2"], "or OP:SHAPE with OP one of "),
+    (["bench", "--cases", "token_csr:1x2:i16"], "argument --cases: a token-CSR case is token_csr:BATCHxCONTEXT"),
     (["bench", "--cases", "1x4096x64", "--backends", "vulkan"], "unknown backend 'vulkan'"),
     (["bench", "--device", "nonsense"], "'nonsense' is not a torch device"),
     ([], "the following arguments are required: command"),
@@ -267,7 +276,7 @@ def test_host_cost_is_divided_by_the_cases_own_add():
     the run's first reference: the host's speed drifts during a run."""
     case = bench.Case(1, 4096, 64)
     rows = [bench.Row(case.name, 1, 4096, 64, case.width, impl, time_us=2.0, host_us=host, timing="cuda-graph")
-            for impl, host in (("api:triton", 6.0), (bench.GRID_2D, 20.0), (bench.PLAIN_TORCH, 100.0))]
+            for impl, host in (("api:triton", 6.0), (page_table.GRID_2D, 20.0), (bench.PLAIN_TORCH, 100.0))]
     bench.add_ratios(rows, 7.5, None)
     api = rows[0]
     assert api.add_host_us == 7.5 and api.host_vs_add == pytest.approx(0.8)
@@ -323,7 +332,7 @@ def test_gpu_report_prints_measured_ratios_only():
     no thresholds."""
     case = bench.Case(1, 4096, 64)
     rows = [bench.Row(case.name, 1, 4096, 64, case.width, impl, time_us=2.0, host_us=host, timing="cuda-graph")
-            for impl, host in (("api:triton", 6.0), (bench.GRID_2D, 20.0), (bench.PLAIN_TORCH, 100.0))]
+            for impl, host in (("api:triton", 6.0), (page_table.GRID_2D, 20.0), (bench.PLAIN_TORCH, 100.0))]
     bench.add_ratios(rows, 7.5, 4000.0)
     refs = bench.References(add_host_us=7.0, launch_host_us=15.0, touch_kernel_us=0.9, copy_gbps=4100.0)
     compilations = [bench.Compilations(64, 100, {"page_table": 1}, method="compile_count")]
@@ -457,16 +466,16 @@ def test_example_refuses_bad_numbers_as_usage_errors(capsys, argv, words):
 
 def test_pdl_chain_is_skipped_with_its_reason_without_a_gpu(capsys, tmp_path):
     """``--pdl-chain`` on CPU: nothing timed, the reason printed and in the JSON; the run still succeeds."""
-    rc, data, out, _ = _run(capsys, tmp_path, "--pdl-chain", cases="1x256x16,csr:2x128")
+    rc, data, out, _ = _run(capsys, tmp_path, "--pdl-chain", cases="1x256x16,token_csr:2x128")
     assert rc == 0 and data["rows"] == []
     assert data["skipped"]["PDL chains"] == "measured on a GPU only"
-    assert data["skipped"]["PDL chains of csr:2x128"] == "measured on page-table cases (BATCHxCONTEXTxPAGE)"
+    assert data["skipped"]["PDL chains of token_csr:2x128"] == "measured on page-table cases (BATCHxCONTEXTxPAGE)"
     assert "skipped PDL chains: measured on a GPU only" in out.splitlines()
 
 
 def test_pdl_chain_needs_a_device_with_pdl(monkeypatch):
     import simdevices
-    from kvdispatch import bench_pdl
+    from kvdispatch.bench import pdl as bench_pdl
 
     sim = simdevices.Sim(monkeypatch)
     for raw, says in ((simdevices.H200, None), (simdevices.A100, "has no programmatic dependent launch"),
@@ -483,22 +492,24 @@ def test_pdl_chain_needs_a_device_with_pdl(monkeypatch):
 
 # -- the real decode shape: buffers for the capacity, rows shorter ----------------------------------------------
 
-REAL_TINY = ["4x8192x16:len=100-3000", "csr:4x8192:len=0-3000", "csr:3x8192:e16:map:len=mix",
-             "mha:4x8192x16:swa:len=100-3000", "v2p:4x8192x16:len=100-3000", "draft:4x4096x3x2:p16:len=10-1000",
-             "dcp:4x8192x4:len=mix", "dcptable:2x16384x64x2:len=500-3000"]
+REAL_TINY = ["4x8192x16:len=100-3000", "token_csr:4x8192:len=0-3000", "token_csr:3x8192:e16:map:len=mix",
+             "mha_page_table:4x8192x16:swa:len=100-3000", "translated_page_table:4x8192x16:len=100-3000",
+             "draft_decode:4x4096x3x2:p16:len=10-1000", "dcp_token_csr:4x8192x4:len=mix",
+             "dcp_page_table:2x16384x64x2:len=500-3000"]
 
 
 def test_real_shape_parsing():
     case = bench.Case.parse("256x1048576x64:len=1024-8192")
     assert case == bench.Case(256, 1048576, 64, lengths="1024-8192") and case.width == 16384
     assert case.length_range == (1024, 8192) and bench.Case.parse("1x8192x1:len=mix").length_range == bench.MIX_SHORT
-    for name in REAL_TINY + bench.GPU_REAL_CASES + ["csr:8x32768:i64:e64:map:len=0-32768", "mha:2x8192x1:len=mix"]:
+    for name in REAL_TINY + bench.GPU_REAL_CASES + ["token_csr:8x32768:i64:e64:map:len=0-32768",
+                                                    "mha_page_table:2x8192x1:len=mix"]:
         assert bench.Case.parse(name).name == name
-    assert bench.Case.parse("CSR:8x32768:E64:LEN=1-2").lengths == "1-2"
+    assert bench.Case.parse("TOKEN_CSR:8x32768:E64:LEN=1-2").lengths == "1-2"
     ops = {bench.Case.parse(name).op for name in bench.GPU_REAL_CASES}
-    assert ops == {"table", "csr", "mha", "v2p", "draft", "dcp", "dcptable"}
+    assert ops == set(dispatch.OPS)
     quick = [bench.Case.parse(name) for name in bench.GPU_QUICK_CASES if ":len=" in name]
-    assert {c.op for c in quick} >= {"table", "csr", "mha", "v2p", "draft", "dcp"}
+    assert {c.op for c in quick} >= set(dispatch.OPS) - {"dcp_page_table"}
     assert bench.Case(256, 1048576, 64, lengths="1024-8192") in quick
     for cases in (bench.CPU_CASES, bench.CPU_QUICK_CASES):
         [real] = [bench.Case.parse(name) for name in cases if ":len=" in name]
@@ -506,7 +517,7 @@ def test_real_shape_parsing():
 
 
 @pytest.mark.parametrize("case", ["1x64x16:len=5-3", "1x64x16:len=0-65", "1x4096x16:len=mix", "1x64x16:len=x",
-                                  "1x64x16:len=1-2-3", "csr:1x64:len=1-2:i64", "1x64x16:len="])
+                                  "1x64x16:len=1-2-3", "token_csr:1x64:len=1-2:i64", "1x64x16:len="])
 def test_bad_real_shape_cases(case):
     with pytest.raises(argparse.ArgumentTypeError, match=":len= takes LO-HI"):
         bench.Case.parse(case)
@@ -522,39 +533,40 @@ def test_real_shape_inputs(name):
     lengths = x.seq_lens.long()
     low, high = case.length_range
     long_rows = torch.arange(case.batch) % bench.MIX_LONG_EVERY == 0 if case.lengths == bench.MIX else None
-    if case.op not in bench.DCP_OPS:  # DCP: x.seq_lens are the last rank's
+    if not case.op.startswith("dcp_"):  # DCP: x.seq_lens are the last rank's
         short = (low <= lengths) & (lengths <= high)
         assert bool((short if long_rows is None else short | long_rows).all())
         if long_rows is not None:
             assert bool((lengths[long_rows] >= case.context - case.context // 16).all())
         assert int(lengths.max()) < case.context
-    width = case.context if case.op != "csr" or case.page_size == 1 else case.width
-    assert x.req_to_token.shape[1] >= width and (case.op == "draft" or x.req_to_token.shape[1] == width)
-    out_shapes = {"table": (case.batch, case.width), "csr": (case.batch * case.context,),
-                  "mha": (2 * case.batch, case.width), "v2p": (case.batch, case.width),
-                  "draft": (case.steps, case.batch * case.topk * (case.context + case.steps)),
-                  "dcp": (case.batch * (case.context // case.dcp_size),), "dcptable": (case.batch, case.width)}
+    width = case.context if case.op != "token_csr" or case.page_size == 1 else case.width
+    assert x.req_to_token.shape[1] >= width and (case.op == "draft_decode" or x.req_to_token.shape[1] == width)
+    out_shapes = {"page_table": (case.batch, case.width), "token_csr": (case.batch * case.context,),
+                  "mha_page_table": (2 * case.batch, case.width), "translated_page_table": (case.batch, case.width),
+                  "draft_decode": (case.steps, case.batch * case.topk * (case.context + case.steps)),
+                  "dcp_token_csr": (case.batch * (case.context // case.dcp_size),),
+                  "dcp_page_table": (case.batch, case.width)}
     assert x.out.shape == out_shapes[case.op]
-    if case.op in ("table", "mha", "v2p"):
+    if case.op in ("page_table", "mha_page_table", "translated_page_table"):
         positions = torch.arange(x.req_to_token.shape[1])
         assert bool((rows[positions >= lengths[:, None]] == 0).all())
         live = rows[positions < lengths[:, None]]
         pages = (lengths + case.page_size - 1) // case.page_size
         assert len(torch.unique(live // case.page_size)) == int(pages.sum())  # distinct physical pages
-    if case.op in ("csr", "dcp"):
+    if case.op in ("token_csr", "dcp_token_csr"):
         assert int(x.kv_indptr[-1]) == int(x.seq_lens.sum()) < x.out.numel()
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the Triton interpreter on CPU tensors: conftest turns it on "
                     "only where there is no GPU")
-@pytest.mark.parametrize("name", [n for n in REAL_TINY if bench.Case.parse(n).op in bench.IDEAL_BASELINE])
+@pytest.mark.parametrize("name", [n for n in REAL_TINY if bench.Case.parse(n).module.IDEAL_BASELINE])
 def test_ideal_baselines_match_the_reference(name):
     """Each 2-D design's ideal baseline builds the reference's result on fewer programs than the width-sized
     grid; the API's programs are kvdispatch.grid's."""
     case = bench.Case.parse(name)
     x = bench.make_inputs(case, torch.device("cpu"), seed=5)
-    impls = bench.implementations(["triton"], torch.device("cpu"), case.op, real=True)
-    ideal, width_sized = bench.IDEAL_BASELINE[case.op], bench.SGLANG_BASELINE[case.op]
+    impls = bench.implementations(["triton"], torch.device("cpu"), case)
+    ideal, width_sized = case.module.IDEAL_BASELINE, case.module.SGLANG_BASELINE
     assert ideal in impls and bench.PLAIN_TORCH in impls
     programs = {}
     for impl in impls:
@@ -563,25 +575,27 @@ def test_ideal_baselines_match_the_reference(name):
         programs[impl] = bench.programs(impl, case, x, fn)
     assert programs[ideal] < programs[width_sized] and programs[bench.PLAIN_TORCH] is None
     assert programs["api:triton"] >= programs[width_sized] // 4  # sized from the width too
-    assert bench.implementations(["triton"], torch.device("cpu"), case.op) == [
+    full_length = dataclasses.replace(case, lengths="")
+    assert bench.implementations(["triton"], torch.device("cpu"), full_length) == [
         i for i in impls if i != ideal]  # full-length cases: no ideal row
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the Triton interpreter on CPU tensors: conftest turns it on "
                     "only where there is no GPU")
 def test_real_shape_rows_carry_ratios_and_programs(capsys, tmp_path):
-    cases = "2x16384x64:len=256-2048,csr:2x8192:len=mix,dcp:2x8192x4:len=100-4000"
+    cases = "2x16384x64:len=256-2048,token_csr:2x8192:len=mix,dcp_token_csr:2x8192x4:len=100-4000"
     rc, data, out, _ = _run(capsys, tmp_path, cases=cases)
     assert rc == 0 and "all results correct" in out
     rows = {(r["case"], r["impl"]): r for r in data["rows"]}
     table = "2x16384x64:len=256-2048"
-    assert rows[(table, bench.GRID_IDEAL)]["vs_ideal"] == 1.0
-    assert rows[(table, bench.GRID_2D)]["programs"] == 2 * 4 and rows[(table, bench.GRID_IDEAL)]["programs"] == 2
+    assert rows[(table, page_table.GRID_IDEAL)]["vs_ideal"] == 1.0
+    assert rows[(table, page_table.GRID_2D)]["programs"] == 2 * 4
+    assert rows[(table, page_table.GRID_IDEAL)]["programs"] == 2
     assert rows[(table, "api:triton")]["programs"] == math.prod(grid.page_table_launch(2, 256, 64).grid)
     for (case, impl), row in rows.items():
         assert row["status"] == "ok" and row["vs_2d"] > 0
         assert (row["vs_ideal"] is not None) == case.startswith("2x16384")
         assert (row["programs"] is None) == (impl in ("api:torch", bench.PLAIN_TORCH))
-    assert ("csr:2x8192:len=mix", bench.PLAIN_TORCH) not in rows  # plain-torch CSRs: full-length rows only
+    assert ("token_csr:2x8192:len=mix", bench.PLAIN_TORCH) not in rows  # plain-torch CSRs: full-length rows only
     header = next(line for line in out.splitlines() if line.startswith("case "))
     assert "programs" in header and "/ideal" in header

@@ -16,7 +16,7 @@ import torch
 from kvdispatch import ops
 import kvdispatch
 from conftest import BACKENDS, HAS_GPU
-from kvdispatch import bench
+from kvdispatch.bench import core as bench
 from kvcases import POISON
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not HAS_GPU, reason="CUDA graphs need a GPU")]

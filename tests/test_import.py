@@ -145,8 +145,8 @@ print(json.dumps({"status": status, "out": out.getvalue(), "modules": sorted(sys
 """
 
 # Imported by no command but bench: the bench, its baselines (Triton kernels), Triton and every kernel module.
-BENCH_MODULES = ("kvdispatch.bench", "kvdispatch.bench_pdl")
-NOT_FOR_COMMANDS = ("kvdispatch._baselines", "triton", "kernels_triton.page_table", "kernels_triton.token_csr",
+BENCH_MODULES = ("kvdispatch.bench", "kvdispatch.bench.core", "kvdispatch.bench.pdl")
+NOT_FOR_COMMANDS = ("kvdispatch.bench.baselines", "triton", "kernels_triton.page_table", "kernels_triton.token_csr",
                     "kernels_triton.mapped_tables", "kernels_triton.draft_decode", "kernels_triton.dcp",
                     "kernels_triton.launch", "kernels_triton.native", "kernels_triton.crosscompile",
                     "kernels_cupy.launch", "kernels_cupy.native", "kvdispatch.host_path")

@@ -21,7 +21,8 @@ import simdevices
 from conftest import BACKENDS, DEVICE, HAS_GPU
 from kernels_cupy import launch as cupy_launch
 from kvcases import POISON, make_case
-from kvdispatch import bench, devices, dispatch, info
+from kvdispatch import devices, dispatch, info
+from kvdispatch.bench import core as bench
 from kvdispatch.devices import RawDevice
 from test_family_graphs import FAMILY_OPS, _case, _refresh
 

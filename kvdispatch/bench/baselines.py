@@ -24,7 +24,7 @@
   kernel ahead of the op in ``kvdispatch bench --pdl-chain``.
 
 Import this module only after ``TRITON_INTERPRET`` has its final value: ``triton.jit`` reads it. The
-plain-PyTorch baseline is ``bench.plain_torch``: it runs where Triton is not installed.
+plain-PyTorch baselines are in the op case modules (``plain_torch``): they run where Triton is not installed.
 """
 
 from __future__ import annotations

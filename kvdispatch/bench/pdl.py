@@ -27,7 +27,7 @@ import torch
 
 import kvdispatch
 
-from . import bench
+from . import core
 
 CASES = ["1x4096x64", "1x131072x64", "8x131072x64", "64x32768x64", "1x131072x1", "256x32768x1"]
 SCENARIOS = ("chain", "after-trigger", "after-plain")
@@ -45,12 +45,12 @@ def unavailable(device: torch.device) -> str | None:
     return None
 
 
-def _right_after_replay(graph, x: bench.Inputs, source: torch.Tensor, produced: bool) -> bool:
+def _right_after_replay(graph, x: core.Inputs, source: torch.Tensor, produced: bool) -> bool:
     """One replay of ``graph`` gives the reference; with ``produced``, ``req_pool_indices`` is set wrong first
     (only the producer in the graph puts it right)."""
     if produced:
         x.req_pool_indices.copy_(torch.remainder(source + 1, x.req_to_token.shape[0]))
-    x.out.fill_(bench.POISON)
+    x.out.fill_(core.POISON)
     torch.cuda.synchronize()
     graph.replay()
     torch.cuda.synchronize()
@@ -59,17 +59,17 @@ def _right_after_replay(graph, x: bench.Inputs, source: torch.Tensor, produced: 
     return right
 
 
-def measure_case(case: bench.Case, x: bench.Inputs, backends: list[str], reps: bench.Reps) -> list[bench.Row]:
+def measure_case(case: core.Case, x: core.Inputs, backends: list[str], reps: core.Reps) -> list[core.Row]:
     """The rows of one page-table case: every scenario, backend and PDL choice, timed in ``reps.rounds``
     interleaved rounds (medians), the producer alone timed alongside."""
-    producer = bench._baselines().producer
+    producer = core.baseline_kernels().producer
     source = x.req_pool_indices.clone()
     producers = {trigger: functools.partial(producer, source, x.req_pool_indices, trigger) for trigger in (False, True)}
     graphs, rows = {}, []
     for backend in backends:
         for scenario in SCENARIOS:
             for pdl in (False, True):
-                row = bench.Row(case.name, case.batch, case.context, case.page_size, case.width,
+                row = core.Row(case.name, case.batch, case.context, case.page_size, case.width,
                                 f"{scenario}:{backend}" + "+pdl" * pdl, timing="cuda-graph")
                 call = functools.partial(kvdispatch.create_flashmla_kv_indices, x.req_to_token, x.req_pool_indices,
                                          x.seq_lens, x.out, page_size=case.page_size, backend=backend,
@@ -77,25 +77,25 @@ def measure_case(case: bench.Case, x: bench.Inputs, backends: list[str], reps: b
                 if scenario != "chain":
                     call = functools.partial(_in_turn, producers[scenario == "after-trigger"], call)
                 try:
-                    graph = bench.capture(call, reps.graph_calls)
+                    graph = core.capture(call, reps.graph_calls)
                     if not _right_after_replay(graph, x, source, scenario != "chain"):
                         row.status, row.note = "WRONG", "a replay did not give the reference"
                     else:
                         graphs[row.impl] = (graph, scenario)
                 except Exception as exc:  # this row's failure, reported as the bench reports any
                     row.status, row.note = "error", f"{type(exc).__name__}: {str(exc).splitlines()[0][:300]}"
-                    bench._recover(x.out.device)
+                    core._recover(x.out.device)
                 rows.append(row)
-    producer_graphs = {scenario: bench.capture(producers[scenario == "after-trigger"], reps.graph_calls)
+    producer_graphs = {scenario: core.capture(producers[scenario == "after-trigger"], reps.graph_calls)
                        for scenario in SCENARIOS[1:]}
     producer_rounds = {scenario: [] for scenario in producer_graphs}
     for _ in range(reps.rounds):
         for scenario, graph in producer_graphs.items():
-            producer_rounds[scenario].append(bench.event_time_us(graph.replay, reps.graph_calls, reps.replays))
+            producer_rounds[scenario].append(core.event_time_us(graph.replay, reps.graph_calls, reps.replays))
         for row in rows:
             if row.impl in graphs:
                 graph, _ = graphs[row.impl]
-                row.time_rounds.append(bench.event_time_us(graph.replay, reps.graph_calls, reps.replays))
+                row.time_rounds.append(core.event_time_us(graph.replay, reps.graph_calls, reps.replays))
     alone = {scenario: statistics.median(times) for scenario, times in producer_rounds.items()}
     for row in rows:
         if row.impl not in graphs:
@@ -103,11 +103,11 @@ def measure_case(case: bench.Case, x: bench.Inputs, backends: list[str], reps: b
         scenario = graphs[row.impl][1]
         row.time_us = statistics.median(row.time_rounds) - alone.get(scenario, 0.0)
         if scenario != "chain":
-            row.note = f"minus the producer alone ({bench._fmt(alone[scenario])} µs)"
+            row.note = f"minus the producer alone ({core._fmt(alone[scenario])} µs)"
     times = {row.impl: row.time_us for row in rows}
     for row in rows:
         if row.impl.endswith("+pdl"):
-            row.vs_no_pdl = bench._ratio(row.time_us, times.get(row.impl[: -len("+pdl")]))
+            row.vs_no_pdl = core._ratio(row.time_us, times.get(row.impl[: -len("+pdl")]))
     return rows
 
 
@@ -116,39 +116,39 @@ def _in_turn(first, second):
     second()
 
 
-def default_cases(quick: bool) -> list[bench.Case]:
-    return [bench.Case.parse(name) for name in (CASES[:2] if quick else CASES)]
+def default_cases(quick: bool) -> list[core.Case]:
+    return [core.Case.parse(name) for name in (CASES[:2] if quick else CASES)]
 
 
-def run(cases: list[bench.Case], requested: list[str] | None, device: torch.device, reps: bench.Reps, seed: int = 0,
-        progress=None) -> bench.Report:
+def run(cases: list[core.Case], requested: list[str] | None, device: torch.device, reps: core.Reps, seed: int = 0,
+        progress=None) -> core.Report:
     """The PDL-chain report: ``cases`` (page-table ones; others skipped with the reason) on the ``requested``
-    backends (None: every one that can run, as ``bench.run``; the torch backend launches no kernel of its own and
+    backends (None: every one that can run, as ``core.run``; the torch backend launches no kernel of its own and
     is skipped). Everything is skipped, with the reason, where ``unavailable`` says so."""
     progress = progress or sys.stderr
     info = kvdispatch.probe(device)
-    backends, skipped = bench.resolve_backends(requested, device)
+    backends, skipped = core.resolve_backends(requested, device)
     reason = unavailable(device)
     if "torch" in backends:
         skipped["PDL chains of the torch backend"] = "it launches PyTorch's own kernels: enable_pdl is ignored"
     backends = [b for b in backends if b != "torch"]
-    others = [c.name for c in cases if c.op != "table"]
+    others = [c.name for c in cases if c.op != core.PAGE_TABLE]
     if others:
         skipped[f"PDL chains of {', '.join(others)}"] = "measured on page-table cases (BATCHxCONTEXTxPAGE)"
-    cases = [c for c in cases if c.op == "table"]
+    cases = [c for c in cases if c.op == core.PAGE_TABLE]
     if reason is not None:
         skipped["PDL chains"] = reason
         cases = []
     rows = []
     for i, case in enumerate(cases):
-        x = bench.make_inputs(case, device, seed + i)
+        x = core.make_inputs(case, device, seed + i)
         case_rows = measure_case(case, x, backends, reps)
         rows += case_rows
         print(f"[{i + 1}/{len(cases)}] {case.name}: " + ", ".join(
-            f"{r.impl} {bench._fmt(r.time_us)} µs" if r.status == "ok" else f"{r.impl} {r.status}"
+            f"{r.impl} {core._fmt(r.time_us)} µs" if r.status == "ok" else f"{r.impl} {r.status}"
             for r in case_rows), file=progress, flush=True)
         del x
-    return bench.Report(str(device), info.name, device.type == "cuda", "cuda-graph replay (PDL chains)",
+    return core.Report(str(device), info.name, device.type == "cuda", "cuda-graph replay (PDL chains)",
                         "seq_lens = context for every row; shuffled physical pages; a one-program Triton producer "
                         "kernel writes req_pool_indices ahead of each call in the after-* rows",
-                        backends, skipped, bench.References(), [], rows)
+                        backends, skipped, core.References(), [], rows)

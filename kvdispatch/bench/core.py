@@ -1,17 +1,15 @@
-"""``kvdispatch bench``: every op through the public API, per backend, against baselines.
+"""``kvdispatch bench``'s shared machinery: cases, inputs, timing, CUDA-graph capture, rows, ratios, references,
+the run and its output. What is particular to one op lives in its case module (``case_modules``).
 
-Per case (page table ``BATCHxCONTEXTxPAGE``, token CSR ``csr:BATCHxCONTEXT[:i64][:eE][:map]``, the TRT-LLM MHA
-page table ``mha:BATCHxCONTEXTxPAGE[:swa]``, the unified pool's translated one ``v2p:BATCHxCONTEXTxPAGE`` or
-multi-step draft decode ``draft:BATCHxCONTEXTxSTEPSxTOPK[:pP]``, against draft-loop and a one-step build, one DCP
-rank's token CSR ``dcp:BATCHxCONTEXTxDCP`` or block table ``dcptable:BATCHxCONTEXTxPAGExDCP``; with a last option
-``:len=LO-HI`` or ``:len=mix``, the real decode shape: buffers for CONTEXT tokens a row, rows shorter, against an
-ideal baseline too) and implementation: correctness against ``kvdispatch.reference`` (a wrong result fails the
-run), device time per call (CUDA-graph replay on a GPU, wall clock on CPU), host time per eager call, ratios to the
-naive loop, the SGLang-design baseline (2-D grid; csr-loop for token CSR; mha-2d-grid and v2p-sglang) and
-plain PyTorch (for mha and v2p: ``kvdispatch.reference``), and for
-page-1 page-table cases the bandwidth against a device-to-device copy. Once per run: host cost of ``x.add_(1)`` and
-of a plain Triton launch, the copy bandwidth, and Triton compilations across random widths.
-What cannot run on the device is skipped, each with its reason; ``LEGEND`` explains the columns.
+Per case (``BATCHxCONTEXTxPAGE`` the page table, else ``OP:SHAPE[:OPTIONS]`` with ``OP`` the op's key in
+``dispatch.OPS``, e.g. ``token_csr:8x32768:i64``; with a last option ``:len=LO-HI`` or ``:len=mix``, the
+real decode shape: buffers for CONTEXT tokens a row, rows shorter, against an ideal baseline too) and
+implementation: correctness against ``kvdispatch.reference`` (a wrong result fails the run), device time per call
+(CUDA-graph replay on a GPU, wall clock on CPU), host time per eager call, ratios to the naive loop, the op's
+SGLang-design baseline and plain PyTorch, and for page-1 page-table cases the bandwidth against a
+device-to-device copy. Once per run: host cost of ``x.add_(1)`` and of a plain Triton launch, the copy bandwidth,
+and Triton compilations across random widths. What cannot run on the device is skipped, each with its reason;
+``LEGEND`` explains the columns.
 """
 
 from __future__ import annotations
@@ -22,6 +20,7 @@ import functools
 import importlib
 import importlib.util
 import math
+import pkgutil
 import statistics
 import sys
 import time
@@ -30,62 +29,49 @@ from dataclasses import dataclass, field
 import torch
 
 import kvdispatch
-from kvdispatch import dispatch, ops
-from kvdispatch import grid as launch_grid
+from kvdispatch import dispatch
 
 POISON = -123456789
-NAIVE, GRID_2D, CSR_LOOP, PLAIN_TORCH = "naive-loop", "2d-grid", "csr-loop", "plain-torch"
-# The translated table: SGLang's design (256 columns per program), and the same on 2d-grid's page blocks.
-MHA_GRID_2D, V2P_SGLANG, V2P_GRID_2D = "mha-2d-grid", "v2p-sglang", "v2p-2d-grid"
-TRITON_BASELINES = {"table": [NAIVE, GRID_2D], "csr": [CSR_LOOP], "mha": [MHA_GRID_2D],
-                    "v2p": [V2P_GRID_2D, V2P_SGLANG]}
-SGLANG_BASELINE = {"table": GRID_2D, "csr": CSR_LOOP, "mha": MHA_GRID_2D, "v2p": V2P_SGLANG}  # /2d, host/launch
-# The mapped page tables' case kinds: mha:BATCHxCONTEXTxPAGE[:swa], v2p:BATCHxCONTEXTxPAGE.
-MAPPED_OPS = ("mha", "v2p")
-# Draft decode cases: the SGLang-design baseline, and the op building step 0 only (S steps against one).
-DRAFT_LOOP, ONE_STEP = "draft-loop", "one-step"
-TRITON_BASELINES["draft"], SGLANG_BASELINE["draft"] = [DRAFT_LOOP], DRAFT_LOOP
-# One decode-context-parallel rank's token CSR and block table.
-DCP_LOOP, DCP_GRID = "dcp-loop", "dcp-2d-grid"
-TRITON_BASELINES.update(dcp=[DCP_LOOP], dcptable=[DCP_GRID])
-SGLANG_BASELINE.update(dcp=DCP_LOOP, dcptable=DCP_GRID)
-DCP_OPS = ("dcp", "dcptable")
-API_PREFIX = "api:"
+API_PREFIX, PLAIN_TORCH = "api:", "plain-torch"
+NAIVE = "naive-loop"  # the page table's per-request loop: what the /naive column divides by
+PAGE_TABLE = "page_table"  # a case without an op prefix; the op of the compilation sweep and the PDL chains
 # The real decode shape (a case's last option :len=LO-HI or :len=mix): buffers sized for CONTEXT tokens per row, as
 # an engine's CUDA graphs hold them (req_to_token and the page tables CONTEXT wide, the token CSR's out for batch *
 # CONTEXT tokens), rows of random lengths from the case's seed: uniform in [LO, HI], or for mix uniform in
 # MIX_SHORT except rows 0, MIX_LONG_EVERY, 2 * MIX_LONG_EVERY, ... of the batch, uniform in the top MIX_LONG_EVERY-th
 # of CONTEXT.
 MIX, MIX_SHORT, MIX_LONG_EVERY = "mix", (1024, 8192), 16
-# The ideal baselines of real-shape cases: the 2-D design's kernel on a grid sized on the host from the longest row
-# (read before capture: a lower bound that no CUDA graph can keep, its grid baked at capture).
-GRID_IDEAL, MHA_IDEAL, V2P_IDEAL, DCP_IDEAL = "2d-ideal", "mha-ideal", "v2p-ideal", "dcptable-ideal"
-IDEAL_BASELINE = {"table": GRID_IDEAL, "mha": MHA_IDEAL, "v2p": V2P_IDEAL, "dcptable": DCP_IDEAL}
 
 GPU_CASES = ["1x131072x64", "64x32768x64", "1x131072x1", "256x32768x1", "1x4096x64", "1x32768x64",
              "8x131072x64", "256x8192x64", "512x4096x64", "64x32768x16"]
-GPU_CASES += ["csr:64x4096", "csr:64x4096:i64", "csr:64x4096:e16:map", "csr:8x32768:i64"]
-GPU_CASES += ["mha:64x32768x64", "mha:64x32768x64:swa", "mha:256x8192x16:swa", "mha:8x131072x1",
-              "v2p:64x32768x64", "v2p:256x8192x16", "v2p:8x131072x1"]
-GPU_CASES += ["draft:64x4096x5x1", "draft:64x4096x5x4", "draft:16x4096x5x4:p16", "draft:8x32768x3x1",
-              "draft:4x2048x5x1", "draft:8x1024x3x4"]  # the last two: few bytes, where latency decides
-GPU_CASES += ["dcp:64x32768x4", "dcp:1x131072x8", "dcp:256x8192x2", "dcptable:64x32768x64x4", "dcptable:1x131072x64x8",
-              "dcptable:256x32768x16x2", "dcptable:64x32768x1x8"]
-GPU_QUICK_CASES = GPU_CASES[:4] + ["csr:64x4096:i64", "mha:64x32768x64:swa", "v2p:64x32768x64", "draft:64x4096x5x4",
-                                   "dcp:64x32768x4", "dcptable:64x32768x64x4"]
+GPU_CASES += ["token_csr:64x4096", "token_csr:64x4096:i64", "token_csr:64x4096:e16:map", "token_csr:8x32768:i64"]
+GPU_CASES += ["mha_page_table:64x32768x64", "mha_page_table:64x32768x64:swa", "mha_page_table:256x8192x16:swa",
+              "mha_page_table:8x131072x1", "translated_page_table:64x32768x64", "translated_page_table:256x8192x16",
+              "translated_page_table:8x131072x1"]
+GPU_CASES += ["draft_decode:64x4096x5x1", "draft_decode:64x4096x5x4", "draft_decode:16x4096x5x4:p16",
+              "draft_decode:8x32768x3x1", "draft_decode:4x2048x5x1",
+              "draft_decode:8x1024x3x4"]  # the last two: few bytes, where latency decides
+GPU_CASES += ["dcp_token_csr:64x32768x4", "dcp_token_csr:1x131072x8", "dcp_token_csr:256x8192x2",
+              "dcp_page_table:64x32768x64x4", "dcp_page_table:1x131072x64x8", "dcp_page_table:256x32768x16x2",
+              "dcp_page_table:64x32768x1x8"]
+GPU_QUICK_CASES = GPU_CASES[:4] + ["token_csr:64x4096:i64", "mha_page_table:64x32768x64:swa",
+                                   "translated_page_table:64x32768x64", "draft_decode:64x4096x5x4",
+                                   "dcp_token_csr:64x32768x4", "dcp_page_table:64x32768x64x4"]
 # The real decode shape at 128K, 160K and 1M tokens: every op at page 64 and 1 (page 16 too), rows 1K-8K and the mix.
 GPU_REAL_CASES = ["256x1048576x64:len=1024-8192", "256x1048576x64:len=mix", "1x1048576x64:len=1024-8192",
-                  "64x131072x1:len=mix", "256x163840x16:len=1024-8192", "csr:64x1048576:len=1024-8192",
-                  "csr:256x163840:e64:len=mix", "mha:256x1048576x64:swa:len=1024-8192", "mha:64x131072x1:len=mix",
-                  "v2p:256x1048576x64:len=mix", "v2p:64x163840x16:len=1024-8192",
-                  "draft:64x131072x5x4:len=1024-8192", "dcp:64x1048576x4:len=mix",
-                  "dcptable:256x1048576x64x4:len=1024-8192", "dcptable:64x131072x1x8:len=mix"]
+                  "64x131072x1:len=mix", "256x163840x16:len=1024-8192", "token_csr:64x1048576:len=1024-8192",
+                  "token_csr:256x163840:e64:len=mix", "mha_page_table:256x1048576x64:swa:len=1024-8192",
+                  "mha_page_table:64x131072x1:len=mix", "translated_page_table:256x1048576x64:len=mix",
+                  "translated_page_table:64x163840x16:len=1024-8192", "draft_decode:64x131072x5x4:len=1024-8192",
+                  "dcp_token_csr:64x1048576x4:len=mix", "dcp_page_table:256x1048576x64x4:len=1024-8192",
+                  "dcp_page_table:64x131072x1x8:len=mix"]
 GPU_CASES += GPU_REAL_CASES
 GPU_QUICK_CASES += [GPU_REAL_CASES[i] for i in (0, 5, 11, 7, 9, 12)]
 CPU_CASES = ["1x4096x64", "1x32768x64", "1x131072x64", "1x131072x1", "8x4096x1", "64x4096x64", "4x8192x16"]
-CPU_CASES += ["csr:8x4096", "csr:8x4096:i64:e16:map", "mha:4x4096x16:swa", "v2p:4x4096x16", "draft:4x2048x3x2",
-              "dcp:8x4096x4", "dcptable:8x4096x16x4", "4x8192x16:len=mix"]
-CPU_QUICK_CASES = ["1x4096x64", "2x4096x1", "csr:2x4096:e16:map", "2x16384x64:len=256-2048"]
+CPU_CASES += ["token_csr:8x4096", "token_csr:8x4096:i64:e16:map", "mha_page_table:4x4096x16:swa",
+              "translated_page_table:4x4096x16", "draft_decode:4x2048x3x2", "dcp_token_csr:8x4096x4",
+              "dcp_page_table:8x4096x16x4", "4x8192x16:len=mix"]
+CPU_QUICK_CASES = ["1x4096x64", "2x4096x1", "token_csr:2x4096:e16:map", "2x16384x64:len=256-2048"]
 # The Triton interpreter (CPU, TRITON_INTERPRET=1) runs only cases with at most this many tokens in all.
 INTERPRETER_MAX_TOKENS = 32768
 COMPILE_WIDTHS = 100
@@ -95,24 +81,28 @@ COPY_BYTES = 1 << 29  # each way, for the device copy bandwidth
 LEGEND = """\
 Columns (one row per case and implementation; empty columns are left out;
 the lines above the table name what was skipped and why):
-  case         BATCHxCONTEXTxPAGE: page table (requests, tokens per request,
-               page size) or csr:BATCHxCONTEXT[:i64][:eE][:map]: token CSR
-               (int64 out, entry_page_size E, token_mapping); rows full
-               length, on shuffled physical pages; mha:...[:swa], v2p:...: the
-               TRT-LLM MHA and the unified pool's translated page tables;
-               dcp:BxCxD, dcptable:BxCxPxD: DCP rank D-1's CSR and table;
+  case         BATCHxCONTEXTxPAGE (or page_table:...): page table
+               (requests, tokens per request, page size);
+               token_csr:BATCHxCONTEXT[:i64][:eE][:map]: token CSR (int64
+               out, entry_page_size E, token_mapping); rows full length, on
+               shuffled physical pages; mha_page_table:...[:swa],
+               translated_page_table:...: the TRT-LLM MHA and the unified
+               pool's translated page tables; draft_decode:BxCxSTEPSxTOPK
+               [:pP]: multi-step draft decode; dcp_token_csr:BxCxD,
+               dcp_page_table:BxCxPxD: DCP rank D-1's CSR and table;
                any case with a last option :len=LO-HI or :len=mix: the real
                decode shape, buffers sized for C tokens a row as a CUDA graph
                holds them (req_to_token C wide, tables ceil(C/P) wide, the
-               CSR out B*C tokens, dcp's B*(C/D)), rows of lengths drawn
-               from the seed: uniform in [LO, HI]; mix: 1024-8192 except
-               every 16th request (from the first) in the top 16th of C
+               CSR out B*C tokens, dcp_token_csr's B*(C/D)), rows of lengths
+               drawn from the seed: uniform in [LO, HI]; mix: 1024-8192
+               except every 16th request (from the first) in the top 16th
+               of C
   impl         api:<backend>: the op's kvdispatch function, backend=<backend>;
                naive-loop: Triton, one program per request looping over its
                pages; 2d-grid: Triton on a (request, page block) grid after
                SGLang; csr-loop: Triton after SGLang's token CSR, one program
                per request looping over its tokens; plain-torch: the few
-               PyTorch ops an engine would write; draft:BxCxSTEPSxTOPK cases:
+               PyTorch ops an engine would write; draft_decode cases:
                draft-loop (after SGLang), one-step (the API, step 0 only);
                dcp-loop, dcp-2d-grid: those designs for the DCP ops;
                mha-2d-grid, v2p-sglang: SGLang's MHA and translated-table
@@ -120,7 +110,8 @@ the lines above the table name what was skipped and why):
                :len= cases: 2d-ideal, mha-ideal, v2p-ideal (v2p-sglang's),
                dcptable-ideal: the 2-D design on a grid sized on the host
                from the longest row (a lower bound: not graph-safe); no
-               plain-torch for csr and dcp (written for full-length rows)
+               plain-torch for token_csr and dcp_token_csr (written for
+               full-length rows)
   status       ok; WRONG: differs from kvdispatch.reference (fails the run);
                error: see note
   path         api rows: what launched a repeated eager call, seen in that
@@ -146,26 +137,41 @@ the lines above the table name what was skipped and why):
   /no-pdl      --pdl-chain: a +pdl row's µs/call divided by the same row's
                without programmatic dependent launch, same run (rows:
                chain, after-trigger and after-plain, per backend; see
-               kvdispatch/bench_pdl.py)
+               kvdispatch/bench/pdl.py)
   note         why WRONG or error; the timing when not CUDA-graph replay
 """
 
 
+@functools.cache
+def case_modules() -> dict:
+    """Op key -> the op's case module: this package's modules named after an op of ``dispatch.OPS``, in
+    its order, imported at the first call. The package's docstring says what each one defines."""
+    package = sys.modules[__package__]
+    present = {module.name for module in pkgutil.iter_modules(package.__path__)}
+    return {op: importlib.import_module(f"{__package__}.{op}") for op in dispatch.OPS if op in present}
+
+
 @dataclass(frozen=True)
 class Case:
-    """A page-table case (``op`` "table": ``page_size`` tokens per page) or a token-CSR case (``op`` "csr":
-    ``page_size`` is ``entry_page_size``, ``int64`` the output dtype, ``mapping`` a ``token_mapping``)."""
+    """One case of the op ``op`` (its key; ``module``, its case module, parses, names and builds it): ``batch``
+    requests of ``context`` tokens, ``page_size`` tokens per page (the token CSR's ``entry_page_size``); the
+    ops' options: ``int64`` (the token CSR's output dtype), ``mapping`` (a ``token_mapping``; the MHA table's SWA
+    twin), ``steps`` and ``topk`` (draft decode), ``dcp_size`` (the DCP ops)."""
 
     batch: int
     context: int
     page_size: int
-    op: str = "table"
+    op: str = PAGE_TABLE
     int64: bool = False
     mapping: bool = False
     steps: int = 1  # draft decode: steps and branches per request
     topk: int = 1
     dcp_size: int = 1  # DCP ops: ranks per request
     lengths: str = ""  # "" every row full length; "LO-HI" or "mix": see MIX (context is then the capacity)
+
+    @property
+    def module(self):
+        return case_modules()[self.op]
 
     @property
     def width(self) -> int:
@@ -175,28 +181,7 @@ class Case:
 
     @property
     def name(self) -> str:
-        return self._shape_name + f":len={self.lengths}" * bool(self.lengths)
-
-    @property
-    def _shape_name(self) -> str:
-        if self.op == "draft":
-            return f"draft:{self.batch}x{self.context}x{self.steps}x{self.topk}" + f":p{self.page_size}" * (
-                self.page_size > 1)
-        if self.op == "table":
-            return f"{self.batch}x{self.context}x{self.page_size}"
-        if self.op in MAPPED_OPS:
-            return f"{self.op}:{self.batch}x{self.context}x{self.page_size}" + ":swa" * self.mapping
-        if self.op == "dcp":
-            return f"dcp:{self.batch}x{self.context}x{self.dcp_size}"
-        if self.op == "dcptable":
-            return f"dcptable:{self.batch}x{self.context}x{self.page_size}x{self.dcp_size}"
-        options = [":i64"] * self.int64 + [f":e{self.page_size}"] * (self.page_size > 1) + [":map"] * self.mapping
-        return f"csr:{self.batch}x{self.context}" + "".join(options)
-
-    @property
-    def bytes_moved(self) -> int:
-        """Bytes read and written by one build: a slot read and a page id written per page, plus the inputs."""
-        return self.batch * (self.width * 8 + 8)
+        return self.module.shape_name(self) + f":len={self.lengths}" * bool(self.lengths)
 
     @property
     def length_range(self) -> tuple[int, int]:
@@ -211,31 +196,13 @@ class Case:
 
     @classmethod
     def parse(cls, text: str) -> "Case":
+        """``OP:SHAPE`` (``OP`` an op's key; without it, the page table) and a last option ``:len=...``."""
         shape, option, lengths = text.lower().partition(":len=")
         if option:
             return cls._parse_lengths(cls.parse(shape), lengths, text)
-        if text.lower().startswith("csr:"):
-            return cls._parse_csr(text)
-        if text.lower().startswith("draft:"):
-            return cls._parse_draft(text)
-        if text.lower().startswith(tuple(f"{op}:" for op in DCP_OPS)):
-            return cls._parse_dcp(text)
-        op, _, rest = text.lower().partition(":")
-        if op in MAPPED_OPS:
-            shape, *options = rest.split(":")
-            if options not in ([], ["swa"] if op == "mha" else []):
-                raise argparse.ArgumentTypeError(f"a case is mha:BATCHxCONTEXTxPAGE[:swa] or v2p:BATCHxCONTEXTxPAGE; "
-                                                 f"got {text!r}")
-            table = cls.parse(shape)
-            return cls(table.batch, table.context, table.page_size, op, mapping=bool(options))
-        try:
-            batch, context, page = (int(part) for part in text.lower().split("x"))
-        except ValueError:
-            raise argparse.ArgumentTypeError(
-                f"a case is BATCHxCONTEXTxPAGE, e.g. 64x32768x64; got {text!r}") from None
-        if batch < 1 or context < 1 or not 1 <= page <= 4096:
-            raise argparse.ArgumentTypeError(f"case {text!r}: batch and context >= 1, page in [1, 4096]")
-        return cls(batch, context, page)
+        op, _, rest = shape.partition(":")
+        modules = case_modules()
+        return modules[op].parse(rest, text) if op in modules else modules[PAGE_TABLE].parse(shape, text)
 
     @classmethod
     def _parse_lengths(cls, case: "Case", lengths: str, text: str) -> "Case":
@@ -253,52 +220,16 @@ class Case:
             raise argparse.ArgumentTypeError(usage)
         return dataclasses.replace(case, lengths=lengths)
 
-    @classmethod
-    def _parse_draft(cls, text: str) -> "Case":
-        usage = f"a draft decode case is draft:BATCHxCONTEXTxSTEPSxTOPK[:pP], e.g. draft:64x4096x5x4:p16; got {text!r}"
-        shape, *options = text.lower().split(":")[1:]
-        try:
-            batch, context, steps, topk = (int(part) for part in shape.split("x"))
-            page = int(options[0][1:]) if options else 1
-        except ValueError:
-            raise argparse.ArgumentTypeError(usage) from None
-        if len(options) > 1 or (options and not options[0].startswith("p")):
-            raise argparse.ArgumentTypeError(usage)
-        if min(batch, context, steps, topk) < 1 or steps > 1024 or topk > 1024 or not 1 <= page <= 4096:
-            raise argparse.ArgumentTypeError(f"case {text!r}: batch and context >= 1, steps and topk in [1, 1024], "
-                                             "P in [1, 4096]")
-        return cls(batch, context, page, "draft", steps=steps, topk=topk)
 
-    @classmethod
-    def _parse_csr(cls, text: str) -> "Case":
-        usage = f"a token-CSR case is csr:BATCHxCONTEXT[:i64][:eE][:map], e.g. csr:8x32768:i64:e64:map; got {text!r}"
-        shape, *options = text.lower().split(":")[1:]
-        try:
-            batch, context = (int(part) for part in shape.split("x"))
-            entry = int(next((o[1:] for o in options if o.startswith("e")), 1))
-        except ValueError:
-            raise argparse.ArgumentTypeError(usage) from None
-        entries = sum(o.startswith("e") for o in options)
-        if entries > 1 or any(o not in ("i64", "map") and not o.startswith("e") for o in options):
-            raise argparse.ArgumentTypeError(usage)
-        if batch < 1 or context < 1 or not 1 <= entry <= 4096:
-            raise argparse.ArgumentTypeError(f"case {text!r}: batch and context >= 1, E in [1, 4096]")
-        return cls(batch, context, entry, "csr", "i64" in options, "map" in options)
-
-    @classmethod
-    def _parse_dcp(cls, text: str) -> "Case":
-        op, shape = text.lower().split(":", 1)
-        usage = {"dcp": "a DCP token-CSR case is dcp:BATCHxCONTEXTxDCP, e.g. dcp:64x32768x4",
-                 "dcptable": "a DCP block-table case is dcptable:BATCHxCONTEXTxPAGExDCP, e.g. dcptable:64x32768x64x4"}
-        try:
-            numbers = [int(part) for part in shape.split("x")]
-            batch, context, page, dcp_size = numbers if op == "dcptable" else numbers[:2] + [1] + numbers[2:]
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{usage[op]}; got {text!r}") from None
-        if batch < 1 or context < 1 or not 1 <= page <= 4096 or not 1 <= dcp_size <= 1024:
-            raise argparse.ArgumentTypeError(f"case {text!r}: batch and context >= 1, page in [1, 4096], "
-                                             "DCP size in [1, 1024]")
-        return cls(batch, context, page, op, op == "dcp", dcp_size=dcp_size)
+def dimensions(shape: str, count: int, usage: str) -> list[int]:
+    """The ``count`` whole numbers of ``shape`` (``AxBx...``); ``usage`` the error's text otherwise."""
+    try:
+        numbers = [int(part) for part in shape.split("x")]
+    except ValueError:
+        numbers = []
+    if len(numbers) != count:
+        raise argparse.ArgumentTypeError(usage)
+    return numbers
 
 
 @dataclass(frozen=True)
@@ -484,33 +415,17 @@ CSR_POOL_PAGE = 64
 
 
 def make_inputs(case: Case, device: torch.device, seed: int) -> Inputs:
-    """A shuffled page pool: every request's tokens on random physical pages of its own.
+    """A shuffled page pool: every request's tokens on random physical pages of its own, and the op's buffers
+    (``case.module.make_inputs``, which says what else).
 
     ``req_to_token`` has a few spare rows and ``req_pool_indices`` is a random subset of them, so rows
     are read out of order, as in an engine. Rows are full length, or of random lengths in buffers for
-    ``case.context`` tokens (``case.lengths``, ``_requests``). Token CSR: with ``E = case.page_size`` > 1 the
-    table is page-granular (one page id per E tokens), with E = 1 token-granular on pages of ``CSR_POOL_PAGE``
-    tokens; ``token_mapping`` is a random permutation of the pool's slots.
+    ``case.context`` tokens (``case.lengths``, ``requests``).
     """
-    if case.op == "csr":
-        return _make_csr_inputs(case, device, seed)
-    if case.op == "draft":
-        return _make_draft_inputs(case, device, seed)
-    if case.op in DCP_OPS:
-        return _make_dcp_inputs(case, device, seed)
-    if case.op in MAPPED_OPS:
-        return _make_mapped_inputs(case, device, seed)
-    g = torch.Generator().manual_seed(seed)
-    rows, pool, lengths = _requests(case, g)
-    req_to_token = _page_pool(rows, case.context, case.page_size, g, device, lengths)
-    seq_lens = lengths[pool].to(device=device, dtype=torch.int32)
-    pool = pool.to(device=device, dtype=torch.int32)
-    out = torch.full((case.batch, case.width), POISON, dtype=torch.int32, device=device)
-    expected = ops.page_table.reference(req_to_token, pool, seq_lens, out.clone(), case.page_size)
-    return Inputs(req_to_token, pool, seq_lens, out, expected)
+    return case.module.make_inputs(case, device, seed)
 
 
-def _requests(case: Case, g: torch.Generator) -> tuple[int, torch.Tensor, torch.Tensor]:
+def requests(case: Case, g: torch.Generator) -> tuple[int, torch.Tensor, torch.Tensor]:
     """``(rows, pool, lengths)``: the pool's rows (the batch and a few spare ones), the batch's rows (int64
     ``[batch]``, a random subset) and every row's tokens (int64 ``[rows]``, CPU): ``case.context`` (full
     length), or drawn from ``g``, uniform in ``case.length_range``; for ``mix``, every ``MIX_LONG_EVERY``-th
@@ -528,105 +443,13 @@ def _requests(case: Case, g: torch.Generator) -> tuple[int, torch.Tensor, torch.
     return rows, pool, lengths
 
 
-def _indptr(lengths: torch.Tensor) -> torch.Tensor:
+def indptr(lengths: torch.Tensor) -> torch.Tensor:
     """int32 ``[B + 1]``: rows of ``lengths`` back to back from 0."""
     return torch.cat([lengths.new_zeros(1), lengths.cumsum(0)]).to(torch.int32)
 
 
-def _make_csr_inputs(case: Case, device: torch.device, seed: int) -> Inputs:
-    g = torch.Generator().manual_seed(seed)
-    rows, pool, lengths = _requests(case, g)
-    if case.page_size == 1:
-        req_to_token = _page_pool(rows, case.context, CSR_POOL_PAGE, g, device, lengths)
-    else:
-        req_to_token = _page_pool(rows, case.width, 1, g, device, -(-lengths // case.page_size))
-    slots = (int(req_to_token.max()) + 1) * case.page_size
-    seq_lens = lengths[pool].to(device=device, dtype=torch.int32)
-    pool = pool.to(device=device, dtype=torch.int32)
-    kv_indptr = _indptr(seq_lens)
-    mapping = torch.randperm(slots, generator=g).to(device=device, dtype=torch.int32) if case.mapping else None
-    out = torch.full((case.batch * case.context,), POISON, device=device,
-                     dtype=torch.int64 if case.int64 else torch.int32)
-    expected = ops.token_csr.reference(req_to_token, pool, seq_lens, kv_indptr, out.clone(),
-                                             entry_page_size=case.page_size, token_mapping=mapping)
-    return Inputs(req_to_token, pool, seq_lens, out, expected, kv_indptr, mapping)
-
-
-def _make_mapped_inputs(case: Case, device: torch.device, seed: int) -> Inputs:
-    """As ``make_inputs``, with SGLang's dtypes (int64 rows, int32 lengths) and a lookup in ``token_mapping``:
-    mha with SWA, an int64 ``full_to_swa`` of every slot (``out`` then holds the page table's rows, then the SWA
-    table's: one poisoned buffer); v2p, an int64 ``v2p`` of every virtual page, one in 16 freed (-1)."""
-    g = torch.Generator().manual_seed(seed)
-    rows, pool, lengths = _requests(case, g)
-    req_to_token = _page_pool(rows, case.context, case.page_size, g, device, lengths)
-    pages = int(req_to_token.max()) // case.page_size + 1
-    seq_lens = lengths[pool].to(device=device, dtype=torch.int32)
-    pool = pool.to(device=device)
-    out_rows = case.batch * (2 if case.mapping else 1)
-    out = torch.full((out_rows, case.width), POISON, dtype=torch.int32, device=device)
-    expected = out.clone()
-    if case.op == "mha":
-        lookup = (torch.randint(0, pages * case.page_size, (pages * case.page_size,), generator=g).to(device)
-                  if case.mapping else None)
-        ops.mha_page_table.reference(req_to_token, pool, seq_lens, expected[: case.batch], case.page_size,
-                                       expected[case.batch:] if case.mapping else None, lookup, True)
-    else:
-        lookup = torch.randint(0, pages * 4, (pages,), generator=g)
-        lookup[torch.randperm(pages, generator=g)[: pages // 16]] = -1
-        lookup = lookup.to(device)
-        ops.translated_page_table.reference(req_to_token, pool, seq_lens, lookup, expected, case.page_size)
-    return Inputs(req_to_token, pool, seq_lens, out, expected, token_mapping=lookup)
-
-
-def _make_draft_inputs(case: Case, device: torch.device, seed: int) -> Inputs:
-    """As SGLang's draft workers hold a batch: a token-granular table on pages of ``case.page_size`` with room
-    for every branch's draft pages, int64 pool indices, lengths and positions (the lengths repeated ``topk``
-    times), an int64 ``out`` of ``batch * topk * (context + steps)`` columns per step, an int32 ``kv_indptr``."""
-    g = torch.Generator().manual_seed(seed)
-    rows, pool, lengths = _requests(case, g)
-    owned = -(-(case.page_size - 1 + case.steps) // case.page_size) * case.page_size
-    room = case.topk * owned + case.page_size  # the draft pages past a row's tokens
-    req_to_token = _page_pool(rows, case.context + room, case.page_size, g, device, lengths + room)
-    seq_lens = lengths[pool].to(device)
-    pool = pool.to(device)
-    positions = seq_lens.repeat_interleave(case.topk)
-    segments = case.batch * case.topk
-    out = torch.full((case.steps, segments * (case.context + case.steps)), POISON, dtype=torch.int64, device=device)
-    kv_indptr = torch.zeros((case.steps, segments + 1), dtype=torch.int32, device=device)
-    options = dict(num_steps=case.steps, topk=case.topk, page_size=case.page_size, positions=positions)
-    expected = ops.draft_decode.reference(req_to_token, pool, seq_lens, kv_indptr.clone(), out.clone(),
-                                                    **options)
-    one_step = ops.draft_decode.reference(req_to_token, pool, seq_lens, kv_indptr.clone(), out.clone(),
-                                                    **dict(options, num_steps=1))
-    return Inputs(req_to_token, pool, seq_lens, out, expected, kv_indptr, positions=positions,
-                  expected_one_step=one_step)
-
-
-def _make_dcp_inputs(case: Case, device: torch.device, seed: int) -> Inputs:
-    """A pool of virtual pages (``page_size * dcp_size`` slots; ``CSR_POOL_PAGE`` for the token CSR); built for
-    the last rank (the one whose first position is farthest from 0), its lengths from ``dcp_local_lengths``; the
-    CSR into int64 rows back to back (int32 ``kv_indptr``, ``out`` for ``context // dcp_size`` tokens a row, the
-    last rank's of a full row), as SGLang's Triton backend allocates them."""
-    g = torch.Generator().manual_seed(seed)
-    (rows, pool, lengths), rank = _requests(case, g), case.dcp_size - 1
-    virtual_page = CSR_POOL_PAGE if case.op == "dcp" else case.page_size * case.dcp_size
-    req_to_token = _page_pool(rows, case.context, virtual_page, g, device, lengths)
-    seq_lens = lengths[pool].to(device=device, dtype=torch.int32)
-    pool = pool.to(device=device, dtype=torch.int32)
-    local = kvdispatch.dcp_local_lengths(seq_lens, case.dcp_size, rank)
-    if case.op == "dcptable":
-        out = torch.full((case.batch, case.width), POISON, dtype=torch.int32, device=device)
-        expected = ops.dcp_page_table.reference(req_to_token, pool, local, out.clone(), case.page_size, case.dcp_size,
-                                                  rank)
-        return Inputs(req_to_token, pool, local, out, expected, dcp_rank=rank)
-    kv_indptr = _indptr(local)
-    out = torch.full((case.batch * (case.context // case.dcp_size),), POISON, dtype=torch.int64, device=device)
-    expected = ops.dcp_token_csr.reference(req_to_token, pool, local, kv_indptr, out.clone(), case.dcp_size, rank)
-    return Inputs(req_to_token, pool, local, out, expected, kv_indptr, dcp_rank=rank)
-
-
-def _page_pool(rows: int, context: int, page_size: int, g: torch.Generator, device,
-               lengths: torch.Tensor) -> torch.Tensor:
+def page_pool(rows: int, context: int, page_size: int, g: torch.Generator, device,
+              lengths: torch.Tensor) -> torch.Tensor:
     """int32 ``[rows, context]``: row r's first ``lengths[r]`` slots (int64 ``[rows]``, CPU) on random physical
     pages of ``page_size`` of its own; the positions past a row's length hold slot 0 (stale, as an engine's
     table holds there)."""
@@ -641,11 +464,24 @@ def _page_pool(rows: int, context: int, page_size: int, g: torch.Generator, devi
     return req_to_token
 
 
+def shuffled_pool(case: Case, device: torch.device, seed: int, page_size: int, index_dtype=torch.int32):
+    """``(g, req_to_token, req_pool_indices, seq_lens)``: the ``page_pool`` of ``requests(case, g)``, ``context``
+    wide on pages of ``page_size``; ``req_pool_indices`` of ``index_dtype``, ``seq_lens`` int32, both on
+    ``device``; ``g`` the generator of ``seed`` after those draws, for the op's other inputs."""
+    g = torch.Generator().manual_seed(seed)
+    rows, pool, lengths = requests(case, g)
+    req_to_token = page_pool(rows, case.context, page_size, g, device, lengths)
+    return g, req_to_token, pool.to(device=device, dtype=index_dtype), lengths[pool].to(device=device,
+                                                                                       dtype=torch.int32)
+
+
 # ------------------------------------------------------------------------------------ implementations
 
 
-def _baselines():
-    return importlib.import_module("kvdispatch._baselines")
+def baseline_kernels():
+    """``kvdispatch.bench.baselines``, the Triton comparison kernels (imported at the first use: ``triton.jit``
+    reads ``TRITON_INTERPRET`` then)."""
+    return importlib.import_module("kvdispatch.bench.baselines")
 
 
 def triton_runs_on(device: torch.device) -> bool:
@@ -653,156 +489,37 @@ def triton_runs_on(device: torch.device) -> bool:
     return kvdispatch.probe(device).usable("triton")
 
 
-def implementations(backends: list[str], device: torch.device, op: str = "table", real: bool = False) -> list[str]:
-    """What a case of ``op`` is timed with: the API per backend, then the baselines; ``real``: a real-shape case
-    (``Case.lengths``), which adds the op's ideal baseline and has no plain-torch token CSR (that one is written
-    for full-length rows)."""
-    names = [API_PREFIX + b for b in backends]
-    if op == "draft" and backends:
-        names.append(ONE_STEP)
+def api_backend(impl: str) -> str | None:
+    """The backend an API row (``api:<backend>``) asks for; None for every other implementation."""
+    return impl[len(API_PREFIX):] if impl.startswith(API_PREFIX) else None
+
+
+def implementations(backends: list[str], device: torch.device, case: Case) -> list[str]:
+    """What ``case`` is timed with: the API per backend (and the op's ``API_VARIANTS``), then its Triton
+    baselines, then plain PyTorch where the op has it for the case's shape (``PLAIN_TORCH_CASES``)."""
+    module = case.module
+    names = [API_PREFIX + b for b in backends] + list(module.API_VARIANTS)
     if triton_runs_on(device):
-        names += triton_baselines(op, real)
-    return names + ([PLAIN_TORCH] if op != "draft" and not (real and op in ("csr", "dcp")) else [])
+        names += triton_baselines(case)
+    plain = module.PLAIN_TORCH_CASES == "all" or (module.PLAIN_TORCH_CASES == "full-length" and not case.lengths)
+    return names + [PLAIN_TORCH] * plain
 
 
-def triton_baselines(op: str, real: bool) -> list[str]:
-    """The Triton baselines of a case of ``op``; ``real``: a real-shape case, with the op's ideal one."""
-    return TRITON_BASELINES[op] + ([IDEAL_BASELINE[op]] if real and op in IDEAL_BASELINE else [])
+def triton_baselines(case: Case) -> list[str]:
+    """The Triton baselines of ``case``: its op's, with the ideal one on a real-shape case (``Case.lengths``)."""
+    module = case.module
+    return list(module.TRITON_BASELINES) + [module.IDEAL_BASELINE] * bool(case.lengths and module.IDEAL_BASELINE)
 
 
-def ideal_pages(x: "Inputs", case: Case) -> int:
+def ideal_pages(x: Inputs, case: Case) -> int:
     """The longest row's pages (read on the host): the columns an ideal baseline's grid covers."""
     return -(-int(x.seq_lens.max()) // case.page_size)
 
 
-def plain_torch(req_to_token, req_pool_indices, seq_lens, out, page_size):
-    """The page table in the few PyTorch ops an engine would write (valid, full-length data only)."""
-    pages = torch.arange(out.shape[1], device=out.device)
-    slots = req_to_token[req_pool_indices[:, None].long(), pages * page_size]
-    valid = pages < (seq_lens[:, None] + page_size - 1) // page_size
-    rows = out[: req_pool_indices.shape[0]]
-    rows.copy_(torch.where(valid, slots // page_size, rows))
-
-
-def plain_torch_csr(req_to_token, req_pool_indices, seq_lens, kv_indptr, out, entry_page_size, token_mapping):
-    """The token CSR in the few PyTorch ops an engine would write (rows full length, back to back in ``out``)."""
-    batch = req_pool_indices.shape[0]
-    entries = req_to_token[req_pool_indices.long()].long()
-    if entry_page_size > 1:
-        offsets = torch.arange(entry_page_size, device=out.device)
-        entries = (entries[:, :, None] * entry_page_size + offsets).view(batch, -1)
-    values = entries[:, : out.shape[0] // batch].reshape(-1)
-    out.copy_(values if token_mapping is None else token_mapping[values])
-
-
-def plain_torch_dcp(req_to_token, req_pool_indices, local_seq_lens, kv_indptr, out, dcp_size, dcp_rank):
-    """One DCP rank's token CSR in the few PyTorch ops an engine would write (rows full length, back to back)."""
-    positions = dcp_rank + torch.arange(out.shape[0] // req_pool_indices.shape[0], device=out.device) * dcp_size
-    out.copy_((req_to_token[req_pool_indices[:, None].long(), positions] // dcp_size).view(-1))
-
-
-def plain_torch_dcp_table(req_to_token, req_pool_indices, local_seq_lens, out, page_size, dcp_size, dcp_rank):
-    """One DCP rank's block table in the few PyTorch ops an engine would write (valid, full-length data only)."""
-    pages = torch.arange(out.shape[1], device=out.device)
-    slots = req_to_token[req_pool_indices[:, None].long(), dcp_rank + pages * (page_size * dcp_size)]
-    valid = pages < (local_seq_lens[:, None] + page_size - 1) // page_size
-    rows = out[: req_pool_indices.shape[0]]
-    rows.copy_(torch.where(valid, slots // (page_size * dcp_size), rows))
-
-
-def _bind_dcp(impl: str, x: Inputs, case: Case):
-    dcp = (case.dcp_size, x.dcp_rank)
-    if case.op == "dcp":
-        args = (x.req_to_token, x.req_pool_indices, x.seq_lens, x.kv_indptr, x.out)
-        api, plain, baseline = kvdispatch.create_dcp_kv_indices, plain_torch_dcp, "dcp_loop"
-        options = {}
-    else:
-        args = (x.req_to_token, x.req_pool_indices, x.seq_lens, x.out)
-        api, plain, baseline = kvdispatch.create_dcp_page_table, plain_torch_dcp_table, "dcp_grid_2d"
-        args_with_page, options = args + (case.page_size,), dict(page_size=case.page_size)
-        if not impl.startswith(API_PREFIX):
-            args = args_with_page
-    if impl.startswith(API_PREFIX):
-        return functools.partial(api, *args, **options, dcp_size=dcp[0], dcp_rank=dcp[1],
-                                 backend=impl[len(API_PREFIX):])
-    function = plain if impl == PLAIN_TORCH else getattr(_baselines(), baseline)
-    if impl == DCP_IDEAL:
-        return functools.partial(function, *args, *dcp, pages=ideal_pages(x, case))
-    return functools.partial(function, *args, *dcp)
-
-
 def bind(impl: str, x: Inputs, case: Case):
-    """A no-argument callable that builds ``x.out`` with ``impl``."""
-    if case.op == "csr":
-        return _bind_csr(impl, x, case.page_size)
-    if case.op in MAPPED_OPS:
-        return _bind_mapped(impl, x, case)
-    if case.op == "draft":
-        return _bind_draft(impl, x, case)
-    if case.op in DCP_OPS:
-        return _bind_dcp(impl, x, case)
-    page_size = case.page_size
-    args = (x.req_to_token, x.req_pool_indices, x.seq_lens, x.out)
-    if impl.startswith(API_PREFIX):
-        return functools.partial(kvdispatch.create_flashmla_kv_indices, *args, page_size=page_size,
-                                 backend=impl[len(API_PREFIX):])
-    if impl == PLAIN_TORCH:
-        return functools.partial(plain_torch, *args, page_size)
-    if impl == GRID_IDEAL:
-        return functools.partial(_baselines().grid_2d, *args, page_size, pages=ideal_pages(x, case))
-    function = {NAIVE: "naive_loop", GRID_2D: "grid_2d"}[impl]
-    return functools.partial(getattr(_baselines(), function), *args, page_size)
-
-
-def _bind_csr(impl: str, x: Inputs, entry_page_size: int):
-    args = (x.req_to_token, x.req_pool_indices, x.seq_lens, x.kv_indptr, x.out)
-    if impl.startswith(API_PREFIX):
-        return functools.partial(kvdispatch.create_flashinfer_kv_indices, *args, entry_page_size=entry_page_size,
-                                 token_mapping=x.token_mapping, backend=impl[len(API_PREFIX):])
-    function = plain_torch_csr if impl == PLAIN_TORCH else _baselines().csr_loop
-    return functools.partial(function, *args, entry_page_size, x.token_mapping)
-
-
-def _bind_mapped(impl: str, x: Inputs, case: Case):
-    args = (x.req_to_token, x.req_pool_indices, x.seq_lens)
-    if case.op == "v2p":
-        if impl.startswith(API_PREFIX):
-            return functools.partial(kvdispatch.create_translated_page_table, *args, x.token_mapping, x.out,
-                                     page_size=case.page_size, backend=impl[len(API_PREFIX):])
-        if impl == PLAIN_TORCH:
-            return functools.partial(ops.translated_page_table.reference, *args, x.token_mapping, x.out,
-                                     case.page_size)
-        columns = _baselines().V2P_COLUMNS_PER_PROGRAM if impl in (V2P_SGLANG, V2P_IDEAL) else None
-        return functools.partial(_baselines().v2p_grid_2d, *args, x.token_mapping, x.out, case.page_size,
-                                 columns_per_program=columns,
-                                 pages=ideal_pages(x, case) if impl == V2P_IDEAL else None)
-    # The SWA table shares the page table's row stride, as SGLang's kernel assumes: rows B.. of one buffer.
-    tables = (x.out[: case.batch], x.out[case.batch:] if case.mapping else None, x.token_mapping)
-    if impl.startswith(API_PREFIX):
-        return functools.partial(kvdispatch.create_trtllm_mha_page_table, *args, tables[0], page_size=case.page_size,
-                                 swa_page_table=tables[1], full_to_swa=tables[2], round_toward_zero=True,
-                                 backend=impl[len(API_PREFIX):])
-    if impl == PLAIN_TORCH:
-        return functools.partial(ops.mha_page_table.reference, *args, tables[0], case.page_size, *tables[1:], True)
-    return functools.partial(_baselines().mha_grid_2d, *args, tables[0], case.page_size, *tables[1:],
-                             pages=ideal_pages(x, case) if impl == MHA_IDEAL else None)
-
-
-def _bind_draft(impl: str, x: Inputs, case: Case):
-    """A draft-decode build; the ``one-step`` one (the auto-selected backend, ``num_steps=1``) carries its
-    own ``expected`` (only step 0 written)."""
-    if impl == DRAFT_LOOP:
-        return functools.partial(_baselines().draft_loop, x.req_to_token, x.req_pool_indices, x.seq_lens,
-                                 x.positions, x.out, x.kv_indptr, case.steps, case.topk, case.page_size)
-    backend = impl[len(API_PREFIX):] if impl.startswith(API_PREFIX) else None
-    build = functools.partial(kvdispatch.create_draft_decode_kv_indices, x.req_to_token, x.req_pool_indices,
-                              x.seq_lens, x.kv_indptr, x.out, num_steps=case.steps, topk=case.topk,
-                              page_size=case.page_size, positions=x.positions, write_indptr_start=False,
-                              round_toward_zero=True, backend=backend)
-    if impl == ONE_STEP:
-        build = functools.partial(build, num_steps=1)
-        build.expected = x.expected_one_step
-    return build
+    """A no-argument callable that builds ``x.out`` with ``impl`` (one that must leave another result carries
+    it as ``expected``)."""
+    return case.module.bind(impl, x, case)
 
 
 def _expected(fn, x: Inputs) -> torch.Tensor:
@@ -811,38 +528,21 @@ def _expected(fn, x: Inputs) -> torch.Tensor:
 
 
 def uses_interpreter(impl: str, device: torch.device) -> bool:
-    return device.type == "cpu" and impl in (API_PREFIX + "triton", NAIVE, GRID_2D, CSR_LOOP, MHA_GRID_2D,
-                                             V2P_SGLANG, V2P_GRID_2D, DRAFT_LOOP, DCP_LOOP, DCP_GRID,
-                                             *IDEAL_BASELINE.values())
+    return device.type == "cpu" and (impl == API_PREFIX + "triton" or any(
+        impl in (*module.TRITON_BASELINES, module.IDEAL_BASELINE) for module in case_modules().values()))
 
 
 def programs(impl: str, case: Case, x: Inputs, fn) -> int | None:
     """Programs one call of ``impl`` launches: an API row's on the GPU backends, from ``kvdispatch.grid`` as
-    they size it; a Triton baseline's, the grid its launcher returns (``fn`` is called once more); None for
-    PyTorch (the torch backend, plain-torch)."""
-    if impl == ONE_STEP:  # the auto-selected backend: a GPU one on a GPU
-        return math.prod(_api_launch(case, x).grid) if x.out.is_cuda else None
+    they size it (the op's ``launch``); a Triton baseline's, the grid its launcher returns (``fn`` is called
+    once more); None for PyTorch (the torch backend, plain-torch)."""
+    if impl in case.module.API_VARIANTS:  # the auto-selected backend: a GPU one on a GPU
+        return math.prod(case.module.launch(case, x).grid) if x.out.is_cuda else None
     if impl.startswith(API_PREFIX):
-        return None if impl == API_PREFIX + "torch" else math.prod(_api_launch(case, x).grid)
+        return None if impl == API_PREFIX + "torch" else math.prod(case.module.launch(case, x).grid)
     if impl == PLAIN_TORCH:
         return None
     return math.prod(fn())
-
-
-def _api_launch(case: Case, x: Inputs) -> launch_grid.Launch:
-    """The ``kvdispatch.grid`` launch of ``case``'s op on ``x``, with the arguments the GPU backends pass."""
-    batch, columns = x.req_pool_indices.shape[0], x.req_to_token.shape[1]
-    if case.op == "table":
-        return launch_grid.page_table_launch(batch, x.out.shape[1], case.page_size)
-    if case.op == "csr":
-        return launch_grid.token_csr_launch(batch, columns * case.page_size, x.out.shape[0])
-    if case.op in MAPPED_OPS:
-        return launch_grid.mapped_page_table_launch(batch, x.out.shape[1], case.page_size)
-    if case.op == "draft":
-        return launch_grid.draft_decode_launch(batch * case.topk, columns, x.out.shape[1])
-    if case.op == "dcp":
-        return launch_grid.dcp_token_csr_launch(batch, columns, x.out.shape[0], case.dcp_size)
-    return launch_grid.dcp_page_table_launch(batch, x.out.shape[1], case.page_size)
 
 
 # --------------------------------------------------------------------------------------- measurements
@@ -864,17 +564,18 @@ def check_eager(fn, x: Inputs) -> str:
     return mismatch(x.out, _expected(fn, x))
 
 
-# The "path" of an API row whose repeated eager call the compiled entries of dispatch took.
+# The "path" of an API row whose repeated eager call a compiled entry of dispatch took: the attributes of
+# ``dispatch`` the C host path installs (``kvdispatch/host_path.py``), each None until it does.
 NATIVE_PATH = "native"
 COMPILED_ENTRIES = ("fast_replay",)
 
 
 def eager_path(fn, x: Inputs, backend: str) -> tuple[str, str]:
     """``(path, wrong)`` of one more eager call of an API row's ``fn`` (``check_eager``'s verdict in
-    ``wrong``): ``NATIVE_PATH`` when a compiled entry (``dispatch.fast_page_table`` / ``fast_token_csr`` /
-    ``fast_replay``, the C host path) launched it, else ``backend``, the one the row asks for, whose Python
-    path then served it. Counted with wrappers around the installed entries, for this call only; an entry
-    installed meanwhile (the first use of the compiled path) is left in place."""
+    ``wrong``): ``NATIVE_PATH`` when a compiled entry (``COMPILED_ENTRIES``, the C host path) launched it, else
+    ``backend``, the one the row asks for, whose Python path then served it. Counted with wrappers around the
+    installed entries, for this call only; an entry installed meanwhile (the first use of the compiled path) is
+    left in place."""
     launched = []
 
     def counting(entry):
@@ -909,7 +610,7 @@ def measure(impl: str, case: Case, x: Inputs, device: torch.device, reps: Reps) 
             row.status, row.note = "WRONG", f"eager: {wrong}"
             return row
         if impl.startswith(API_PREFIX):
-            row.path, wrong = eager_path(fn, x, impl[len(API_PREFIX):])
+            row.path, wrong = eager_path(fn, x, api_backend(impl))
             if wrong:
                 row.status, row.note = "WRONG", f"eager, repeated ({row.path}): {wrong}"
                 return row
@@ -980,14 +681,15 @@ def add_ratios(rows: list[Row], add_host_us: float | None, copy_gbps: float | No
         if r.status != "ok" or not r.time_us:
             continue
         case = Case.parse(r.case)
-        sglang = SGLANG_BASELINE[case.op]
+        sglang = case.module.SGLANG_BASELINE
         host_of_sglang = next((b.host_us for b in rows if b.impl == sglang and b.status == "ok"), None)
         r.vs_naive = _ratio(r.time_us, base.get(NAIVE))
         r.vs_2d = _ratio(r.time_us, base.get(sglang))
-        r.vs_ideal = _ratio(r.time_us, base.get(IDEAL_BASELINE.get(case.op)))
+        r.vs_ideal = _ratio(r.time_us, base.get(case.module.IDEAL_BASELINE))
         r.vs_torch = _ratio(r.time_us, base.get(PLAIN_TORCH))
-        if case.op == "table" and case.page_size == 1:
-            r.gbps = case.bytes_moved / r.time_us / 1e3
+        moved = getattr(case.module, "bytes_moved", lambda case: None)(case)
+        if moved:
+            r.gbps = moved / r.time_us / 1e3
             r.copy_fraction = _ratio(r.gbps, copy_gbps)
         if r.impl.startswith(API_PREFIX) and r.timing != "wall-clock":
             r.add_host_us = add_host_us
@@ -1021,7 +723,7 @@ def measure_references(device: torch.device, reps: Reps) -> References:
     _warm_up_clocks(device)
     if triton_runs_on(device):
         try:
-            touch = functools.partial(_baselines().touch, x)
+            touch = functools.partial(baseline_kernels().touch, x)
             touch()
             refs.launch_host_us = host_time_us(touch, device, reps.host_calls, reps.host_batches)
             graph = capture(touch, reps.graph_calls)
@@ -1137,14 +839,13 @@ def skipped_measurements(backends: list[str], device: torch.device, cases: list[
     skipped = {}
     triton_reason = kvdispatch.probe(device).reason("triton")
     if triton_reason is not None:
-        baselines = list(dict.fromkeys(b for c in cases for b in triton_baselines(c.op, bool(c.lengths))))
+        baselines = list(dict.fromkeys(b for c in cases for b in triton_baselines(c)))
         skipped[f"{', '.join(baselines[:-1])} and {baselines[-1]} (Triton baselines)" if len(baselines) > 1
                 else f"{baselines[0]} (Triton baseline)"] = triton_reason
     elif device.type == "cpu":
         too_big = [c for c in cases if c.batch * c.context > INTERPRETER_MAX_TOKENS]
         if too_big:
-            impls = ", ".join(dict.fromkeys(i for c in too_big for i in implementations(backends, device, c.op,
-                                                                                         bool(c.lengths))
+            impls = ", ".join(dict.fromkeys(i for c in too_big for i in implementations(backends, device, c)
                                             if uses_interpreter(i, device)))
             too_big = [c.name for c in too_big]
             skipped[f"{impls} on {', '.join(too_big)}"] = (
@@ -1167,7 +868,7 @@ def run(cases: list[Case], requested: list[str] | None, device: torch.device, re
     compilations = []
     if gpu and "triton" in backends:
         print(f"counting triton compilations across {COMPILE_WIDTHS} random widths ...", file=progress, flush=True)
-        compilations = count_compilations(device, sorted({c.page_size for c in cases if c.op == "table"}), seed)
+        compilations = count_compilations(device, sorted({c.page_size for c in cases if c.op == PAGE_TABLE}), seed)
     refs = measure_references(device, reps)
     add_one = functools.partial(torch.zeros(16, device=device).add_, 1)
     rows = []
@@ -1184,7 +885,7 @@ def run(cases: list[Case], requested: list[str] | None, device: torch.device, re
         # host's speed drifts over a run (by 1.8x within one run of the H200's host).
         add_rounds = [host_time_us(add_one, device, reps.host_calls, reps.host_batches)] if gpu else []
         case_rows = []
-        for impl in implementations(backends, device, case.op, bool(case.lengths)):
+        for impl in implementations(backends, device, case):
             if uses_interpreter(impl, device) and case.batch * case.context > INTERPRETER_MAX_TOKENS:
                 continue
             case_rows.append(measure(impl, case, x, device, reps))
@@ -1202,8 +903,8 @@ def run(cases: list[Case], requested: list[str] | None, device: torch.device, re
         del x
     return Report(str(device), info.name, gpu, "cuda-graph replay" if gpu else "wall-clock (CPU)",
                   "seq_lens = context for every row (all rows full length; :len= cases: CONTEXT is the buffers' "
-                  "capacity, rows of random lengths); width = ceil(context / page); shuffled physical pages; csr: "
-                  "token_mapping a random permutation of the pool's slots",
+                  "capacity, rows of random lengths); width = ceil(context / page); shuffled physical pages; "
+                  "token_csr: token_mapping a random permutation of the pool's slots",
                   backends, skipped, refs, compilations, rows)
 
 
@@ -1283,7 +984,7 @@ def footer(report: Report) -> list[str]:
             to_launch = [r.host_vs_launch for r in api if r.host_vs_launch is not None]
             lines.append(f"host cost of {backend} through the API (median over cases): {to_add:.2f}x x.add_(1)"
                          + (f", {statistics.median(to_launch):.2f}x a plain kernel[grid](...) launch of the "
-                            f"{GRID_2D} baseline" if to_launch else ""))
+                            f"{case_modules()[PAGE_TABLE].SGLANG_BASELINE} baseline" if to_launch else ""))
     for c in report.compilations:
         counts = ", ".join(f"{k}: {v}" for k, v in c.per_kernel.items()) or "none new"
         verdict = "n/a" if c.method == "n/a" else "ok" if c.ok and not c.note else "CHECK"
@@ -1368,13 +1069,10 @@ def add_arguments(parser: argparse.ArgumentParser):
     """The options of ``kvdispatch bench`` (``--device`` is the command line's, shared with ``demo``)."""
     parser.add_argument("--quick", action="store_true", help="a few cases, fewer repetitions")
     parser.add_argument("--cases", type=parse_cases,
-                        help='comma-separated BATCHxCONTEXTxPAGE (page table), csr:BATCHxCONTEXT[:i64][:eE][:map] '
-                             '(token CSR), mha:BATCHxCONTEXTxPAGE[:swa], v2p:BATCHxCONTEXTxPAGE (mapped page tables), '
-                             'draft:BATCHxCONTEXTxSTEPSxTOPK[:pP] (draft decode), dcp:BATCHxCONTEXTxDCP, '
-                             'dcptable:BATCHxCONTEXTxPAGExDCP (one DCP rank), each with a last option :len=LO-HI '
-                             'or :len=mix for the real decode shape (CONTEXT the capacity; see below), e.g. '
-                             '"1x131072x64,csr:8x32768:i64:e64:map,draft:64x4096x5x4,dcp:64x32768x4,'
-                             '256x1048576x64:len=1024-8192"')
+                        help='comma-separated BATCHxCONTEXTxPAGE (page table) or OP:SHAPE, OP an op\'s key (the '
+                             'case column below gives each SHAPE), each with a last option :len=LO-HI or :len=mix for '
+                             'the real decode shape (CONTEXT the capacity), e.g. "1x131072x64,token_csr:8x32768:i64:'
+                             'e64:map,draft_decode:64x4096x5x4,dcp_token_csr:64x32768x4,256x1048576x64:len=1024-8192"')
     parser.add_argument("--backends", type=parse_backends,
                         help="comma-separated subset of triton,cupy,torch (default: every one that can run on "
                              "the device; asking for one that cannot is an error)")

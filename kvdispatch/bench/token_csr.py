@@ -1,0 +1,90 @@
+"""The token CSR's cases, ``token_csr:BATCHxCONTEXT[:i64][:eE][:map]`` (int64 ``out``, ``entry_page_size`` E, a
+``token_mapping``): ``create_flashinfer_kv_indices`` against csr-loop (SGLang's design) and plain PyTorch (on
+full-length rows)."""
+
+from __future__ import annotations
+
+import argparse
+import functools
+
+import torch
+
+from kvdispatch import ops
+import kvdispatch
+from kvdispatch import grid
+
+from .core import (CSR_POOL_PAGE, PLAIN_TORCH, POISON, Case, Inputs, api_backend, baseline_kernels, dimensions,
+                   indptr, page_pool, requests)
+
+CSR_LOOP = "csr-loop"
+TRITON_BASELINES, SGLANG_BASELINE, IDEAL_BASELINE = (CSR_LOOP,), CSR_LOOP, None
+API_VARIANTS, PLAIN_TORCH_CASES = (), "full-length"
+
+
+def parse(shape: str, text: str) -> Case:
+    usage = (f"a token-CSR case is token_csr:BATCHxCONTEXT[:i64][:eE][:map], e.g. token_csr:8x32768:i64:e64:map; "
+             f"got {text!r}")
+    shape, *options = shape.split(":")
+    batch, context = dimensions(shape, 2, usage)
+    try:
+        entry = int(next((o[1:] for o in options if o.startswith("e")), 1))
+    except ValueError:
+        raise argparse.ArgumentTypeError(usage) from None
+    if sum(o.startswith("e") for o in options) > 1 or any(o not in ("i64", "map") and not o.startswith("e")
+                                                          for o in options):
+        raise argparse.ArgumentTypeError(usage)
+    if batch < 1 or context < 1 or not 1 <= entry <= 4096:
+        raise argparse.ArgumentTypeError(f"case {text!r}: batch and context >= 1, E in [1, 4096]")
+    return Case(batch, context, entry, "token_csr", "i64" in options, "map" in options)
+
+
+def shape_name(case: Case) -> str:
+    options = [":i64"] * case.int64 + [f":e{case.page_size}"] * (case.page_size > 1) + [":map"] * case.mapping
+    return f"token_csr:{case.batch}x{case.context}" + "".join(options)
+
+
+def make_inputs(case: Case, device: torch.device, seed: int) -> Inputs:
+    """With ``E = case.page_size`` > 1 the table is page-granular (one page id per E tokens), with E = 1
+    token-granular on pages of ``CSR_POOL_PAGE`` tokens; ``token_mapping`` is a random permutation of the pool's
+    slots; rows back to back in ``out``, int32 or int64 ``[batch * context]``."""
+    g = torch.Generator().manual_seed(seed)
+    rows, pool, lengths = requests(case, g)
+    if case.page_size == 1:
+        req_to_token = page_pool(rows, case.context, CSR_POOL_PAGE, g, device, lengths)
+    else:
+        req_to_token = page_pool(rows, case.width, 1, g, device, -(-lengths // case.page_size))
+    slots = (int(req_to_token.max()) + 1) * case.page_size
+    seq_lens = lengths[pool].to(device=device, dtype=torch.int32)
+    pool = pool.to(device=device, dtype=torch.int32)
+    kv_indptr = indptr(seq_lens)
+    mapping = torch.randperm(slots, generator=g).to(device=device, dtype=torch.int32) if case.mapping else None
+    out = torch.full((case.batch * case.context,), POISON, device=device,
+                     dtype=torch.int64 if case.int64 else torch.int32)
+    expected = ops.token_csr.reference(req_to_token, pool, seq_lens, kv_indptr, out.clone(),
+                                             entry_page_size=case.page_size, token_mapping=mapping)
+    return Inputs(req_to_token, pool, seq_lens, out, expected, kv_indptr, mapping)
+
+
+def plain_torch(req_to_token, req_pool_indices, seq_lens, kv_indptr, out, entry_page_size, token_mapping):
+    """The token CSR in the few PyTorch ops an engine would write (rows full length, back to back in ``out``)."""
+    batch = req_pool_indices.shape[0]
+    entries = req_to_token[req_pool_indices.long()].long()
+    if entry_page_size > 1:
+        offsets = torch.arange(entry_page_size, device=out.device)
+        entries = (entries[:, :, None] * entry_page_size + offsets).view(batch, -1)
+    values = entries[:, : out.shape[0] // batch].reshape(-1)
+    out.copy_(values if token_mapping is None else token_mapping[values])
+
+
+def bind(impl: str, x: Inputs, case: Case):
+    args = (x.req_to_token, x.req_pool_indices, x.seq_lens, x.kv_indptr, x.out)
+    if backend := api_backend(impl):
+        return functools.partial(kvdispatch.create_flashinfer_kv_indices, *args, entry_page_size=case.page_size,
+                                 token_mapping=x.token_mapping, backend=backend)
+    function = plain_torch if impl == PLAIN_TORCH else baseline_kernels().csr_loop
+    return functools.partial(function, *args, case.page_size, x.token_mapping)
+
+
+def launch(case: Case, x: Inputs) -> grid.Launch:
+    columns = x.req_to_token.shape[1]
+    return grid.token_csr_launch(x.req_pool_indices.shape[0], columns * case.page_size, x.out.shape[0])

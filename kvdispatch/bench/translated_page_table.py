@@ -1,0 +1,62 @@
+"""The unified pool's translated page table's cases, ``translated_page_table:BATCHxCONTEXTxPAGE``:
+``create_translated_page_table`` against v2p-sglang (SGLang's design, 256 columns per program), v2p-2d-grid (the
+same on 2d-grid's page blocks), v2p-ideal on ``:len=`` cases, and plain PyTorch (``kvdispatch.reference``)."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import functools
+
+import torch
+
+from kvdispatch import ops
+import kvdispatch
+from kvdispatch import grid
+
+from . import page_table
+from .core import PLAIN_TORCH, POISON, Case, Inputs, api_backend, baseline_kernels, ideal_pages, shuffled_pool
+
+V2P_SGLANG, V2P_GRID_2D, V2P_IDEAL = "v2p-sglang", "v2p-2d-grid", "v2p-ideal"
+TRITON_BASELINES, SGLANG_BASELINE, IDEAL_BASELINE = (V2P_GRID_2D, V2P_SGLANG), V2P_SGLANG, V2P_IDEAL
+API_VARIANTS, PLAIN_TORCH_CASES = (), "all"
+
+
+def parse(shape: str, text: str) -> Case:
+    if ":" in shape:
+        raise argparse.ArgumentTypeError(f"a translated page-table case is translated_page_table:BATCHxCONTEXTxPAGE; "
+                                         f"got {text!r}")
+    return dataclasses.replace(page_table.parse(shape, text), op="translated_page_table")
+
+
+def shape_name(case: Case) -> str:
+    return f"translated_page_table:{page_table.shape_name(case)}"
+
+
+def make_inputs(case: Case, device: torch.device, seed: int) -> Inputs:
+    """SGLang's dtypes (int64 rows, int32 lengths); an int64 ``v2p`` of every virtual page in ``token_mapping``,
+    one in 16 freed (-1); ``out`` int32 ``[batch, width]``."""
+    g, req_to_token, pool, seq_lens = shuffled_pool(case, device, seed, case.page_size, torch.int64)
+    pages = int(req_to_token.max()) // case.page_size + 1
+    out = torch.full((case.batch, case.width), POISON, dtype=torch.int32, device=device)
+    lookup = torch.randint(0, pages * 4, (pages,), generator=g)
+    lookup[torch.randperm(pages, generator=g)[: pages // 16]] = -1
+    lookup = lookup.to(device)
+    expected = ops.translated_page_table.reference(req_to_token, pool, seq_lens, lookup, out.clone(), case.page_size)
+    return Inputs(req_to_token, pool, seq_lens, out, expected, token_mapping=lookup)
+
+
+def bind(impl: str, x: Inputs, case: Case):
+    args = (x.req_to_token, x.req_pool_indices, x.seq_lens, x.token_mapping, x.out)
+    if backend := api_backend(impl):
+        return functools.partial(kvdispatch.create_translated_page_table, *args, page_size=case.page_size,
+                                 backend=backend)
+    if impl == PLAIN_TORCH:
+        return functools.partial(ops.translated_page_table.reference, *args, case.page_size)
+    columns = baseline_kernels().V2P_COLUMNS_PER_PROGRAM if impl in (V2P_SGLANG, V2P_IDEAL) else None
+    return functools.partial(baseline_kernels().v2p_grid_2d, *args, case.page_size, columns_per_program=columns,
+                             pages=ideal_pages(x, case) if impl == V2P_IDEAL else None)
+
+
+def launch(case: Case, x: Inputs) -> grid.Launch:
+    return grid.mapped_page_table_launch(x.req_pool_indices.shape[0], x.out.shape[1], case.page_size)
