@@ -1,8 +1,7 @@
 """The public index builders. Validation, then one dispatch lookup, then one kernel launch.
 
 A call the Triton or CuPy backend has launched before (same device, selection and shapes) is taken whole by
-the compiled host path (``kvdispatch/host_path.c``): the page table and the token CSR by entries of their own
-(``dispatch.fast_page_table``, ``dispatch.fast_token_csr``: the same checks, in C), the other ops by the
+the compiled host path (``kvdispatch/host_path.c``), every op by its
 replay entry (``dispatch.fast_replay``), which launches what the Python path launched for a call of the same
 key (every argument's metadata and int values) with the new call's pointers, once the outputs are found
 apart from the other arguments. Whatever it does not take, first calls, every error and ``KVDISPATCH_DEBUG``
@@ -33,9 +32,9 @@ def _replayed(op: int, backend, pdl: bool, *args) -> bool:
     return (replay is not None and not _debug.ENABLED and not pdl
             and replay(op, backend, *args) is not NotImplemented)
 # The replay entry's op codes (``dispatch.fast_replay``).
-_DRAFT_DECODE, _DCP_TOKEN_CSR, _DCP_PAGE_TABLE, _MHA_PAGE_TABLE, _TRANSLATED_PAGE_TABLE = (
-    dispatch.HOST_PATH_OPS[op] for op in ("draft_decode", "dcp_token_csr", "dcp_page_table", "mha_page_table",
-                                          "translated_page_table"))
+_PAGE_TABLE, _TOKEN_CSR, _DRAFT_DECODE, _DCP_TOKEN_CSR, _DCP_PAGE_TABLE, _MHA_PAGE_TABLE, _TRANSLATED_PAGE_TABLE = (
+    dispatch.HOST_PATH_OPS[op] for op in ("page_table", "token_csr", "draft_decode", "dcp_token_csr",
+                                          "dcp_page_table", "mha_page_table", "translated_page_table"))
 # ``kvdispatch.host_path``, imported by the first GPU call that may register a replay plan (``_dispatch``).
 _host_path = None
 
@@ -93,20 +92,17 @@ def create_flashmla_kv_indices(req_to_token, req_pool_indices, seq_lens, out, *,
         return _page_table_in_graph(req_to_token, req_pool_indices, seq_lens, out, page_size, kv_start_idx,
                                     seqlen_offset, seq_lens_out, fill_value, round_toward_zero, backend,
                                     enable_pdl)
-    fast = dispatch.fast_page_table
-    if fast is not None and not _debug.ENABLED and not pdl:  # the compiled launcher takes no PDL call
-        # The compiled launcher hands back (NotImplemented) every call with round_toward_zero set.
-        result = fast(req_to_token, req_pool_indices, seq_lens, out, page_size, kv_start_idx, seqlen_offset,
-                      seq_lens_out, fill_value, backend, round_toward_zero)
-        if result is not NotImplemented:
-            return result
+    if _replayed(_PAGE_TABLE, backend, pdl, req_to_token, req_pool_indices, seq_lens, out, page_size, kv_start_idx,
+                 seqlen_offset, seq_lens_out, fill_value, round_toward_zero):
+        return out
     device = check_page_table_args(req_to_token, req_pool_indices, seq_lens, out, page_size, kv_start_idx,
                                    seqlen_offset, seq_lens_out, fill_value, round_toward_zero)
     if _debug.ENABLED:
         _debug.check_page_table_data(req_to_token, req_pool_indices, seq_lens, out, page_size, kv_start_idx,
                                      seqlen_offset)
-    dispatch.call(device, "page_table", backend, req_to_token, req_pool_indices, seq_lens, out, page_size,
-                  kv_start_idx, seqlen_offset, seq_lens_out, fill_value, round_toward_zero, pdl)
+    _dispatch(device, "page_table", backend, pdl, (req_to_token, req_pool_indices, seq_lens, out, page_size,
+                                                   kv_start_idx, seqlen_offset, seq_lens_out, fill_value,
+                                                   round_toward_zero))
     return out
 
 
@@ -152,20 +148,16 @@ def create_flashinfer_kv_indices(req_to_token, req_pool_indices, seq_lens, kv_in
     if _compiling():
         return _token_csr_in_graph(req_to_token, req_pool_indices, seq_lens, kv_indptr, out, kv_start_idx,
                                    entry_page_size, token_mapping, backend, enable_pdl)
-    fast = dispatch.fast_token_csr
-    if fast is not None and not _debug.ENABLED and not pdl:  # the compiled launcher takes no PDL call
-        # The compiled launcher hands back (NotImplemented) every call with an option or an int64 out.
-        result = fast(req_to_token, req_pool_indices, seq_lens, kv_indptr, out, kv_start_idx, backend,
-                      entry_page_size, token_mapping)
-        if result is not NotImplemented:
-            return result
+    if _replayed(_TOKEN_CSR, backend, pdl, req_to_token, req_pool_indices, seq_lens, kv_indptr, out, kv_start_idx,
+                 entry_page_size, token_mapping):
+        return out
     device = check_token_csr_args(req_to_token, req_pool_indices, seq_lens, kv_indptr, out, kv_start_idx,
                                   entry_page_size, token_mapping)
     if _debug.ENABLED:
         _debug.check_token_csr_data(req_to_token, req_pool_indices, seq_lens, kv_indptr, out, kv_start_idx,
                                     entry_page_size, token_mapping)
-    dispatch.call(device, "token_csr", backend, req_to_token, req_pool_indices, seq_lens, kv_indptr, out,
-                  kv_start_idx, entry_page_size, token_mapping, pdl)
+    _dispatch(device, "token_csr", backend, pdl, (req_to_token, req_pool_indices, seq_lens, kv_indptr, out,
+                                                  kv_start_idx, entry_page_size, token_mapping))
     return out
 
 

@@ -866,13 +866,13 @@ def check_eager(fn, x: Inputs) -> str:
 
 # The "path" of an API row whose repeated eager call the compiled entries of dispatch took.
 NATIVE_PATH = "native"
-COMPILED_ENTRIES = ("fast_page_table", "fast_token_csr", "fast_replay")
+COMPILED_ENTRIES = ("fast_replay",)
 
 
 def eager_path(fn, x: Inputs, backend: str) -> tuple[str, str]:
     """``(path, wrong)`` of one more eager call of an API row's ``fn`` (``check_eager``'s verdict in
-    ``wrong``): ``NATIVE_PATH`` when a compiled entry (``dispatch.fast_page_table`` / ``fast_token_csr`` /
-    ``fast_replay``, the C host path) launched it, else ``backend``, the one the row asks for, whose Python
+    ``wrong``): ``NATIVE_PATH`` when the compiled entry (``dispatch.fast_replay``, the C host path)
+    launched it, else ``backend``, the one the row asks for, whose Python
     path then served it. Counted with wrappers around the installed entries, for this call only; an entry
     installed meanwhile (the first use of the compiled path) is left in place."""
     launched = []

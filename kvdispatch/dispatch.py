@@ -56,16 +56,12 @@ OP_FUNCTIONS = {"page_table": "build_page_table", "token_csr": "build_token_indi
 
 log = logging.getLogger("kvdispatch")
 
-# The compiled host path's entries for whole calls (``kvdispatch/host_path.py`` sets them once built): called
-# with the public arguments, all positional, they launch and return ``out``, or return NotImplemented and
-# the path below (validation, selection, the backend's Python launcher) serves.
-fast_page_table = None
-fast_token_csr = None
-# ``replay(op code, backend, *public arguments)``: the same for the other ops (``host_path.REPLAYED``), from
-# the replay plans the Python path registered (``host_path.call_and_register``).
+# The compiled host path's entry for whole calls (``kvdispatch/host_path.py`` sets it once built):
+# ``replay(op code, backend, *public arguments)``, all positional, launches what the Python path launched for a
+# call of the same key (``host_path.call_and_register`` registered it) and returns the op's first output, or
+# returns NotImplemented and the path below (validation, selection, the backend's Python launcher) serves.
 fast_replay = None
-# The compiled host path's op codes (``host_path.c``'s ``OP_*`` values, given as ``-D`` options): the page table
-# and the token CSR have entries of their own; the others are replayed (``fast_replay``'s first argument).
+# Its op codes (``fast_replay``'s first argument): opaque ints to ``host_path.c``, which gets only their count.
 HOST_PATH_OPS = {"page_table": 0, "token_csr": 1, "draft_decode": 2, "dcp_token_csr": 3, "dcp_page_table": 4,
                  "mha_page_table": 5, "translated_page_table": 6}
 
@@ -268,7 +264,22 @@ class _Selector:
             REGISTRY[name].notify("on_deselected", device)
         if first:
             warnings.warn(f"kvdispatch: backend {name!r} failed on {device} ({type(exc).__name__}: {exc}); "
-                          "disabled for this device, the next backend serves", RuntimeWarning, stacklevel=4)
+                          "disabled for this device, the next backend serves", RuntimeWarning,
+                          stacklevel=_caller_level())
+
+
+# The directories of kvdispatch and of its backends' packages: a warning names the first frame outside them.
+_OWN_DIRECTORIES = tuple({os.path.dirname(module.__file__) + os.sep
+                          for module in (sys.modules[__name__], *DESCRIPTORS)})
+
+
+def _caller_level() -> int:
+    """The ``stacklevel`` at which ``warnings.warn``, called by the caller of this function, names the first
+    frame outside kvdispatch and its backends (the user's call, however many frames the API passed through)."""
+    frame, level = sys._getframe(1), 1
+    while frame.f_back is not None and frame.f_code.co_filename.startswith(_OWN_DIRECTORIES):
+        frame, level = frame.f_back, level + 1
+    return level
 
 
 selector = _Selector()

@@ -249,17 +249,17 @@ def test_path_is_what_launched_the_repeated_call(monkeypatch, takes):
     x = bench.make_inputs(case, torch.device("cpu"), 3)
     calls = []
 
-    def entry(*args):  # a stand-in for the C path: builds with the reference, or hands the call back
+    def entry(op, backend, *args):  # a stand-in for the C path: builds with the reference, or hands the call back
         calls.append(args)
         if not takes:
             return NotImplemented
         reference.build_page_table(*args[:9])
         return args[3]
 
-    monkeypatch.setattr(dispatch, "fast_page_table", entry)
+    monkeypatch.setattr(dispatch, "fast_replay", entry)
     row = bench.measure("api:torch", case, x, torch.device("cpu"), bench.Reps(rounds=1, host_batches=1))
     assert row.status == "ok" and row.path == ("native" if takes else "torch")
-    assert dispatch.fast_page_table is entry and len(calls) >= 2
+    assert dispatch.fast_replay is entry and len(calls) >= 2
 
 
 def test_host_cost_is_divided_by_the_cases_own_add():

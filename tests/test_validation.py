@@ -437,7 +437,7 @@ def test_flags_as_bools_pass(entry, op):
 def test_enable_pdl_is_checked_before_the_compiled_host_path(monkeypatch):
     """``enable_pdl=0`` (falsy, not a bool) must not reach the compiled launcher, which takes calls without PDL."""
     taken = []
-    monkeypatch.setattr(kvdispatch.dispatch, "fast_page_table", lambda *args: taken.append(args))
+    monkeypatch.setattr(kvdispatch.dispatch, "fast_replay", lambda *args: taken.append(args))
     name, tensors, options = _op_call("page_table")
     with pytest.raises(TypeError, match="enable_pdl must be a bool or None, got int"):
         kvdispatch.create_flashmla_kv_indices(*tensors, **options, enable_pdl=0)
