@@ -301,9 +301,10 @@ static PyObject *launch_on(long device, void *context, uint64_t function_handle,
 // the selector resolved them to, then each public argument in the API's order: a tensor's dtype, device,
 // shape, strides and whether its data is 16-byte aligned; None; an exact int or bool's value. The launch's
 // parameters are fixed values but for its pointer slots (parameter -> argument whose data_ptr() goes there).
-// replay() computes the key of a call, finds the plan, checks what depends on the pointers only (the
-// declared outputs share no byte with any other tensor argument, as the validator requires; the current
-// context) and launches with the call's pointers in the slots. Anything else: NotImplemented.
+// replay() computes the key of a call (reading each tensor as read_tensor does: its memory must hold its view),
+// finds the plan, checks what depends on the pointers only (the declared outputs share no byte with any other
+// tensor argument, as the validator requires; the current context) and launches with the call's pointers in
+// the slots. Anything else: NotImplemented.
 
 #define MAX_ARGS 16
 #define MAX_KEY_WORDS 96  // 3 header words, then at most 9 per argument (2-D tensors); the longest op needs 72
@@ -416,10 +417,10 @@ static const char *const replay_plan_fields[] = {"op",    "backend", "args",   "
 
 // add_replay(op, backend, args, launcher, context, function, grid, threads, shared, values, slots, outputs)
 //   -> added
-// op: an op code below OP_COUNT; args: the public arguments of the call just launched (tuple, the API's order, as replay() takes them);
-// grid: (x, y, z); values: the kernel's parameters as 64-bit words (tuple of ints); slots: ((parameter,
-// argument), ...) for each parameter that is an argument's data pointer (its value must be that pointer);
-// outputs: the indices of the output arguments, the first being what replay() returns.
+// op: an op code below OP_COUNT; args: the public arguments of the call just launched (tuple, the API's order,
+// as replay() takes them); grid: (x, y, z); values: the kernel's parameters as 64-bit words (tuple of ints);
+// slots: ((parameter, argument), ...) for each parameter that is an argument's data pointer (its value must be
+// that pointer); outputs: the indices of the output arguments, the first being what replay() returns.
 static PyObject *add_replay(PyObject *self, PyObject *args) {
     int op, launcher;
     PyObject *backend, *call_args, *values, *slots, *outputs;
@@ -433,8 +434,8 @@ static PyObject *add_replay(PyObject *self, PyObject *args) {
     if (PyErr_Occurred()) return NULL;
     Py_ssize_t count = PyTuple_GET_SIZE(call_args), param_count = PyTuple_GET_SIZE(values);
     Py_ssize_t slot_count = PyTuple_GET_SIZE(slots), output_count = PyTuple_GET_SIZE(outputs);
-    if (op < 0 || op >= OP_COUNT || !is_launcher(launcher) || code < 0 ||
-        param_count > MAX_PARAMS || slot_count > param_count || output_count < 1 || count > MAX_ARGS)
+    if (op < 0 || op >= OP_COUNT || !is_launcher(launcher) || code < 0 || param_count > MAX_PARAMS ||
+        slot_count > param_count || output_count < 1 || count > MAX_ARGS)
         Py_RETURN_FALSE;
     replay_plan plan;
     memset(&plan, 0, sizeof(plan));
