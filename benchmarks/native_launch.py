@@ -89,13 +89,13 @@ def main() -> int:
                                  torch._C._cuda_getCurrentRawStream(0), *ints)
 
     def python_path():  # the public API with the compiled entry unset: checks, selection, Python launcher
-        dispatch.fast_page_table = None
+        dispatch.fast_replay = None
         try:
             api(*args, page_size=64)
         finally:
-            dispatch.fast_page_table = entry
+            dispatch.fast_replay = entry
 
-    entry = dispatch.fast_page_table
+    entry = dispatch.fast_replay
     variants = [("launch_raw", raw), ("public API", lambda: api(*args, page_size=64)), ("Python path", python_path)]
     torch_native = build_torch_module()
     if torch_native is not None:

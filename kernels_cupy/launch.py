@@ -1,10 +1,9 @@
 """What each kernel call is (``build.KernelCall``): kernel name, specialisation, grid, threads and typed
 arguments. Shared by the CuPy launcher (GPU) and the host build (CI); neither decides a grid itself,
 ``kvdispatch.grid`` does.
-The backend's builders (``build_page_table``, ``build_token_indices``) describe the call here and hand it
-to ``runtime.py``, imported (with CuPy) at the first launch; those two then register the call's plan with the
-compiled host path (``native.py``), which takes the next such call. The other ops' launches are recorded
-(``host_path.recording``) and become replay plans there (``native.replay_launch``).
+The backend's builders (``build_page_table``, ``build_token_indices``, ...) describe the call here and hand it
+to ``runtime.py``, imported (with CuPy) at the first launch; each launch is recorded (``host_path.recording``)
+and becomes a replay plan of the compiled host path (``native.replay_launch``), which takes the next such call.
 
 Arguments are plain Python ints in the kernels' parameter order: pointers (0 for an absent tensor),
 element strides (index vectors may be any 1-D view) and values. The builders write each pointer as its tensor
@@ -195,27 +194,17 @@ def build_page_table(req_to_token, req_pool_indices, seq_lens, out, page_size, k
                      seqlen_offset=0, seq_lens_out=None, fill_value=None, round_toward_zero=False, pdl=False):
     """Paged block table; semantics of ``kvdispatch.create_flashmla_kv_indices``; ``pdl``: programmatic
     dependent launch where the device supports it (``with_pdl``). Returns ``out``."""
-    call = page_table_call(req_to_token, req_pool_indices, seq_lens, out, page_size, kv_start_idx,
-                           seqlen_offset, seq_lens_out, fill_value, round_toward_zero)
-    _launched(call, req_to_token.device, out, pdl)
-    if call is not None and not (round_toward_zero or pdl):
-        # the compiled host path takes the next such call (it takes none rounding toward zero or with PDL)
-        native.add_page_table_plan(call, req_to_token, req_pool_indices, seq_lens, out, page_size, kv_start_idx,
-                                   seqlen_offset, seq_lens_out, fill_value)
-    return out
+    return _launched(page_table_call(req_to_token, req_pool_indices, seq_lens, out, page_size, kv_start_idx,
+                                     seqlen_offset, seq_lens_out, fill_value, round_toward_zero),
+                     req_to_token.device, out, pdl)
 
 
 def build_token_indices(req_to_token, req_pool_indices, seq_lens, kv_indptr, out, kv_start_idx=None,
                         entry_page_size=1, token_mapping=None, pdl=False):
     """Token-level CSR indices; semantics of ``kvdispatch.create_flashinfer_kv_indices``; ``pdl`` as for
     ``build_page_table``. Returns ``out``."""
-    call = token_csr_call(req_to_token, req_pool_indices, seq_lens, kv_indptr, out, kv_start_idx, entry_page_size,
-                          token_mapping)
-    _launched(call, req_to_token.device, out, pdl)
-    if call is not None and entry_page_size == 1 and token_mapping is None and out.dtype is torch.int32 and not pdl:
-        # an ordinary call: the compiled host path takes the next such call
-        native.add_token_csr_plan(call, req_to_token, req_pool_indices, seq_lens, kv_indptr, out, kv_start_idx)
-    return out
+    return _launched(token_csr_call(req_to_token, req_pool_indices, seq_lens, kv_indptr, out, kv_start_idx,
+                                    entry_page_size, token_mapping), req_to_token.device, out, pdl)
 
 
 def build_mha_page_table(req_to_token, req_pool_indices, seq_lens, page_table, page_size, swa_page_table=None,

@@ -13,11 +13,11 @@ its arguments to its C ``launch`` (Triton 3.6 on NVIDIA; checked in the launcher
 the plan calls that C function itself, with what ``__call__`` would pass: one Python frame less, about a
 microsecond.
 
-Below all of these, a call whose plan exists can skip Python altogether: ``native_kernel`` checks that a
-compiled kernel takes ``cuLaunchKernel``'s (on AMD ``hipModuleLaunchKernel``'s) parameters the way
-``kvdispatch/host_path.c`` passes them, and the page-table and token-CSR launchers then register their
-plans there too (``native.py``). The other ops' plans describe their launches for it
-(``KernelLauncher.replay_launch``, recorded by ``record``), which become replay plans there.
+Below all of these, a call whose plan exists can skip Python altogether: every plan describes its launches
+(``KernelLauncher.replay_launch``, recorded by ``record``) for the compiled host path
+(``kvdispatch/host_path.c``), where they become replay plans, once ``native_parameter_count`` finds that the
+compiled kernel takes ``cuLaunchKernel``'s (on AMD ``hipModuleLaunchKernel``'s) parameters the way it passes
+them.
 
 ``KVDISPATCH_TRITON_LAUNCH`` = ``auto`` (default: the deepest path detected) | ``native`` or ``direct``
 (required) | ``fast`` (``CompiledKernel.run``) | ``plain`` overrides that choice; it is read when a plan is
@@ -49,7 +49,9 @@ LAUNCH_MODES = _env.LAUNCH_MODES[LAUNCH_ENV]
 # Launch plans are kept per shape; engines use a handful of (batch, width) pairs, but a caller that
 # varies them freely must not grow the cache without bound.
 MAX_PLANS = 4096
-WIDE = host_path.WIDE  # sizes and strides from here on do not fit the kernels' packed 32-bit fields
+# A size or stride this large does not fit the 32-bit fields the kernels pack their parameters into
+# (``page_table.packed_words``, ``token_csr.packed_words``): such a call reads the full-width ones.
+WIDE = 2**31
 
 # Triton's interpreter (CPU tensors, device index -1) replaces functions of ``triton.language`` for the length
 # of a launch and restores them at its end, and keeps the program being run in one global builder: two
@@ -457,58 +459,50 @@ class KernelLauncher:
         values = tuple(constexprs[name] for name in self.constexpr_names)
         return fast_launcher(compiled, convention, grid, values, key[0], direct)
 
-    def native_kernel(self, device_index: int, specialisation, runtime_args: int, threads: int) -> NativeKernel | None:
-        """The compiled kernel of ``(device_index, specialisation)`` as ``host_path.c`` launches it, when
-        the launch mode allows that (``auto``, ``native``) and it can: its parameters as
-        ``native_parameter_count`` requires, and ``threads`` (the grid helper's threads per program) exactly
-        what Triton's launcher starts. None otherwise. Raises in ``native`` mode when it cannot. Call after
-        ``plan`` (which compiles the kernel)."""
-        mode = launch_mode()
-        if mode not in ("auto", "native") or device_index < 0:
-            return None
-        key = (device_index, specialisation)
-        found = self.native_kernels.get(key, False)
-        if found is False:
-            found = self.native_kernels[key] = self._native_kernel(key, runtime_args, threads)
-        if found is None and mode == "native":
-            reason = host_path.failure() or "the compiled kernel does not take cuLaunchKernel's parameters " \
-                                            "as host_path.c passes them"
-            raise RuntimeError(f"{LAUNCH_ENV}=native, but the compiled launcher cannot launch this kernel "
-                               f"({reason}); use auto, direct, fast or plain")
-        return found
-
     def replay_launch(self, device_index: int, specialisation, grid, args) -> host_path.Launch | None:
         """The launch of ``args`` (a plan's runtime arguments, tensors in the pointer slots) through the plan
         of ``(device_index, specialisation)`` on ``grid``, as a replay plan's launch
         (``host_path.register_replay``): the arguments the compiled kernel takes (its signature's constexprs,
-        None ones included, left out), then Triton's two scratch pointers (0). None where ``host_path.c``
-        cannot launch the kernel (``native_parameter_count``; the launch mode ``auto`` or ``native`` only;
-        never raises for it)."""
+        None ones included, left out), then Triton's two scratch pointers (0). None where the launch mode is
+        not ``auto`` or ``native``, for CPU tensors (the interpreter), and in ``auto`` mode where ``host_path.c``
+        cannot launch the kernel (``native_parameter_count``, the extension, the context); ``native`` mode raises
+        with the reason there."""
         key = (device_index, specialisation)
         compiled = self.compiled.get(key)
         signature = getattr(getattr(compiled, "src", None), "signature", None)
-        if device_index < 0 or launch_mode() not in ("auto", "native") or not isinstance(signature, dict):
+        mode = launch_mode()
+        if device_index < 0 or mode not in ("auto", "native"):
             return None
-        params = tuple(value for name, value in zip(self.arg_names, args) if signature.get(name) != "constexpr")
-        kernel = self.native_kernels.get(key, False)
-        if kernel is False:
-            kernel = self.native_kernels[key] = self._native_kernel(key, len(params), threads_per_program(compiled))
+        kernel = None
+        if isinstance(signature, dict):
+            params = tuple(value for name, value in zip(self.arg_names, args) if signature.get(name) != "constexpr")
+            kernel = self.native_kernels.get(key, False)
+            if kernel is False:
+                kernel = self.native_kernels[key] = self._native_kernel(key, len(params))
         if kernel is None:
+            if mode == "native":
+                reason = host_path.failure() or "the compiled kernel does not take cuLaunchKernel's parameters " \
+                                                "as host_path.c passes them"
+                raise RuntimeError(f"{LAUNCH_ENV}=native, but the compiled launcher cannot launch this kernel "
+                                   f"({reason}); use auto, direct, fast or plain")
             return None
         scratch = (0,) * (kernel.param_count - len(params))
         return host_path.Launch(native.LAUNCHER, kernel.context, kernel.function, tuple(grid), kernel.threads,
                                 kernel.shared, params + scratch)
 
-    def _native_kernel(self, key, runtime_args: int, threads: int) -> NativeKernel | None:
+    def _native_kernel(self, key, runtime_args: int) -> NativeKernel | None:
+        """The compiled kernel of ``key`` as ``host_path.c`` launches it (``runtime_args`` arguments, then the
+        scratch pointers: ``native_parameter_count``), with the threads Triton's launcher starts and the context
+        current on its device; None where the extension is not available or no context is current."""
         compiled = self.compiled.get(key)
         count = native_parameter_count(compiled, runtime_args)
-        if count is None or host_path.load(key[0]) is None or threads_per_program(compiled) != threads:
+        if count is None or host_path.load(key[0]) is None:
             return None
         with torch.cuda.device(key[0]):
             context = host_path.current_context()
         if not context:
             return None
-        return NativeKernel(compiled.function, threads, compiled.metadata.shared, count, context)
+        return NativeKernel(compiled.function, threads_per_program(compiled), compiled.metadata.shared, count, context)
 
 
 def nothing(*args):

@@ -238,23 +238,16 @@ def packed_words(rows: int, table_stride: int, cols: int, width: int, out_stride
 
 
 def _build_plan(key, out, args):
-    """The launch plan of ``key`` (``plan_key_and_arguments``), launching ``args`` when it compiles."""
+    """The launch plan of ``key`` (``plan_key_and_arguments``), launching ``args`` when it compiles
+    (``launch.build_plan``)."""
     _, page_size, batch, width = key[:4]
     has_start, flags = key[6] is not None, key[7:12]  # seq_lens_out, fill, unit strides, wide, offset
     geometry = launch_grid.page_table_launch(batch, width, page_size, writes_lengths=flags[0])
-    if geometry.grid[0] == 0:
-        return _plans.add(key, _launch.nothing), False
     round_toward_zero, pdl = key[12:14]
     constexprs = constexprs_for(page_size, has_start, *flags, folded_grid=geometry.folded,
                                 round_toward_zero=round_toward_zero, pdl=pdl)
     specialisation = (page_size, has_start, *flags, geometry.folded) + key[4:7] + (round_toward_zero, pdl)
-    warps = _launch.warps_for(out.device, geometry.threads)
-    plan, launched = launcher.plan(key[0], specialisation, geometry.grid, constexprs, warps, args)
-    # The compiled launcher takes no PDL call (the API keeps them off it), so it gets no plan for one.
-    kernel = None if pdl else launcher.native_kernel(key[0], specialisation, len(PARAMETERS), geometry.threads)
-    if kernel is not None:  # the compiled launcher takes this key's calls from now on
-        native.add_page_table_plan(key, kernel, geometry.grid)
-    return _plans.add(key, plan), launched
+    return _launch.build_plan(_plans, launcher, key, args, out.device, geometry, specialisation, constexprs)
 
 
 def build_page_table(req_to_token, req_pool_indices, seq_lens, out, page_size, kv_start_idx=None,
@@ -268,22 +261,16 @@ def build_page_table(req_to_token, req_pool_indices, seq_lens, out, page_size, k
     """
     key, args = plan_key_and_arguments(req_to_token, req_pool_indices, seq_lens, out, page_size, kv_start_idx,
                                        seqlen_offset, seq_lens_out, fill_value, round_toward_zero, pdl)
-    plan = _plans.get(key)
-    if plan is None:
-        plan, launched = _build_plan(key, out, args)
-        if launched:
-            return out
-    plan(*args)
+    _launch.launch_through_plan(_plans, key, args, lambda: _build_plan(key, out, args))
     return out
 
 
 def plan_key_and_arguments(req_to_token, req_pool_indices, seq_lens, out, page_size, kv_start_idx=None,
                            seqlen_offset=0, seq_lens_out=None, fill_value=None, round_toward_zero=False, pdl=False):
-    """The launch-plan key of a call and the kernel's runtime arguments (tensors in the pointer slots),
-    as ``host_path.c`` computes them too. Key: device index, page size, batch, width, the dtypes of
-    the pool, length and start vectors (None: no start), seq_lens_out given, fill_value given, unit strides,
-    wide indexing (no start, and no ``packed_words``), seqlen_offset not 0, round_toward_zero, pdl (the
-    compiled launcher takes no key with either: its keys are the first 12 entries).
+    """The launch-plan key of a call and the kernel's runtime arguments (tensors in the pointer slots). Key:
+    device index, page size, batch, width, the dtypes of the pool, length and start vectors (None: no start),
+    seq_lens_out given, fill_value given, unit strides, wide indexing (no start, and no ``packed_words``),
+    seqlen_offset not 0, round_toward_zero, pdl.
     """
     has_start = kv_start_idx is not None
     has_seq_lens_out = seq_lens_out is not None

@@ -33,9 +33,7 @@ PARAMETERS = ("table_ptr", "pool_ptr", "lens_ptr", "indptr_ptr", "out_ptr", "pac
 POINTERS = tuple(name for name in PARAMETERS if name.endswith("_ptr"))
 RUNTIME_INTS = tuple(name for name in PARAMETERS if not name.endswith("_ptr"))
 # Without a token mapping its two parameters are passed as None, which Triton compiles as constants (and
-# would with a type annotation too, hence none on ``mapping_len``): the kernel then takes only these, the
-# parameters ``host_path.c`` passes (it takes no call with an option).
-ORDINARY_PARAMETERS = PARAMETERS[:-2]
+# would with a type annotation too, hence none on ``mapping_len``): the compiled kernel then does not take them.
 CONSTEXPRS = ("TOKENS_PER_PROGRAM", "HAS_START", "UNIT_STRIDES", "WIDE_INDEXING", "FOLDED_GRID", "ENTRY_PAGE_SIZE",
               "ENTRY_SHIFT", "HAS_MAPPING", "PDL")
 # The entry page sizes compiled ahead of time (``crosscompile``); any other in [1, MAX_PAGE_SIZE] compiles
@@ -167,22 +165,15 @@ def packed_words(rows: int, table_stride: int, cols: int, out_len: int) -> tuple
 
 
 def _build_plan(key, out, args):
-    """The launch plan of ``key`` (``plan_key_and_arguments``), launching ``args`` when it compiles."""
+    """The launch plan of ``key`` (``plan_key_and_arguments``), launching ``args`` when it compiles
+    (``launch.build_plan``)."""
     entry_page_size = key[10]
     geometry = launch_grid.token_csr_launch(key[1], table_width=args[9] * entry_page_size, out_len=args[11])
-    if geometry.grid[0] == 0:
-        return _plans.add(key, _launch.nothing), False
     has_start, unit_strides, wide_indexing = key[6] is not None, key[7], key[8]
     specialisation = (has_start, geometry.folded) + key[3:]
-    warps = _launch.warps_for(out.device, geometry.threads)
     constexprs = constexprs_for(has_start, unit_strides, wide_indexing, geometry.folded, entry_page_size,
                                 key[11] is not None, pdl=key[12])
-    plan, launched = launcher.plan(key[0], specialisation, geometry.grid, constexprs, warps, args)
-    if native.is_ordinary_token_csr(key):  # the compiled launcher takes no call with an option
-        kernel = launcher.native_kernel(key[0], specialisation, len(ORDINARY_PARAMETERS), geometry.threads)
-        if kernel is not None:  # it takes this key's calls from now on
-            native.add_token_csr_plan(key, kernel, geometry.grid)
-    return _plans.add(key, plan), launched
+    return _launch.build_plan(_plans, launcher, key, args, out.device, geometry, specialisation, constexprs)
 
 
 def build_token_indices(req_to_token, req_pool_indices, seq_lens, kv_indptr, out, kv_start_idx=None,
@@ -196,24 +187,17 @@ def build_token_indices(req_to_token, req_pool_indices, seq_lens, kv_indptr, out
     """
     key, args = plan_key_and_arguments(req_to_token, req_pool_indices, seq_lens, kv_indptr, out, kv_start_idx,
                                        entry_page_size, token_mapping, pdl)
-    plan = _plans.get(key)
-    if plan is None:
-        plan, launched = _build_plan(key, out, args)
-        if launched:
-            return out
-    plan(*args)
+    _launch.launch_through_plan(_plans, key, args, lambda: _build_plan(key, out, args))
     return out
 
 
 def plan_key_and_arguments(req_to_token, req_pool_indices, seq_lens, kv_indptr, out, kv_start_idx=None,
                            entry_page_size=1, token_mapping=None, pdl=False):
-    """The launch-plan key of a call and the kernel's runtime arguments (tensors in the pointer slots), as
-    ``host_path.c`` computes them too for an ordinary call (``native.is_ordinary_token_csr``). Key: device
-    index, batch, min(C * entry_page_size, N) (the geometry depends on nothing else:
+    """The launch-plan key of a call and the kernel's runtime arguments (tensors in the pointer slots). Key:
+    device index, batch, min(C * entry_page_size, N) (the geometry depends on nothing else:
     ``kvdispatch.grid.token_csr_launch``), the dtypes of the pool, length, indptr and start vectors (None: no
     start), unit strides, wide indexing (no ``packed_words``), then the options: out's dtype, the entry page
-    size and the mapping's dtype (None: no mapping), and pdl. The first nine fields are the compiled
-    launcher's key."""
+    size and the mapping's dtype (None: no mapping), and pdl."""
     has_start = kv_start_idx is not None
     rows, cols = req_to_token.shape
     table_stride, out_len = req_to_token.stride(0), out.shape[0]

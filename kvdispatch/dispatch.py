@@ -61,8 +61,6 @@ log = logging.getLogger("kvdispatch")
 # first output, or returns NotImplemented and the Python path (validation, selection, the backend's launcher)
 # serves.
 fast_replay = None
-# The compiled host path's op codes (``Op.code``), as ``host_path.c`` is built with them.
-HOST_PATH_OPS: dict = {}
 
 # ``KVDISPATCH_PDL``: what ``enable_pdl=None`` means. Read at import and by ``reset()``, not per call (an
 # environment lookup costs more host time than a whole call's checks).
@@ -264,7 +262,22 @@ class _Selector:
             REGISTRY[name].notify("on_deselected", device)
         if first:
             warnings.warn(f"kvdispatch: backend {name!r} failed on {device} ({type(exc).__name__}: {exc}); "
-                          "disabled for this device, the next backend serves", RuntimeWarning, stacklevel=4)
+                          "disabled for this device, the next backend serves", RuntimeWarning,
+                          stacklevel=_caller_level())
+
+
+# The directories of kvdispatch and of its backends' packages: a warning names the first frame outside them.
+_OWN_DIRECTORIES = tuple({os.path.dirname(module.__file__) + os.sep
+                          for module in (sys.modules[__name__], *DESCRIPTORS)})
+
+
+def _caller_level() -> int:
+    """The ``stacklevel`` at which ``warnings.warn``, called by the caller of this function, names the first
+    frame outside kvdispatch and its backends (the user's call, however many frames the API passed through)."""
+    frame, level = sys._getframe(1), 1
+    while frame.f_back is not None and frame.f_code.co_filename.startswith(_OWN_DIRECTORIES):
+        frame, level = frame.f_back, level + 1
+    return level
 
 
 selector = _Selector()

@@ -1,7 +1,5 @@
-// The host path of the index builders in C: for the page table and the token CSR, the validator's hot-path
-// checks, the launch-plan lookup, the argument packing and the kernel launch, for a call whose plan the
-// Python path has already built; for the other ops, the replay of the launch the Python path made for a call
-// of the same key.
+// The host path of the index builders in C: the replay of the launch the Python path made for a call of the
+// same key, for every op and every option.
 //
 // Built at first use by kvdispatch/host_path.py with the system's C compiler; only the
 // Python C API (3.9+) is used: no torch or CUDA headers. A tensor's metadata is read from its TensorImpl
@@ -10,17 +8,15 @@
 // launch and context functions (libcuda's cuLaunchKernel and cuCtxGetCurrent in the product, stubs in the
 // tests).
 //
-// Two launchers register plans here: Triton's (kernels_triton/native.py) and CuPy's (kernels_cupy/native.py).
-// The selector's approval of (op, device, requested backend) names the launcher; the call's key, the plan
-// and the parameter order are that launcher's.
+// It knows no op: op codes are opaque ints given by the Python side (host_path.OPS), and so are the
+// launchers that register plans (Triton's, kernels_triton/native.py, and CuPy's, kernels_cupy/native.py).
+// The selector's approval of (op, device, requested backend) names the launcher whose plans serve a call.
+// Validation stays in Python: see "Replay plans" below.
 //
-// The other ops have one generic entry, replay(op, backend, ...): see "Replay plans" below; validation
-// stays in Python.
-//
-// page_table(...) and token_csr(...) return `out` after launching, or NotImplemented whenever anything is
-// not exactly the plain valid case they know (an unexpected type, a failed check, no plan, another current
-// context, a failed launch): the Python path then handles the call, errors included. Neither raises for bad
-// input.
+// replay(...) returns the op's first output after launching, or NotImplemented whenever the call is not
+// exactly one it has a plan for (an unexpected type, a tensor its memory does not hold, no plan, an output
+// sharing memory with another argument, another current context, a failed launch): the Python path then
+// handles the call, errors included. It never raises for bad input.
 
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -45,25 +41,15 @@ typedef int32_t (*get_int64s_fn)(void *tensor, int64_t **values);
 typedef int32_t (*get_pointer_fn)(void *tensor, void **value);
 typedef int32_t (*get_int32_fn)(void *tensor, int32_t *value);
 
-// Values shared with the Python side come from kvdispatch/host_path.py (shared_defines) as -D options:
-// the op codes (host_path.OPS), the launcher codes (host_path.LAUNCHERS), the largest page size
-// (kvdispatch.grid.MAX_PAGE_SIZE) and host_path.WIDE.
-#if !defined(OP_PAGE_TABLE) || !defined(OP_TOKEN_CSR) || !defined(OP_COUNT) || !defined(LAUNCHER_TRITON) || \
-    !defined(LAUNCHER_CUPY) || !defined(MAX_PAGE_SIZE) || !defined(WIDE)
+// Values shared with the Python side come from kvdispatch/host_path.py (shared_defines) as -D options: the
+// number of op codes (host_path.OPS) and of launcher codes (host_path.LAUNCHERS).
+#if !defined(OP_COUNT) || !defined(LAUNCHER_COUNT)
 #error "built by kvdispatch/host_path.py, which passes the values shared with Python as -D options"
 #endif
+#if OP_COUNT < 1 || OP_COUNT > 16 || LAUNCHER_COUNT < 1 || LAUNCHER_COUNT > 16
+#error "the op codes index approved[OP_COUNT], the launcher codes fit its entries"
+#endif
 #define MAX_PARAMS 32
-#if OP_PAGE_TABLE < 0 || OP_PAGE_TABLE > 1 || OP_TOKEN_CSR < 0 || OP_TOKEN_CSR > 1 || OP_PAGE_TABLE == OP_TOKEN_CSR || \
-    OP_COUNT < 2 || OP_COUNT > 16
-#error "the op codes index approved[OP_COUNT]: the page table and token CSR are 0 and 1, the replayed ops follow"
-#endif
-#if LAUNCHER_TRITON < 0 || LAUNCHER_TRITON > 1 || LAUNCHER_CUPY < 0 || LAUNCHER_CUPY > 1 || \
-    LAUNCHER_TRITON == LAUNCHER_CUPY
-#error "the launcher codes must be 0 and 1"
-#endif
-// Open addressing, at most half full: the Python plan caches (Triton's page table and token CSR, CuPy's)
-// hold 4096 keys each.
-#define TABLE_SLOTS 32768
 
 // Configuration (configure()).
 static launch_fn launch_kernel = NULL;
@@ -87,58 +73,9 @@ static PyObject *s_impl_address, *s_auto, *s_triton, *s_cupy;
 #define BACKEND_CODES 4  // None, "auto", "triton", "cupy"
 static unsigned char approved[OP_COUNT][MAX_DEVICES][BACKEND_CODES];
 
-// The launch-plan keys. Triton's are its Python launchers' (page_table.plan_key_and_arguments,
-// token_csr.plan_key_and_arguments); CuPy's drop the fields its kernels take at run time
-// (cupy_fields_only). Fields an op does not have stay 0. Dtypes: 0 absent, 1 int32, 2 int64.
-typedef struct {
-    int64_t launcher, op, device, page_size, batch, width, pool_dtype, lens_dtype, start_dtype, indptr_dtype,
-        seq_lens_out, fill, unit_strides, wide_indexing, offset;
-} plan_key;
-
-typedef struct {
-    int used;
-    plan_key key;
-    void *context;
-    uint64_t function;
-    unsigned grid_y, grid_z, threads, shared, param_count;  // grid: (batch, grid_y, grid_z), kvdispatch.grid
-    uint64_t items, flags;  // CuPy's kernels take these as arguments: the grid helper's items per program, KV_FLAGS
-} plan;
-
-static plan plans[TABLE_SLOTS];
-static int plan_count = 0;
-
-// A CuPy key: the CUDA kernels take strides and sizes at full width whatever their values, and the offset
-// as an argument, so these Triton specialisations are no part of it.
-static void cupy_fields_only(plan_key *key) {
-    if (key->launcher == LAUNCHER_CUPY) key->unit_strides = key->wide_indexing = key->offset = 0;
-}
-
-static uint64_t hash_key(const plan_key *key) {
-    const int64_t *words = (const int64_t *)key;
-    uint64_t h = 1469598103934665603ull;
-    for (size_t i = 0; i < sizeof(plan_key) / sizeof(int64_t); ++i) h = (h ^ (uint64_t)words[i]) * 1099511628211ull;
-    return h;
-}
-
-static plan *find_slot(const plan_key *key) {
-    uint64_t slot = hash_key(key) % TABLE_SLOTS;
-    for (int probe = 0; probe < TABLE_SLOTS; ++probe, slot = (slot + 1) % TABLE_SLOTS) {
-        plan *p = &plans[slot];
-        if (!p->used || memcmp(&p->key, key, sizeof(plan_key)) == 0) return p;
-    }
-    return NULL;  // unreachable: the table is never more than half full
-}
-
-// The replay plans (the ops without an entry of their own: replay()); -1 for every launcher or op.
-static void clear_replays(int launcher, int op);
-
-static void clear_plans_only(void) {
-    memset(plans, 0, sizeof(plans));
-    plan_count = 0;
-}
+static void clear_replays(int launcher, int op);  // -1: every launcher, every op
 
 static void clear_all(void) {
-    clear_plans_only();
     clear_replays(-1, -1);
     memset(approved, 0, sizeof(approved));
 }
@@ -198,18 +135,6 @@ static PyObject *clear_plans(PyObject *self, PyObject *args) {
     int launcher = -1, op = -1;
     if (!PyArg_ParseTuple(args, "|ii", &launcher, &op)) return NULL;
     clear_replays(launcher, op);
-    if (launcher < 0) {
-        clear_plans_only();
-        Py_RETURN_NONE;
-    }
-    static plan kept[TABLE_SLOTS / 2];  // the table is at most half full
-    int count = 0;
-    for (int i = 0; i < TABLE_SLOTS; ++i)
-        if (plans[i].used && (plans[i].key.launcher != launcher || (op >= 0 && plans[i].key.op != op)))
-            kept[count++] = plans[i];
-    clear_plans_only();
-    for (int i = 0; i < count; ++i) *find_slot(&kept[i].key) = kept[i];  // reinserted: probe chains stay whole
-    plan_count = count;
     Py_RETURN_NONE;
 }
 
@@ -225,6 +150,8 @@ static int backend_code(PyObject *backend) {
     return -1;
 }
 
+static int is_launcher(int launcher) { return launcher >= 0 && launcher < LAUNCHER_COUNT; }
+
 // approve(op, device index, backend, launcher): the selector resolves (op, device, backend) to `launcher`
 // (a launcher code; -1: to none this path knows).
 static PyObject *approve(PyObject *self, PyObject *args) {
@@ -235,8 +162,7 @@ static PyObject *approve(PyObject *self, PyObject *args) {
     int code = backend_code(backend);
     if (PyErr_Occurred()) return NULL;
     if (op >= 0 && op < OP_COUNT && device >= 0 && device < MAX_DEVICES && code >= 0)
-        approved[op][device][code] =
-            (unsigned char)(launcher == LAUNCHER_TRITON || launcher == LAUNCHER_CUPY ? launcher + 1 : 0);
+        approved[op][device][code] = (unsigned char)(is_launcher(launcher) ? launcher + 1 : 0);
     Py_RETURN_NONE;
 }
 
@@ -246,83 +172,20 @@ static PyObject *context(PyObject *self, PyObject *unused) {
     return PyLong_FromUnsignedLongLong((uint64_t)(uintptr_t)ctx);
 }
 
-// add_plan(launcher, op, key, context, function, grid_y, grid_z, threads, shared, param_count, items, flags)
-//   -> added
-// key, a tuple of ints as page_table() and token_csr() compute it from their arguments:
-//   page table (12): device, page size, batch, width, pool dtype, lens dtype, start dtype, seq_lens_out, fill,
-//   unit strides, wide indexing, offset not 0;
-//   token CSR (9): device, batch, min(table width, out length), pool dtype, lens dtype, indptr dtype, start
-//   dtype, unit strides, wide indexing.
-// A CuPy key's unit strides, wide indexing and offset fields are ignored (cupy_fields_only).
-static PyObject *add_plan(PyObject *self, PyObject *args) {
-    int launcher, op;
-    PyObject *key_tuple;
-    unsigned long long ctx, function, items, flags;
-    unsigned grid_y, grid_z, threads, shared, param_count;
-    if (!PyArg_ParseTuple(args, "iiO!KKIIIIIKK", &launcher, &op, &PyTuple_Type, &key_tuple, &ctx, &function,
-                          &grid_y, &grid_z, &threads, &shared, &param_count, &items, &flags))
-        return NULL;
-    if ((launcher != LAUNCHER_TRITON && launcher != LAUNCHER_CUPY) || (op != OP_PAGE_TABLE && op != OP_TOKEN_CSR))
-        return PyErr_Format(PyExc_ValueError, "add_plan: no launcher %d or op %d", launcher, op);
-    if (param_count > MAX_PARAMS)
-        return PyErr_Format(PyExc_ValueError, "add_plan: %u parameters, at most %d", param_count, MAX_PARAMS);
-    Py_ssize_t size = op == OP_PAGE_TABLE ? 12 : 9;
-    if (PyTuple_GET_SIZE(key_tuple) != size)
-        return PyErr_Format(PyExc_ValueError, "add_plan: the key has %zd fields", size);
-    int64_t f[12];
-    for (Py_ssize_t i = 0; i < size; ++i) f[i] = PyLong_AsLongLong(PyTuple_GET_ITEM(key_tuple, i));
-    if (PyErr_Occurred()) return NULL;
-    plan_key key;
-    memset(&key, 0, sizeof(key));
-    key.launcher = launcher, key.op = op, key.device = f[0];
-    if (op == OP_PAGE_TABLE) {
-        key.page_size = f[1], key.batch = f[2], key.width = f[3], key.pool_dtype = f[4], key.lens_dtype = f[5];
-        key.start_dtype = f[6], key.seq_lens_out = f[7], key.fill = f[8], key.unit_strides = f[9];
-        key.wide_indexing = f[10], key.offset = f[11];
-    } else {
-        key.batch = f[1], key.width = f[2], key.pool_dtype = f[3], key.lens_dtype = f[4], key.indptr_dtype = f[5];
-        key.start_dtype = f[6], key.unit_strides = f[7], key.wide_indexing = f[8];
-    }
-    cupy_fields_only(&key);
-    plan *p = find_slot(&key);
-    if (p == NULL) Py_RETURN_FALSE;
-    if (!p->used) {
-        if (plan_count * 2 >= TABLE_SLOTS) Py_RETURN_FALSE;  // full: such calls stay on the Python path
-        ++plan_count;
-    }
-    p->used = 1;
-    p->key = key;
-    p->context = (void *)(uintptr_t)ctx;
-    p->function = function;
-    p->grid_y = grid_y, p->grid_z = grid_z, p->threads = threads, p->shared = shared, p->param_count = param_count;
-    p->items = items, p->flags = flags;
-    Py_RETURN_TRUE;
-}
-
 typedef struct {
     int dim;
     int64_t size[2], stride[2];
     uint64_t data;
-    uint64_t span[2];  // [first byte, past the last) of its elements, as _validate._span; {0, 0} without any
-                       // element or memory
+    uint64_t bytes;  // from the first element's byte to past the last's, as _validate._span; 0 without any element
     long device;
     int dtype;  // 1 int32, 2 int64, 0 other
     int64_t storage_offset, storage_bytes;  // as the shim reads them where the storage is checked, else -1
 } tensor_info;
 
-// Whether `a` shares a byte with any of the `count` tensors `others` (NULL: an absent one). An empty span
-// {0, 0} meets none: no address is below 0.
-static int overlaps_any(const tensor_info *a, const tensor_info *const *others, int count) {
-    for (int i = 0; i < count; ++i)
-        if (others[i] && others[i]->span[0] < a->span[1] && a->span[0] < others[i]->span[1]) return 1;
-    return 0;
-}
-
-// What the validator's hot path reads, for a strided tensor of exactly `dim` dimensions (-1: any up to 2) on the
-// launch device type; an int32 or int64 one with elements must have memory that holds it (_validate._check_storage:
-// a data pointer aligned to the element size, a storage covering the view). Returns 0, or -1 with no error set when
-// anything does not fit.
-static int read_tensor(PyObject *t, int dim, tensor_info *info) {
+// What replay() reads of a strided tensor of at most two dimensions on the launch device type; an int32 or
+// int64 one with elements must have memory that holds it (_validate._check_storage: a data pointer aligned to
+// the element size, a storage covering the view). Returns 0, or -1 with no error set when anything does not fit.
+static int read_tensor(PyObject *t, tensor_info *info) {
     if (Py_TYPE(t) != (PyTypeObject *)tensor_type || !shim.dim) return -1;
     PyObject *address = PyObject_GetAttr(t, s_impl_address);
     void *impl = address ? PyLong_AsVoidPtr(address) : NULL;
@@ -337,8 +200,8 @@ static int read_tensor(PyObject *t, int dim, tensor_info *info) {
     int32_t device_type, device_index, dtype, layout;
     if (shim.device_type(tensor, &device_type) || device_type != shim.launch_device_type ||
         shim.layout(tensor, &layout) || layout != shim.strided_code || shim.dim(tensor, &rank) || rank > 2 ||
-        (dim >= 0 && rank != dim) || shim.sizes(tensor, &sizes) || shim.strides(tensor, &strides) ||
-        shim.data_ptr(tensor, &data) || shim.dtype(tensor, &dtype) || shim.device_index(tensor, &device_index))
+        shim.sizes(tensor, &sizes) || shim.strides(tensor, &strides) || shim.data_ptr(tensor, &data) ||
+        shim.dtype(tensor, &dtype) || shim.device_index(tensor, &device_index))
         return -1;
     info->dim = (int)rank;
     info->dtype = dtype == shim.int32_code ? 1 : dtype == shim.int64_code ? 2 : 0;
@@ -349,7 +212,7 @@ static int read_tensor(PyObject *t, int dim, tensor_info *info) {
         empty |= sizes[i] == 0;
         extent += (uint64_t)(sizes[i] - 1) * (uint64_t)strides[i];
     }
-    const uint64_t itemsize = info->dtype == 2 ? 8 : 4;  // other dtypes are refused by every caller
+    const uint64_t itemsize = info->dtype == 2 ? 8 : 4;  // replay() refuses other dtypes
     info->data = (uint64_t)(uintptr_t)data;
     info->storage_offset = info->storage_bytes = -1;
     if (!empty && info->dtype) {  // storage that exists and covers the view, a pointer aligned to the element
@@ -360,8 +223,7 @@ static int read_tensor(PyObject *t, int dim, tensor_info *info) {
             return -1;
     }
     info->device = (long)device_index + index_offset;
-    info->span[0] = empty ? 0 : info->data;
-    info->span[1] = empty ? 0 : info->data + extent * itemsize;
+    info->bytes = empty ? 0 : extent * itemsize;
     return info->device >= 0 ? 0 : -1;
 }
 
@@ -374,7 +236,7 @@ static PyObject *read_or_none(int64_t value) {
 // storage's two None where read_tensor does not check it (no element, another dtype), or None where it refuses t.
 static PyObject *tensor_metadata(PyObject *self, PyObject *t) {
     tensor_info info;
-    if (read_tensor(t, -1, &info)) Py_RETURN_NONE;
+    if (read_tensor(t, &info)) Py_RETURN_NONE;
     PyObject *sizes = PyTuple_New(info.dim), *strides = PyTuple_New(info.dim);
     PyObject *offset = read_or_none(info.storage_offset), *held = read_or_none(info.storage_bytes);
     for (int i = 0; sizes && strides && i < info.dim; ++i) {
@@ -392,12 +254,6 @@ static PyObject *tensor_metadata(PyObject *self, PyObject *t) {
     return result;
 }
 
-// An index vector (int32/int64, [batch]) on `device`; returns its dtype code, or 0.
-static int index_vector(PyObject *t, long device, int64_t batch, tensor_info *info) {
-    if (read_tensor(t, 1, info) || info->dtype == 0 || info->size[0] != batch || info->device != device) return 0;
-    return info->dtype;
-}
-
 // An exact Python int in [low, high] into *value; 0 when it is not one (bool included).
 static int small_int(PyObject *o, int64_t low, int64_t high, int64_t *value) {
     if (!PyLong_CheckExact(o)) return 0;
@@ -409,27 +265,6 @@ static int small_int(PyObject *o, int64_t low, int64_t high, int64_t *value) {
     }
     *value = v;
     return v >= low && v <= high;
-}
-
-// The plan of a call whose key is complete (cupy_fields_only applied inside), or NULL.
-static const plan *find_plan(plan_key *key) {
-    cupy_fields_only(key);
-    const plan *p = find_slot(key);
-    return p != NULL && p->used ? p : NULL;
-}
-
-// The launch of plan `p` for a call on `device` with `batch` rows: current-context check, stream query,
-// launch. `values` holds the kernel's `count` arguments; Triton's kernels take two more (scratch pointers,
-// passed as 0), CuPy's exactly these. Returns a new reference to `result`, or NotImplemented.
-static PyObject *launch_on(long device, void *context, uint64_t function, const unsigned grid[3], unsigned threads,
-                           unsigned shared, uint64_t *values, unsigned param_count, PyObject *result);
-
-static PyObject *launch_plan(const plan *p, long device, int64_t batch, uint64_t *values, unsigned count,
-                             PyObject *result) {
-    if (p->key.launcher == LAUNCHER_CUPY ? p->param_count != count : p->param_count < count)
-        Py_RETURN_NOTIMPLEMENTED;
-    const unsigned grid[3] = {(unsigned)batch, p->grid_y, p->grid_z};
-    return launch_on(device, p->context, p->function, grid, p->threads, p->shared, values, p->param_count, result);
 }
 
 // The launch of `function` (loaded in `context`, which must be the current one) with the `param_count` values
@@ -459,177 +294,21 @@ static PyObject *launch_on(long device, void *context, uint64_t function_handle,
     return Py_NewRef(result);
 }
 
-// Copies `count` values into the parameter array (zeros past them); returns `count`.
-static unsigned put_values(uint64_t *values, const uint64_t *given, unsigned count) {
-    memset(values, 0, MAX_PARAMS * sizeof(uint64_t));
-    memcpy(values, given, count * sizeof(uint64_t));
-    return count;
-}
-#define PUT(values, ...)                                                                                        \
-    put_values(values, (const uint64_t[]){__VA_ARGS__}, sizeof((const uint64_t[]){__VA_ARGS__}) / sizeof(uint64_t))
-
-// The checks both calls share (backend, table, approval, pool, lengths, the optional start vector), filling
-// the key's launcher, op, device, batch and dtypes, and *start_stride when there is a start. Returns 0 when
-// they pass, -1 (no error set) when the call must be handed back.
-static int common_arguments(PyObject *const *args, PyObject *start_obj, PyObject *backend_obj, int op,
-                            tensor_info *table, tensor_info *pool, tensor_info *lens, tensor_info *start,
-                            int64_t *start_stride, plan_key *key) {
-    int backend = backend_code(backend_obj);
-    if (backend < 0) {
-        PyErr_Clear();
-        return -1;
-    }
-    if (read_tensor(args[0], 2, table) || table->dtype != 1 || table->stride[1] != 1) return -1;
-    long device = table->device;  // >= 0 here
-    if (device >= MAX_DEVICES || !approved[op][device][backend]) return -1;
-    if (read_tensor(args[1], 1, pool) || pool->dtype == 0 || pool->device != device) return -1;
-    key->lens_dtype = index_vector(args[2], device, pool->size[0], lens);
-    if (!key->lens_dtype) return -1;
-    if (start_obj != Py_None) {
-        key->start_dtype = index_vector(start_obj, device, pool->size[0], start);
-        if (!key->start_dtype) return -1;
-        *start_stride = start->stride[0];
-    }
-    key->launcher = approved[op][device][backend] - 1;
-    key->op = op, key->device = device, key->batch = pool->size[0], key->pool_dtype = pool->dtype;
-    return 0;
-}
-
-// page_table(req_to_token, req_pool_indices, seq_lens, out, page_size, kv_start_idx, seqlen_offset,
-//            seq_lens_out, fill_value, backend, round_toward_zero): the public API's arguments, all positional.
-// A call with round_toward_zero other than False is left to the Python path.
-static PyObject *page_table(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 11 || args[10] != Py_False || launch_kernel == NULL) Py_RETURN_NOTIMPLEMENTED;
-    PyObject *start_obj = args[5], *lens_out_obj = args[7], *fill_obj = args[8];
-    tensor_info table, pool, lens, out, start, lens_out;
-    int64_t page_size, offset, fill = 0;
-    plan_key key;
-    memset(&key, 0, sizeof(key));
-    int64_t start_stride = 1;  // as the Triton launcher passes it without a start
-    if (!small_int(args[4], 1, MAX_PAGE_SIZE, &page_size) || !small_int(args[6], INT32_MIN, INT32_MAX, &offset) ||
-        (fill_obj != Py_None && !small_int(fill_obj, INT32_MIN, INT32_MAX, &fill)) ||
-        common_arguments(args, start_obj, args[9], OP_PAGE_TABLE, &table, &pool, &lens, &start, &start_stride, &key))
-        Py_RETURN_NOTIMPLEMENTED;
-    long device = (long)key.device;
-    int64_t batch = key.batch;
-    if (read_tensor(args[3], 2, &out) || out.dtype != 1 || out.stride[1] != 1 || out.device != device ||
-        out.size[0] < batch)
-        Py_RETURN_NOTIMPLEMENTED;
-    if (lens_out_obj != Py_None) {
-        if (read_tensor(lens_out_obj, 1, &lens_out) || lens_out.dtype != 1 || lens_out.stride[0] != 1 ||
-            lens_out.device != device || lens_out.size[0] < batch)
-            Py_RETURN_NOTIMPLEMENTED;
-        key.seq_lens_out = 1;
-    }
-    // Outputs sharing memory with an input or each other, or rows of out sharing memory: the Python path
-    // names them.
-    const tensor_info *inputs[5] = {&table, &pool, &lens, start_obj != Py_None ? &start : NULL,
-                                    lens_out_obj != Py_None ? &lens_out : NULL};
-    if ((out.size[0] > 1 && out.stride[0] < out.size[1]) || overlaps_any(&out, inputs, 5) ||
-        (lens_out_obj != Py_None && overlaps_any(&lens_out, inputs, 4)))
-        Py_RETURN_NOTIMPLEMENTED;
-    key.page_size = page_size, key.width = out.size[1], key.fill = fill_obj != Py_None, key.offset = offset != 0;
-    key.unit_strides = pool.stride[0] == 1 && lens.stride[0] == 1 && start_stride == 1;
-    // Only page size 1 without a start gets 16-byte accesses, on 16-byte-aligned rows (as in Python).
-    int aligned = page_size == 1 && start_obj == Py_None && out.stride[0] % 4 == 0 && table.stride[0] % 4 == 0 &&
-                  out.data % 16 == 0 && table.data % 16 == 0;
-    // page_table.packed_words: 0 with a start; without one, wide indexing where a value does not fit.
-    uint64_t packed_table = 0, packed_out = 0;
-    if (start_obj == Py_None) {
-        key.wide_indexing = table.size[0] >= WIDE || table.stride[0] >= WIDE || out.size[1] >= WIDE ||
-                            out.stride[0] >= WIDE;
-        if (!key.wide_indexing) {
-            int64_t pages_in_row = (table.size[1] + page_size - 1) / page_size;
-            int64_t page_limit = out.size[1] < pages_in_row ? out.size[1] : pages_in_row;
-            packed_table = (uint64_t)table.size[0] | (uint64_t)table.stride[0] << 32;
-            packed_out = (uint64_t)page_limit | (uint64_t)aligned << 31 | (uint64_t)out.stride[0] << 32;
-        }
-    }
-    const plan *p = find_plan(&key);
-    if (p == NULL) Py_RETURN_NOTIMPLEMENTED;
-    int has_start = start_obj != Py_None, has_lens_out = lens_out_obj != Py_None;
-    uint64_t values[MAX_PARAMS];
-    unsigned count;
-    if (key.launcher == LAUNCHER_TRITON)  // Triton's parameter order (page_table.PARAMETERS)
-        count = PUT(values, table.data, pool.data, lens.data, out.data, packed_table, packed_out, (uint64_t)offset,
-                    (uint64_t)fill, (uint64_t)out.size[1], has_lens_out ? lens_out.data : out.data,
-                    has_start ? start.data : table.data, (uint64_t)table.size[0], (uint64_t)table.size[1],
-                    (uint64_t)table.stride[0], (uint64_t)out.stride[0], (uint64_t)pool.stride[0],
-                    (uint64_t)lens.stride[0], (uint64_t)start_stride);
-    else  // the CUDA kernel's (kernels_cupy/launch.py, page_table_call)
-        count = PUT(values, table.data, pool.data, lens.data, out.data, (uint64_t)table.size[0],
-                    (uint64_t)table.size[1], (uint64_t)table.stride[0], (uint64_t)out.stride[0], (uint64_t)out.size[1],
-                    p->items, (uint64_t)offset, (uint64_t)pool.stride[0], (uint64_t)lens.stride[0],
-                    (uint64_t)page_size, has_start ? start.data : 0, has_start ? (uint64_t)start_stride : 0,
-                    has_lens_out ? lens_out.data : 0, (uint64_t)fill, p->flags);
-    return launch_plan(p, device, batch, values, count, args[3]);
-}
-
-// token_csr(req_to_token, req_pool_indices, seq_lens, kv_indptr, out, kv_start_idx, backend, entry_page_size,
-// token_mapping): the public API's arguments, all positional. Only ordinary calls are taken (entry page size
-// 1, no token mapping, an int32 out: token_csr.is_ordinary); the Python path serves the others.
-static PyObject *token_csr(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 9 || launch_kernel == NULL) Py_RETURN_NOTIMPLEMENTED;
-    int64_t entry_page_size;
-    if (args[8] != Py_None || !small_int(args[7], 1, 1, &entry_page_size)) Py_RETURN_NOTIMPLEMENTED;
-    PyObject *start_obj = args[5];
-    tensor_info table, pool, lens, indptr, out, start;
-    plan_key key;
-    memset(&key, 0, sizeof(key));
-    int64_t start_stride = 1;  // as the Triton launcher passes it without a start
-    if (common_arguments(args, start_obj, args[6], OP_TOKEN_CSR, &table, &pool, &lens, &start, &start_stride, &key))
-        Py_RETURN_NOTIMPLEMENTED;
-    long device = (long)key.device;
-    int64_t batch = key.batch;
-    if (read_tensor(args[3], 1, &indptr) || indptr.dtype == 0 || indptr.device != device || indptr.size[0] < batch)
-        Py_RETURN_NOTIMPLEMENTED;
-    if (read_tensor(args[4], 1, &out) || out.dtype != 1 || out.stride[0] != 1 || out.device != device)
-        Py_RETURN_NOTIMPLEMENTED;
-    const tensor_info *inputs[5] = {&table, &pool, &lens, &indptr, start_obj != Py_None ? &start : NULL};
-    if (overlaps_any(&out, inputs, 5)) Py_RETURN_NOTIMPLEMENTED;  // the Python path names the overlap
-    key.width = table.size[1] < out.size[0] ? table.size[1] : out.size[0];
-    key.indptr_dtype = indptr.dtype;
-    key.unit_strides = pool.stride[0] == 1 && lens.stride[0] == 1 && indptr.stride[0] == 1 && start_stride == 1;
-    // token_csr.packed_words: wide indexing where a value does not fit.
-    key.wide_indexing = table.size[0] >= WIDE || table.stride[0] >= WIDE || table.size[1] >= WIDE ||
-                        out.size[0] >= WIDE;
-    uint64_t packed_table = 0, packed_sizes = 0;
-    if (!key.wide_indexing) {
-        packed_table = (uint64_t)table.size[0] | (uint64_t)table.stride[0] << 32;
-        packed_sizes = (uint64_t)table.size[1] | (uint64_t)out.size[0] << 32;
-    }
-    const plan *p = find_plan(&key);
-    if (p == NULL) Py_RETURN_NOTIMPLEMENTED;
-    uint64_t values[MAX_PARAMS];
-    unsigned count;
-    if (key.launcher == LAUNCHER_TRITON)  // Triton's parameter order (token_csr.ORDINARY_PARAMETERS)
-        count = PUT(values, table.data, pool.data, lens.data, indptr.data, out.data, packed_table, packed_sizes,
-                    start_obj != Py_None ? start.data : table.data, (uint64_t)table.size[0], (uint64_t)table.size[1],
-                    (uint64_t)table.stride[0], (uint64_t)out.size[0], (uint64_t)pool.stride[0],
-                    (uint64_t)lens.stride[0], (uint64_t)indptr.stride[0], (uint64_t)start_stride);
-    else  // the CUDA kernel's (kernels_cupy/launch.py, token_csr_call): entry page size 1, no mapping
-        count = PUT(values, table.data, (uint64_t)table.size[0], (uint64_t)table.size[1], (uint64_t)table.stride[0],
-                    pool.data, (uint64_t)pool.stride[0], lens.data, (uint64_t)lens.stride[0],
-                    start_obj != Py_None ? start.data : 0, start_obj != Py_None ? (uint64_t)start_stride : 0,
-                    indptr.data, (uint64_t)indptr.stride[0], out.data, (uint64_t)out.size[0], p->items, p->flags, 1,
-                    0, 0);
-    return launch_plan(p, device, batch, values, count, args[4]);
-}
-
-// ---- Replay plans: the ops without an entry of their own (host_path.REPLAYED) -----------------------------
+// ---- Replay plans ------------------------------------------------------------------------------------------
 //
-// After the Python path has validated a call of such an op and launched exactly one kernel for it,
+// After the Python path has validated a call of an op and launched exactly one kernel for it,
 // add_replay() stores that launch under the call's replay key: the op, the requested backend, the launcher
 // the selector resolved them to, then each public argument in the API's order: a tensor's dtype, device,
 // shape, strides and whether its data is 16-byte aligned; None; an exact int or bool's value. The launch's
 // parameters are fixed values but for its pointer slots (parameter -> argument whose data_ptr() goes there).
-// replay() computes the key of a call, finds the plan, checks what depends on the pointers only (the
-// declared outputs share no byte with any other tensor argument, as the validator requires; the current
-// context) and launches with the call's pointers in the slots. Anything else: NotImplemented.
+// replay() computes the key of a call (reading each tensor as read_tensor does: its memory must hold its view),
+// finds the plan, checks what depends on the pointers only (the declared outputs share no byte with any other
+// tensor argument, as the validator requires; the current context) and launches with the call's pointers in
+// the slots. Anything else: NotImplemented.
 
 #define MAX_ARGS 16
 #define MAX_KEY_WORDS 96  // 3 header words, then at most 9 per argument (2-D tensors); the longest op needs 72
-#define REPLAY_SLOTS 4096 // open addressing, at most half full
+#define REPLAY_SLOTS 8192 // open addressing, at most half full: as many plans as one Python plan cache holds
 #define KEY_TENSOR 1
 #define KEY_NONE 2
 #define KEY_INT 3
@@ -717,38 +396,37 @@ static int replay_key(int op, int backend, PyObject *const *args, Py_ssize_t cou
             key[len++] = KEY_INT, key[len++] = v;
         } else {
             tensor_info t;
-            if (read_tensor(a, -1, &t) || t.dtype == 0) return 0;
+            if (read_tensor(a, &t) || t.dtype == 0) return 0;
             if (i == 0) *device = t.device;
             key[len++] = KEY_TENSOR, key[len++] = t.dtype, key[len++] = t.device, key[len++] = t.dim;
             for (int d = 0; d < t.dim; ++d) key[len++] = t.size[d], key[len++] = t.stride[d];
             key[len++] = t.data % 16 == 0;
             infos[i].is_tensor = 1, infos[i].data = t.data;
-            if (extents) {  // as _validate._span, from the metadata alone
-                uint64_t elements = 1;
-                for (int d = 0; d < t.dim; ++d) {
-                    if (t.size[d] == 0) elements = 0;
-                    if (elements) elements += (uint64_t)(t.size[d] - 1) * (uint64_t)t.stride[d];
-                }
-                extents[i] = elements * (t.dtype == 2 ? 8 : 4);
-            }
+            if (extents) extents[i] = t.bytes;  // from the metadata alone
         }
         if (len > MAX_KEY_WORDS - 9) return 0;
     }
     return infos[0].is_tensor ? len : 0;
 }
 
+// add_replay's arguments, in order: host_path.ReplayPlan's fields (tests/test_host_path_replay.py compares
+// them), parsed by REPLAY_PLAN_FORMAT.
+static const char *const replay_plan_fields[] = {"op",    "backend", "args",   "launcher", "context", "function",
+                                                 "grid",  "threads", "shared", "values",   "slots",   "outputs"};
+#define REPLAY_PLAN_FORMAT "iOO!iKK(III)IIO!O!O!"
+
 // add_replay(op, backend, args, launcher, context, function, grid, threads, shared, values, slots, outputs)
 //   -> added
-// args: the public arguments of the call just launched (tuple, the API's order, as replay() takes them);
-// grid: (x, y, z); values: the kernel's parameters as 64-bit words (tuple of ints); slots: ((parameter,
-// argument), ...) for each parameter that is an argument's data pointer (its value must be that pointer);
-// outputs: the indices of the output arguments, the first being what replay() returns.
+// op: an op code below OP_COUNT; args: the public arguments of the call just launched (tuple, the API's order,
+// as replay() takes them); grid: (x, y, z); values: the kernel's parameters as 64-bit words (tuple of ints);
+// slots: ((parameter, argument), ...) for each parameter that is an argument's data pointer (its value must be
+// that pointer); outputs: the indices of the output arguments, the first being what replay() returns.
 static PyObject *add_replay(PyObject *self, PyObject *args) {
     int op, launcher;
     PyObject *backend, *call_args, *values, *slots, *outputs;
     unsigned long long ctx, function;
     unsigned grid[3], threads, shared;
-    if (!PyArg_ParseTuple(args, "iOO!iKK(III)IIO!O!O!", &op, &backend, &PyTuple_Type, &call_args, &launcher, &ctx,
+    if (!PyArg_ParseTuple(args, REPLAY_PLAN_FORMAT, &op, &backend, &PyTuple_Type, &call_args, &launcher, &ctx,
                           &function, &grid[0], &grid[1], &grid[2], &threads, &shared, &PyTuple_Type, &values,
                           &PyTuple_Type, &slots, &PyTuple_Type, &outputs))
         return NULL;
@@ -756,8 +434,8 @@ static PyObject *add_replay(PyObject *self, PyObject *args) {
     if (PyErr_Occurred()) return NULL;
     Py_ssize_t count = PyTuple_GET_SIZE(call_args), param_count = PyTuple_GET_SIZE(values);
     Py_ssize_t slot_count = PyTuple_GET_SIZE(slots), output_count = PyTuple_GET_SIZE(outputs);
-    if (op < 2 || op >= OP_COUNT || (launcher != LAUNCHER_TRITON && launcher != LAUNCHER_CUPY) || code < 0 ||
-        param_count > MAX_PARAMS || slot_count > param_count || output_count < 1 || count > MAX_ARGS)
+    if (op < 0 || op >= OP_COUNT || !is_launcher(launcher) || code < 0 || param_count > MAX_PARAMS ||
+        slot_count > param_count || output_count < 1 || count > MAX_ARGS)
         Py_RETURN_FALSE;
     replay_plan plan;
     memset(&plan, 0, sizeof(plan));
@@ -824,7 +502,7 @@ static int outputs_overlap(const replay_plan *p, const arg_info *infos) {
 static PyObject *replay(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     if (nargs < 3 || launch_kernel == NULL) Py_RETURN_NOTIMPLEMENTED;
     int64_t op;
-    if (!small_int(args[0], 2, OP_COUNT - 1, &op)) Py_RETURN_NOTIMPLEMENTED;
+    if (!small_int(args[0], 0, OP_COUNT - 1, &op)) Py_RETURN_NOTIMPLEMENTED;
     int backend = backend_code(args[1]);
     if (backend < 0) {
         PyErr_Clear();
@@ -858,12 +536,6 @@ static PyMethodDef methods[] = {
     {"approve", approve, METH_VARARGS,
      "approve(op, device index, backend, launcher): the selector chose this launcher (-1: none this path knows)"},
     {"context", context, METH_NOARGS, "the current context's handle, or None"},
-    {"add_plan", add_plan, METH_VARARGS,
-     "add_plan(launcher, op, key, context, function, grid_y, grid_z, threads, shared, param_count, items, flags)"},
-    {"token_csr", (PyCFunction)(void (*)(void))token_csr, METH_FASTCALL,
-     "the public token-CSR call's arguments; returns out, or NotImplemented"},
-    {"page_table", (PyCFunction)(void (*)(void))page_table, METH_FASTCALL,
-     "the public page-table call's arguments; returns out, or NotImplemented"},
     {"add_replay", add_replay, METH_VARARGS,
      "add_replay(op, backend, args, launcher, context, function, grid, threads, shared, values, slots, outputs)"},
     {"replay", (PyCFunction)(void (*)(void))replay, METH_FASTCALL,
@@ -881,5 +553,15 @@ PyMODINIT_FUNC PyInit_kvdispatch_host_path(void) {
     s_auto = PyUnicode_InternFromString("auto");
     s_triton = PyUnicode_InternFromString("triton");
     s_cupy = PyUnicode_InternFromString("cupy");
-    return PyModule_Create(&module);
+    PyObject *m = PyModule_Create(&module);
+    const Py_ssize_t field_count = sizeof(replay_plan_fields) / sizeof(replay_plan_fields[0]);
+    PyObject *fields = m ? PyTuple_New(field_count) : NULL;
+    for (Py_ssize_t i = 0; fields && i < field_count; ++i)
+        PyTuple_SET_ITEM(fields, i, PyUnicode_FromString(replay_plan_fields[i]));
+    if (fields == NULL || PyModule_AddObject(m, "REPLAY_PLAN_FIELDS", fields) < 0) {
+        Py_XDECREF(fields);
+        Py_XDECREF(m);
+        return NULL;
+    }
+    return m;
 }

@@ -3,23 +3,19 @@ launcher made the plan: Triton's (``kernels_triton/native.py``) or CuPy's (``ker
 
 The Python path of one public call costs about 1.6x ``x.add_(1)`` of host time on an H200 host with Triton
 (2.4-2.8x with CuPy): the checks, the selection lookup and the argument packing, then the backend's own
-launch. ``host_path.c`` does the checks, a plan lookup, the packing and ``cuLaunchKernel`` in one C function
-per op (0.64-0.84x ``add_`` for every op in ``kvdispatch bench`` on an H200; ``docs/performance.md``), reading
-each tensor's metadata through PyTorch's C shim (``tensor_shim``). It takes a call
-only when it is exactly a case the Python path has already launched: same device, selection (which names the
-launcher: ``on_selected``), shape key and current context. For anything else it returns ``NotImplemented``
-and the Python path runs, so errors, fallbacks and first calls are unchanged: a tensor that is not strided, or
-whose memory does not hold its view (``kvdispatch._validate``: a released or short storage, a pointer not aligned
-to its element size; the shim's layout, storage size and offset tell), is never launched from C, by either entry.
-
-The other ops (``REPLAYED``) have one generic entry, ``replay``: validation stays in Python. A call of such
-an op that the Python path validated and served with exactly one launch (``call_and_register``: the backends
-describe what they launch while ``recording()``) leaves that launch as the replay plan of the call's key:
-the op, the requested backend, the launcher, and each public argument's dtype, device, shape, strides and
-16-byte alignment, None, or exact int or bool value. Its parameters are kept as words, but for the pointer
-slots: the parameters that are an argument's tensor (``register_replay``). A later call of the same key
-gets that launch with its own pointers, once C has found each output apart from every other tensor
-argument (``REPLAYED`` names the outputs) and the plan's context current.
+launch. ``host_path.c`` has one entry for every op, ``replay``, which replays the launch the Python path made
+for a call of the same key, reading each tensor's metadata through PyTorch's C shim (``tensor_shim``);
+validation stays in Python. A call of an op that the Python path validated and served with exactly one launch
+(``call_and_register``: the backends describe what they launch while ``recording()``) leaves that launch as
+the replay plan of the call's key: the op, the requested backend, the launcher (the selector's: ``on_selected``),
+and each public argument's dtype, device, shape, strides and 16-byte alignment, None, or exact int or bool
+value. Its parameters are kept as words, but for the pointer slots: the parameters that are an argument's
+tensor (``register_replay``, which passes C a ``ReplayPlan``). A later call of the same key gets that launch
+with its own pointers, once C has found each output apart from every other tensor argument (``REPLAYED``
+names the outputs) and the plan's context current. For anything else it returns ``NotImplemented`` and the
+Python path runs, so errors, fallbacks and first calls are unchanged: a tensor that is not strided, or whose
+memory does not hold its view (``kvdispatch._validate``: a released or short storage, a pointer not aligned to
+its element size; the shim's layout, storage size and offset tell), is never launched from C.
 
 It is built at first use with the system's C compiler (``CC``, else ``cc``, ``gcc`` or ``clang``) and
 Python's headers, once per source and Python version, into the build cache (``kvdispatch._build_cache``:
@@ -57,29 +53,26 @@ import threading
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 
 from . import _build_cache, _env, devices, dispatch
-from . import grid as launch_grid
 from ._env import flag
 
 SOURCE = Path(__file__).with_name("host_path.c")
 MODULE_NAME = "kvdispatch_host_path"
 DTYPE_CODES = {None: 0, torch.int32: 1, torch.int64: 2}
-# host_path.c's op codes (shared_defines): OP_PAGE_TABLE, OP_TOKEN_CSR (entries of their own), then the ops
-# replay() takes (REPLAYED); OP_COUNT of them. The API reads them from dispatch without importing this module.
-OPS = dispatch.HOST_PATH_OPS
-# The ops the generic replay entry takes, each with the positions of its output arguments among the public
-# call's arguments as ``replay()`` takes them (the API's order, ``backend`` and ``enable_pdl`` left out), the
-# first being the one the call returns. Every output must share no byte with any other tensor argument
-# (``kvdispatch._validate``: outputs apart from the inputs and from each other); C checks that per call.
-REPLAYED = {key: op.output_positions for key, op in dispatch.OPS.items() if key not in ("page_table", "token_csr")}
-# The launchers whose plans it takes, by the backend names that select them: LAUNCHER_TRITON, LAUNCHER_CUPY.
+# The op codes replay() takes (``Op.code``: the public functions pass them): opaque to host_path.c, which only
+# bounds them (OP_COUNT, shared_defines).
+OPS = {key: op.code for key, op in dispatch.OPS.items()}
+# Each op's output arguments, by position among the public call's arguments as ``replay()`` takes them (the
+# API's order, ``backend`` and ``enable_pdl`` left out), the first being the one the call returns. Every output
+# must share no byte with any other tensor argument (``kvdispatch._validate``: outputs apart from the inputs and
+# from each other); C checks that per call.
+REPLAYED = {key: op.output_positions for key, op in dispatch.OPS.items()}
+# The launchers whose plans it takes, by the backend names that select them (LAUNCHER_COUNT of them).
 LAUNCHERS = {"triton": 0, "cupy": 1}
-# A size or stride this large does not fit the 32-bit fields the Triton kernels pack their parameters into
-# (``page_table.packed_words``, ``token_csr.packed_words``): such a call reads the full-width ones.
-WIDE = 2**31
 HIP_HOST_PATH_ENV = _env.HIP_HOST_PATH
 
 log = logging.getLogger("kvdispatch")
@@ -100,17 +93,8 @@ def compiler() -> str | None:
 
 def shared_defines() -> tuple[str, ...]:
     """The ``-DNAME=value`` compiler options that give ``host_path.c`` the values it shares with the Python
-    side (the source defines none of them itself): op codes, launcher codes, the largest page size and the
-    wide-indexing bound."""
-    values = {
-        "OP_PAGE_TABLE": OPS["page_table"],
-        "OP_TOKEN_CSR": OPS["token_csr"],
-        "OP_COUNT": len(OPS),
-        "LAUNCHER_TRITON": LAUNCHERS["triton"],
-        "LAUNCHER_CUPY": LAUNCHERS["cupy"],
-        "MAX_PAGE_SIZE": launch_grid.MAX_PAGE_SIZE,
-        "WIDE": f"{WIDE}LL",
-    }
+    side (the source defines none of them itself): how many op codes and launcher codes there are."""
+    values = {"OP_COUNT": len(OPS), "LAUNCHER_COUNT": len(LAUNCHERS)}
     return tuple(f"-D{name}={value}" for name, value in values.items())
 
 
@@ -305,8 +289,6 @@ def load(device_index: int | None = None):
                 self_check(module, configure, device_index)
                 for (op, index, backend), launcher in _approved.items():
                     module.approve(OPS[op], index, backend, LAUNCHERS[launcher])
-                dispatch.fast_page_table = module.page_table
-                dispatch.fast_token_csr = module.token_csr
                 dispatch.fast_replay = module.replay
                 _module = module
             except _env.InvalidVariableError:  # the caller's error: raised, and the next call tries again
@@ -366,25 +348,31 @@ def forget_plans(launcher: str, op: str | None = None) -> None:
         _module.clear_plans(LAUNCHERS[launcher], -1 if op is None else OPS[op])
 
 
-def add_plan(launcher: str, op: str, key: tuple, context: int, function: int, grid: tuple, threads: int,
-             shared: int, param_count: int, items: int = 0, flags: int = 0) -> bool:
-    """Register the launch of one call key of ``op`` for ``launcher``: ``key`` as ``host_path.c``'s
-    ``add_plan`` documents it (dtypes as torch dtypes or None, flags as bools), the kernel ``function``
-    (``CUfunction``) loaded in ``context``, launched on ``grid`` (``kvdispatch.grid.Launch.grid``; its first
-    entry is the batch, read from each call) with ``threads`` per block, ``shared`` bytes of dynamic shared
-    memory and ``param_count`` parameters; ``items`` and ``flags``: the values CuPy's kernels take that the
-    call does not show (0 for Triton). Returns whether the C path took it."""
-    _, grid_y, grid_z = grid
-    fields = tuple(DTYPE_CODES[field] if field is None or isinstance(field, torch.dtype) else int(field)
-                   for field in key)
-    return _module.add_plan(LAUNCHERS[launcher], OPS[op], fields, context, function, grid_y, grid_z, threads, shared,
-                            param_count, items, flags)
-
-
-# Replay plans (the ops in ``REPLAYED``): while the Python path serves one such call, the backends append a
+# Replay plans: while the Python path serves a call that may register one, the backends append a
 # ``describe()`` for each kernel they launch to the calling thread's list here (``recording()``); a call
 # that launched exactly one kernel that can be described registers its launch (``call_and_register``).
 _recording = threading.local()
+
+
+class ReplayPlan(NamedTuple):
+    """``add_replay``'s arguments, in the order ``host_path.c`` parses them (its ``REPLAY_PLAN_FIELDS``): the op
+    code, the requested backend, the call's public arguments (``replay()``'s order), the launcher code, the
+    kernel ``function`` loaded in ``context``, ``grid`` (x, y, z), ``threads`` per block, ``shared`` bytes,
+    ``values`` (every parameter as a 64-bit word), ``slots`` (``(parameter, argument)`` for each parameter that
+    is an argument's data pointer) and ``outputs`` (``REPLAYED``'s positions)."""
+
+    op: int
+    backend: str | None
+    args: tuple
+    launcher: int
+    context: int
+    function: int
+    grid: tuple
+    threads: int
+    shared: int
+    values: tuple
+    slots: tuple
+    outputs: tuple
 
 
 @dataclass(frozen=True)
@@ -413,9 +401,6 @@ def call_and_register(op: str, backend, args: tuple, call) -> None:
     """``call()`` (the Python path's dispatch of one validated call of ``op``, whose public arguments are
     ``args``, as ``replay()`` takes them), then, if it launched exactly one kernel that can be described,
     that launch as the replay plan of its key. What registering finds wrong only means no plan."""
-    if op not in REPLAYED:
-        call()
-        return
     launches = _recording.launches = []
     try:
         call()
@@ -444,6 +429,6 @@ def register_replay(op: str, backend, args: tuple, launch: Launch) -> bool:
         elif type(value) is not int:
             return False
         values.append(value % 2**64)
-    return _module.add_replay(OPS[op], backend, tuple(args), LAUNCHERS[launch.launcher], launch.context,
-                              launch.function, tuple(launch.grid), launch.threads, launch.shared, tuple(values),
-                              tuple(slots), REPLAYED[op])
+    return _module.add_replay(*ReplayPlan(OPS[op], backend, tuple(args), LAUNCHERS[launch.launcher], launch.context,
+                                          launch.function, tuple(launch.grid), launch.threads, launch.shared,
+                                          tuple(values), tuple(slots), REPLAYED[op]))

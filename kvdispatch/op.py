@@ -43,6 +43,8 @@ new value traces again, as a new page size compiles a new Triton kernel. Dynamo 
 from __future__ import annotations
 
 import inspect
+import linecache
+import os
 from dataclasses import dataclass
 
 import torch
@@ -204,7 +206,11 @@ def declare(key: str, *, outputs: tuple[str, ...], check, check_data, reference)
             traced=", ".join(positional + [f"{name}={name}" for name in keyword]),
             checked=_named_arguments(check, parameters, keyword=False),
             data_checked=_named_arguments(check_data, parameters, keyword=True))
-        exec(compile(source, f"<kvdispatch op {key}>", "exec"), namespace)  # noqa: S102  (our own template)
+        # Named inside the package, so that warnings skip its frames as they skip the package's (dispatch), and
+        # kept in linecache, so that tracebacks show it.
+        filename = os.path.join(os.path.dirname(__file__), f"<generated {stub.__name__}>")
+        linecache.cache[filename] = (len(source), None, source.splitlines(keepends=True), filename)
+        exec(compile(source, filename, "exec"), namespace)  # noqa: S102  (our own template)
         public = namespace[stub.__name__]
         public.__doc__, public.__module__, public.__qualname__ = stub.__doc__, "kvdispatch", stub.__name__
         public.__signature__ = signature
@@ -214,7 +220,6 @@ def declare(key: str, *, outputs: tuple[str, ...], check, check_data, reference)
         _library.impl(stub.__name__, _kernel(public), "CompositeExplicitAutograd")
         torch.library.register_fake(f"{NAMESPACE}::{stub.__name__}", _fake(check, signature), lib=_library)
         namespace["custom_op"] = getattr(getattr(torch.ops, NAMESPACE), stub.__name__)
-        dispatch.HOST_PATH_OPS[key] = code
         dispatch.OPS[key] = Op(key, stub.__name__, public, parameters, tuple(outputs), check, check_data, reference,
                                schema, code)
         return public

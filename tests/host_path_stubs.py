@@ -4,7 +4,7 @@
 The extension is built here and configured with a ``cuLaunchKernel`` that records what it is given, a
 ``cuCtxGetCurrent`` and a stream query, with CPU tensors as the launch device type (``is_cpu``, device index
 offset 1, so CPU is device 0). ``random_call`` and ``random_csr_call`` draw the public arguments of valid
-calls, in the order the C functions take them.
+calls, in the order the replay entry takes them (the API's, without ``backend`` and ``enable_pdl``).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from kvdispatch import host_path
 CONTEXT = 0xC0FFEE
 FUNCTION = 0xF00D
 STREAM_BASE = 5000
-PAGE_TABLE, TOKEN_CSR = host_path.OPS["page_table"], host_path.OPS["token_csr"]
+PAGE_TABLE = host_path.OPS["page_table"]
 LAUNCH = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, *[ctypes.c_uint] * 7, ctypes.c_void_p,
                           ctypes.POINTER(ctypes.c_void_p), ctypes.c_void_p)
 CONTEXT_QUERY = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.POINTER(ctypes.c_void_p))
@@ -70,29 +70,50 @@ def install(built, monkeypatch, count: int) -> Stubs:
 
 def check_approvals_follow_the_hooks(stubs, hooks, call, other_launcher: str) -> None:
     """A launcher's selector hooks (``hooks.on_selected``, ``hooks.on_deselected``) approve and withdraw the
-    C path for ``call`` (a page-table call whose plan is registered, for that launcher, on device 0);
+    C path for ``call`` (a page-table call whose replay plan is registered, for that launcher, on device 0);
     ``other_launcher``'s withdrawal leaves its approval alone."""
     gpu = type("FakeCuda", (), {"type": "cuda", "index": 0})()  # CPU tensors are device 0 here
+
+    def replayed():
+        return stubs.module.replay(PAGE_TABLE, None, *call)
+
     hooks.on_selected(gpu, "token_csr", None)
-    assert stubs.module.page_table(*call) is NotImplemented  # approved for the other op only
+    assert replayed() is NotImplemented  # approved for the other op only
     hooks.on_selected(gpu, "page_table", None)
-    assert stubs.module.page_table(*call) is call[3]
+    assert replayed() is call[3]
     host_path.on_deselected(other_launcher, gpu)
-    assert stubs.module.page_table(*call) is call[3]
+    assert replayed() is call[3]
     hooks.on_deselected(gpu)
-    assert stubs.module.page_table(*call) is NotImplemented
+    assert replayed() is NotImplemented
     hooks.on_selected(gpu, "page_table", None)
     hooks.on_deselected(None)
-    assert stubs.module.page_table(*call) is NotImplemented
+    assert replayed() is NotImplemented
     assert len(stubs.launches) == 2
     hooks.on_selected(gpu, "page_table", None)  # selected again: the plan (kept, as Python's is) serves
-    assert stubs.module.page_table(*call) is call[3]
+    assert replayed() is call[3]
     assert len(stubs.launches) == 3
 
 
 def unsigned(values) -> list[int]:
     """Kernel arguments as the launch receives them: tensors as their addresses, ints as 64-bit words."""
     return [(v.data_ptr() if isinstance(v, torch.Tensor) else v) % 2**64 for v in values]
+
+
+def sibling(t, fill_seed=0):
+    """A tensor of ``t``'s dtype, shape and strides, in memory of its own at the same 16-byte alignment, with
+    other contents."""
+    if t.numel() == 0:
+        return torch.empty_strided(t.shape, t.stride(), dtype=t.dtype)
+    extent = 1 + sum((size - 1) * stride for size, stride in zip(t.shape, t.stride()))
+    offset = (t.data_ptr() % 16) // t.element_size()
+    g = torch.Generator().manual_seed(fill_seed)
+    base = torch.randint(-9, 9, (extent + offset + 16,), generator=g).to(t.dtype)
+    assert base.data_ptr() % 16 == 0
+    return base.as_strided(t.shape, t.stride(), offset)
+
+
+def siblings(args):
+    return [sibling(a, i) if isinstance(a, torch.Tensor) else a for i, a in enumerate(args)]
 
 
 def random_call(seed, page_size=None, with_start=None, options=None):
@@ -121,7 +142,7 @@ def random_call(seed, page_size=None, with_start=None, options=None):
     lens_out = torch.zeros(batch + 1, dtype=torch.int32) if "lens_out" in options else None
     fill = int(torch.randint(-100, 100, (1,), generator=g)) if "fill" in options else None
     offset = int(torch.randint(-3, 4, (1,), generator=g))
-    return [table, pool, lens, out, page_size, start, offset, lens_out, fill, None, False]
+    return [table, pool, lens, out, page_size, start, offset, lens_out, fill, False]  # round_toward_zero
 
 
 def random_csr_call(seed, with_start=None):
@@ -139,4 +160,4 @@ def random_csr_call(seed, with_start=None):
         with_start = bool(torch.randint(2, (1,), generator=g))
     start = vector(0, cols) if with_start else None
     return [table, vector(-1, rows + 1), vector(-2, cols + 3), vector(-5, n, batch + 1),
-            torch.zeros(n, dtype=torch.int32), start, None, 1, None]  # backend, entry_page_size, token_mapping
+            torch.zeros(n, dtype=torch.int32), start, 1, None]  # entry_page_size, token_mapping

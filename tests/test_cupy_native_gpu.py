@@ -1,8 +1,8 @@
 """The CuPy backend through the compiled host path (``kvdispatch/host_path.c``) on a GPU: after a key's first
-call (Python, which registers the plan) the page-table and token-CSR calls are launched from C, their results
-equal the reference, CUDA-graph capture and replay still work, and calls the C path does not take (options,
-another current device, ``KVDISPATCH_CUPY_LAUNCH=python``) still run, in Python. The packing itself is
-checked on CPU (``test_cupy_native.py``)."""
+call (Python, which registers the replay plan) the page-table and token-CSR calls are launched from C, with
+every option, their results equal the reference, CUDA-graph capture and replay still work, and calls the C path
+does not take (another current device, ``KVDISPATCH_CUPY_LAUNCH=python``) still run, in Python. The parameters
+themselves are checked on CPU (``test_cupy_native.py``, ``test_host_path_replay.py``)."""
 
 from __future__ import annotations
 
@@ -129,30 +129,32 @@ def test_token_csr_calls_go_through_c(index_dtype, with_start):
         assert_same(out, expected_csr(case, indptr, out), f"out, step {step}")
 
 
-def test_calls_it_does_not_take_run_in_python():
-    """Rounding toward zero, an entry page size, a token mapping and an int64 out go the Python way (and
-    register no plan, so ``native`` mode does not raise); so does every call with the mode ``python``."""
+def test_calls_with_options_go_through_c():
+    """Rounding toward zero, an entry page size, a token mapping and an int64 out: each key's first call goes the
+    Python way and registers its plan, the next one is launched from C, and both equal the reference."""
     case = make_case(9, 64, max_pages=30, device="cuda", with_start=True)
     out = case.page_table_out()
-    page_table(case, out)
-    page_table(case, out)  # the plan exists and serves
-    before = c_launches()
-    out.fill_(POISON)
-    page_table(case, out, round_toward_zero=True)
-    assert_same(out, expected_page_table(case, out, round_toward_zero=True)[0], "rounding toward zero")
+    for from_c in (False, True):
+        before = c_launches()
+        out.fill_(POISON)
+        page_table(case, out, round_toward_zero=True)
+        assert c_launches() == before + from_c
+        assert_same(out, expected_page_table(case, out, round_toward_zero=True)[0], "rounding toward zero")
     indptr, csr_out = case.csr()
     mapping = torch.randperm(int(case.req_to_token.max()) + 1, device="cuda")
     for kwargs in (dict(entry_page_size=4), dict(token_mapping=mapping), {}):
         wide = not kwargs
         target = torch.full(csr_out.shape, POISON, dtype=torch.int64 if wide else torch.int32, device="cuda")
-        for _ in range(2):
-            token_csr(case, indptr, target, **kwargs)
         expected = torch.full_like(target, POISON).cpu()
         ops.token_csr.reference(case.req_to_token.cpu(), case.req_pool_indices.cpu(), case.seq_lens.cpu(),
                                       indptr.cpu(), expected, case.kv_start_idx.cpu(),
                                       **{k: (v.cpu() if isinstance(v, torch.Tensor) else v) for k, v in kwargs.items()})
-        assert_same(target, expected, str(kwargs))
-    assert c_launches() == before
+        for from_c in (False, True):
+            before = c_launches()
+            target.fill_(POISON)
+            token_csr(case, indptr, target, **kwargs)
+            assert c_launches() == before + from_c, kwargs
+            assert_same(target, expected, str(kwargs))
 
 
 def test_python_mode_never_takes_the_c_path(monkeypatch):

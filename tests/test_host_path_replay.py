@@ -1,7 +1,7 @@
 """The compiled host path's replay entry (``host_path.c``'s ``replay``) on CPU, for both launchers, without a GPU.
 
-The extension is pointed at stubs (``host_path_stubs``; CPU is device 0 there). For each op the replay entry
-takes (``host_path.REPLAYED``) and each launcher, a call A goes the backend's Python path with its launch
+The extension is pointed at stubs (``host_path_stubs``; CPU is device 0 there). For each op (``host_path.REPLAYED``:
+every op, with every option) and each launcher, a call A goes the backend's Python path with its launch
 recorded (``host_path.call_and_register``); a call B with the same metadata and ints but other tensors is
 then replayed by C, which must launch exactly what the Python path launches for B (parameters, grid,
 threads, shared memory). CuPy's Python path runs with its runtime replaced by a recorder; Triton's with
@@ -13,35 +13,41 @@ exactly where the validator would refuse it.
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import itertools
 
 import pytest
 import torch
 
 from kvdispatch import ops
 import kvdispatch
-from host_path_stubs import CONTEXT, FUNCTION, STREAM_BASE, build, install, unsigned
+from host_path_stubs import CONTEXT, FUNCTION, STREAM_BASE, build, install, sibling, siblings, unsigned
 from kernels_cupy import launch as cupy_launch
 from kernels_cupy import native as cupy_native
-from kvdispatch import _validate, dispatch, host_path
+from kvdispatch import _debug, _validate, dispatch, host_path
 
 triton = pytest.importorskip("triton")
-from kernels_triton import dcp, draft_decode, mapped_tables  # noqa: E402  (needs Triton)
+from kernels_triton import dcp, draft_decode, mapped_tables, page_table, token_csr  # noqa: E402  (needs Triton)
 from kernels_triton import launch as triton_launch  # noqa: E402
 
 OPS = tuple(host_path.REPLAYED)
 LAUNCHERS = ("cupy", "triton")
 TRITON_THREADS, TRITON_SHARED = 128, 24
 # op -> (the Triton backend's function, its launcher), (the CuPy backend's function), the validator
-TRITON = {"draft_decode": (draft_decode.build_draft_decode_indices, draft_decode.launcher),
+TRITON = {"page_table": (page_table.build_page_table, page_table.launcher),
+          "token_csr": (token_csr.build_token_indices, token_csr.launcher),
+          "draft_decode": (draft_decode.build_draft_decode_indices, draft_decode.launcher),
           "dcp_token_csr": (dcp.build_dcp_token_indices, dcp.csr_launcher),
           "dcp_page_table": (dcp.build_dcp_page_table, dcp.table_launcher),
           "mha_page_table": (mapped_tables.build_mha_page_table, mapped_tables.mha_launcher),
           "translated_page_table": (mapped_tables.build_translated_page_table, mapped_tables.translated_launcher)}
-CUPY = {"draft_decode": cupy_launch.build_draft_decode_indices, "dcp_token_csr": cupy_launch.build_dcp_token_indices,
+CUPY = {"page_table": cupy_launch.build_page_table, "token_csr": cupy_launch.build_token_indices,
+        "draft_decode": cupy_launch.build_draft_decode_indices, "dcp_token_csr": cupy_launch.build_dcp_token_indices,
         "dcp_page_table": cupy_launch.build_dcp_page_table, "mha_page_table": cupy_launch.build_mha_page_table,
         "translated_page_table": cupy_launch.build_translated_page_table}
-CHECKS = {"draft_decode": ops.draft_decode.check_arguments,
+CHECKS = {"page_table": ops.page_table.check_arguments, "token_csr": ops.token_csr.check_arguments,
+          "draft_decode": ops.draft_decode.check_arguments,
           "dcp_token_csr": lambda *a: ops.dcp_token_csr.check_arguments(*a[:5], a[7], *a[5:7], a[8]),
           "dcp_page_table": ops.dcp_page_table.check_arguments,
           "mha_page_table": ops.mha_page_table.check_arguments,
@@ -70,7 +76,6 @@ def stubs(built, monkeypatch):
     stubs = install(built, monkeypatch, count=0)
     monkeypatch.delenv(cupy_native.LAUNCH_ENV, raising=False)
     monkeypatch.delenv(triton_launch.LAUNCH_ENV, raising=False)
-    monkeypatch.setattr(cupy_native, "_off", False)
     monkeypatch.setattr(cupy_native, "kernel_and_context", lambda index, call: (FUNCTION, stubs.context))
     stubs.recorder = recorder = Recorder()
     monkeypatch.setattr(cupy_launch, "_runtime_module", recorder)
@@ -180,6 +185,16 @@ def random_args(op, seed):
     every option of the op."""
     d = Draw(seed)
     rows, cols, batch, table, pool, lens = d.common()
+    if op == "page_table":
+        return [table, pool, lens, d.out(batch, d.int(1, 50)), d.pick((1, 16, 64, 96, 4096)),
+                d.pick((None, d.vector(-1, cols, batch))), d.pick((0, 0, 3, -2)),
+                d.pick((None, torch.zeros(batch + d.pick((0, 1)), dtype=torch.int32))),
+                d.pick((None, d.int(-100, 100))), d.pick((False, True))]
+    if op == "token_csr":
+        total = d.int(1, 900)
+        return [table, pool, lens, d.vector(-5, total, batch + 1),
+                torch.zeros(total, dtype=d.pick((torch.int32, torch.int64))), d.pick((None, d.vector(0, cols, batch))),
+                d.pick((1, 1, 16, 3)), d.pick((None, d.vector(-3, 2000, d.int(1, 40), strided=False)))]
     if op == "draft_decode":
         steps, topk = d.int(1, 5), d.int(1, 4)
         segments = batch * topk
@@ -211,7 +226,8 @@ def random_args(op, seed):
 
 
 # Where an op has packed 32-bit words (Triton: WIDE_INDEXING past them), sizes and strides at the edge.
-INT_EDGES = {"dcp_page_table": {7: (2**31 - 1, -(2**31))}, "translated_page_table": {6: (2**31 - 1, -(2**31)),
+INT_EDGES = {"page_table": {6: (2**31 - 1, -(2**31)), 8: (2**31 - 1, -(2**31))}, "token_csr": {6: (4096, 1)},
+             "dcp_page_table": {7: (2**31 - 1, -(2**31))}, "translated_page_table": {6: (2**31 - 1, -(2**31)),
                                                                                      8: (2**31 - 1, -(2**31))}}
 
 
@@ -237,7 +253,7 @@ def hostile_args(op, seed, kind):
             (1, args[index].shape[1]), (2**31, 1))
         for vector in (1, 2):
             args[vector] = args[vector][:1]
-    elif kind == "out past 2**31" and op == "dcp_token_csr":  # an out of 2**31 entries
+    elif kind == "out past 2**31" and op in ("dcp_token_csr", "token_csr"):  # an out of 2**31 entries
         args[4] = args[4][:1].expand(2**31)
     elif kind == "map past 2**31" and op in MAPS and args[MAPS[op]] is not None:
         args[MAPS[op]] = args[MAPS[op]][:1].expand(2**31)
@@ -245,27 +261,10 @@ def hostile_args(op, seed, kind):
 
 
 # The ops' 2-D outputs of one row per request, and their lookup tables.
-OUT_TABLES = {"dcp_page_table": 3, "mha_page_table": 3, "translated_page_table": 4}
-MAPS = {"mha_page_table": 6, "translated_page_table": 3}
+OUT_TABLES = {"page_table": 3, "dcp_page_table": 3, "mha_page_table": 3, "translated_page_table": 4}
+MAPS = {"token_csr": 7, "mha_page_table": 6, "translated_page_table": 3}
 HOSTILE = ("table rows 2**31", "table rows below", "table row stride 2**31", "pool stride 0", "int edges",
            "out past 2**31", "map past 2**31")
-
-
-def sibling(t, fill_seed=0):
-    """A tensor of ``t``'s dtype, shape and strides, in memory of its own at the same 16-byte alignment, with
-    other contents."""
-    if t.numel() == 0:
-        return torch.empty_strided(t.shape, t.stride(), dtype=t.dtype)
-    extent = 1 + sum((size - 1) * stride for size, stride in zip(t.shape, t.stride()))
-    offset = (t.data_ptr() % 16) // t.element_size()
-    g = torch.Generator().manual_seed(fill_seed)
-    base = torch.randint(-9, 9, (extent + offset + 16,), generator=g).to(t.dtype)
-    assert base.data_ptr() % 16 == 0
-    return base.as_strided(t.shape, t.stride(), offset)
-
-
-def siblings(args):
-    return [sibling(a, i) if isinstance(a, torch.Tensor) else a for i, a in enumerate(args)]
 
 
 def approve(stubs, op, launcher):
@@ -400,7 +399,7 @@ def test_overlaps_are_decided_as_python_decides(stubs, op, launcher):
                 where = start + gap
                 where += (args[output].data_ptr() - where) % 16  # the alignment of the registered call's
                 where += (args[output].element_size() - where) % args[output].element_size()
-                base = torch.zeros(start + sizes[other] + sizes[output] + 4096, dtype=torch.uint8)
+                base = torch.zeros(-(-(start + sizes[other] + sizes[output] + 4096) // 8) * 8, dtype=torch.uint8)
                 call = siblings(args)
                 call[other] = _placed(base, start, args[other])
                 call[output] = _placed(base, where, args[output])
@@ -473,25 +472,40 @@ def test_backend_requests_have_their_own_plans(stubs):
 
 
 def test_the_table_is_bounded(stubs, monkeypatch):
-    """A full table registers nothing more (those calls stay on the Python path)."""
+    """A full table (4096 plans: host_path.c's REPLAY_SLOTS, half full) registers nothing more (those calls stay on
+    the Python path)."""
     op = "translated_page_table"
     approve(stubs, op, "cupy")
     args = random_args(op, 606)
     added = 0
-    for delta in range(2100):
+    for delta in range(4200):
         args[8] = delta
         added += host_path.register_replay(op, None, args, host_path.Launch("cupy", CONTEXT, FUNCTION, (1, 1, 1),
                                                                             32, 0, (args[0], delta)))
-    assert added == 2048 and stubs.module.replay_plan_count() == 2048
+    assert added == 4096 and stubs.module.replay_plan_count() == 4096
     args[8] = 0
     assert replayed(stubs, op, args) is args[4]
-    args[8] = 2099
+    args[8] = 4199
     assert replayed(stubs, op, args) is NotImplemented
 
 
-def test_public_api_goes_through_it(stubs, monkeypatch):
-    """Each public function passes its arguments to the replay entry (which takes a call only once its plan
-    exists); PDL and ``KVDISPATCH_DEBUG`` keep a call off it."""
+def _public_call(op, args, **options):
+    """The public function of ``op`` called with ``args`` (replay order) and ``options`` (backend, enable_pdl)."""
+    if op == "page_table":
+        return kvdispatch.create_flashmla_kv_indices(
+            *args[:4], page_size=args[4], kv_start_idx=args[5], seqlen_offset=args[6], seq_lens_out=args[7],
+            fill_value=args[8], round_toward_zero=args[9], **options)
+    if op == "token_csr":
+        return kvdispatch.create_flashinfer_kv_indices(*args[:5], kv_start_idx=args[5], entry_page_size=args[6],
+                                                       token_mapping=args[7], **options)
+    return kvdispatch.create_dcp_page_table(*args[:4], page_size=args[4], dcp_size=args[5], dcp_rank=args[6],
+                                            fill_value=args[7], round_toward_zero=args[8], **options)
+
+
+@pytest.mark.parametrize("op", ("page_table", "token_csr", "dcp_page_table"))
+def test_public_api_goes_through_it(stubs, monkeypatch, op):
+    """Each public function passes its arguments to the replay entry in the API's order (which takes a call only
+    once its plan exists); PDL and ``KVDISPATCH_DEBUG`` keep a call off it."""
     seen = []
 
     def entry(op, backend, *args):
@@ -499,12 +513,87 @@ def test_public_api_goes_through_it(stubs, monkeypatch):
         return NotImplemented
 
     monkeypatch.setattr(dispatch, "fast_replay", entry)
-    args = random_args("dcp_page_table", 707)
-    kvdispatch.create_dcp_page_table(*args[:4], page_size=args[4], dcp_size=args[5], dcp_rank=args[6],
-                                     fill_value=args[7], round_toward_zero=args[8], backend="torch")
-    assert seen[-1][0] == host_path.OPS["dcp_page_table"] and seen[-1][1] == "torch"
+    args = random_args(op, 707)
+    _public_call(op, args, backend="torch")
+    assert seen[-1][0] == host_path.OPS[op] and seen[-1][1] == "torch"
     assert all(a is b for a, b in zip(seen[-1][2], args)) and len(seen[-1][2]) == len(args)
     count = len(seen)
-    kvdispatch.create_dcp_page_table(*args[:4], page_size=args[4], dcp_size=args[5], dcp_rank=args[6],
-                                     fill_value=args[7], round_toward_zero=args[8], backend="torch", enable_pdl=True)
+    _public_call(op, args, backend="torch", enable_pdl=True)
+    monkeypatch.setattr(_debug, "ENABLED", True)
+    with contextlib.suppress(ValueError):  # the data checks name the random calls' bad entries
+        _public_call(op, args, backend="torch")
     assert len(seen) == count
+
+
+@pytest.mark.parametrize("launcher", LAUNCHERS)
+def test_the_public_call_registers_and_its_next_call_is_replayed(stubs, monkeypatch, launcher):
+    """Through the public API (CPU tensors as device 0's, the launcher selected): a page-table and a token-CSR
+    call take the Python path and register their launch; the next call of the same key, with other tensors, is
+    launched from C with exactly the Python path's parameters."""
+    monkeypatch.setattr(dispatch, "fast_replay", stubs.module.replay)
+    monkeypatch.setattr(kvdispatch.op, "_host_path", host_path)
+    gpu = torch.device("cuda", 0)
+
+    def call(device, op, backend, *args):  # the selector's choice of ``launcher`` and its Python path
+        host_path.on_selected(launcher, gpu, op, backend)
+        run = CUPY[op] if launcher == "cupy" else functools.partial(TRITON[op][0], pdl=False)
+        run(*args[:-1])
+
+    monkeypatch.setattr(dispatch, "call", call)
+    for name in ("create_flashmla_kv_indices", "create_flashinfer_kv_indices"):  # their checks, in their namespace
+        monkeypatch.setitem(getattr(kvdispatch, name).__globals__, "check", lambda *a: gpu)
+    for op, seed in (("page_table", 808), ("token_csr", 809)):
+        args = random_args(op, seed)
+        stubs.recorder.launched.clear()
+        assert _public_call(op, args) is args[host_path.REPLAYED[op][0]]
+        assert len(stubs.recorder.launched) == 1 and not stubs.launches
+        second = siblings(args)
+        params, *_ = python_path(stubs, op, launcher, second, register=False)
+        stubs.count = len(params)
+        assert _public_call(op, second) is second[host_path.REPLAYED[op][0]]
+        assert [launch["params"] for launch in stubs.launches] == [params]
+        stubs.launches.clear()
+
+
+# Every option of the page table (kv_start_idx, seq_lens_out, fill_value, seqlen_offset, round_toward_zero, the
+# page size) and of the token CSR (kv_start_idx, out's dtype, entry_page_size, token_mapping and its dtype).
+PAGE_TABLE_OPTIONS = list(itertools.product((False, True), (False, True), (False, True), (0, 5), (False, True),
+                                            (1, 64)))
+TOKEN_CSR_OPTIONS = list(itertools.product((False, True), (torch.int32, torch.int64), (1, 16),
+                                           (None, torch.int32, torch.int64)))
+
+
+def _with_options(op, seed, options):
+    args = random_args(op, seed)
+    batch = args[1].shape[0]
+    if op == "page_table":
+        start, lens_out, fill, offset, round_toward_zero, page_size = options
+        args[4:10] = [page_size, torch.zeros(batch, dtype=torch.int32) if start else None, offset,
+                      torch.zeros(batch, dtype=torch.int32) if lens_out else None, -1 if fill else None,
+                      round_toward_zero]
+    else:
+        start, out_dtype, entry_page_size, mapping = options
+        args[4] = args[4].to(out_dtype)
+        args[5:8] = [torch.zeros(batch, dtype=torch.int64) if start else None, entry_page_size,
+                     None if mapping is None else torch.arange(50, dtype=mapping)]
+    return args
+
+
+@pytest.mark.parametrize("launcher", LAUNCHERS)
+@pytest.mark.parametrize("op, options", [("page_table", o) for o in PAGE_TABLE_OPTIONS]
+                         + [("token_csr", o) for o in TOKEN_CSR_OPTIONS])
+def test_every_option_registers_a_replayable_plan(stubs, op, options, launcher):
+    """Each option combination of the page table and the token CSR launches one kernel whose parameters are the
+    call's tensors (Triton: the compiled signature's runtime arguments; CuPy: its KernelCall's pointers) and
+    plain ints, so it registers a plan, and C replays it as the Python path launches."""
+    args = _with_options(op, 900 + len(str(options)), options)
+    approve(stubs, op, launcher)
+    assert python_path(stubs, op, launcher, args) is not None
+    assert stubs.module.replay_plan_count() == 1
+    launch, params = assert_replays_as_python(stubs, op, launcher, siblings(args))
+    assert launch["params"] == params
+
+
+def test_the_plan_layout_is_the_c_parsers(stubs):
+    """``host_path.ReplayPlan`` names ``add_replay``'s arguments in the order host_path.c parses them."""
+    assert host_path.ReplayPlan._fields == stubs.module.REPLAY_PLAN_FIELDS

@@ -1,8 +1,8 @@
-"""The ops the compiled host path replays (``host_path.REPLAYED``) on a GPU, for the Triton and CuPy backends:
-after a key's first call (Python, which registers the replay plan) each call is launched from C (the
+"""The ops the compiled host path replays (``host_path.REPLAYED``: every op) on a GPU, for the Triton and CuPy
+backends: after a key's first call (Python, which registers the replay plan) each call is launched from C (the
 extension's launch count grows by one), equals the reference, on the registering call's buffers and on
-other buffers of the same metadata, and inside a CUDA graph too. The parameters themselves are checked on
-CPU (``test_host_path_replay.py``)."""
+other buffers of the same metadata, and inside a CUDA graph too; the page table and the token CSR with each of
+their options. The parameters themselves are checked on CPU (``test_host_path_replay.py``)."""
 
 from __future__ import annotations
 
@@ -11,12 +11,12 @@ import torch
 
 import kvdispatch
 from conftest import BACKENDS, HAS_GPU
-from kvcases import POISON
+from kvcases import POISON, assert_same, make_case
 from test_family_graphs import FAMILY_OPS, _case, _refresh, check_replays
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not HAS_GPU, reason="the compiled host path launches on a GPU")]
 
-from kvdispatch import _validate, host_path  # noqa: E402
+from kvdispatch import _validate, host_path, reference  # noqa: E402
 
 REPLAYS = 10
 
@@ -107,3 +107,59 @@ def test_pdl_and_debug_calls_stay_in_python(backend, monkeypatch):
     kvdispatch.reset()
     call(x, backend, enable_pdl=False)  # selects again (Python), the plan is kept
     call_checked(x, outputs, call, backend, "mha, debug", from_c=False)
+
+
+PAGE_TABLE_OPTIONS = [dict(), dict(round_toward_zero=True), dict(kv_start=True, fill_value=-1),
+                      dict(seq_lens_out=True, seqlen_offset=2), dict(kv_start=True, round_toward_zero=True)]
+TOKEN_CSR_OPTIONS = [dict(), dict(out_dtype=torch.int64), dict(entry_page_size=4), dict(token_mapping=True),
+                     dict(kv_start=True, out_dtype=torch.int64, entry_page_size=16, token_mapping=True)]
+
+
+@pytest.mark.parametrize("backend", BACKENDS_WITH_C)
+@pytest.mark.parametrize("options", PAGE_TABLE_OPTIONS, ids=str)
+def test_page_table_options_are_launched_from_c(backend, options):
+    options = dict(options)
+    start, lens_out = options.pop("kv_start", False), options.pop("seq_lens_out", False)
+    case = make_case(11, 16, max_pages=20, device="cuda", with_start=start,
+                     seqlen_offset=options.pop("seqlen_offset", 0), fill_value=options.pop("fill_value", None),
+                     generator=torch.Generator().manual_seed(len(str(options))))
+    out, seq_lens_out = case.page_table_out(), case.seq_lens_out() if lens_out else None
+    for from_c in (False, True):  # the key's first call registers its plan, the next one is C's
+        before = c_launches()
+        out.fill_(POISON)
+        kvdispatch.create_flashmla_kv_indices(case.req_to_token, case.req_pool_indices, case.seq_lens, out,
+                                              page_size=16, kv_start_idx=case.kv_start_idx,
+                                              seqlen_offset=case.seqlen_offset, seq_lens_out=seq_lens_out,
+                                              fill_value=case.fill_value, backend=backend, **options)
+        torch.cuda.synchronize()
+        assert c_launches() == before + from_c
+        expected = torch.full_like(out, POISON).cpu()
+        reference.build_page_table(*(t.cpu() for t in (case.req_to_token, case.req_pool_indices, case.seq_lens)),
+                                   expected, 16, None if case.kv_start_idx is None else case.kv_start_idx.cpu(),
+                                   case.seqlen_offset, None, case.fill_value, **options)
+        assert_same(out, expected, f"page table {options}")
+
+
+@pytest.mark.parametrize("backend", BACKENDS_WITH_C)
+@pytest.mark.parametrize("options", TOKEN_CSR_OPTIONS, ids=str)
+def test_token_csr_options_are_launched_from_c(backend, options):
+    options = dict(options)
+    case = make_case(13, 16, max_pages=20, device="cuda", with_start=options.pop("kv_start", False),
+                     generator=torch.Generator().manual_seed(len(str(options))))
+    indptr, out = case.csr()
+    out = out.to(options.pop("out_dtype", torch.int32))
+    if options.pop("token_mapping", False):
+        options["token_mapping"] = torch.randperm(2 * int(case.req_to_token.max()) + 1, device="cuda")
+    cpu_options = {k: v.cpu() if isinstance(v, torch.Tensor) else v for k, v in options.items()}
+    expected = torch.full_like(out, POISON).cpu()
+    reference.build_token_indices(*(t.cpu() for t in (case.req_to_token, case.req_pool_indices, case.seq_lens,
+                                                       indptr)), expected,
+                                  None if case.kv_start_idx is None else case.kv_start_idx.cpu(), **cpu_options)
+    for from_c in (False, True):
+        before = c_launches()
+        out.fill_(POISON)
+        kvdispatch.create_flashinfer_kv_indices(case.req_to_token, case.req_pool_indices, case.seq_lens, indptr, out,
+                                                kv_start_idx=case.kv_start_idx, backend=backend, **options)
+        torch.cuda.synchronize()
+        assert c_launches() == before + from_c
+        assert_same(out, expected, f"token CSR {options}")

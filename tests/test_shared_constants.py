@@ -13,8 +13,8 @@ import pytest
 
 from kernels_cupy import build as cupy_build
 from kernels_cupy import launch as cupy_launch
-from kernels_triton import crosscompile, launch, page_table
-from kvdispatch import grid, host_path
+from kernels_triton import crosscompile, page_table
+from kvdispatch import dispatch, grid, host_path
 
 
 def defined_values(options) -> dict[str, str]:
@@ -24,21 +24,14 @@ def defined_values(options) -> dict[str, str]:
 
 def test_host_path_defines_match_the_python_constants():
     values = defined_values(host_path.shared_defines())
-    assert values == {
-        "OP_PAGE_TABLE": str(host_path.OPS["page_table"]),
-        "OP_TOKEN_CSR": str(host_path.OPS["token_csr"]),
-        "OP_COUNT": str(len(host_path.OPS)),
-        "LAUNCHER_TRITON": str(host_path.LAUNCHERS["triton"]),
-        "LAUNCHER_CUPY": str(host_path.LAUNCHERS["cupy"]),
-        "MAX_PAGE_SIZE": str(grid.MAX_PAGE_SIZE),
-        "WIDE": f"{launch.WIDE}LL",
-    }
-    # They index approved[OP_COUNT] in the C source; the ops with entries of their own are 0 and 1, the replayed
-    # ones (codes from 2) follow.
+    assert values == {"OP_COUNT": str(len(host_path.OPS)), "LAUNCHER_COUNT": str(len(host_path.LAUNCHERS))}
+    # The op codes index approved[OP_COUNT] in the C source, the launcher codes its entries: each counts from 0.
+    # Every op is replayed (its outputs named), and the C source names none of them.
     assert sorted(host_path.OPS.values()) == list(range(len(host_path.OPS)))
-    assert {host_path.OPS["page_table"], host_path.OPS["token_csr"]} == {0, 1}
-    assert set(host_path.REPLAYED) == set(host_path.OPS) - {"page_table", "token_csr"}
-    assert sorted(host_path.LAUNCHERS.values()) == [0, 1]
+    assert set(host_path.REPLAYED) == set(host_path.OPS) == set(dispatch.OPS)
+    assert sorted(host_path.LAUNCHERS.values()) == list(range(len(host_path.LAUNCHERS)))
+    source = host_path.SOURCE.read_text()
+    assert not [op for op in host_path.OPS if op in source or op.upper() in source]
 
 
 def test_host_path_source_defines_no_shared_value_itself():
@@ -59,7 +52,7 @@ def test_host_path_refuses_a_build_without_the_defines(tmp_path):
 
 def test_library_name_depends_on_the_defines(monkeypatch):
     before = host_path.library_name()
-    monkeypatch.setattr(grid, "MAX_PAGE_SIZE", grid.MAX_PAGE_SIZE * 2)
+    monkeypatch.setitem(host_path.LAUNCHERS, "another", len(host_path.LAUNCHERS))
     assert host_path.library_name() != before
 
 

@@ -310,20 +310,26 @@ def built(tmp_path_factory):
 @pytest.mark.parametrize("op, position", [("page_table", p) for p in (0, 1, 2, 3)]
                          + [("token_csr", p) for p in (0, 1, 2, 3, 4)])
 def test_the_host_path_hands_them_back(built, monkeypatch, op, position, kind):
-    """A call whose plan C holds, with one tensor spoilt: C launches nothing and returns NotImplemented (the
-    Python path then raises); its tensor reads refuse the tensor (as the replay entry's key does)."""
-    from host_path_stubs import FUNCTION, PAGE_TABLE, TOKEN_CSR, install, random_call, random_csr_call
-    from test_cupy_native import register
+    """A call whose replay plan C holds, with one tensor spoilt: C launches nothing and returns NotImplemented (the
+    Python path then raises); its tensor reads refuse the tensor."""
+    from host_path_stubs import FUNCTION, install, random_call, random_csr_call
+    from test_cupy_native import RecordingRuntime, register
 
+    from kernels_cupy import launch as cupy_launch
     from kernels_cupy import native as cupy_native
     from kvdispatch import host_path
 
     stubs = install(built, monkeypatch, count=0)
     monkeypatch.setattr(cupy_native, "kernel_and_context", lambda index, call: (FUNCTION, stubs.context))
+    stubs.runtime = RecordingRuntime()
+    monkeypatch.setattr(cupy_launch, "_runtime_module", stubs.runtime)
     call = random_call(3, with_start=False, options="") if op == "page_table" else random_csr_call(3, False)
     register(stubs, op, call)
-    stubs.module.approve(PAGE_TABLE if op == "page_table" else TOKEN_CSR, 0, None, host_path.LAUNCHERS["cupy"])
-    entry = stubs.module.page_table if op == "page_table" else stubs.module.token_csr
+    stubs.module.approve(host_path.OPS[op], 0, None, host_path.LAUNCHERS["cupy"])
+
+    def entry(*args):
+        return stubs.module.replay(host_path.OPS[op], None, *args)
+
     assert entry(*call) is call[3 if op == "page_table" else 4]  # the plan serves the valid call
     keep = []
     spoilt = call[position].to_sparse() if kind == "sparse" else SPOILERS[kind](call[position], keep)

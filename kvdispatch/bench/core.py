@@ -572,10 +572,10 @@ COMPILED_ENTRIES = ("fast_replay",)
 
 def eager_path(fn, x: Inputs, backend: str) -> tuple[str, str]:
     """``(path, wrong)`` of one more eager call of an API row's ``fn`` (``check_eager``'s verdict in
-    ``wrong``): ``NATIVE_PATH`` when a compiled entry (``COMPILED_ENTRIES``, the C host path) launched it, else
-    ``backend``, the one the row asks for, whose Python path then served it. Counted with wrappers around the
-    installed entries, for this call only; an entry installed meanwhile (the first use of the compiled path) is
-    left in place."""
+    ``wrong``): ``NATIVE_PATH`` when the compiled entry (``dispatch.fast_replay``, the C host path)
+    launched it, else ``backend``, the one the row asks for, whose Python
+    path then served it. Counted with wrappers around the installed entries, for this call only; an entry
+    installed meanwhile (the first use of the compiled path) is left in place."""
     launched = []
 
     def counting(entry):
