@@ -136,7 +136,7 @@ def test_case_parsing():
     for name in ("token_csr:64x4096", "token_csr:64x4096:i64", "token_csr:64x4096:e16", "token_csr:64x4096:map",
                  "token_csr:8x32768:i64:e64:map", "64x32768x16"):
         assert bench.Case.parse(name).name == name
-    for cases in (bench.CPU_CASES, bench.CPU_QUICK_CASES, bench.GPU_CASES, bench.GPU_QUICK_CASES):
+    for cases in map(bench.case_set, ("CPU", "CPU_QUICK", "GPU", "GPU_QUICK", "GPU_REAL", "GPU_REAL_QUICK")):
         assert any(name.startswith("token_csr:") for name in cases) and bench.parse_cases(",".join(cases))
 
 
@@ -502,16 +502,16 @@ def test_real_shape_parsing():
     case = bench.Case.parse("256x1048576x64:len=1024-8192")
     assert case == bench.Case(256, 1048576, 64, lengths="1024-8192") and case.width == 16384
     assert case.length_range == (1024, 8192) and bench.Case.parse("1x8192x1:len=mix").length_range == bench.MIX_SHORT
-    for name in REAL_TINY + bench.GPU_REAL_CASES + ["token_csr:8x32768:i64:e64:map:len=0-32768",
+    for name in REAL_TINY + bench.case_set("GPU_REAL") + ["token_csr:8x32768:i64:e64:map:len=0-32768",
                                                     "mha_page_table:2x8192x1:len=mix"]:
         assert bench.Case.parse(name).name == name
     assert bench.Case.parse("TOKEN_CSR:8x32768:E64:LEN=1-2").lengths == "1-2"
-    ops = {bench.Case.parse(name).op for name in bench.GPU_REAL_CASES}
+    ops = {bench.Case.parse(name).op for name in bench.case_set("GPU_REAL")}
     assert ops == set(dispatch.OPS)
-    quick = [bench.Case.parse(name) for name in bench.GPU_QUICK_CASES if ":len=" in name]
+    quick = [bench.Case.parse(name) for name in bench.case_set("GPU_REAL_QUICK")]
     assert {c.op for c in quick} >= set(dispatch.OPS) - {"dcp_page_table"}
     assert bench.Case(256, 1048576, 64, lengths="1024-8192") in quick
-    for cases in (bench.CPU_CASES, bench.CPU_QUICK_CASES):
+    for cases in (bench.case_set("CPU"), bench.case_set("CPU_QUICK")):
         [real] = [bench.Case.parse(name) for name in cases if ":len=" in name]
         assert real.batch * real.context <= bench.INTERPRETER_MAX_TOKENS
 

@@ -19,5 +19,7 @@ them: a case ``OP:SHAPE`` is that module's; a bare ``BATCHxCONTEXTxPAGE``, the p
   ``/2d`` and ``host/launch`` divide by), ``IDEAL_BASELINE`` (``:len=`` cases only; None without one),
   ``API_VARIANTS`` (more rows through the API), ``PLAIN_TORCH_CASES``: ``"all"``, ``"full-length"`` (no
   ``:len=`` case) or ``"none"``.
+* ``CASES``: its cases in each set ``core.case_set`` takes (``GPU``, ``GPU_QUICK``, ``GPU_REAL``, ``GPU_REAL_QUICK``,
+  ``CPU``, ``CPU_QUICK``): the default and ``--quick`` runs on a GPU and on the CPU.
 * Optionally ``bytes_moved(case)``: bytes read and written per call, for ``GB/s`` (None: not shown).
 """

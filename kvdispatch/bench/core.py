@@ -42,36 +42,6 @@ PAGE_TABLE = "page_table"  # a case without an op prefix; the op of the compilat
 # of CONTEXT.
 MIX, MIX_SHORT, MIX_LONG_EVERY = "mix", (1024, 8192), 16
 
-GPU_CASES = ["1x131072x64", "64x32768x64", "1x131072x1", "256x32768x1", "1x4096x64", "1x32768x64",
-             "8x131072x64", "256x8192x64", "512x4096x64", "64x32768x16"]
-GPU_CASES += ["token_csr:64x4096", "token_csr:64x4096:i64", "token_csr:64x4096:e16:map", "token_csr:8x32768:i64"]
-GPU_CASES += ["mha_page_table:64x32768x64", "mha_page_table:64x32768x64:swa", "mha_page_table:256x8192x16:swa",
-              "mha_page_table:8x131072x1", "translated_page_table:64x32768x64", "translated_page_table:256x8192x16",
-              "translated_page_table:8x131072x1"]
-GPU_CASES += ["draft_decode:64x4096x5x1", "draft_decode:64x4096x5x4", "draft_decode:16x4096x5x4:p16",
-              "draft_decode:8x32768x3x1", "draft_decode:4x2048x5x1",
-              "draft_decode:8x1024x3x4"]  # the last two: few bytes, where latency decides
-GPU_CASES += ["dcp_token_csr:64x32768x4", "dcp_token_csr:1x131072x8", "dcp_token_csr:256x8192x2",
-              "dcp_page_table:64x32768x64x4", "dcp_page_table:1x131072x64x8", "dcp_page_table:256x32768x16x2",
-              "dcp_page_table:64x32768x1x8"]
-GPU_QUICK_CASES = GPU_CASES[:4] + ["token_csr:64x4096:i64", "mha_page_table:64x32768x64:swa",
-                                   "translated_page_table:64x32768x64", "draft_decode:64x4096x5x4",
-                                   "dcp_token_csr:64x32768x4", "dcp_page_table:64x32768x64x4"]
-# The real decode shape at 128K, 160K and 1M tokens: every op at page 64 and 1 (page 16 too), rows 1K-8K and the mix.
-GPU_REAL_CASES = ["256x1048576x64:len=1024-8192", "256x1048576x64:len=mix", "1x1048576x64:len=1024-8192",
-                  "64x131072x1:len=mix", "256x163840x16:len=1024-8192", "token_csr:64x1048576:len=1024-8192",
-                  "token_csr:256x163840:e64:len=mix", "mha_page_table:256x1048576x64:swa:len=1024-8192",
-                  "mha_page_table:64x131072x1:len=mix", "translated_page_table:256x1048576x64:len=mix",
-                  "translated_page_table:64x163840x16:len=1024-8192", "draft_decode:64x131072x5x4:len=1024-8192",
-                  "dcp_token_csr:64x1048576x4:len=mix", "dcp_page_table:256x1048576x64x4:len=1024-8192",
-                  "dcp_page_table:64x131072x1x8:len=mix"]
-GPU_CASES += GPU_REAL_CASES
-GPU_QUICK_CASES += [GPU_REAL_CASES[i] for i in (0, 5, 11, 7, 9, 12)]
-CPU_CASES = ["1x4096x64", "1x32768x64", "1x131072x64", "1x131072x1", "8x4096x1", "64x4096x64", "4x8192x16"]
-CPU_CASES += ["token_csr:8x4096", "token_csr:8x4096:i64:e16:map", "mha_page_table:4x4096x16:swa",
-              "translated_page_table:4x4096x16", "draft_decode:4x2048x3x2", "dcp_token_csr:8x4096x4",
-              "dcp_page_table:8x4096x16x4", "4x8192x16:len=mix"]
-CPU_QUICK_CASES = ["1x4096x64", "2x4096x1", "token_csr:2x4096:e16:map", "2x16384x64:len=256-2048"]
 # The Triton interpreter (CPU, TRITON_INTERPRET=1) runs only cases with at most this many tokens in all.
 INTERPRETER_MAX_TOKENS = 32768
 COMPILE_WIDTHS = 100
@@ -149,6 +119,13 @@ def case_modules() -> dict:
     package = sys.modules[__package__]
     present = {module.name for module in pkgutil.iter_modules(package.__path__)}
     return {op: importlib.import_module(f"{__package__}.{op}") for op in dispatch.OPS if op in present}
+
+
+def case_set(kind: str) -> list[str]:
+    """The cases of a set (``GPU``, ``GPU_QUICK``, ``GPU_REAL``, ``GPU_REAL_QUICK``, ``CPU``, ``CPU_QUICK``): each case
+    module's ``CASES[kind]``, the page table's first."""
+    modules = sorted(case_modules().items(), key=lambda item: item[0] != PAGE_TABLE)
+    return [name for _, module in modules for name in module.CASES[kind]]
 
 
 @dataclass(frozen=True)
@@ -1089,9 +1066,9 @@ def add_arguments(parser: argparse.ArgumentParser):
 
 def default_cases(device: torch.device, quick: bool) -> list[Case]:
     if device.type == "cuda":
-        names = GPU_QUICK_CASES if quick else GPU_CASES
+        names = case_set("GPU_QUICK") + case_set("GPU_REAL_QUICK") if quick else case_set("GPU") + case_set("GPU_REAL")
     else:
-        names = CPU_QUICK_CASES if quick else CPU_CASES
+        names = case_set("CPU_QUICK" if quick else "CPU")
     return [Case.parse(name) for name in names]
 
 

@@ -20,6 +20,17 @@ DCP_GRID, DCP_IDEAL = "dcp-2d-grid", "dcptable-ideal"
 TRITON_BASELINES, SGLANG_BASELINE, IDEAL_BASELINE = (DCP_GRID,), DCP_GRID, DCP_IDEAL
 API_VARIANTS, PLAIN_TORCH_CASES = (), "all"
 
+# Its cases in each set of ``core.case_set``.
+CASES = {
+    "GPU": ["dcp_page_table:64x32768x64x4", "dcp_page_table:1x131072x64x8", "dcp_page_table:256x32768x16x2",
+            "dcp_page_table:64x32768x1x8"],
+    "GPU_QUICK": ["dcp_page_table:64x32768x64x4"],
+    "GPU_REAL": ["dcp_page_table:256x1048576x64x4:len=1024-8192", "dcp_page_table:64x131072x1x8:len=mix"],
+    "GPU_REAL_QUICK": [],
+    "CPU": ["dcp_page_table:8x4096x16x4"],
+    "CPU_QUICK": [],
+}
+
 
 def parse(shape: str, text: str) -> Case:
     usage = (f"a DCP block-table case is dcp_page_table:BATCHxCONTEXTxPAGExDCP, e.g. dcp_page_table:64x32768x64x4; "

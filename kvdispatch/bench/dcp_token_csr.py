@@ -19,6 +19,16 @@ DCP_LOOP = "dcp-loop"
 TRITON_BASELINES, SGLANG_BASELINE, IDEAL_BASELINE = (DCP_LOOP,), DCP_LOOP, None
 API_VARIANTS, PLAIN_TORCH_CASES = (), "full-length"
 
+# Its cases in each set of ``core.case_set``.
+CASES = {
+    "GPU": ["dcp_token_csr:64x32768x4", "dcp_token_csr:1x131072x8", "dcp_token_csr:256x8192x2"],
+    "GPU_QUICK": ["dcp_token_csr:64x32768x4"],
+    "GPU_REAL": ["dcp_token_csr:64x1048576x4:len=mix"],
+    "GPU_REAL_QUICK": ["dcp_token_csr:64x1048576x4:len=mix"],
+    "CPU": ["dcp_token_csr:8x4096x4"],
+    "CPU_QUICK": [],
+}
+
 
 def parse(shape: str, text: str) -> Case:
     usage = f"a DCP token-CSR case is dcp_token_csr:BATCHxCONTEXTxDCP, e.g. dcp_token_csr:64x32768x4; got {text!r}"

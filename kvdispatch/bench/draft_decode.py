@@ -19,6 +19,17 @@ DRAFT_LOOP, ONE_STEP = "draft-loop", "one-step"
 TRITON_BASELINES, SGLANG_BASELINE, IDEAL_BASELINE = (DRAFT_LOOP,), DRAFT_LOOP, None
 API_VARIANTS, PLAIN_TORCH_CASES = (ONE_STEP,), "none"
 
+# Its cases in each set of ``core.case_set``.
+CASES = {
+    "GPU": ["draft_decode:64x4096x5x1", "draft_decode:64x4096x5x4", "draft_decode:16x4096x5x4:p16",
+            "draft_decode:8x32768x3x1", "draft_decode:4x2048x5x1", "draft_decode:8x1024x3x4"],
+    "GPU_QUICK": ["draft_decode:64x4096x5x4"],
+    "GPU_REAL": ["draft_decode:64x131072x5x4:len=1024-8192"],
+    "GPU_REAL_QUICK": ["draft_decode:64x131072x5x4:len=1024-8192"],
+    "CPU": ["draft_decode:4x2048x3x2"],
+    "CPU_QUICK": [],
+}
+
 
 def parse(shape: str, text: str) -> Case:
     usage = (f"a draft decode case is draft_decode:BATCHxCONTEXTxSTEPSxTOPK[:pP], e.g. "

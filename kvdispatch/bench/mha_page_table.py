@@ -21,6 +21,17 @@ MHA_GRID_2D, MHA_IDEAL = "mha-2d-grid", "mha-ideal"
 TRITON_BASELINES, SGLANG_BASELINE, IDEAL_BASELINE = (MHA_GRID_2D,), MHA_GRID_2D, MHA_IDEAL
 API_VARIANTS, PLAIN_TORCH_CASES = (), "all"
 
+# Its cases in each set of ``core.case_set``.
+CASES = {
+    "GPU": ["mha_page_table:64x32768x64", "mha_page_table:64x32768x64:swa", "mha_page_table:256x8192x16:swa",
+            "mha_page_table:8x131072x1"],
+    "GPU_QUICK": ["mha_page_table:64x32768x64:swa"],
+    "GPU_REAL": ["mha_page_table:256x1048576x64:swa:len=1024-8192", "mha_page_table:64x131072x1:len=mix"],
+    "GPU_REAL_QUICK": ["mha_page_table:256x1048576x64:swa:len=1024-8192"],
+    "CPU": ["mha_page_table:4x4096x16:swa"],
+    "CPU_QUICK": [],
+}
+
 
 def parse(shape: str, text: str) -> Case:
     shape, *options = shape.split(":")

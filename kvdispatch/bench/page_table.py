@@ -19,6 +19,19 @@ GRID_2D, GRID_IDEAL = "2d-grid", "2d-ideal"
 TRITON_BASELINES, SGLANG_BASELINE, IDEAL_BASELINE = (NAIVE, GRID_2D), GRID_2D, GRID_IDEAL
 API_VARIANTS, PLAIN_TORCH_CASES = (), "all"
 
+# Its cases in each set of ``core.case_set``.
+CASES = {
+    "GPU": ["1x131072x64", "64x32768x64", "1x131072x1", "256x32768x1", "1x4096x64", "1x32768x64", "8x131072x64",
+            "256x8192x64", "512x4096x64", "64x32768x16"],
+    "GPU_QUICK": ["1x131072x64", "64x32768x64", "1x131072x1", "256x32768x1"],
+    "GPU_REAL": ["256x1048576x64:len=1024-8192", "256x1048576x64:len=mix", "1x1048576x64:len=1024-8192",
+                 "64x131072x1:len=mix", "256x163840x16:len=1024-8192"],
+    "GPU_REAL_QUICK": ["256x1048576x64:len=1024-8192"],
+    "CPU": ["1x4096x64", "1x32768x64", "1x131072x64", "1x131072x1", "8x4096x1", "64x4096x64", "4x8192x16",
+            "4x8192x16:len=mix"],
+    "CPU_QUICK": ["1x4096x64", "2x4096x1", "2x16384x64:len=256-2048"],
+}
+
 
 def parse(shape: str, text: str) -> Case:
     ops = ", ".join(op for op in case_modules() if op != "page_table")

@@ -20,6 +20,16 @@ CSR_LOOP = "csr-loop"
 TRITON_BASELINES, SGLANG_BASELINE, IDEAL_BASELINE = (CSR_LOOP,), CSR_LOOP, None
 API_VARIANTS, PLAIN_TORCH_CASES = (), "full-length"
 
+# Its cases in each set of ``core.case_set``.
+CASES = {
+    "GPU": ["token_csr:64x4096", "token_csr:64x4096:i64", "token_csr:64x4096:e16:map", "token_csr:8x32768:i64"],
+    "GPU_QUICK": ["token_csr:64x4096:i64"],
+    "GPU_REAL": ["token_csr:64x1048576:len=1024-8192", "token_csr:256x163840:e64:len=mix"],
+    "GPU_REAL_QUICK": ["token_csr:64x1048576:len=1024-8192"],
+    "CPU": ["token_csr:8x4096", "token_csr:8x4096:i64:e16:map"],
+    "CPU_QUICK": ["token_csr:2x4096:e16:map"],
+}
+
 
 def parse(shape: str, text: str) -> Case:
     usage = (f"a token-CSR case is token_csr:BATCHxCONTEXT[:i64][:eE][:map], e.g. token_csr:8x32768:i64:e64:map; "

@@ -21,6 +21,17 @@ V2P_SGLANG, V2P_GRID_2D, V2P_IDEAL = "v2p-sglang", "v2p-2d-grid", "v2p-ideal"
 TRITON_BASELINES, SGLANG_BASELINE, IDEAL_BASELINE = (V2P_GRID_2D, V2P_SGLANG), V2P_SGLANG, V2P_IDEAL
 API_VARIANTS, PLAIN_TORCH_CASES = (), "all"
 
+# Its cases in each set of ``core.case_set``.
+CASES = {
+    "GPU": ["translated_page_table:64x32768x64", "translated_page_table:256x8192x16",
+            "translated_page_table:8x131072x1"],
+    "GPU_QUICK": ["translated_page_table:64x32768x64"],
+    "GPU_REAL": ["translated_page_table:256x1048576x64:len=mix", "translated_page_table:64x163840x16:len=1024-8192"],
+    "GPU_REAL_QUICK": ["translated_page_table:256x1048576x64:len=mix"],
+    "CPU": ["translated_page_table:4x4096x16"],
+    "CPU_QUICK": [],
+}
+
 
 def parse(shape: str, text: str) -> Case:
     if ":" in shape:
