@@ -120,9 +120,12 @@ def _draft_decode_kernel(
         if (segment == 0) & (write_indptr_start != 0):
             for step in range(num_steps):
                 tl.store(indptr_ptr + step * indptr_row_stride, tl.zeros((), indptr_dtype))
-    # The segment's further blocks of prefix tokens.
+    # The segment's further blocks of prefix tokens: a token at or past the table's width reads nothing (its
+    # position is at least the token) and one at or past out's width lands past it (so is its column), so
+    # they end at min(count, C, W) however long the row claims to be.
     stride = _launch.programs_in_row(FOLDED_GRID).to(tl.int64) * TOKENS_PER_PROGRAM
-    for later in range(first + stride, tl.where(row_readable, count, 0), stride):
+    tokens_end = tl.minimum(tl.minimum(count, table_cols), out_width)
+    for later in range(first + stride, tl.where(row_readable, tokens_end, 0), stride):
         _copy_prefix(later, row_ptr, length, count, sink, table_cols, v2p_ptr, v2p_len, out_ptr, out_row_stride,
                      out_width, num_steps, base, segments_before, branch, TOKENS_PER_PROGRAM, PAGE_SIZE,
                      OFFSET_LIMIT, HAS_V2P)

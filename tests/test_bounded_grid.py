@@ -187,7 +187,9 @@ def test_draft_decode_prefixes_loop_over_their_blocks(bounded, window):
     tokens = grid.items_per_program(grid.DRAFT_DECODE)
     cols = BLOCKS * tokens + 300
     table = _slot_table(3, cols, g)
-    for lengths in (torch.tensor([cols - 7, tokens + 1]), draw(1, 40, 2, g), torch.tensor([cols, cols])):
+    # Rows claiming far more tokens than the table holds end at its width.
+    for lengths in (torch.tensor([cols - 7, tokens + 1]), draw(1, 40, 2, g), torch.tensor([cols, cols]),
+                    torch.tensor([2**40, 2**62])):
         case = dict(req_to_token=table, req_pool_indices=torch.tensor([2, 0], dtype=torch.int32),
                     seq_lens=lengths, num_steps=3, topk=2, page_size=1, positions=None,
                     window_size=2 * tokens + 5 if window else 0, sink_size=3 if window else 0, v2p=None,
