@@ -109,8 +109,6 @@ def _copy_rank_tokens(first, end, row_ptr, target_ptr, TOKENS_PER_PROGRAM: tl.co
     tl.store(target_ptr + token, values.to(target_ptr.dtype.element_ty), mask=copied)
 
 
-
-
 def _dcp_page_table_kernel(
     table_ptr, pool_ptr, lens_ptr, out_ptr, packed_table: tl.int64, packed_out: tl.int64, dcp_rank: tl.int64,
     fill_value: tl.int64, out_width: tl.int64, table_rows: tl.int64, table_row_stride: tl.int64,
@@ -146,10 +144,10 @@ def _dcp_page_table_kernel(
     # Only dereferenced under a block's in-row mask, where the row is readable.
     row_ptr = table_ptr + pool * table_row_stride + dcp_rank
     out_row = out_ptr + row.to(tl.int64) * out_row_stride
-    # With HAS_FILL every column below the width is written (a value or the fill).
-    pages_end = out_width if HAS_FILL else _launch.pages_below(limit, page_limit, PAGE_SIZE)
     _rank_pages(first, row_ptr, out_row, limit, page_limit, fill_value, out_width, PAGE_SIZE, VIRTUAL_PAGE,
                 VIRTUAL_SHIFT, PAGES_PER_PROGRAM, HAS_FILL, ROUND_TOWARD_ZERO)
+    # The row's further blocks: with HAS_FILL every column below the width is written (a value or the fill).
+    pages_end = out_width if HAS_FILL else _launch.pages_below(limit, page_limit, PAGE_SIZE)
     step = _launch.programs_in_row(FOLDED_GRID) * PAGES_PER_PROGRAM
     for later in range(first + step, pages_end, step):
         _rank_pages(later, row_ptr, out_row, limit, page_limit, fill_value, out_width, PAGE_SIZE, VIRTUAL_PAGE,
