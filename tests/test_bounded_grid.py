@@ -12,6 +12,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+import kvdispatch
 from conftest import BACKENDS, DEVICE
 from kvcases import POISON, make_case
 from kvdispatch import grid, reference
@@ -52,6 +53,15 @@ def bounded(monkeypatch):
     monkeypatch.setattr(triton_launch.KernelLauncher, "plain", spy)
     yield grids
     triton_launch.reset(compiled=True)
+
+
+def test_the_launchers_budget_is_the_probes_multiprocessors_times_the_grid_constant(monkeypatch):
+    from kernels_triton import launch as triton_launch
+
+    multiprocessors = kvdispatch.probe(DEVICE).multiprocessors
+    assert triton_launch.program_budget(DEVICE) == multiprocessors * grid.PROGRAMS_PER_MULTIPROCESSOR
+    monkeypatch.setattr(grid, "PROGRAMS_PER_MULTIPROCESSOR", 1)
+    assert triton_launch.program_budget(DEVICE) == multiprocessors
 
 
 def _check_bounded(grids, batch):
