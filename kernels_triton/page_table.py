@@ -89,6 +89,7 @@ def _page_table_kernel(
                                              table_cols, table_row_stride)
         column_limit, position_offset = out_width, 0
         rows_aligned, readable = 0, True
+        whole_table_row, whole_out_row = row_ptr, out_row  # no whole blocks on this path
     else:
         # Already 64-bit when compiled (the annotation); the interpreter types a small int as 32-bit.
         packed_table, packed_out = packed_table.to(tl.int64), packed_out.to(tl.int64)
@@ -103,11 +104,15 @@ def _page_table_kernel(
         row_ptr, position_limit = _row_narrow(table_ptr, pool, length, readable, row_stride32)
         position_offset = seqlen_offset
         rows_aligned = (packed_out >> 31) & 1
+        # The rows of the page-1 whole blocks, 16-byte aligned where they are taken. The hints sit on values
+        # computed here: a hint on a jit function's argument would not reach the inlined kernel.
+        whole_table_row = tl.multiple_of(table_ptr + pool.to(tl.int64) * row_stride32.to(tl.int64), 16)
+        whole_out_row = tl.multiple_of(out_row, 16)
     whole_blocks: tl.constexpr = PAGE_SIZE == 1 and not HAS_START and not WIDE_INDEXING
 
     _page_block(first, row_ptr, out_row, column_limit, position_offset, position_limit, out_width, fill_value,
-                (rows_aligned != 0) & readable, tl.minimum(request_length, column_limit), PAGE_SIZE, PAGE_SHIFT,
-                PAGES_PER_PROGRAM, HAS_FILL, whole_blocks, ROUND_TOWARD_ZERO)
+                (rows_aligned != 0) & readable, tl.minimum(request_length, column_limit), whole_table_row,
+                whole_out_row, PAGE_SIZE, PAGE_SHIFT, PAGES_PER_PROGRAM, HAS_FILL, whole_blocks, ROUND_TOWARD_ZERO)
     # The row's further blocks, up to its real pages (with HAS_FILL every column below the width is written: a
     # value or the fill), computed after the first block's gather is on its way.
     if HAS_FILL:
@@ -119,22 +124,24 @@ def _page_table_kernel(
     step = _launch.programs_in_row(FOLDED_GRID) * PAGES_PER_PROGRAM
     for later in range(first + step, pages_end, step):
         _page_block(later, row_ptr, out_row, column_limit, position_offset, position_limit, out_width, fill_value,
-                    (rows_aligned != 0) & readable, tl.minimum(request_length, column_limit), PAGE_SIZE, PAGE_SHIFT,
-                    PAGES_PER_PROGRAM, HAS_FILL, whole_blocks, ROUND_TOWARD_ZERO)
+                    (rows_aligned != 0) & readable, tl.minimum(request_length, column_limit), whole_table_row,
+                    whole_out_row, PAGE_SIZE, PAGE_SHIFT, PAGES_PER_PROGRAM, HAS_FILL, whole_blocks,
+                    ROUND_TOWARD_ZERO)
     _launch.release_dependents(PDL)
 
 
 @triton.jit
 def _page_block(first, row_ptr, out_row, column_limit, position_offset, position_limit, out_width, fill_value,
-                whole_rows, whole_limit, PAGE_SIZE: tl.constexpr, PAGE_SHIFT: tl.constexpr,
-                PAGES_PER_PROGRAM: tl.constexpr, HAS_FILL: tl.constexpr, WHOLE_BLOCKS: tl.constexpr,
-                ROUND_TOWARD_ZERO: tl.constexpr):
+                whole_rows, whole_limit, whole_table_row, whole_out_row, PAGE_SIZE: tl.constexpr,
+                PAGE_SHIFT: tl.constexpr, PAGES_PER_PROGRAM: tl.constexpr, HAS_FILL: tl.constexpr,
+                WHOLE_BLOCKS: tl.constexpr, ROUND_TOWARD_ZERO: tl.constexpr):
     """Pages ``[first, first + PAGES_PER_PROGRAM)`` of a row (``first`` a multiple of PAGES_PER_PROGRAM): page
     ``p`` is written iff ``p < column_limit`` and ``p * PAGE_SIZE - position_offset < position_limit``, from
     ``row_ptr + p * PAGE_SIZE``; with HAS_FILL the other columns below ``out_width`` get ``fill_value``.
     WHOLE_BLOCKS (page 1 without a start, narrow indexing): a block below ``whole_limit`` (the request's length
     and the column limit) of a readable row whose table and ``out`` rows are 16-byte aligned (``whole_rows``)
-    is copied without masks."""
+    is copied without masks, from ``whole_table_row`` to ``whole_out_row`` (the rows, hinted 16-byte aligned
+    by the caller)."""
     page = tl.max_contiguous(tl.multiple_of(first + tl.arange(0, PAGES_PER_PROGRAM), PAGES_PER_PROGRAM),
                              PAGES_PER_PROGRAM)
     # Each page's first token inside the request.
@@ -153,8 +160,8 @@ def _page_block(first, row_ptr, out_row, column_limit, position_offset, position
         if whole_rows & (first + PAGES_PER_PROGRAM <= whole_limit):
             # Streaming hints (table rows read once, evicted first; output stores marked .cs): 0.95x the
             # time of the same copy without them on the H200 (benchmarks/page1_variants.py).
-            values = tl.load(tl.multiple_of(row_ptr, 16) + page, eviction_policy="evict_first")
-            tl.store(tl.multiple_of(out_row, 16) + page, values, cache_modifier=".cs")
+            values = tl.load(whole_table_row + page, eviction_policy="evict_first")
+            tl.store(whole_out_row + page, values, cache_modifier=".cs")
         else:
             _write_pages(source, out_row, page, in_row, in_width, fill_value, PAGE_SIZE, PAGE_SHIFT, HAS_FILL,
                          ROUND_TOWARD_ZERO)
