@@ -1,12 +1,13 @@
 """Decode-context-parallel index builders on the grid ``(batch, programs_per_row)`` of ``kvdispatch.grid``.
 
-* ``build_dcp_token_indices``: one rank's token CSR. Program ``(b, k)`` copies tokens ``j`` in
-  ``skip_b + [k * TOKENS_PER_PROGRAM, (k + 1) * TOKENS_PER_PROGRAM)`` of request ``b``, reading every
-  ``DCP_SIZE``-th position of its table row from the rank's first one (a strided gather), as the token CSR
-  does with consecutive positions.
-* ``build_dcp_page_table``: the rank-local block table. Program ``(b, k)`` owns pages
-  ``[k * PAGES_PER_PROGRAM, (k + 1) * PAGES_PER_PROGRAM)`` of row ``b``; each page is one gather, one virtual
-  page (``PAGE_SIZE * DCP_SIZE`` positions) after the last.
+* ``build_dcp_token_indices``: one rank's token CSR. Program ``(b, k)`` of a row of ``T`` programs copies the
+  blocks of tokens ``j`` in ``skip_b + [i * TOKENS_PER_PROGRAM, (i + 1) * TOKENS_PER_PROGRAM)``, ``i = k,
+  k + T, ...``, of request ``b``, reading every ``DCP_SIZE``-th position of its table row from the rank's
+  first one (a strided gather), as the token CSR does with consecutive positions.
+* ``build_dcp_page_table``: the rank-local block table. Program ``(b, k)`` handles the blocks of pages
+  ``[i * PAGES_PER_PROGRAM, (i + 1) * PAGES_PER_PROGRAM)``, ``i = k, k + T, ...``, of row ``b``, up to the
+  row's real pages; each page is one gather, one virtual page (``PAGE_SIZE * DCP_SIZE`` positions) after the
+  last.
 
 The DCP size, page size and rounding are compile-time (divisions by constants); the rank, sizes and strides
 are runtime ints, so every rank and buffer shape shares one compilation. Calls whose sizes and strides are all
@@ -62,7 +63,7 @@ def _dcp_token_csr_kernel(
 
     WIDE_INDEXING: some size or stride is ``WIDE`` or more (``token_csr.packed_words``), so the full-width
     parameters are read; otherwise ``packed_table`` and ``packed_sizes`` stand in for them. UNIT_STRIDES,
-    FOLDED_GRID: as in the token-CSR kernel.
+    FOLDED_GRID: as in the token-CSR kernel, whose blocks of tokens a row's programs share out the same way.
     """
     _launch.wait_for_producer(PDL)
     if UNIT_STRIDES:
@@ -85,13 +86,27 @@ def _dcp_token_csr_kernel(
     skip = tl.maximum(-target_start, 0)
     end = tl.minimum(count, out_len - target_start)
     first_token = skip + _launch.program_in_row(FOLDED_GRID) * TOKENS_PER_PROGRAM
+    row_ptr = table_ptr + pool * table_row_stride + first
     if first_token < end:
-        token = first_token + tl.arange(0, TOKENS_PER_PROGRAM)
-        copied = token < end
-        slots = tl.load(table_ptr + pool * table_row_stride + first + token * DCP_SIZE, mask=copied)
-        values = divide(slots, DCP_SIZE, DCP_SHIFT, ROUND_TOWARD_ZERO)
-        tl.store(out_ptr + target_start + token, values.to(out_ptr.dtype.element_ty), mask=copied)
+        _copy_rank_tokens(first_token, end, row_ptr, out_ptr + target_start, TOKENS_PER_PROGRAM, DCP_SIZE,
+                          DCP_SHIFT, ROUND_TOWARD_ZERO)
+    step = _launch.programs_in_row(FOLDED_GRID) * TOKENS_PER_PROGRAM
+    for later in range(first_token + step, end, step):
+        _copy_rank_tokens(later, end, row_ptr, out_ptr + target_start, TOKENS_PER_PROGRAM, DCP_SIZE, DCP_SHIFT,
+                          ROUND_TOWARD_ZERO)
     _launch.release_dependents(PDL)
+
+
+@triton.jit
+def _copy_rank_tokens(first, end, row_ptr, target_ptr, TOKENS_PER_PROGRAM: tl.constexpr, DCP_SIZE: tl.constexpr,
+                      DCP_SHIFT: tl.constexpr, ROUND_TOWARD_ZERO: tl.constexpr):
+    """Tokens ``j`` in ``[first, min(first + TOKENS_PER_PROGRAM, end))`` of a row: ``target[j] = row[j *
+    DCP_SIZE] // DCP_SIZE``, ``row`` at the rank's first position of the table row."""
+    token = first + tl.arange(0, TOKENS_PER_PROGRAM)
+    copied = token < end
+    slots = tl.load(row_ptr + token * DCP_SIZE, mask=copied)
+    values = divide(slots, DCP_SIZE, DCP_SHIFT, ROUND_TOWARD_ZERO)
+    tl.store(target_ptr + token, values.to(target_ptr.dtype.element_ty), mask=copied)
 
 
 def _dcp_page_table_kernel(
@@ -104,7 +119,9 @@ def _dcp_page_table_kernel(
 ):
     """``out[b, p] = table[pool[b], dcp_rank + p * VIRTUAL_PAGE] // VIRTUAL_PAGE`` for the program's pages
     ``p < page_limit`` with ``p * PAGE_SIZE < lens[b]`` on a readable row (``0 <= pool[b] < table_rows``);
-    with HAS_FILL the other columns below ``out_width`` get ``fill_value``.
+    with HAS_FILL the other columns below ``out_width`` get ``fill_value``. Program ``k`` of a row handles its
+    blocks of PAGES_PER_PROGRAM pages ``k, k + T, ...`` (``T``: ``launch.programs_in_row``) up to the row's
+    real pages (the width's with HAS_FILL).
 
     ``page_limit`` = min(width, pages whose source position lies inside a table row), from the host.
     WIDE_INDEXING: some size or stride is ``WIDE`` or more (``table_packed_words``): the full-width parameters
@@ -113,9 +130,7 @@ def _dcp_page_table_kernel(
     """
     _launch.wait_for_producer(PDL)
     row = tl.program_id(0)
-    page = _launch.program_in_row(FOLDED_GRID) * PAGES_PER_PROGRAM + tl.arange(0, PAGES_PER_PROGRAM)
-    page = page.to(tl.int64)
-    position = page * PAGE_SIZE  # the page's first token among the rank's tokens
+    first = _launch.program_in_row(FOLDED_GRID) * PAGES_PER_PROGRAM
     if UNIT_STRIDES:
         pool_stride, lens_stride = 1, 1
     pool = tl.load(pool_ptr + row * pool_stride).to(tl.int64)
@@ -124,20 +139,39 @@ def _dcp_page_table_kernel(
         packed_table, packed_out = packed_table.to(tl.int64), packed_out.to(tl.int64)
         table_rows, table_row_stride = packed_table & 0xFFFFFFFF, packed_table >> 32
         page_limit, out_row_stride = packed_out & 0xFFFFFFFF, packed_out >> 32
-    # An unreadable row's limit is 0, below every position (masks combine blocks only: Triton 3.9's
-    # interpreter takes no mask made from a scalar and a block).
+    # An unreadable row's limit is 0, below every position.
     limit = tl.where((pool >= 0) & (pool < table_rows), length, 0)
-    in_row = (page < page_limit) & (position < limit)
-    # Only dereferenced under in_row, where the row is readable.
-    source = table_ptr + pool * table_row_stride + dcp_rank + page * VIRTUAL_PAGE
-    slots = tl.load(source, mask=in_row, other=0)
-    values = divide(slots, VIRTUAL_PAGE, VIRTUAL_SHIFT, ROUND_TOWARD_ZERO)
+    # Only dereferenced under a block's in-row mask, where the row is readable.
+    row_ptr = table_ptr + pool * table_row_stride + dcp_rank
     out_row = out_ptr + row.to(tl.int64) * out_row_stride
+    _rank_pages(first, row_ptr, out_row, limit, page_limit, fill_value, out_width, PAGE_SIZE, VIRTUAL_PAGE,
+                VIRTUAL_SHIFT, PAGES_PER_PROGRAM, HAS_FILL, ROUND_TOWARD_ZERO)
+    # The row's further blocks: with HAS_FILL every column below the width is written (a value or the fill).
+    pages_end = out_width if HAS_FILL else _launch.pages_below(limit, page_limit, PAGE_SIZE)
+    step = _launch.programs_in_row(FOLDED_GRID) * PAGES_PER_PROGRAM
+    for later in range(first + step, pages_end, step):
+        _rank_pages(later, row_ptr, out_row, limit, page_limit, fill_value, out_width, PAGE_SIZE, VIRTUAL_PAGE,
+                    VIRTUAL_SHIFT, PAGES_PER_PROGRAM, HAS_FILL, ROUND_TOWARD_ZERO)
+    _launch.release_dependents(PDL)
+
+
+@triton.jit
+def _rank_pages(first, row_ptr, out_row, limit, page_limit, fill_value, out_width, PAGE_SIZE: tl.constexpr,
+                VIRTUAL_PAGE: tl.constexpr, VIRTUAL_SHIFT: tl.constexpr, PAGES_PER_PROGRAM: tl.constexpr,
+                HAS_FILL: tl.constexpr, ROUND_TOWARD_ZERO: tl.constexpr):
+    """Pages ``[first, first + PAGES_PER_PROGRAM)`` of a rank's row: page ``p < page_limit`` with ``p *
+    PAGE_SIZE < limit`` is ``row[p * VIRTUAL_PAGE] // VIRTUAL_PAGE``; with HAS_FILL the other columns below
+    ``out_width`` get ``fill_value``."""
+    page = (first + tl.arange(0, PAGES_PER_PROGRAM)).to(tl.int64)
+    position = page * PAGE_SIZE  # the page's first token among the rank's tokens
+    # Masks combine blocks only: Triton 3.9's interpreter takes no mask made from a scalar and a block.
+    in_row = (page < page_limit) & (position < limit)
+    slots = tl.load(row_ptr + page * VIRTUAL_PAGE, mask=in_row, other=0)
+    values = divide(slots, VIRTUAL_PAGE, VIRTUAL_SHIFT, ROUND_TOWARD_ZERO)
     if HAS_FILL:
         tl.store(out_row + page, tl.where(in_row, values, fill_value.to(tl.int32)), mask=page < out_width)
     else:
         tl.store(out_row + page, values, mask=in_row)
-    _launch.release_dependents(PDL)
 
 
 dcp_token_csr_kernel = triton.jit(_dcp_token_csr_kernel, do_not_specialize=RUNTIME_INTS["csr"],
@@ -207,7 +241,8 @@ def build_dcp_token_indices(req_to_token, req_pool_indices, local_seq_lens, kv_i
             kv_start_idx if has_start else req_to_token, rows, cols, table_stride, out_len, *strides)
 
     def make_plan():
-        geometry = launch_grid.dcp_token_csr_launch(batch, cols, out_len, dcp_size)
+        geometry = launch_grid.dcp_token_csr_launch(batch, cols, out_len, dcp_size,
+                                                    budget=_launch.program_budget(out.device))
         constexprs = csr_constexprs(dcp_size, has_start, round_toward_zero, unit_strides, packed is None,
                                     geometry.folded, pdl)
         return geometry, key[3:] + (geometry.folded,), constexprs
@@ -237,7 +272,8 @@ def build_dcp_page_table(req_to_token, req_pool_indices, local_seq_lens, out, pa
             fill_value if has_fill else 0, width, rows, table_stride, out_stride, page_limit, *strides)
 
     def make_plan():
-        geometry = launch_grid.dcp_page_table_launch(batch, width, page_size)
+        geometry = launch_grid.dcp_page_table_launch(batch, width, page_size,
+                                                     budget=_launch.program_budget(out.device))
         constexprs = table_constexprs(page_size, dcp_size, has_fill, round_toward_zero, unit_strides, packed is None,
                                       geometry.folded, pdl)
         return geometry, key[3:] + (geometry.folded,), constexprs

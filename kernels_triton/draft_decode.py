@@ -1,10 +1,11 @@
 """Multi-step speculative draft decode indices (``kvdispatch.create_draft_decode_kv_indices``): every step in one
 launch, on the grid ``(segments, programs_per_row)`` of ``kvdispatch.grid.draft_decode_launch``.
 
-Row ``z`` of the grid is segment ``z = b * topk + k`` (request ``b``, branch ``k``). Program ``(z, p)`` loads
-the prefix tokens ``[p * TOKENS_PER_PROGRAM, (p + 1) * TOKENS_PER_PROGRAM)`` of its request once and stores
-them into every step's row; program 0 of the row also writes the branch's draft slots (loaded once, stored
-into every step that has them) and its ``kv_indptr`` entries. A segment's offset needs the prefix lengths of
+Row ``z`` of the grid is segment ``z = b * topk + k`` (request ``b``, branch ``k``). Program ``(z, p)`` of a row
+of ``T`` programs loads the blocks of prefix tokens ``[i * TOKENS_PER_PROGRAM, (i + 1) * TOKENS_PER_PROGRAM)``,
+``i = p, p + T, ...``, of its request once each and stores them into every step's row; program 0 of the row
+also writes the branch's draft slots (loaded once, stored into every step that has them) and its
+``kv_indptr`` entries. A segment's offset needs the prefix lengths of
 the requests before it: each program sums them itself, ``SUM_BLOCK`` at a time (no second launch, no host
 sync), saturating at ``OFFSET_LIMIT`` so that the sum is exact.
 
@@ -53,7 +54,9 @@ def _draft_decode_kernel(
 ):
     """Segment ``z = program_id(0)`` of every step row; semantics of ``kvdispatch.reference.
     build_draft_decode_indices``. ``cap``: the most prefix tokens (``draft_prefix_cap``); ``sink``: the sink
-    tokens with a window, else ``cap`` (the prefix is then positions ``0 .. n - 1``). ``positions_ptr`` /
+    tokens with a window, else ``cap`` (the prefix is then positions ``0 .. n - 1``). Program ``p`` of a row
+    copies its blocks of TOKENS_PER_PROGRAM prefix tokens ``p, p + T, ...`` (``T``: ``launch.programs_in_row``)
+    up to the segment's prefix; program 0 writes the draft slots and ``kv_indptr`` once. ``positions_ptr`` /
     ``positions_stride`` and ``v2p_ptr`` / ``v2p_len`` are None without those options. PDL: launched with
     programmatic dependent launch (``launch.wait_for_producer``)."""
     _launch.wait_for_producer(PDL)
@@ -92,15 +95,9 @@ def _draft_decode_kernel(
                                   v2p_len, out_ptr, PAGE_SIZE, HAS_V2P)
 
     if row_readable & (first < count):
-        token = first + tl.arange(0, TOKENS_PER_PROGRAM)
-        position = tl.where(token < tl.minimum(sink, count), token, length - count + token)
-        copied = (token < count) & (position < table_cols)
-        values = tl.load(row_ptr + position, mask=copied)
-        values = _stored_values(values, copied, v2p_ptr, v2p_len, out_ptr, PAGE_SIZE, HAS_V2P)
-        for step in range(num_steps):
-            it = step + 1
-            column = tl.minimum(base + segments_before * it + branch * (count + it), OFFSET_LIMIT) + token
-            tl.store(out_ptr + step * out_row_stride + column, values, mask=copied & (column < out_width))
+        _copy_prefix(first, row_ptr, length, count, sink, table_cols, v2p_ptr, v2p_len, out_ptr, out_row_stride,
+                     out_width, num_steps, base, segments_before, branch, TOKENS_PER_PROGRAM, PAGE_SIZE,
+                     OFFSET_LIMIT, HAS_V2P)
 
     if leads:
         _store_slots(out_ptr, first_values, first_slots, slot, 0, num_steps, base, segments_before, branch, count,
@@ -123,7 +120,33 @@ def _draft_decode_kernel(
         if (segment == 0) & (write_indptr_start != 0):
             for step in range(num_steps):
                 tl.store(indptr_ptr + step * indptr_row_stride, tl.zeros((), indptr_dtype))
+    # The segment's further blocks of prefix tokens: a token at or past the table's width reads nothing (its
+    # position is at least the token) and one at or past out's width lands past it (so is its column), so
+    # they end at min(count, C, W) however long the row claims to be.
+    stride = _launch.programs_in_row(FOLDED_GRID).to(tl.int64) * TOKENS_PER_PROGRAM
+    tokens_end = tl.minimum(tl.minimum(count, table_cols), out_width)
+    for later in range(first + stride, tl.where(row_readable, tokens_end, 0), stride):
+        _copy_prefix(later, row_ptr, length, count, sink, table_cols, v2p_ptr, v2p_len, out_ptr, out_row_stride,
+                     out_width, num_steps, base, segments_before, branch, TOKENS_PER_PROGRAM, PAGE_SIZE,
+                     OFFSET_LIMIT, HAS_V2P)
     _launch.release_dependents(PDL)
+
+
+@triton.jit
+def _copy_prefix(first, row_ptr, length, count, sink, table_cols, v2p_ptr, v2p_len, out_ptr, out_row_stride,
+                 out_width, num_steps, base, segments_before, branch, TOKENS_PER_PROGRAM: tl.constexpr,
+                 PAGE_SIZE: tl.constexpr, OFFSET_LIMIT: tl.constexpr, HAS_V2P: tl.constexpr):
+    """Prefix tokens ``[first, first + TOKENS_PER_PROGRAM)`` of a segment (below its ``count``), loaded once
+    and stored into every step row after the offset of the segment in that step."""
+    token = first + tl.arange(0, TOKENS_PER_PROGRAM)
+    position = tl.where(token < tl.minimum(sink, count), token, length - count + token)
+    copied = (token < count) & (position < table_cols)
+    values = tl.load(row_ptr + position, mask=copied)
+    values = _stored_values(values, copied, v2p_ptr, v2p_len, out_ptr, PAGE_SIZE, HAS_V2P)
+    for step in range(num_steps):
+        it = step + 1
+        column = tl.minimum(base + segments_before * it + branch * (count + it), OFFSET_LIMIT) + token
+        tl.store(out_ptr + step * out_row_stride + column, values, mask=copied & (column < out_width))
 
 
 @triton.jit
@@ -208,7 +231,7 @@ def plan_key_and_arguments(req_to_token, req_pool_indices, seq_lens, kv_indptr, 
 
 
 def _build_plan(key, out, args):
-    geometry = launch_grid.draft_decode_launch(key[1], key[2], key[2])
+    geometry = launch_grid.draft_decode_launch(key[1], key[2], key[2], budget=_launch.program_budget(out.device))
     constexprs = constexprs_for(key[3], key[8] is not None, key[9] is not None, geometry.folded, key[10])
     return _launch.build_plan(_plans, launcher, key, args, out.device, geometry, (geometry.folded,) + key[3:],
                               constexprs)

@@ -41,6 +41,7 @@ import triton
 import triton.language as tl
 
 from kvdispatch import _env, devices, host_path
+from kvdispatch import grid as launch_grid
 
 from . import native
 
@@ -87,6 +88,26 @@ def program_in_row(FOLDED_GRID: tl.constexpr):
     if FOLDED_GRID:
         program = program.to(tl.int64) + tl.program_id(2).to(tl.int64) * tl.num_programs(1)
     return program
+
+
+@triton.jit
+def programs_in_row(FOLDED_GRID: tl.constexpr):
+    """``T``, the row's programs as the grid has them: ``num_programs(1)`` (int32) or, on a folded grid,
+    ``num_programs(1) * num_programs(2)`` in int64. Program ``k`` of a row handles its blocks ``k, k + T,
+    k + 2T, ...`` (``kvdispatch.grid``): read from the grid, never passed, so any grid is correct."""
+    programs = tl.num_programs(1)
+    if FOLDED_GRID:
+        programs = programs.to(tl.int64) * tl.num_programs(2)
+    return programs
+
+
+@triton.jit
+def pages_below(positions, page_limit, PAGE_SIZE: tl.constexpr):
+    """The pages (of ``PAGE_SIZE`` positions) that start below ``positions``, at most ``page_limit`` (>= 0),
+    in int64: a row's real pages, the end of its programs' blocks. Exact for every int64 ``positions``
+    (clamped to the limit's positions first); 0 when ``positions <= 0``."""
+    reach = tl.maximum(tl.minimum(positions.to(tl.int64), page_limit.to(tl.int64) * PAGE_SIZE), 0)
+    return (reach + (PAGE_SIZE - 1)) // PAGE_SIZE
 
 
 @triton.jit
@@ -607,6 +628,13 @@ def supports_pdl(device_index: int) -> bool:
     """Whether the GPU ``device_index`` supports programmatic dependent launch (the probe's ``supports_pdl``);
     False for CPU tensors (index < 0), which the interpreter runs."""
     return device_index >= 0 and devices.probe(torch.device("cuda", device_index)).supports_pdl
+
+
+def program_budget(device) -> int:
+    """The programs one launch may use on ``device`` (``kvdispatch.grid.program_budget`` of the probe's
+    multiprocessors; the probe is cached per device): the ``budget`` the launchers pass the grid helper when
+    they build a plan."""
+    return launch_grid.program_budget(devices.probe(device).multiprocessors)
 
 
 def warps_for(device, threads: int) -> int:

@@ -74,34 +74,53 @@ def _mha_page_table_kernel(
     """``slot = table[pool[b], p * PAGE_SIZE]``; ``page_table[b, p] = slot // PAGE_SIZE`` for ``p < width`` and,
     with HAS_SWA, ``swa[b, p] = mapping[clamp(slot, 0, mapping_len - 1)] // PAGE_SIZE`` (low 32 bits) for
     ``p < swa_width``, over the row's pages. HAS_SWA only with ``mapping_len > 0``; without it ``swa_ptr`` and
-    ``mapping_ptr`` are not read. PAGE_SHIFT: log2(PAGE_SIZE) for powers of two, else -1. UNIT_STRIDES: the
-    index vectors are contiguous. FOLDED_GRID: ``launch.program_in_row``."""
+    ``mapping_ptr`` are not read. Program ``k`` of a row handles its blocks of PAGES_PER_PROGRAM pages ``k, k +
+    T, ...`` (``T``: ``launch.programs_in_row``) up to the row's last page. PAGE_SHIFT: log2(PAGE_SIZE) for
+    powers of two, else -1. UNIT_STRIDES: the index vectors are contiguous. FOLDED_GRID:
+    ``launch.program_in_row``."""
     _launch.wait_for_producer(PDL)
     if UNIT_STRIDES:
         pool_stride, lens_stride = 1, 1
     row = tl.program_id(0).to(tl.int64)
     first = _launch.program_in_row(FOLDED_GRID) * PAGES_PER_PROGRAM
     pool, limit = _row_limit(pool_ptr, lens_ptr, row, pool_stride, lens_stride, table_rows, table_cols, 0, False)
+    row_ptr = table_ptr + pool * table_row_stride  # only dereferenced below the limit, 0 on an unreadable row
+    page_table_row = page_table_ptr + row * page_table_stride
+    swa_row = swa_ptr + row * swa_stride
     if first.to(tl.int64) * PAGE_SIZE < limit:
-        page = first + tl.arange(0, PAGES_PER_PROGRAM)
-        position = page.to(tl.int64) * PAGE_SIZE
-        in_row = position < limit
-        in_table = in_row & (page < width)
-        if HAS_SWA:
-            in_swa = in_row & (page < swa_width)
-            read = in_table | in_swa
-        else:
-            read = in_table
-        # Only dereferenced under in_row, which is empty on an unreadable row.
-        slots = tl.load(table_ptr + pool * table_row_stride + position, mask=read, other=0)
-        tl.store(page_table_ptr + row * page_table_stride + page,
-                 _divide(slots, PAGE_SIZE, PAGE_SHIFT, ROUND_TOWARD_ZERO), mask=in_table)
-        if HAS_SWA:
-            index = tl.minimum(tl.maximum(slots.to(tl.int64), 0), mapping_len.to(tl.int64) - 1)
-            mapped = tl.load(mapping_ptr + index, mask=in_swa, other=0)
-            tl.store(swa_ptr + row * swa_stride + page,
-                     _divide(mapped, PAGE_SIZE, PAGE_SHIFT, ROUND_TOWARD_ZERO).to(tl.int32), mask=in_swa)
+        _mha_pages(first, row_ptr, limit, page_table_row, width, swa_row, swa_width, mapping_ptr, mapping_len,
+                   PAGE_SIZE, PAGE_SHIFT, PAGES_PER_PROGRAM, HAS_SWA, ROUND_TOWARD_ZERO)
+    pages_end = _launch.pages_below(limit, tl.maximum(width, swa_width) if HAS_SWA else width, PAGE_SIZE)
+    step = _launch.programs_in_row(FOLDED_GRID) * PAGES_PER_PROGRAM
+    for later in range(first + step, pages_end, step):
+        _mha_pages(later, row_ptr, limit, page_table_row, width, swa_row, swa_width, mapping_ptr, mapping_len,
+                   PAGE_SIZE, PAGE_SHIFT, PAGES_PER_PROGRAM, HAS_SWA, ROUND_TOWARD_ZERO)
     _launch.release_dependents(PDL)
+
+
+@triton.jit
+def _mha_pages(first, row_ptr, limit, page_table_row, width, swa_row, swa_width, mapping_ptr, mapping_len,
+               PAGE_SIZE: tl.constexpr, PAGE_SHIFT: tl.constexpr, PAGES_PER_PROGRAM: tl.constexpr,
+               HAS_SWA: tl.constexpr, ROUND_TOWARD_ZERO: tl.constexpr):
+    """Pages ``[first, first + PAGES_PER_PROGRAM)`` of a row whose pages start below ``limit`` positions: the
+    MHA table's below ``width`` and, with HAS_SWA, the SWA table's below ``swa_width``."""
+    page = first + tl.arange(0, PAGES_PER_PROGRAM)
+    position = page.to(tl.int64) * PAGE_SIZE
+    in_row = position < limit
+    in_table = in_row & (page < width)
+    if HAS_SWA:
+        in_swa = in_row & (page < swa_width)
+        read = in_table | in_swa
+    else:
+        read = in_table
+    # Only dereferenced under in_row, which is empty on an unreadable row.
+    slots = tl.load(row_ptr + position, mask=read, other=0)
+    tl.store(page_table_row + page, _divide(slots, PAGE_SIZE, PAGE_SHIFT, ROUND_TOWARD_ZERO), mask=in_table)
+    if HAS_SWA:
+        index = tl.minimum(tl.maximum(slots.to(tl.int64), 0), mapping_len.to(tl.int64) - 1)
+        mapped = tl.load(mapping_ptr + index, mask=in_swa, other=0)
+        tl.store(swa_row + page, _divide(mapped, PAGE_SIZE, PAGE_SHIFT, ROUND_TOWARD_ZERO).to(tl.int32),
+                 mask=in_swa)
 
 
 def _translated_page_table_kernel(
@@ -119,13 +138,13 @@ def _translated_page_table_kernel(
     ``multiplier`` is not 1; HAS_DELTA: ``seq_len_delta`` is not 0 (else neither is read). WIDE_INDEXING: some
     size, stride or the map's length is ``WIDE`` or more (``translated_packed_words``): the full-width
     parameters are read; otherwise ``packed_table`` (rows | row stride << 32) and ``packed_out`` (page limit |
-    out row stride << 32) stand in for them."""
+    out row stride << 32) stand in for them. Program ``k`` of a row handles its blocks of PAGES_PER_PROGRAM
+    columns ``k, k + T, ...`` (``T``: ``launch.programs_in_row``) up to the row's live columns."""
     _launch.wait_for_producer(PDL)
     if UNIT_STRIDES:
         pool_stride, lens_stride = 1, 1
     row = tl.program_id(0).to(tl.int64)
-    page = _launch.program_in_row(FOLDED_GRID) * PAGES_PER_PROGRAM + tl.arange(0, PAGES_PER_PROGRAM)
-    position = page.to(tl.int64) * PAGE_SIZE
+    first = _launch.program_in_row(FOLDED_GRID) * PAGES_PER_PROGRAM
     if not WIDE_INDEXING:
         packed_table, packed_out = packed_table.to(tl.int64), packed_out.to(tl.int64)
         table_rows, table_row_stride = packed_table & 0xFFFFFFFF, packed_table >> 32
@@ -147,18 +166,37 @@ def _translated_page_table_kernel(
             readable = pool.to(tl.uint64, bitcast=True) < table_rows.to(tl.uint64)
         row_offset = (pool.to(tl.int32).to(tl.uint32, bitcast=True).to(tl.uint64)
                       * table_row_stride.to(tl.uint64)).to(tl.int64, bitcast=True)
+        v2p_len = v2p_len.to(tl.int32)  # the map is shorter than 2**31 too: 32-bit compares
     # The loads do not wait for the row test (in their mask it cost up to 5%, docs/performance.md): an
     # unreadable row reads row 0 instead, inside its first page_limit pages (0 for a table without rows),
     # and the map, and writes nothing.
-    row_offset = tl.where(readable, row_offset, 0)
-    read = (page < page_limit) & (position < length)
+    row_ptr = table_ptr + tl.where(readable, row_offset, 0)
+    out_row = out_ptr + row * out_row_stride
     # An unreadable row's limit is 0, below every position (masks combine blocks only).
-    live = (page < page_limit) & (position < tl.where(readable, length, 0))
-    tokens = tl.load(table_ptr + row_offset + position, mask=read, other=0)
+    live_length = tl.where(readable, length, 0)
+    _translated_pages(first, row_ptr, length, live_length, page_limit, v2p_ptr, v2p_len, out_row, multiplier,
+                      PAGE_SIZE, PAGE_SHIFT, PAGES_PER_PROGRAM, HAS_MULTIPLIER)
+    step = _launch.programs_in_row(FOLDED_GRID) * PAGES_PER_PROGRAM
+    for later in range(first + step, _launch.pages_below(live_length, page_limit, PAGE_SIZE), step):
+        _translated_pages(later, row_ptr, length, live_length, page_limit, v2p_ptr, v2p_len, out_row, multiplier,
+                          PAGE_SIZE, PAGE_SHIFT, PAGES_PER_PROGRAM, HAS_MULTIPLIER)
+    _launch.release_dependents(PDL)
+
+
+@triton.jit
+def _translated_pages(first, row_ptr, length, live_length, page_limit, v2p_ptr, v2p_len, out_row, multiplier,
+                      PAGE_SIZE: tl.constexpr, PAGE_SHIFT: tl.constexpr, PAGES_PER_PROGRAM: tl.constexpr,
+                      HAS_MULTIPLIER: tl.constexpr):
+    """Columns ``[first, first + PAGES_PER_PROGRAM)`` of a translated row: read below ``page_limit`` and
+    ``length`` positions (``row_ptr`` is a readable row, row 0 in place of an unreadable one), written below
+    ``live_length`` (0 on an unreadable row)."""
+    page = first + tl.arange(0, PAGES_PER_PROGRAM)
+    position = page.to(tl.int64) * PAGE_SIZE
+    read = (page < page_limit) & (position < length)
+    live = (page < page_limit) & (position < live_length)
+    tokens = tl.load(row_ptr + position, mask=read, other=0)
     virtual = tl.where(tokens < 0, 0, _divide(tokens, PAGE_SIZE, PAGE_SHIFT, False))
     # A virtual page past the map reads nothing and gives 0 (``other``), as a freed page (-1) does.
-    if not WIDE_INDEXING:  # the map is shorter than 2**31 too: a 32-bit compare
-        v2p_len = v2p_len.to(tl.int32)
     physical = tl.load(v2p_ptr + virtual, mask=read & (virtual < v2p_len), other=0)
     if HAS_MULTIPLIER:
         # |physical| <= 2**31 and |multiplier| <= 2**31: an exact product, saturating as the true one.
@@ -167,8 +205,7 @@ def _translated_page_table_kernel(
         values = tl.maximum(physical, 0)
     else:
         values = tl.minimum(tl.maximum(physical, 0), 2**31 - 1).to(tl.int32)
-    tl.store(out_ptr + row * out_row_stride + page, values, mask=live)
-    _launch.release_dependents(PDL)
+    tl.store(out_row + page, values, mask=live)
 
 
 # Pointers first, then the runtime ints: (kernel, pointer parameters, runtime int parameters) per kernel, for
@@ -219,7 +256,7 @@ def _launch_plan(plans, launcher, key, out, args, span, constexprs_of):
     """Run ``args`` through the plan of ``key`` (building it at its first call): ``key[:3]`` is (device index,
     page size, batch), ``key[3:]`` the rest of the specialisation; ``span`` the pages a row may write."""
     def build():
-        geometry = launch_grid.mapped_page_table_launch(key[2], span, key[1])
+        geometry = launch_grid.mapped_page_table_launch(key[2], span, key[1], budget=_launch.program_budget(out.device))
         return _launch.build_plan(plans, launcher, key, args, out.device, geometry,
                                   (key[1], geometry.folded) + key[4:], constexprs_of(geometry.folded))
 

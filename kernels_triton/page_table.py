@@ -1,9 +1,9 @@
 """Paged block table (FlashMLA-style) on the grid ``(batch, programs_per_row)`` of ``kvdispatch.grid``.
 
-Program ``(b, k)`` owns pages ``[k * PAGES_PER_PROGRAM, (k + 1) * PAGES_PER_PROGRAM)`` of row ``b`` of
-``out``. It loads the row's pool index, length and start together, gathers one slot per page in one
-round trip, and stores the pages (16-byte accesses with streaming cache hints on page-1 rows the launcher
-found 16-byte aligned).
+Program ``(b, k)`` of a row of ``T`` programs handles the blocks ``k, k + T, ...`` of ``PAGES_PER_PROGRAM``
+pages of row ``b`` of ``out``, up to the row's real pages. It loads the row's pool index, length and start
+together, gathers one slot per page of a block in one round trip, and stores the pages (16-byte accesses
+with streaming cache hints on page-1 rows the launcher found 16-byte aligned).
 """
 
 from __future__ import annotations
@@ -45,8 +45,13 @@ def _page_table_kernel(
     UNIT_STRIDES: tl.constexpr, WIDE_INDEXING: tl.constexpr, FOLDED_GRID: tl.constexpr,
     ROUND_TOWARD_ZERO: tl.constexpr, PDL: tl.constexpr,
 ):
-    """``out[b, p] = table[pool[b], start[b] + p * PAGE_SIZE] // PAGE_SIZE`` for the program's pages
-    (floor division; truncation toward zero with ROUND_TOWARD_ZERO).
+    """``out[b, p] = table[pool[b], start[b] + p * PAGE_SIZE] // PAGE_SIZE`` for the program's blocks of
+    pages (floor division; truncation toward zero with ROUND_TOWARD_ZERO).
+
+    Program ``k`` of row ``b`` handles the blocks of ``PAGES_PER_PROGRAM`` pages ``k, k + T, ...`` (``T``:
+    ``launch.programs_in_row``): its first block as a width-sized grid's program does, then the row's
+    further blocks up to its real pages (the width's with HAS_FILL), read on the device. ``seq_lens_out``
+    is written once per row, by program 0.
 
     PAGE_SHIFT: log2(PAGE_SIZE) for powers of two, else -1. HAS_OFFSET: ``seqlen_offset`` is not 0 (else
     it is not read). UNIT_STRIDES: the index vectors are contiguous (the usual case), so their element
@@ -60,10 +65,6 @@ def _page_table_kernel(
     _launch.wait_for_producer(PDL)
     row = tl.program_id(0)
     first = _launch.program_in_row(FOLDED_GRID) * PAGES_PER_PROGRAM
-    page = tl.max_contiguous(tl.multiple_of(first + tl.arange(0, PAGES_PER_PROGRAM), PAGES_PER_PROGRAM),
-                             PAGES_PER_PROGRAM)
-    # Known before the row's loads return: each page's first token inside the request.
-    position = page.to(tl.int64) * PAGE_SIZE
     if UNIT_STRIDES:
         pool_stride, lens_stride, start_stride = 1, 1, 1
     if not HAS_OFFSET:
@@ -76,69 +77,111 @@ def _page_table_kernel(
     if HAS_SEQ_LENS_OUT:
         if first == 0:
             tl.store(seq_lens_out_ptr + row, (length.to(tl.int64) + seqlen_offset).to(tl.int32))
-    in_width = page < out_width  # read (from the second constant line) only where used
 
     # Page p is written iff p < W and its first token lies inside the request and inside the table row, on
-    # a readable row: 0 <= pool < R (and start >= 0), p * PAGE_SIZE < L and p * PAGE_SIZE < C - start.
+    # a readable row: 0 <= pool < R (and start >= 0), p * PAGE_SIZE < L and p * PAGE_SIZE < C - start. Per
+    # row: the table row's address and the column and position limits a block's pages are tested against
+    # (``_page_block``).
+    request_length = _request_length(length, seqlen_offset, HAS_OFFSET)
     if HAS_START or WIDE_INDEXING:
         out_row = out_ptr + row.to(tl.int64) * out_row_stride
-        in_row, source = _row_64bit(table_ptr, pool, _request_length(length, seqlen_offset, HAS_OFFSET),
-                                    start if HAS_START else 0, position, in_width, table_rows, table_cols,
-                                    table_row_stride)
+        row_ptr, position_limit = _row_64bit(table_ptr, pool, request_length, start if HAS_START else 0, table_rows,
+                                             table_cols, table_row_stride)
+        column_limit, position_offset = out_width, 0
+        rows_aligned, readable = 0, True
+        whole_table_row, whole_out_row = row_ptr, out_row  # no whole blocks on this path
     else:
         # Already 64-bit when compiled (the annotation); the interpreter types a small int as 32-bit.
         packed_table, packed_out = packed_table.to(tl.int64), packed_out.to(tl.int64)
         row_stride32 = (packed_table >> 32).to(tl.uint32)
-        page_limit = (packed_out & 0x7FFFFFFF).to(tl.int32)
+        column_limit = (packed_out & 0x7FFFFFFF).to(tl.int32)
         out_row = out_ptr + row.to(tl.int64) * (packed_out >> 32)
         # Unsigned compares: negative indices are out of range too.
         if pool.dtype == tl.int32:
             readable = pool.to(tl.uint32, bitcast=True) < (packed_table & 0xFFFFFFFF).to(tl.uint32)
         else:
             readable = pool.to(tl.uint64, bitcast=True) < (packed_table & 0xFFFFFFFF).to(tl.uint64)
-        in_row, source = _row_narrow(table_ptr, pool, length, readable, page, position, page_limit, row_stride32,
-                                     seqlen_offset)
-
-    if PAGE_SIZE == 1 and not HAS_START and not WIDE_INDEXING:
-        # Whole blocks of a page-1 copy: no masks, so the 16-byte-aligned rows get 16-byte accesses.
-        limit = tl.minimum(_request_length(length, seqlen_offset, HAS_OFFSET), page_limit)
+        row_ptr, position_limit = _row_narrow(table_ptr, pool, length, readable, row_stride32)
+        position_offset = seqlen_offset
         rows_aligned = (packed_out >> 31) & 1
-        whole = (rows_aligned != 0) & readable & (first + PAGES_PER_PROGRAM <= limit)
-        if whole:
+        # The rows of the page-1 whole blocks, 16-byte aligned where they are taken. The hints sit on values
+        # computed here: a hint on a jit function's argument would not reach the inlined kernel.
+        whole_table_row = tl.multiple_of(table_ptr + pool.to(tl.int64) * row_stride32.to(tl.int64), 16)
+        whole_out_row = tl.multiple_of(out_row, 16)
+    whole_blocks: tl.constexpr = PAGE_SIZE == 1 and not HAS_START and not WIDE_INDEXING
+
+    _page_block(first, row_ptr, out_row, column_limit, position_offset, position_limit, out_width, fill_value,
+                (rows_aligned != 0) & readable, tl.minimum(request_length, column_limit), whole_table_row,
+                whole_out_row, PAGE_SIZE, PAGE_SHIFT, PAGES_PER_PROGRAM, HAS_FILL, whole_blocks, ROUND_TOWARD_ZERO)
+    # The row's further blocks, up to its real pages (with HAS_FILL every column below the width is written: a
+    # value or the fill), computed after the first block's gather is on its way.
+    if HAS_FILL:
+        pages_end = out_width
+    elif HAS_START or WIDE_INDEXING:
+        pages_end = _launch.pages_below(position_limit, out_width, PAGE_SIZE)
+    else:
+        pages_end = tl.where(readable, _launch.pages_below(request_length, column_limit, PAGE_SIZE), 0)
+    step = _launch.programs_in_row(FOLDED_GRID) * PAGES_PER_PROGRAM
+    for later in range(first + step, pages_end, step):
+        _page_block(later, row_ptr, out_row, column_limit, position_offset, position_limit, out_width, fill_value,
+                    (rows_aligned != 0) & readable, tl.minimum(request_length, column_limit), whole_table_row,
+                    whole_out_row, PAGE_SIZE, PAGE_SHIFT, PAGES_PER_PROGRAM, HAS_FILL, whole_blocks,
+                    ROUND_TOWARD_ZERO)
+    _launch.release_dependents(PDL)
+
+
+@triton.jit
+def _page_block(first, row_ptr, out_row, column_limit, position_offset, position_limit, out_width, fill_value,
+                whole_rows, whole_limit, whole_table_row, whole_out_row, PAGE_SIZE: tl.constexpr,
+                PAGE_SHIFT: tl.constexpr, PAGES_PER_PROGRAM: tl.constexpr, HAS_FILL: tl.constexpr,
+                WHOLE_BLOCKS: tl.constexpr, ROUND_TOWARD_ZERO: tl.constexpr):
+    """Pages ``[first, first + PAGES_PER_PROGRAM)`` of a row (``first`` a multiple of PAGES_PER_PROGRAM): page
+    ``p`` is written iff ``p < column_limit`` and ``p * PAGE_SIZE - position_offset < position_limit``, from
+    ``row_ptr + p * PAGE_SIZE``; with HAS_FILL the other columns below ``out_width`` get ``fill_value``.
+    WHOLE_BLOCKS (page 1 without a start, narrow indexing): a block below ``whole_limit`` (the request's length
+    and the column limit) of a readable row whose table and ``out`` rows are 16-byte aligned (``whole_rows``)
+    is copied without masks, from ``whole_table_row`` to ``whole_out_row`` (the rows, hinted 16-byte aligned
+    by the caller)."""
+    page = tl.max_contiguous(tl.multiple_of(first + tl.arange(0, PAGES_PER_PROGRAM), PAGES_PER_PROGRAM),
+                             PAGES_PER_PROGRAM)
+    # Each page's first token inside the request.
+    position = page.to(tl.int64) * PAGE_SIZE
+    in_width = page < out_width  # read (from the second constant line) only where used
+    below = position - position_offset  # inside the request iff below < position_limit
+    if position_limit.dtype == tl.int32:  # exact: below >= -(2**31 - 1), and no int32 length reaches 2**31
+        below = tl.minimum(below, 2**31 - 1).to(tl.int32)
+    # Masks combine blocks only (Triton 3.9's interpreter takes no mask made from a scalar and a block).
+    in_row = (page < column_limit) & (below < position_limit)
+    # ``source`` (each page's slot address) is only dereferenced under in_row, which is empty when the row
+    # is unreadable.
+    source = row_ptr + position
+    if WHOLE_BLOCKS:
+        # Whole blocks of a page-1 copy: no masks, so the 16-byte-aligned rows get 16-byte accesses.
+        if whole_rows & (first + PAGES_PER_PROGRAM <= whole_limit):
             # Streaming hints (table rows read once, evicted first; output stores marked .cs): 0.95x the
             # time of the same copy without them on the H200 (benchmarks/page1_variants.py).
-            table_row = tl.multiple_of(table_ptr + pool.to(tl.int64) * row_stride32.to(tl.int64), 16)
-            values = tl.load(table_row + page, eviction_policy="evict_first")
-            tl.store(tl.multiple_of(out_row, 16) + page, values, cache_modifier=".cs")
+            values = tl.load(whole_table_row + page, eviction_policy="evict_first")
+            tl.store(whole_out_row + page, values, cache_modifier=".cs")
         else:
             _write_pages(source, out_row, page, in_row, in_width, fill_value, PAGE_SIZE, PAGE_SHIFT, HAS_FILL,
                          ROUND_TOWARD_ZERO)
     else:
         _write_pages(source, out_row, page, in_row, in_width, fill_value, PAGE_SIZE, PAGE_SHIFT, HAS_FILL,
                      ROUND_TOWARD_ZERO)
-    _launch.release_dependents(PDL)
 
 
 @triton.jit
-def _row_narrow(table_ptr, pool, length, readable, page, position, page_limit, row_stride32, seqlen_offset):
-    """``(in_row, slot addresses)`` when every size and stride is below 2**31 (``packed_words``): a readable
-    pool index then fits in 32 bits, so the row offset is one widening multiply, and the range tests are
-    single compares. ``page_limit``: min(W, pages that start inside a table row). Everything not depending
-    on the loaded pool index or length is computed first."""
-    in_table = page < page_limit
-    below = position - seqlen_offset  # inside the request iff below < length
-    if length.dtype == tl.int32:  # exact: below >= -(2**31 - 1), and no int32 length reaches 2**31 - 1 + 1
-        below = tl.minimum(below, 2**31 - 1).to(tl.int32)
+def _row_narrow(table_ptr, pool, length, readable, row_stride32):
+    """``(row address, position limit)`` of a row when every size and stride is below 2**31
+    (``packed_words``): a readable pool index then fits in 32 bits, so the row offset is one widening
+    multiply, and the range tests are single compares in the length's dtype (an unreadable row's limit is
+    below every page's ``position - seqlen_offset``)."""
     # Only dereferenced where readable, where the index and the stride are in [0, 2**31): an unsigned
-    # 32 x 32 -> 64-bit multiply-add is exact there (and compiles to one instruction).
+    # 32 x 32 -> 64-bit multiply is exact there (and compiles to one instruction).
     index = pool.to(tl.int32).to(tl.uint32, bitcast=True)
-    row_offset = index.to(tl.uint64) * row_stride32.to(tl.uint64)
-    offset = (row_offset + position.to(tl.uint64, bitcast=True)).to(tl.int64, bitcast=True)
-    # An unreadable row's limit is below every ``below``; masks combine blocks only (Triton 3.9's interpreter
-    # takes no mask made from a scalar and a block).
+    row_offset = (index.to(tl.uint64) * row_stride32.to(tl.uint64)).to(tl.int64, bitcast=True)
     floor = -(2**31) if length.dtype == tl.int32 else -(2**63)
-    limit = tl.where(readable, length, floor)
-    return in_table & (below < limit), table_ptr + offset
+    return table_ptr + row_offset, tl.where(readable, length, floor)
 
 
 @triton.jit
@@ -153,16 +196,16 @@ def _request_length(length, seqlen_offset, HAS_OFFSET: tl.constexpr):
 
 
 @triton.jit
-def _row_64bit(table_ptr, pool, request_length, start, position, in_width, table_rows, table_cols,
-               table_row_stride):
-    """``(in_row, slot addresses)`` of a row that starts at column ``start`` (0 without one) in 64-bit
+def _row_64bit(table_ptr, pool, request_length, start, table_rows, table_cols, table_row_stride):
+    """``(row address, position limit)`` of a row that starts at column ``start`` (0 without one) in 64-bit
     arithmetic throughout: rows with a start, and tables of 2**31 rows or more, or rows 2**31 apart.
-    ``request_length``: ``_request_length``. ``table_cols - start`` only counts where readable (then
-    ``0 <= start``), and a slot address is only dereferenced under ``in_row``."""
+    ``request_length``: ``_request_length``. The limit, ``min(L, C - start)``, is 0 on an unreadable row
+    (``table_cols - start`` only counts where readable, then ``0 <= start``); the row address is only
+    dereferenced below it."""
     pool = pool.to(tl.int64)
     readable = (pool >= 0) & (pool < table_rows) & (start >= 0)
     limit = tl.where(readable, tl.minimum(request_length, table_cols - start), 0)
-    return in_width & (position < limit), table_ptr + pool * table_row_stride + start + position
+    return table_ptr + pool * table_row_stride + start, limit
 
 
 @triton.jit
@@ -242,7 +285,8 @@ def _build_plan(key, out, args):
     (``launch.build_plan``)."""
     _, page_size, batch, width = key[:4]
     has_start, flags = key[6] is not None, key[7:12]  # seq_lens_out, fill, unit strides, wide, offset
-    geometry = launch_grid.page_table_launch(batch, width, page_size, writes_lengths=flags[0])
+    geometry = launch_grid.page_table_launch(batch, width, page_size, writes_lengths=flags[0],
+                                             budget=_launch.program_budget(out.device))
     round_toward_zero, pdl = key[12:14]
     constexprs = constexprs_for(page_size, has_start, *flags, folded_grid=geometry.folded,
                                 round_toward_zero=round_toward_zero, pdl=pdl)

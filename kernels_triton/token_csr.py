@@ -1,8 +1,9 @@
 """Token-level CSR indices (FlashInfer-style) on the grid ``(batch, programs_per_row)`` of ``kvdispatch.grid``.
 
-Program ``(b, k)`` copies tokens ``j`` in ``skip_b + [k * TOKENS_PER_PROGRAM, (k + 1) * TOKENS_PER_PROGRAM)``
-of request ``b``'s table row to ``out[kv_indptr[b] + j]``, where ``skip_b = max(0, -kv_indptr[b])`` is the
-first token that lands in ``out``; a long row is spread over many programs. The options (an entry page size
+Program ``(b, k)`` of a row of ``T`` programs copies the blocks of tokens ``j`` in ``skip_b + [i *
+TOKENS_PER_PROGRAM, (i + 1) * TOKENS_PER_PROGRAM)``, ``i = k, k + T, ...``, of request ``b``'s table row to
+``out[kv_indptr[b] + j]``, up to the row's last token, where ``skip_b = max(0, -kv_indptr[b])`` is the first
+token that lands in ``out``; a long row is spread over many programs. The options (an entry page size
 above 1, a token mapping, an int64 ``out``) are specialisations of their own: an ordinary call compiles to
 the code it compiled to without them.
 """
@@ -52,7 +53,9 @@ def _token_csr_kernel(
     ENTRY_SHIFT: tl.constexpr, HAS_MAPPING: tl.constexpr, PDL: tl.constexpr,
 ):
     """``out[indptr[b] + j] = table[pool[b], start[b] + j]`` for the program's tokens ``j`` below
-    ``min(lens[b], C - start[b])`` whose target lies in ``[0, out_len)``; the others are masked.
+    ``min(lens[b], C - start[b])`` whose target lies in ``[0, out_len)``; the others are masked. Program ``k``
+    of a row handles its blocks of TOKENS_PER_PROGRAM tokens ``k, k + T, ...`` (``T``:
+    ``launch.programs_in_row``), counted from the row's first token inside ``out``, up to its last.
 
     With ``E = ENTRY_PAGE_SIZE`` above 1, position ``q = start[b] + j`` reads entry ``q // E`` and
     writes ``entry * E + q % E`` (64-bit), below ``min(lens[b], C * E - start[b])``; ENTRY_SHIFT is
@@ -88,19 +91,33 @@ def _token_csr_kernel(
     end = tl.minimum(count, out_len - target_start)
     first = skip + _launch.program_in_row(FOLDED_GRID) * TOKENS_PER_PROGRAM
     if first < end:
-        token = first + tl.arange(0, TOKENS_PER_PROGRAM)
-        copied = token < end
-        if ENTRY_PAGE_SIZE == 1:
-            values = tl.load(table_ptr + pool * table_row_stride + start + token, mask=copied)
-        else:
-            values = _entry_values(table_ptr + pool * table_row_stride, start + token, copied, ENTRY_PAGE_SIZE,
-                                   ENTRY_SHIFT)
-        if HAS_MAPPING:
-            inside = (values >= 0) & (values < mapping_len)
-            mapped = tl.load(mapping_ptr + values, mask=copied & inside)
-            values = tl.where(inside, mapped, -1)
-        tl.store(out_ptr + target_start + token, values.to(out_ptr.dtype.element_ty), mask=copied)
+        _copy_tokens(first, end, table_ptr, pool, table_row_stride, start, target_start, out_ptr, mapping_ptr,
+                     mapping_len, TOKENS_PER_PROGRAM, ENTRY_PAGE_SIZE, ENTRY_SHIFT, HAS_MAPPING)
+    step = _launch.programs_in_row(FOLDED_GRID) * TOKENS_PER_PROGRAM
+    for later in range(first + step, end, step):
+        _copy_tokens(later, end, table_ptr, pool, table_row_stride, start, target_start, out_ptr, mapping_ptr,
+                     mapping_len, TOKENS_PER_PROGRAM, ENTRY_PAGE_SIZE, ENTRY_SHIFT, HAS_MAPPING)
     _launch.release_dependents(PDL)
+
+
+@triton.jit
+def _copy_tokens(first, end, table_ptr, pool, table_row_stride, start, target_start, out_ptr, mapping_ptr,
+                 mapping_len, TOKENS_PER_PROGRAM: tl.constexpr, ENTRY_PAGE_SIZE: tl.constexpr,
+                 ENTRY_SHIFT: tl.constexpr, HAS_MAPPING: tl.constexpr):
+    """Tokens ``j`` in ``[first, min(first + TOKENS_PER_PROGRAM, end))`` of a row: ``out[target_start + j] =
+    table[pool, start + j]`` (through the entries and the mapping when asked)."""
+    token = first + tl.arange(0, TOKENS_PER_PROGRAM)
+    copied = token < end
+    if ENTRY_PAGE_SIZE == 1:
+        values = tl.load(table_ptr + pool * table_row_stride + start + token, mask=copied)
+    else:
+        values = _entry_values(table_ptr + pool * table_row_stride, start + token, copied, ENTRY_PAGE_SIZE,
+                               ENTRY_SHIFT)
+    if HAS_MAPPING:
+        inside = (values >= 0) & (values < mapping_len)
+        mapped = tl.load(mapping_ptr + values, mask=copied & inside)
+        values = tl.where(inside, mapped, -1)
+    tl.store(out_ptr + target_start + token, values.to(out_ptr.dtype.element_ty), mask=copied)
 
 
 @triton.jit
@@ -168,7 +185,8 @@ def _build_plan(key, out, args):
     """The launch plan of ``key`` (``plan_key_and_arguments``), launching ``args`` when it compiles
     (``launch.build_plan``)."""
     entry_page_size = key[10]
-    geometry = launch_grid.token_csr_launch(key[1], table_width=args[9] * entry_page_size, out_len=args[11])
+    geometry = launch_grid.token_csr_launch(key[1], table_width=args[9] * entry_page_size, out_len=args[11],
+                                            budget=_launch.program_budget(out.device))
     has_start, unit_strides, wide_indexing = key[6] is not None, key[7], key[8]
     specialisation = (has_start, geometry.folded) + key[3:]
     constexprs = constexprs_for(has_start, unit_strides, wide_indexing, geometry.folded, entry_page_size,

@@ -1,20 +1,27 @@
 """Launch geometry shared by every GPU backend (pure Python: no torch, triton or cupy import).
 
-Every kernel runs on a grid ``(batch, programs_per_row)``. Program ``(b, k)`` owns the items
-``[k * items_per_program, (k + 1) * items_per_program)`` of row ``b``; programs past a row's length exit
-at once. ``items_per_program`` depends only on the kernel kind and the page size, never on the batch or
-the width, so a compiled kernel is reused for every shape (one compilation per page size and option set).
-The programs per row depend only on the buffer width, so a CUDA graph captured with fixed buffers stays
-valid whatever the lengths are at replay.
+Every kernel runs on a grid ``(batch, programs_per_row)``. A row's items (pages or tokens) fall into blocks
+of ``items_per_program`` items; program ``(b, k)`` of a row of ``T`` programs handles the blocks ``k, k + T,
+k + 2T, ...`` of row ``b``, up to the row's real length, which the kernel reads on the device (it stops at
+the row's last block; a program with no block of its own exits at once). ``items_per_program`` depends
+only on the kernel kind and the page size, never on the batch or the width, so a compiled kernel is
+reused for every shape (one compilation per page size and option set); ``T`` is the grid's, read by the
+kernel (``tl.num_programs``, ``gridDim``), never a kernel argument, so any grid is correct.
+
+The programs per row follow the device, the batch and the width: at most the blocks the buffer width
+needs, and, given a ``budget`` (the programs one launch may use on the device, ``program_budget`` of its
+multiprocessors), at most ``max(1, budget // batch)``. A CUDA graph captured with buffers sized for the
+maximum context thus launches a bounded number of programs, whose work follows the rows' real lengths at
+replay; without a budget each program owns one block (the width-sized grid).
 
 Every grid is a 3-tuple within the limits of every supported vendor (``MAX_GRID_*``): a row of up to
 ``MAX_GRID_Y`` programs is ``(batch, programs, 1)``; a wider one is folded into the third dimension,
 ``(batch, MAX_GRID_Y, ceil(programs / MAX_GRID_Y))``, and its program index is ``y + z * MAX_GRID_Y``
 (``Launch.folded``: the kernels compute that sum only in a specialisation of their own, so ordinary
-calls run unchanged code; the blocks of the last slice past the row's programs write nothing). A batch
-above ``max_batch`` rows (2**32 - 1 threads in the first dimension on AMD: 16,777,215 requests at 256
-threads per program, 67,108,863 at 64), or a row too wide even folded, raises ``GridLimitError`` (a
-``ValueError``) before anything is launched or written.
+calls run unchanged code; the blocks of the last slice past the row's programs take the blocks that
+their index names, or none). A batch above ``max_batch`` rows (2**32 - 1 threads in the first dimension
+on AMD: 16,777,215 requests at 256 threads per program, 67,108,863 at 64), or a row too wide even folded,
+raises ``GridLimitError`` (a ``ValueError``) before anything is launched or written.
 """
 
 from __future__ import annotations
@@ -45,6 +52,10 @@ _TOKENS_PER_PROGRAM = 2048
 # Threads per program: a multiple of 64 so that it is whole wavefronts on AMD and whole warps on NVIDIA.
 _MIN_THREADS = 64
 _MAX_THREADS = 256
+# Programs per multiprocessor a bounded launch may use (``program_budget``): enough resident programs to hide
+# the latency of a row's dependent loads, few enough that a graph captured with max-context buffers launches
+# far fewer programs than the buffers' blocks (benchmarks/grid_budget.py measures the choice).
+PROGRAMS_PER_MULTIPROCESSOR = 16
 
 # Grid limits that hold on every supported vendor (blocks per dimension; the kernels' blocks are 1-D):
 #   NVIDIA (CUDA): (2**31 - 1, 65535, 65535) blocks.
@@ -68,7 +79,8 @@ class Launch:
     grid: ``(batch, programs_y, programs_z)``: ``(0, 0, 0)`` when there is nothing to launch; otherwise
     every entry is at least 1 and within ``MAX_GRID_*``, and a row's program ``k`` is block
     ``(b, k % programs_y, k // programs_y)``.
-    items_per_program: pages (page table) or tokens (CSR) owned by one program; a power of two.
+    items_per_program: pages (page table) or tokens (CSR) of one block, a program's work per pass; a power of
+    two.
     threads: suggested threads per program (a multiple of 64), 8 items per thread at most per pass.
     """
 
@@ -119,10 +131,19 @@ def max_batch(threads: int) -> int:
     return min(MAX_GRID_X, MAX_GRID_X_THREADS // threads)
 
 
-def _launch(batch: int, span: int, items: int, span_name: str, threads: int | None = None) -> Launch:
-    """The ``Launch`` of ``batch`` rows of ``span`` items each, ``items`` per program, on ``threads`` threads
-    per program (default ``threads_per_program(items)``); raises ``GridLimitError`` when that does not fit
-    ``MAX_GRID_*`` (``span_name``: the argument that sets ``span``)."""
+def program_budget(multiprocessors: int) -> int:
+    """The programs one launch may use on a device of ``multiprocessors`` multiprocessors (compute units on
+    AMD): ``multiprocessors * PROGRAMS_PER_MULTIPROCESSOR``, at least 1. The launchers pass it as ``budget``."""
+    return max(1, multiprocessors * PROGRAMS_PER_MULTIPROCESSOR)
+
+
+def _launch(batch: int, span: int, items: int, span_name: str, threads: int | None = None,
+            budget: int | None = None) -> Launch:
+    """The ``Launch`` of ``batch`` rows of ``span`` items each, ``items`` per block, on ``threads`` threads
+    per program (default ``threads_per_program(items)``): a row's programs are its blocks, at most
+    ``max(1, budget // batch)`` of them with a ``budget``. Raises ``GridLimitError`` when the batch does not
+    fit ``MAX_GRID_X``, or the row's blocks would not fit the other two dimensions (with or without a budget,
+    so that a call fails alike on every device; ``span_name``: the argument that sets ``span``)."""
     threads = threads or threads_per_program(items)
     programs = -(-span // items)
     if batch <= 0 or programs <= 0:
@@ -131,37 +152,43 @@ def _launch(batch: int, span: int, items: int, span_name: str, threads: int | No
     if batch > rows:
         raise GridLimitError(f"batch (req_pool_indices.shape[0]) must be at most {rows} for one launch (the GPU "
                              f"grid's first dimension takes one request per block), got {batch}")
-    slices = -(-programs // MAX_GRID_Y)
-    if slices > MAX_GRID_Z:
+    if -(-programs // MAX_GRID_Y) > MAX_GRID_Z:
         raise GridLimitError(f"{span_name} must be at most {MAX_GRID_Y * MAX_GRID_Z * items} (the GPU grid's "
                              f"other two dimensions take {items} per block), got {span}")
-    return Launch((batch, min(programs, MAX_GRID_Y), slices), items, threads)
+    if budget is not None:
+        programs = min(programs, max(1, budget // batch))
+    return Launch((batch, min(programs, MAX_GRID_Y), -(-programs // MAX_GRID_Y)), items, threads)
 
 
-def page_table_launch(batch: int, width: int, page_size: int, writes_lengths: bool = False) -> Launch:
-    """Geometry of the page-table kernel for ``batch`` rows of an output ``width`` pages wide.
+def page_table_launch(batch: int, width: int, page_size: int, writes_lengths: bool = False, *,
+                      budget: int | None = None) -> Launch:
+    """Geometry of the page-table kernel for ``batch`` rows of an output ``width`` pages wide, within
+    ``budget`` programs (``program_budget``; None: one program per block of the width).
 
     writes_lengths: the call also writes ``seq_lens_out``, which a zero-width table still needs: each
     row then gets one program.
     """
     span = max(width, 1 if writes_lengths else 0)
-    return _launch(batch, span, items_per_program(PAGE_TABLE, page_size), "the page-table width (out.shape[1])")
+    return _launch(batch, span, items_per_program(PAGE_TABLE, page_size), "the page-table width (out.shape[1])",
+                   budget=budget)
 
 
-def token_csr_launch(batch: int, table_width: int, out_len: int) -> Launch:
-    """Geometry of the token-CSR kernel.
+def token_csr_launch(batch: int, table_width: int, out_len: int, *, budget: int | None = None) -> Launch:
+    """Geometry of the token-CSR kernel (``budget`` as for ``page_table_launch``).
 
     A row copies at most ``min(table_width, out_len)`` tokens (it can read no more than one table row
     and write no more than the whole output), so that bounds the programs per row without a sync.
     """
     return _launch(batch, min(table_width, out_len), items_per_program(TOKEN_CSR),
-                   "min(req_to_token.shape[1], out.shape[0])")
+                   "min(req_to_token.shape[1], out.shape[0])", budget=budget)
 
 
-def mapped_page_table_launch(batch: int, width: int, page_size: int) -> Launch:
+def mapped_page_table_launch(batch: int, width: int, page_size: int, *, budget: int | None = None) -> Launch:
     """Geometry of the mapped page-table kernels for ``batch`` rows of ``width`` pages: the widest table a
-    call writes (MHA: ``max(W, W2)``; translated: ``min(max_pages, W)``)."""
-    return _launch(batch, width, items_per_program(MAPPED_PAGE_TABLE, page_size), "the page-table width")
+    call writes (MHA: ``max(W, W2)``; translated: ``min(max_pages, W)``); ``budget`` as for
+    ``page_table_launch``."""
+    return _launch(batch, width, items_per_program(MAPPED_PAGE_TABLE, page_size), "the page-table width",
+                   budget=budget)
 
 
 # Multi-step draft decode indices (``kvdispatch.create_draft_decode_kv_indices``). Offsets and counted lengths
@@ -180,23 +207,27 @@ _DRAFT_THREADS = 128
 DRAFT_SUM_BLOCK = 512
 
 
-def draft_decode_launch(segments: int, table_width: int, out_width: int) -> Launch:
+def draft_decode_launch(segments: int, table_width: int, out_width: int, *, budget: int | None = None) -> Launch:
     """Geometry of the draft-decode kernel: one row per segment (request and branch), programs over the
     prefix tokens a segment can write, ``min(table_width, out_width)`` (a prefix token reads a position below
     the table's width and lands at a column below out's), and at least one program per row (program 0 also
-    writes the draft slots and ``kv_indptr``)."""
+    writes the draft slots and ``kv_indptr``); ``budget`` as for ``page_table_launch``."""
     return _launch(segments, max(min(table_width, out_width), 1), _DRAFT_TOKENS_PER_PROGRAM,
-                   "min(req_to_token.shape[1], out.shape[1])", _DRAFT_THREADS)
+                   "min(req_to_token.shape[1], out.shape[1])", _DRAFT_THREADS, budget)
 
 
-def dcp_token_csr_launch(batch: int, table_width: int, out_len: int, dcp_size: int) -> Launch:
+def dcp_token_csr_launch(batch: int, table_width: int, out_len: int, dcp_size: int, *,
+                         budget: int | None = None) -> Launch:
     """Geometry of the DCP token-CSR kernel: a row reads every ``dcp_size``-th position of its table row, so
-    it writes at most ``min(ceil(table_width / dcp_size), out_len)`` entries."""
+    it writes at most ``min(ceil(table_width / dcp_size), out_len)`` entries; ``budget`` as for
+    ``page_table_launch``."""
     return _launch(batch, min(-(-table_width // dcp_size), out_len), items_per_program(DCP_TOKEN_CSR),
-                   "min(ceil(req_to_token.shape[1] / dcp_size), out.shape[0])")
+                   "min(ceil(req_to_token.shape[1] / dcp_size), out.shape[0])", budget=budget)
 
 
-def dcp_page_table_launch(batch: int, width: int, page_size: int) -> Launch:
+def dcp_page_table_launch(batch: int, width: int, page_size: int, *, budget: int | None = None) -> Launch:
     """Geometry of the DCP page-table kernel for ``batch`` rows of an output ``width`` pages wide (pages per
-    program as the page table's: each page is one gather either way)."""
-    return _launch(batch, width, items_per_program(DCP_PAGE_TABLE, page_size), "the page-table width (out.shape[1])")
+    program as the page table's: each page is one gather either way); ``budget`` as for
+    ``page_table_launch``."""
+    return _launch(batch, width, items_per_program(DCP_PAGE_TABLE, page_size), "the page-table width (out.shape[1])",
+                   budget=budget)

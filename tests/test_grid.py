@@ -1,5 +1,6 @@
 """Invariants of the shared grid helper, and SGLang's helper values."""
 
+import math
 import random
 
 import pytest
@@ -62,19 +63,19 @@ def _launch_with_programs(kind, batch, programs, items):
     return _launch_of(kind, batch, programs * items)
 
 
-def _launch_of(kind, batch, span):
-    """The launch of ``kind`` for ``batch`` rows of ``span`` items (page size 64)."""
+def _launch_of(kind, batch, span, budget=None):
+    """The launch of ``kind`` for ``batch`` rows of ``span`` items (page size 64) within ``budget`` programs."""
     if kind == grid.PAGE_TABLE:
-        return grid.page_table_launch(batch, span, 64)
+        return grid.page_table_launch(batch, span, 64, budget=budget)
     if kind == grid.MAPPED_PAGE_TABLE:
-        return grid.mapped_page_table_launch(batch, span, 64)
+        return grid.mapped_page_table_launch(batch, span, 64, budget=budget)
     if kind == grid.DRAFT_DECODE:
-        return grid.draft_decode_launch(batch, span, span + 5)
+        return grid.draft_decode_launch(batch, span, span + 5, budget=budget)
     if kind == grid.DCP_PAGE_TABLE:
-        return grid.dcp_page_table_launch(batch, span, 64)
+        return grid.dcp_page_table_launch(batch, span, 64, budget=budget)
     if kind == grid.DCP_TOKEN_CSR:
-        return grid.dcp_token_csr_launch(batch, span * 4, span + 5, 4)
-    return grid.token_csr_launch(batch, span, span + 5)
+        return grid.dcp_token_csr_launch(batch, span * 4, span + 5, 4, budget=budget)
+    return grid.token_csr_launch(batch, span, span + 5, budget=budget)
 
 
 @pytest.mark.parametrize("kind", grid.KINDS)
@@ -110,6 +111,92 @@ def test_folded_programs_cover_each_row_once():
         # Program k is block (k % width, k // width); the last slice's blocks past the row exit at once.
         assert width * slices >= programs > width * (slices - 1)
         assert width == min(programs, grid.MAX_GRID_Y)
+
+
+def test_the_budget_is_programs_per_multiprocessor(monkeypatch):
+    assert grid.PROGRAMS_PER_MULTIPROCESSOR == 16
+    assert grid.program_budget(132) == 132 * 16
+    assert grid.program_budget(1) == 16
+    assert grid.program_budget(0) == 1  # at least one program, whatever the device reports
+    monkeypatch.setattr(grid, "PROGRAMS_PER_MULTIPROCESSOR", 1)
+    assert grid.program_budget(132) == 132
+    monkeypatch.setattr(grid, "PROGRAMS_PER_MULTIPROCESSOR", 0)
+    assert grid.program_budget(132) == 1
+
+
+@pytest.mark.parametrize("kind", grid.KINDS)
+def test_a_budget_bounds_the_programs_per_row(kind):
+    """P = min(blocks the width needs, max(1, budget // batch)), laid out as the unbounded grid is; without a
+    budget (None) the programs are the width's blocks."""
+    rng = random.Random(3)
+    items = grid.items_per_program(kind, 64)
+    for _ in range(500):
+        batch, blocks = rng.randint(1, 3000), rng.choice([rng.randint(1, 300), rng.randint(1, 10**6)])
+        budget = rng.choice([1, 2, 7, rng.randint(1, 10**5), 132 * 16])
+        unbounded = _launch_with_programs(kind, batch, blocks, items)
+        bounded = _launch_of(kind, batch, blocks * items, budget)
+        programs = min(blocks, max(1, budget // batch))
+        assert bounded == _launch_with_programs(kind, batch, programs, items)  # the same layout, folding included
+        assert bounded.grid[0] == batch and bounded.grid[1] * bounded.grid[2] >= programs
+        assert bounded.items_per_program == unbounded.items_per_program and bounded.threads == unbounded.threads
+        assert _launch_of(kind, batch, blocks * items, None) == unbounded
+        if budget >= batch * blocks:  # room for every block: the width-sized grid
+            assert bounded == unbounded
+
+
+@pytest.mark.parametrize("kind", grid.KINDS)
+def test_a_bounded_row_folds_past_the_second_dimension(kind, monkeypatch):
+    monkeypatch.setattr(grid, "MAX_GRID_Y", 3)
+    items = grid.items_per_program(kind, 64)
+    assert _launch_of(kind, 2, 100 * items, budget=10).grid == (2, 3, 2)  # 5 programs per row: 3 + 2
+    assert _launch_of(kind, 2, 100 * items, budget=10).folded
+    assert _launch_of(kind, 2, 100 * items, budget=6).grid == (2, 3, 1)
+    assert not _launch_of(kind, 2, 100 * items, budget=6).folded
+
+
+@pytest.mark.parametrize("kind", grid.KINDS)
+def test_a_budget_keeps_the_limits(kind):
+    """Nothing to launch stays nothing; a batch or a width beyond the limits fails with a budget as without."""
+    items = grid.items_per_program(kind, 64)
+    assert _launch_of(kind, 0, 10 * items, budget=100).grid == (0, 0, 0)
+    assert _launch_of(kind, 5000, items, budget=100).grid == (5000, 1, 1)  # at least one program per row
+    most = grid.MAX_GRID_Y * grid.MAX_GRID_Z * items
+    with pytest.raises(grid.GridLimitError, match=f"must be at most {most}.*got {most + 1}"):
+        _launch_of(kind, 1, most + 1, budget=100)
+    batch = grid.max_batch(_launch_of(kind, 1, 1).threads) + 1
+    with pytest.raises(grid.GridLimitError, match=f"got {batch}"):
+        _launch_of(kind, batch, 1, budget=100)
+    assert grid.page_table_launch(5, 0, 64, writes_lengths=True, budget=1).grid == (5, 1, 1)
+
+
+H200_MULTIPROCESSORS = 132
+
+
+def test_max_context_buffers_launch_a_bounded_grid_on_an_h200():
+    """256 requests in 1M-token buffers at page 64: at most 8192 programs (65,536 unbounded); the token CSR
+    of the same requests likewise."""
+    budget = grid.program_budget(H200_MULTIPROCESSORS)
+    width = (1 << 20) // 64
+    bounded = grid.page_table_launch(256, width, 64, budget=budget)
+    assert math.prod(bounded.grid) <= 8192
+    assert math.prod(grid.page_table_launch(256, width, 64).grid) == 65536
+    assert math.prod(grid.token_csr_launch(256, 1 << 20, 256 << 20, budget=budget).grid) <= 8192
+    assert math.prod(grid.mapped_page_table_launch(256, width, 64, budget=budget).grid) <= 8192
+    assert math.prod(grid.dcp_page_table_launch(256, width // 4, 64, budget=budget).grid) <= 8192
+    assert math.prod(grid.draft_decode_launch(256 * 4, 1 << 20, 1 << 22, budget=budget).grid) <= 8192
+
+
+@pytest.mark.parametrize("batch,context,page_size,programs", [(1, 131072, 64, 32), (64, 32768, 64, 8),
+                                                              (1, 131072, 1, 128), (256, 32768, 1, 8)])
+def test_full_length_lab_shapes_on_an_h200(batch, context, page_size, programs):
+    """The full-length reference shapes: the first three fit the budget (each program still owns one block);
+    256 rows of 32 blocks at page 1 take 8 programs per row, 4 blocks each."""
+    budget = grid.program_budget(H200_MULTIPROCESSORS)
+    width = -(-context // page_size)
+    bounded = grid.page_table_launch(batch, width, page_size, budget=budget)
+    assert bounded.grid == (batch, programs, 1)
+    unbounded = grid.page_table_launch(batch, width, page_size)
+    assert (bounded == unbounded) == (unbounded.grid[1] == programs)
 
 
 @pytest.mark.parametrize("page_size", (1, 64, 4096))
