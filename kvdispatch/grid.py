@@ -55,6 +55,15 @@ MAX_GRID_Y = 65535
 MAX_GRID_Z = 65535
 MAX_GRID_X_THREADS = 2**32 - 1
 
+# Programs one launch may use per multiprocessor (compute unit) of its device: with a budget, each program
+# strides over its row's blocks, so a grid this size keeps the device busy whatever the buffers' width.
+PROGRAMS_PER_MULTIPROCESSOR = 16
+
+
+def program_budget(multiprocessors: int) -> int:
+    """The programs one launch may use on a device of ``multiprocessors`` multiprocessors (at least 1)."""
+    return max(1, multiprocessors * PROGRAMS_PER_MULTIPROCESSOR)
+
 
 class GridLimitError(ValueError):
     """The call needs a grid beyond ``MAX_GRID_*``: an error of that call (raised before any launch),
@@ -119,10 +128,12 @@ def max_batch(threads: int) -> int:
     return min(MAX_GRID_X, MAX_GRID_X_THREADS // threads)
 
 
-def _launch(batch: int, span: int, items: int, span_name: str, threads: int | None = None) -> Launch:
+def _launch(batch: int, span: int, items: int, span_name: str, threads: int | None = None,
+            budget: int | None = None) -> Launch:
     """The ``Launch`` of ``batch`` rows of ``span`` items each, ``items`` per program, on ``threads`` threads
     per program (default ``threads_per_program(items)``); raises ``GridLimitError`` when that does not fit
-    ``MAX_GRID_*`` (``span_name``: the argument that sets ``span``)."""
+    ``MAX_GRID_*`` (``span_name``: the argument that sets ``span``). ``budget``: the programs the launch may
+    use (None: as many as the span needs); each row then gets ``min(needed, max(1, budget // batch))``."""
     threads = threads or threads_per_program(items)
     programs = -(-span // items)
     if batch <= 0 or programs <= 0:
@@ -135,33 +146,39 @@ def _launch(batch: int, span: int, items: int, span_name: str, threads: int | No
     if slices > MAX_GRID_Z:
         raise GridLimitError(f"{span_name} must be at most {MAX_GRID_Y * MAX_GRID_Z * items} (the GPU grid's "
                              f"other two dimensions take {items} per block), got {span}")
+    if budget is not None:
+        programs = min(programs, max(1, budget // batch))
+        slices = -(-programs // MAX_GRID_Y)
     return Launch((batch, min(programs, MAX_GRID_Y), slices), items, threads)
 
 
-def page_table_launch(batch: int, width: int, page_size: int, writes_lengths: bool = False) -> Launch:
+def page_table_launch(batch: int, width: int, page_size: int, writes_lengths: bool = False, *,
+                      budget: int | None = None) -> Launch:
     """Geometry of the page-table kernel for ``batch`` rows of an output ``width`` pages wide.
 
     writes_lengths: the call also writes ``seq_lens_out``, which a zero-width table still needs: each
     row then gets one program.
     """
     span = max(width, 1 if writes_lengths else 0)
-    return _launch(batch, span, items_per_program(PAGE_TABLE, page_size), "the page-table width (out.shape[1])")
+    return _launch(batch, span, items_per_program(PAGE_TABLE, page_size), "the page-table width (out.shape[1])",
+                   budget=budget)
 
 
-def token_csr_launch(batch: int, table_width: int, out_len: int) -> Launch:
+def token_csr_launch(batch: int, table_width: int, out_len: int, *, budget: int | None = None) -> Launch:
     """Geometry of the token-CSR kernel.
 
     A row copies at most ``min(table_width, out_len)`` tokens (it can read no more than one table row
     and write no more than the whole output), so that bounds the programs per row without a sync.
     """
     return _launch(batch, min(table_width, out_len), items_per_program(TOKEN_CSR),
-                   "min(req_to_token.shape[1], out.shape[0])")
+                   "min(req_to_token.shape[1], out.shape[0])", budget=budget)
 
 
-def mapped_page_table_launch(batch: int, width: int, page_size: int) -> Launch:
+def mapped_page_table_launch(batch: int, width: int, page_size: int, *, budget: int | None = None) -> Launch:
     """Geometry of the mapped page-table kernels for ``batch`` rows of ``width`` pages: the widest table a
     call writes (MHA: ``max(W, W2)``; translated: ``min(max_pages, W)``)."""
-    return _launch(batch, width, items_per_program(MAPPED_PAGE_TABLE, page_size), "the page-table width")
+    return _launch(batch, width, items_per_program(MAPPED_PAGE_TABLE, page_size), "the page-table width",
+                   budget=budget)
 
 
 # Multi-step draft decode indices (``kvdispatch.create_draft_decode_kv_indices``). Offsets and counted lengths
@@ -180,23 +197,25 @@ _DRAFT_THREADS = 128
 DRAFT_SUM_BLOCK = 512
 
 
-def draft_decode_launch(segments: int, table_width: int, out_width: int) -> Launch:
+def draft_decode_launch(segments: int, table_width: int, out_width: int, *, budget: int | None = None) -> Launch:
     """Geometry of the draft-decode kernel: one row per segment (request and branch), programs over the
     prefix tokens a segment can write, ``min(table_width, out_width)`` (a prefix token reads a position below
     the table's width and lands at a column below out's), and at least one program per row (program 0 also
     writes the draft slots and ``kv_indptr``)."""
     return _launch(segments, max(min(table_width, out_width), 1), _DRAFT_TOKENS_PER_PROGRAM,
-                   "min(req_to_token.shape[1], out.shape[1])", _DRAFT_THREADS)
+                   "min(req_to_token.shape[1], out.shape[1])", _DRAFT_THREADS, budget)
 
 
-def dcp_token_csr_launch(batch: int, table_width: int, out_len: int, dcp_size: int) -> Launch:
+def dcp_token_csr_launch(batch: int, table_width: int, out_len: int, dcp_size: int, *,
+                         budget: int | None = None) -> Launch:
     """Geometry of the DCP token-CSR kernel: a row reads every ``dcp_size``-th position of its table row, so
     it writes at most ``min(ceil(table_width / dcp_size), out_len)`` entries."""
     return _launch(batch, min(-(-table_width // dcp_size), out_len), items_per_program(DCP_TOKEN_CSR),
-                   "min(ceil(req_to_token.shape[1] / dcp_size), out.shape[0])")
+                   "min(ceil(req_to_token.shape[1] / dcp_size), out.shape[0])", budget=budget)
 
 
-def dcp_page_table_launch(batch: int, width: int, page_size: int) -> Launch:
+def dcp_page_table_launch(batch: int, width: int, page_size: int, *, budget: int | None = None) -> Launch:
     """Geometry of the DCP page-table kernel for ``batch`` rows of an output ``width`` pages wide (pages per
     program as the page table's: each page is one gather either way)."""
-    return _launch(batch, width, items_per_program(DCP_PAGE_TABLE, page_size), "the page-table width (out.shape[1])")
+    return _launch(batch, width, items_per_program(DCP_PAGE_TABLE, page_size), "the page-table width (out.shape[1])",
+                   budget=budget)
