@@ -23,6 +23,8 @@ BATCH = 5
 # at 2 the grid is (rows, 2, 2), so T = 4 and program 3 lies in the last slice.
 BOUNDS = pytest.mark.parametrize("bounded", [(1, None), (2, None), (3, 2)], indirect=True,
                                  ids=("1-program", "2-programs", "folded"))
+# The default run keeps every op under every bound in both builds; the other variants run in the exhaustive lane.
+EACH_BOUND_AND_BUILD = pytest.mark.representative("bounded", "specialised")
 BLOCKS = 5  # the longest rows have this many blocks, and a few items more
 
 
@@ -104,6 +106,7 @@ def _pool(rows):
 
 @BOUNDS
 @BUILDS
+@EACH_BOUND_AND_BUILD
 @pytest.mark.parametrize("page_size", (1, 16))
 @pytest.mark.parametrize("option", ("fill", "start", "round"))
 def test_page_table(bounded, specialised, page_size, option):
@@ -142,6 +145,7 @@ def _packed(lengths, offsets, gap=3):
 
 @BOUNDS
 @BUILDS
+@EACH_BOUND_AND_BUILD
 @pytest.mark.parametrize("variant", ("copy", "entry-pages", "mapped-int64"))
 def test_token_csr(bounded, specialised, variant):
     g = torch.Generator().manual_seed(len(variant))
@@ -168,6 +172,7 @@ def test_token_csr(bounded, specialised, variant):
 
 @BOUNDS
 @BUILDS
+@EACH_BOUND_AND_BUILD
 @pytest.mark.parametrize("swa_width", (0, 2, 9))
 def test_mha_page_table(bounded, specialised, swa_width):
     """The SWA twin narrower and wider than the page table (in blocks); 0: no twin."""
@@ -192,6 +197,7 @@ def test_mha_page_table(bounded, specialised, swa_width):
 
 @BOUNDS
 @BUILDS
+@EACH_BOUND_AND_BUILD
 @pytest.mark.parametrize("max_pages", (None, 4))
 def test_translated_page_table(bounded, specialised, max_pages):
     """``max_pages``: None (the width), or this many blocks and a few pages."""
@@ -215,6 +221,7 @@ def test_translated_page_table(bounded, specialised, max_pages):
 
 @BOUNDS
 @BUILDS
+@EACH_BOUND_AND_BUILD
 @pytest.mark.parametrize("variant", ("plain", "window-v2p", "positions"))
 def test_draft_decode(bounded, specialised, variant):
     g = torch.Generator().manual_seed(len(variant))
@@ -249,6 +256,7 @@ def test_draft_decode(bounded, specialised, variant):
 
 @BOUNDS
 @BUILDS
+@EACH_BOUND_AND_BUILD
 @pytest.mark.parametrize("dcp_size", (2, 3))
 def test_dcp_token_csr(bounded, specialised, dcp_size):
     g = torch.Generator().manual_seed(dcp_size)
@@ -274,6 +282,7 @@ def test_dcp_token_csr(bounded, specialised, dcp_size):
 
 @BOUNDS
 @BUILDS
+@EACH_BOUND_AND_BUILD
 @pytest.mark.parametrize("fill_value", (None, -1))
 def test_dcp_page_table(bounded, specialised, fill_value):
     g = torch.Generator().manual_seed(fill_value or 0)
@@ -308,3 +317,18 @@ def test_the_launchers_grid_follows_the_budget_not_the_width(monkeypatch):
     launch.forget_geometry()
     expected = reference.build_page_table(table, pool, lengths, torch.full_like(out, POISON), 1)
     assert_same(out, expected, "page table on the CPU's budget")
+
+
+def test_the_budget_is_probed_once_per_device(monkeypatch):
+    """The launchers keep each device's budget: later calls, whatever their shape, ask the probe nothing."""
+    launch.forget_geometry()
+    probed = []
+    probe = devices.probe
+    monkeypatch.setattr(devices, "probe", lambda device=None: probed.append(device) or probe(device))
+    table = torch.zeros(4, 64, dtype=torch.int32)
+    for batch, width in ((1, 3), (3, 9), (2, 64)):
+        pool, lengths = torch.arange(batch), torch.full((batch,), 40)
+        launch.page_table_call(table, pool, lengths, torch.empty(batch, width, dtype=torch.int32), 1)
+        launch.token_csr_call(table, pool, lengths, torch.arange(batch + 1), torch.empty(width, dtype=torch.int32))
+    assert len(probed) == 1
+    launch.forget_geometry()
