@@ -569,25 +569,22 @@ extern "C" __global__ void kv_draft_decode(
     const kv_i64 base = kv_min(kv_counted_sum(seq_lens, lens_stride, request, cap, limit, KV_HAS(KV_WIDE_LENS)) * topk,
                                limit);
     const kv_i64 segments_before = segment - branch;
-    for (;;) {  // the block of prefix tokens [block, last)
-        while (i0 < last) {
-            for (kv_i64 it = 1; it <= num_steps; ++it) {
-                const kv_i64 offset = kv_segment_offset(base, segments_before, branch, count, it, limit);
+    while (i0 < last) {  // this thread's tokens of the block [block, last), then of the program's next block
+        for (kv_i64 it = 1; it <= num_steps; ++it) {
+            const kv_i64 offset = kv_segment_offset(base, segments_before, branch, count, it, limit);
 #pragma unroll
-                for (int k = 0; k < kv_draft_unroll; ++k) {
-                    const kv_i64 column = offset + i0 + k * threads;
-                    if (present[k] && column < out_width)
-                        kv_store_index(out, (it - 1) * out_stride + column, value[k], wide_out);
-                }
+            for (int k = 0; k < kv_draft_unroll; ++k) {
+                const kv_i64 column = offset + i0 + k * threads;
+                if (present[k] && column < out_width)
+                    kv_store_index(out, (it - 1) * out_stride + column, value[k], wide_out);
             }
-            i0 += kv_draft_unroll * threads;
-            kv_draft_load_pass(row, i0, threads, last, sink_tokens, shift, cols, page_size, v2p, v2p_len, translate,
-                               wide_v2p, value, present);
         }
-        block += step;
-        if (block >= end) break;
-        last = kv_min(block + items, end);
-        i0 = block + threadIdx.x;
+        i0 += kv_draft_unroll * threads;
+        if (i0 >= last) {  // only a row's last block is partial: past it, last <= block
+            block += step;
+            i0 = block + threadIdx.x;
+            last = kv_min(block + items, end);
+        }
         kv_draft_load_pass(row, i0, threads, last, sink_tokens, shift, cols, page_size, v2p, v2p_len, translate,
                            wide_v2p, value, present);
     }
