@@ -580,7 +580,7 @@ extern "C" __global__ void kv_draft_decode(
             }
         }
         i0 += kv_draft_unroll * threads;
-        if (i0 >= last) {  // only a row's last block is partial: past it, last <= block
+        if (i0 >= last) {  // the next block; past the row's end, last = end <= block, which ends the loop
             block += step;
             i0 = block + threadIdx.x;
             last = kv_min(block + items, end);
