@@ -6,8 +6,11 @@
 // types only, no intrinsics (but the PDL instructions below), no shared memory or barriers, nothing that assumes
 // a warp width.
 // Grid (from kvdispatch.grid): blockIdx.x = request, blockIdx.y = program of the row (plus blockIdx.z *
-// gridDim.y on a grid folded into its third dimension, KV_FOLDED_GRID); a program owns `items` consecutive
-// pages/tokens of its row and its blockDim.x threads stride over them.
+// gridDim.y on a grid folded into its third dimension, KV_FOLDED_GRID). A row is cut into blocks of `items`
+// consecutive pages/tokens; program k of a row's T programs (T = gridDim.y, times gridDim.z when folded)
+// handles its blocks k, k + T, k + 2T, ... up to the row's real length, read on the device, so any grid is
+// correct and a grid smaller than the buffers' width costs time only where rows are long. Within a block
+// the program's blockDim.x threads stride over the items.
 
 typedef long long kv_i64;
 typedef unsigned long long kv_u64;
@@ -79,6 +82,11 @@ __device__ inline kv_i64 kv_row_program(bool folded) {
     return folded ? (kv_i64)blockIdx.y + (kv_i64)blockIdx.z * gridDim.y : (kv_i64)blockIdx.y;
 }
 
+// The programs of a row (T), the step between the blocks one program handles.
+__device__ inline kv_i64 kv_row_programs(bool folded) {
+    return folded ? (kv_i64)gridDim.y * (kv_i64)gridDim.z : (kv_i64)gridDim.y;
+}
+
 __device__ inline kv_i64 kv_load_index(const void* base, kv_i64 i, int wide) {
     return wide ? ((const kv_i64*)base)[i] : (kv_i64)((const int*)base)[i];
 }
@@ -141,7 +149,8 @@ __device__ inline void kv_fill(int* __restrict__ dst, int n, int value) {
 // out[b, p] = table[pool_b, start_b + p * page_size] // page_size (floor division, truncation with
 // KV_ROUND_TOWARD_ZERO) for p < pages_b, where pages_b is
 // min(ceil(L_b / page_size), pages the table row can give, width); fill_value on [pages_b, width)
-// when KV_FILL is set. Rows >= B (= gridDim.x) and unwritten columns are left untouched.
+// when KV_FILL is set. Rows >= B (= gridDim.x) and unwritten columns are left untouched. A row's blocks run
+// to pages_b (to the width with KV_FILL).
 // seq_lens_out (KV_LENS_OUT): seq_lens + seqlen_offset (the low 32 bits of the exact sum), written by
 // program 0 of each row.
 // Launched with width 0 it writes only seq_lens_out.
@@ -162,7 +171,7 @@ extern "C" __global__ void kv_page_table(
 #endif
     const kv_i64 b = blockIdx.x;
     const kv_i64 program = kv_row_program(KV_HAS(KV_FOLDED_GRID));
-    const kv_i64 first = program * items;
+    const kv_i64 step = kv_row_programs(KV_HAS(KV_FOLDED_GRID)) * items;
     // Independent loads, issued before any of them is used.
     const kv_i64 pool = kv_load_index(req_pool_indices, b * pool_stride, KV_HAS(KV_WIDE_POOL));
     const kv_i64 seq_len = kv_load_index(seq_lens, b * lens_stride, KV_HAS(KV_WIDE_LENS));
@@ -172,43 +181,45 @@ extern "C" __global__ void kv_page_table(
         seq_lens_out[b] = (int)((kv_u64)seq_len + (kv_u64)seqlen_offset);  // unsigned: wraps, never overflows
     const kv_i64 length = kv_add_saturated(seq_len, seqlen_offset);
 
-    const kv_i64 last = kv_min(first + items, width);
     const bool readable = pool >= 0 && pool < rows && start >= 0 && start < cols;
     // Page p is written iff its first position p * page_size is below `limit` (the length, cut at
     // the table's last column): that is p < min(ceil(L / page_size), ceil((C - start) / page_size)),
     // with no 64-bit division on the path between the row's loads and the table's.
     const kv_i64 limit = readable && length > 0 ? kv_min(length, cols - start) : 0;
     const int* src = table + (readable ? pool * table_stride + start : 0);
-    int* dst = out + b * out_stride;
+    int* const row_out = out + b * out_stride;
     const bool fill = KV_HAS(KV_FILL);
-    // Offsets inside a program fit in 32 bits: kvdispatch.grid keeps items * page_size <= 65536.
-    const int count = (int)kv_max(0, last - first);
-    if (page_size == 1) {  // a copy: wide accesses
-        const int written = (int)kv_max(0, kv_min(limit - first, count));
-        if (written > 0) kv_copy(src + first, dst + first, written);
-        if (fill) kv_fill(dst + first + written, count - written, (int)fill_value);
-        return;
-    }
-    // Pages are independent gathers: up to 4 per thread per pass, every load issued before any store.
-    const int* row = src + first * page_size;
-    // Page first + i is written iff i * page_size < row_limit; clamped to the program's span, which
-    // implies i < count and fits in 32 bits, so each page's test is one 32-bit compare.
-    const int row_limit = (int)kv_max(0, kv_min(limit - first * page_size, (kv_i64)count * page_size));
-    dst += first;
     const int threads = blockDim.x;
-    for (int base = threadIdx.x; base < count; base += 4 * threads) {
-        int v[4];
-#pragma unroll
-        for (int u = 0; u < 4; ++u) {
-            const int i = base + u * threads;
-            v[u] = i * page_size < row_limit ? row[i * page_size] : 0;
+    // The block of pages [first, last); page p is written iff p * page_size < limit (or filled).
+    for (kv_i64 first = program * items; first < width && (fill || first * page_size < limit); first += step) {
+        // Offsets inside a block fit in 32 bits: kvdispatch.grid keeps items * page_size <= 65536.
+        const int count = (int)(kv_min(first + items, width) - first);
+        if (page_size == 1) {  // a copy: wide accesses
+            const int written = (int)kv_max(0, kv_min(limit - first, count));
+            if (written > 0) kv_copy(src + first, row_out + first, written);
+            if (fill) kv_fill(row_out + first + written, count - written, (int)fill_value);
+            continue;
         }
+        // Pages are independent gathers: up to 4 per thread per pass, every load issued before any store.
+        const int* row = src + first * page_size;
+        // Page first + i is written iff i * page_size < row_limit; clamped to the block's span, which
+        // implies i < count and fits in 32 bits, so each page's test is one 32-bit compare.
+        const int row_limit = (int)kv_max(0, kv_min(limit - first * page_size, (kv_i64)count * page_size));
+        int* dst = row_out + first;
+        for (int base = threadIdx.x; base < count; base += 4 * threads) {
+            int v[4];
 #pragma unroll
-        for (int u = 0; u < 4; ++u) {
-            const int i = base + u * threads;
-            if (i >= count) break;
-            if (i * page_size < row_limit) dst[i] = kv_page_div(v[u], page_size, KV_HAS(KV_ROUND_TOWARD_ZERO));
-            else if (fill) dst[i] = (int)fill_value;
+            for (int u = 0; u < 4; ++u) {
+                const int i = base + u * threads;
+                v[u] = i * page_size < row_limit ? row[i * page_size] : 0;
+            }
+#pragma unroll
+            for (int u = 0; u < 4; ++u) {
+                const int i = base + u * threads;
+                if (i >= count) break;
+                if (i * page_size < row_limit) dst[i] = kv_page_div(v[u], page_size, KV_HAS(KV_ROUND_TOWARD_ZERO));
+                else if (fill) dst[i] = (int)fill_value;
+            }
         }
     }
     KV_GRID_RELEASE();
@@ -249,17 +260,15 @@ __device__ inline kv_csr_row kv_load_csr_row(kv_i64 b, const void* __restrict__ 
     return r;
 }
 
-// The tokens [lo, hi) of a CSR row that the program owning `items` tokens from `first` writes, where the row's
-// `count` tokens go to out[offset + j] and only those landing in [0, out_len) count; false when there are none.
-// Programs count tokens from the first one that lands in out: a row writes at most min(C, out_len) tokens
-// (its kernel's readable positions), which is what kvdispatch.grid sizes the row's programs for.
-__device__ inline bool kv_program_tokens(kv_i64 offset, kv_i64 count, kv_i64 out_len, kv_i64 first, kv_i64 items,
-                                         kv_i64* lo, kv_i64* hi) {
+// The tokens [lo, hi) of a CSR row that land in out, where the row's `count` tokens go to out[offset + j] and
+// only those landing in [0, out_len) count; false when there are none. The row's blocks count from lo, its
+// first token inside out: a row writes at most min(C, out_len) tokens (its kernel's readable positions), which
+// is what kvdispatch.grid sizes the row's programs for.
+__device__ inline bool kv_row_tokens(kv_i64 offset, kv_i64 count, kv_i64 out_len, kv_i64* lo, kv_i64* hi) {
     // Checked in this order so that no expression below can overflow, whatever kv_indptr holds.
     if (offset >= out_len || offset + count <= 0) return false;
-    const kv_i64 skip = offset < 0 ? -offset : 0;
-    *lo = skip + first;
-    *hi = kv_min(kv_min(*lo + items, count), out_len - offset);
+    *lo = offset < 0 ? -offset : 0;
+    *hi = kv_min(count, out_len - offset);
     return *lo < *hi;
 }
 
@@ -284,6 +293,7 @@ extern "C" __global__ void kv_token_csr(
 #endif
     const kv_i64 b = blockIdx.x;
     const kv_i64 first = kv_row_program(KV_HAS(KV_FOLDED_GRID)) * items;
+    const kv_i64 step = kv_row_programs(KV_HAS(KV_FOLDED_GRID)) * items;
     const kv_csr_row r = kv_load_csr_row(b, req_pool_indices, pool_stride, seq_lens, lens_stride, kv_start_idx,
                                          start_stride, kv_indptr, indptr_stride, flags);
     const kv_i64 pool = r.pool, length = r.length, start = r.start, offset = r.offset;
@@ -291,19 +301,23 @@ extern "C" __global__ void kv_token_csr(
     const kv_i64 positions = cols * entry_page_size;  // exact: no table has 2**51 columns
     const bool readable = pool >= 0 && pool < rows && start >= 0 && start < positions;
     const kv_i64 count = readable ? kv_min(kv_max(length, 0), positions - start) : 0;
-    kv_i64 lo, hi;
-    if (!kv_program_tokens(offset, count, out_len, first, items, &lo, &hi)) return;
+    kv_i64 row_lo, row_hi;
+    if (!kv_row_tokens(offset, count, out_len, &row_lo, &row_hi)) return;
     const bool mapped = KV_HAS(KV_MAPPING), wide_out = KV_HAS(KV_WIDE_OUT);
-    if (entry_page_size == 1 && !mapped && !wide_out) {
-        kv_copy(table + pool * table_stride + start + lo, (int*)out + offset + lo, (int)(hi - lo));
-        return;
-    }
+    const bool copy = entry_page_size == 1 && !mapped && !wide_out;
     const int* row = table + pool * table_stride;
-    for (kv_i64 j = lo + threadIdx.x; j < hi; j += blockDim.x) {
-        const kv_i64 v = kv_token_value(row, start + j, entry_page_size, token_mapping, mapping_len, mapped,
-                                        KV_HAS(KV_WIDE_MAPPING));
-        if (wide_out) ((kv_i64*)out)[offset + j] = v;
-        else ((int*)out)[offset + j] = (int)(kv_u64)v;  // the low 32 bits, as Tensor.to(torch.int32)
+    for (kv_i64 lo = row_lo + first; lo < row_hi; lo += step) {  // the block of tokens [lo, hi)
+        const kv_i64 hi = kv_min(lo + items, row_hi);
+        if (copy) {
+            kv_copy(row + start + lo, (int*)out + offset + lo, (int)(hi - lo));
+            continue;
+        }
+        for (kv_i64 j = lo + threadIdx.x; j < hi; j += blockDim.x) {
+            const kv_i64 v = kv_token_value(row, start + j, entry_page_size, token_mapping, mapping_len, mapped,
+                                            KV_HAS(KV_WIDE_MAPPING));
+            if (wide_out) ((kv_i64*)out)[offset + j] = v;
+            else ((int*)out)[offset + j] = (int)(kv_u64)v;  // the low 32 bits, as Tensor.to(torch.int32)
+        }
     }
     KV_GRID_RELEASE();
 }
@@ -311,9 +325,10 @@ extern "C" __global__ void kv_token_csr(
 // ---- Page tables translated through a lookup table (semantics: kvdispatch/reference.py,
 // build_mha_page_table and build_translated_page_table) ----
 //
-// Both run on the page table's grid (kvdispatch.grid.mapped_page_table_launch): program (b, k) owns pages
-// [k * items, (k + 1) * items) of row b, its threads striding over them; a page p is there when its first
-// position p * page_size lies below `limit` = min(L_b, C) on a readable row (0 <= pool < rows).
+// Both run on the page table's grid (kvdispatch.grid.mapped_page_table_launch): row b's blocks are its pages
+// [j * items, (j + 1) * items), program k handling blocks k, k + T, ..., its threads striding over each; a page
+// p is there when its first position p * page_size lies below `limit` = min(L_b, C) on a readable row
+// (0 <= pool < rows), and the row's blocks end at the first page that is not.
 // Flags: KV_WIDE_POOL, KV_WIDE_LENS, KV_FOLDED_GRID; KV_MAPPING (the MHA table's SWA twin is written),
 // KV_WIDE_MAPPING (the lookup table, full_to_swa or v2p, is int64), KV_ROUND_TOWARD_ZERO (MHA divisions).
 
@@ -323,8 +338,8 @@ __device__ inline kv_i64 kv_div64(kv_i64 value, kv_i64 divisor, bool toward_zero
     return (!toward_zero && value % divisor != 0 && value < 0) ? q - 1 : q;
 }
 
-// What a program of a mapped table knows before its pages: its first page, its row's pool index and the
-// limit of the row's page positions, min(seq_lens[b] + offset, cols) on a readable row, else 0.
+// What a program of a mapped table knows before its pages: its first block's first page, its row's pool index
+// and the limit of the row's page positions, min(seq_lens[b] + offset, cols) on a readable row, else 0.
 struct kv_mapped_row {
     kv_i64 first, pool, limit;
 };
@@ -363,18 +378,20 @@ extern "C" __global__ void kv_mha_page_table(
     const kv_i64 page_size = kv_specialised_page_size(page_size_arg), b = blockIdx.x;
     const kv_mapped_row r = kv_mapped_row_of(req_pool_indices, pool_stride, seq_lens, lens_stride, rows, cols, 0,
                                              items, flags);
-    const kv_i64 first = r.first, limit = r.limit;
-    if (first * page_size >= limit) return;
+    const kv_i64 limit = r.limit, step = kv_row_programs(KV_HAS(KV_FOLDED_GRID)) * items;
     const bool swa = KV_HAS(KV_MAPPING), toward_zero = KV_HAS(KV_ROUND_TOWARD_ZERO);
-    const kv_i64 last = kv_min(first + items, swa ? kv_max(width, swa_width) : width);
-    const int* row = table + r.pool * table_stride;
-    for (kv_i64 p = first + threadIdx.x; p < last && p * page_size < limit; p += blockDim.x) {
-        const int slot = row[p * page_size];
-        if (p < width) page_table[b * page_table_stride + p] = (int)kv_div64(slot, page_size, toward_zero);
-        if (swa && p < swa_width) {
-            const kv_i64 index = kv_min(kv_max(slot, 0), mapping_len - 1);
-            const kv_i64 mapped = kv_load_index(full_to_swa, index, KV_HAS(KV_WIDE_MAPPING));
-            swa_page_table[b * swa_stride + p] = (int)(kv_u64)kv_div64(mapped, page_size, toward_zero);
+    const kv_i64 end = swa ? kv_max(width, swa_width) : width;
+    for (kv_i64 first = r.first; first < end && first * page_size < limit; first += step) {
+        const kv_i64 last = kv_min(first + items, end);
+        const int* row = table + r.pool * table_stride;
+        for (kv_i64 p = first + threadIdx.x; p < last && p * page_size < limit; p += blockDim.x) {
+            const int slot = row[p * page_size];
+            if (p < width) page_table[b * page_table_stride + p] = (int)kv_div64(slot, page_size, toward_zero);
+            if (swa && p < swa_width) {
+                const kv_i64 index = kv_min(kv_max(slot, 0), mapping_len - 1);
+                const kv_i64 mapped = kv_load_index(full_to_swa, index, KV_HAS(KV_WIDE_MAPPING));
+                swa_page_table[b * swa_stride + p] = (int)(kv_u64)kv_div64(mapped, page_size, toward_zero);
+            }
         }
     }
     KV_GRID_RELEASE();
@@ -392,29 +409,31 @@ extern "C" __global__ void kv_translated_page_table(
     const kv_i64 page_size = kv_specialised_page_size(page_size_arg), b = blockIdx.x;
     const kv_mapped_row r = kv_mapped_row_of(req_pool_indices, pool_stride, seq_lens, lens_stride, rows, cols,
                                              seq_len_delta, items, flags);
-    const kv_i64 first = r.first, limit = r.limit;
-    if (first * page_size >= limit) return;
-    const kv_i64 last = kv_min(first + items, columns);
-    const int* row = table + r.pool * table_stride;
+    const kv_i64 limit = r.limit, step = kv_row_programs(KV_HAS(KV_FOLDED_GRID)) * items;
     const kv_i64 bound = 0x80000000LL;  // 2**31: |physical| and |multiplier| at most this, the product exact
-    for (kv_i64 c = first + threadIdx.x; c < last && c * page_size < limit; c += blockDim.x) {
-        const int token = row[c * page_size];
-        const kv_i64 page = token < 0 ? 0 : token / page_size;
-        kv_i64 physical = page < v2p_len ? kv_load_index(v2p, page, KV_HAS(KV_WIDE_MAPPING)) : 0;
-        physical = kv_min(kv_max(physical, -bound), bound) * multiplier;
-        out[b * out_stride + c] = (int)kv_min(kv_max(physical, 0), bound - 1);
+    for (kv_i64 first = r.first; first < columns && first * page_size < limit; first += step) {
+        const kv_i64 last = kv_min(first + items, columns);
+        const int* row = table + r.pool * table_stride;
+        for (kv_i64 c = first + threadIdx.x; c < last && c * page_size < limit; c += blockDim.x) {
+            const int token = row[c * page_size];
+            const kv_i64 page = token < 0 ? 0 : token / page_size;
+            kv_i64 physical = page < v2p_len ? kv_load_index(v2p, page, KV_HAS(KV_WIDE_MAPPING)) : 0;
+            physical = kv_min(kv_max(physical, -bound), bound) * multiplier;
+            out[b * out_stride + c] = (int)kv_min(kv_max(physical, 0), bound - 1);
+        }
     }
     KV_GRID_RELEASE();
 }
 
 // ---------------------------------------------------------------------------------------------------------
 // Multi-step speculative draft decode indices (semantics: kvdispatch/reference.py, build_draft_decode_indices).
-// blockIdx.x = segment z = b * topk + k (request b, branch k); the row's programs own `items` prefix tokens
-// each. A prefix token is loaded once and stored into every step's row; program 0 of the row also writes
-// the branch's draft slots and its kv_indptr entries. Without shared memory, every thread sums the prefix
-// lengths of the earlier requests itself (the same addresses for all threads of a block), so the sums are
-// kept to a few instructions a term, and the row's loads are issued before them: their latency overlaps the
-// sums' arithmetic.
+// blockIdx.x = segment z = b * topk + k (request b, branch k); the row's blocks are `items` prefix tokens
+// each, up to the last one that can land in out. A prefix token is loaded once and stored into every step's
+// row; program 0 of the row also writes the branch's draft slots and its kv_indptr entries, after its blocks.
+// Without shared memory, every thread of a program sums the prefix lengths of the earlier requests itself
+// (the same addresses for all threads of a block), once whatever its blocks, so the sums are kept to a few
+// instructions a term, and the row's loads are issued before them: their latency overlaps the sums'
+// arithmetic.
 
 // Independent loads a draft thread keeps in flight: prefix tokens per pass (kvdispatch.grid gives each thread
 // four), and terms per pass of its sums (benchmarks/cupy_draft_variants.py: 8 against 16).
@@ -513,6 +532,7 @@ extern "C" __global__ void kv_draft_decode(
     const kv_i64 segment = blockIdx.x;
     const kv_i64 request = segment / topk, branch = segment - request * topk;
     const kv_i64 first = kv_row_program(KV_HAS(KV_FOLDED_GRID)) * items;
+    const kv_i64 step = kv_row_programs(KV_HAS(KV_FOLDED_GRID)) * items;
     const kv_i64 pool = kv_load_index(req_pool_indices, request * pool_stride, KV_HAS(KV_WIDE_POOL));
     const kv_i64 bound = 0x4000000000000000LL;  // 2**62, as the reference clamps: no readable position moves
     const kv_i64 length = kv_min(kv_max(kv_load_index(seq_lens, request * lens_stride, KV_HAS(KV_WIDE_LENS)),
@@ -522,11 +542,15 @@ extern "C" __global__ void kv_draft_decode(
     const int* row = table + (row_readable ? pool * table_stride : 0);
     const bool wide_out = KV_HAS(KV_WIDE_OUT), translate = KV_HAS(KV_V2P), wide_v2p = KV_HAS(KV_WIDE_V2P);
     const bool leads = first == 0;
+    // The row's prefix tokens end at the first that lands nowhere: token i reads position i or past it and
+    // lands at column i or past it.
+    const kv_i64 end = row_readable ? kv_min(count, kv_min(cols, out_width)) : 0;
+    if (!leads && first >= end) return;
 
     // The row's loads: this thread's first pass of prefix tokens and, in program 0, its first draft slot (the
     // branch owns ceil((L mod P + S) / P) pages past the request's length).
     const kv_i64 threads = blockDim.x, sink_tokens = kv_min(sink, count), shift = length - count;
-    const kv_i64 last = row_readable ? kv_min(first + items, count) : first;
+    kv_i64 block = first, last = kv_min(first + items, end);
     kv_i64 i0 = first + threadIdx.x;
     kv_i64 value[kv_draft_unroll];
     bool present[kv_draft_unroll];
@@ -545,7 +569,7 @@ extern "C" __global__ void kv_draft_decode(
     const kv_i64 base = kv_min(kv_counted_sum(seq_lens, lens_stride, request, cap, limit, KV_HAS(KV_WIDE_LENS)) * topk,
                                limit);
     const kv_i64 segments_before = segment - branch;
-    while (i0 < last) {
+    while (i0 < last) {  // this thread's tokens of the block [block, last), then of the program's next block
         for (kv_i64 it = 1; it <= num_steps; ++it) {
             const kv_i64 offset = kv_segment_offset(base, segments_before, branch, count, it, limit);
 #pragma unroll
@@ -556,6 +580,11 @@ extern "C" __global__ void kv_draft_decode(
             }
         }
         i0 += kv_draft_unroll * threads;
+        if (i0 >= last) {  // the next block; past the row's end, last = end <= block, which ends the loop
+            block += step;
+            i0 = block + threadIdx.x;
+            last = kv_min(block + items, end);
+        }
         kv_draft_load_pass(row, i0, threads, last, sink_tokens, shift, cols, page_size, v2p, v2p_len, translate,
                            wide_v2p, value, present);
     }
@@ -620,6 +649,7 @@ extern "C" __global__ void kv_dcp_token_csr(
     const kv_i64 dcp_size = kv_dcp_size(dcp_size_arg);
     const kv_i64 b = blockIdx.x;
     const kv_i64 program_first = kv_row_program(KV_HAS(KV_FOLDED_GRID)) * items;
+    const kv_i64 step = kv_row_programs(KV_HAS(KV_FOLDED_GRID)) * items;
     const kv_csr_row r = kv_load_csr_row(b, req_pool_indices, pool_stride, local_seq_lens, lens_stride, kv_start_idx,
                                          start_stride, kv_indptr, indptr_stride, flags);
     const kv_i64 pool = r.pool, length = r.length, offset = r.offset;
@@ -630,14 +660,17 @@ extern "C" __global__ void kv_dcp_token_csr(
     const kv_i64 first = bounded + kv_floor_mod(dcp_rank - bounded, dcp_size);
     const bool readable = pool >= 0 && pool < rows && first >= 0 && first < cols;
     const kv_i64 count = readable ? kv_min(kv_max(length, 0), (cols - first + dcp_size - 1) / dcp_size) : 0;
-    kv_i64 lo, hi;
-    if (!kv_program_tokens(offset, count, out_len, program_first, items, &lo, &hi)) return;
+    kv_i64 row_lo, row_hi;
+    if (!kv_row_tokens(offset, count, out_len, &row_lo, &row_hi)) return;
     const int* row = table + pool * table_stride + first;
     const bool toward_zero = KV_HAS(KV_ROUND_TOWARD_ZERO), wide_out = KV_HAS(KV_WIDE_OUT);
-    for (kv_i64 j = lo + threadIdx.x; j < hi; j += blockDim.x) {
-        const int value = kv_page_div(row[j * dcp_size], (int)dcp_size, toward_zero);
-        if (wide_out) ((kv_i64*)out)[offset + j] = value;
-        else ((int*)out)[offset + j] = value;
+    for (kv_i64 lo = row_lo + program_first; lo < row_hi; lo += step) {  // the block of tokens [lo, hi)
+        const kv_i64 hi = kv_min(lo + items, row_hi);
+        for (kv_i64 j = lo + threadIdx.x; j < hi; j += blockDim.x) {
+            const int value = kv_page_div(row[j * dcp_size], (int)dcp_size, toward_zero);
+            if (wide_out) ((kv_i64*)out)[offset + j] = value;
+            else ((int*)out)[offset + j] = value;
+        }
     }
     KV_GRID_RELEASE();
 }
@@ -655,20 +688,24 @@ extern "C" __global__ void kv_dcp_page_table(
     const kv_i64 page_size = kv_specialised_page_size(page_size_arg);
     const kv_i64 dcp_size = kv_dcp_size(dcp_size_arg);
     const kv_i64 b = blockIdx.x;
-    const kv_i64 first = kv_row_program(KV_HAS(KV_FOLDED_GRID)) * items;
+    const kv_i64 program = kv_row_program(KV_HAS(KV_FOLDED_GRID));
+    const kv_i64 step = kv_row_programs(KV_HAS(KV_FOLDED_GRID)) * items;
     const kv_i64 pool = kv_load_index(req_pool_indices, b * pool_stride, KV_HAS(KV_WIDE_POOL));
     const kv_i64 length = kv_load_index(local_seq_lens, b * lens_stride, KV_HAS(KV_WIDE_LENS));
     const kv_i64 virtual_page = page_size * dcp_size;
-    const kv_i64 last = kv_min(first + items, width);
     const bool readable = pool >= 0 && pool < rows && length > 0 && cols > dcp_rank;
     const kv_i64 pages = readable ? kv_min(kv_min((length - 1) / page_size + 1, (cols - dcp_rank - 1) / virtual_page + 1),
                                            width) : 0;
     const int* src = table + (readable ? pool * table_stride + dcp_rank : 0);
     int* dst = out + b * out_stride;
     const bool fill = KV_HAS(KV_FILL), toward_zero = KV_HAS(KV_ROUND_TOWARD_ZERO);
-    for (kv_i64 p = first + threadIdx.x; p < last; p += blockDim.x) {
-        if (p < pages) dst[p] = kv_page_div(src[p * virtual_page], (int)virtual_page, toward_zero);
-        else if (fill) dst[p] = (int)fill_value;
+    const kv_i64 end = fill ? width : pages;  // the row's blocks: its pages, with a fill the whole width
+    for (kv_i64 first = program * items; first < end; first += step) {
+        const kv_i64 last = kv_min(first + items, end);
+        for (kv_i64 p = first + threadIdx.x; p < last; p += blockDim.x) {
+            if (p < pages) dst[p] = kv_page_div(src[p * virtual_page], (int)virtual_page, toward_zero);
+            else dst[p] = (int)fill_value;
+        }
     }
     KV_GRID_RELEASE();
 }

@@ -36,7 +36,8 @@ WIDE_POOL, WIDE_LENS, WIDE_START, WIDE_INDPTR, FILL, START, LENS_OUT, FOLDED_GRI
 WIDE_OUT, MAPPING, WIDE_MAPPING, ROUND_TOWARD_ZERO = 256, 512, 1024, 2048
 POSITIONS, WIDE_POSITIONS, V2P, WIDE_V2P, INDPTR_START = 4096, 8192, 16384, 32768, 65536
 
-# The geometry depends on a few ints only; caching it keeps the helper off the per-call path.
+# The geometry depends on a few ints only (the shape and the device's program budget); caching it keeps the
+# helper off the per-call path.
 _page_table_launch = functools.lru_cache(maxsize=4096)(grid.page_table_launch)
 _token_csr_launch = functools.lru_cache(maxsize=4096)(grid.token_csr_launch)
 _dcp_token_csr_launch = functools.lru_cache(maxsize=4096)(grid.dcp_token_csr_launch)
@@ -45,12 +46,27 @@ _mapped_page_table_launch = functools.lru_cache(maxsize=4096)(grid.mapped_page_t
 _draft_decode_launch = functools.lru_cache(maxsize=4096)(grid.draft_decode_launch)
 _GEOMETRY_CACHES = (_page_table_launch, _token_csr_launch, _dcp_token_csr_launch, _dcp_page_table_launch,
                     _mapped_page_table_launch, _draft_decode_launch)
+# The programs one launch may use on a device (``grid.program_budget`` of its multiprocessors), by the
+# device's index as ``Tensor.get_device()`` gives it (-1: the CPU, where the host build runs the calls).
+_budgets: dict[int, int] = {}
 
 
 def forget_geometry() -> None:
-    """Drop every cached ``Launch`` (after ``kvdispatch.grid``'s limits change, as tests do)."""
+    """Drop every cached ``Launch`` and program budget (after ``kvdispatch.grid``'s limits change, as tests
+    do)."""
     for cache in _GEOMETRY_CACHES:
         cache.cache_clear()
+    _budgets.clear()
+
+
+def _budget(tensor: torch.Tensor) -> int:
+    """The program budget of ``tensor``'s device: the kernels stride over their rows' blocks, so the grid
+    follows the device, not the buffers' width. Probed once per device."""
+    index = tensor.get_device()
+    budget = _budgets.get(index)
+    if budget is None:
+        budget = _budgets[index] = grid.program_budget(devices.probe(tensor.device).multiprocessors)
+    return budget
 
 
 def _kernel_call(kernel: str, defines: tuple, launch: grid.Launch, raw: tuple) -> KernelCall:
@@ -99,7 +115,7 @@ def page_table_call(req_to_token, req_pool_indices, seq_lens, out, page_size, kv
     """The ``kv_page_table`` launch for ``kvdispatch.reference.build_page_table``'s arguments, or None
     when there is nothing to do."""
     batch, width = req_pool_indices.shape[0], out.shape[1]
-    launch = _page_table_launch(batch, width, page_size, seq_lens_out is not None)
+    launch = _page_table_launch(batch, width, page_size, seq_lens_out is not None, budget=_budget(out))
     if launch.grid[0] == 0:
         return None
     flags = (_wide(req_pool_indices, WIDE_POOL) | _wide(seq_lens, WIDE_LENS) | _wide(kv_start_idx, WIDE_START)
@@ -119,7 +135,7 @@ def token_csr_call(req_to_token, req_pool_indices, seq_lens, kv_indptr, out, kv_
     """The ``kv_token_csr`` launch for ``kvdispatch.reference.build_token_indices``'s arguments, or None
     when there is nothing to do."""
     batch, total = req_pool_indices.shape[0], out.shape[0]
-    launch = _token_csr_launch(batch, req_to_token.shape[1] * entry_page_size, total)
+    launch = _token_csr_launch(batch, req_to_token.shape[1] * entry_page_size, total, budget=_budget(out))
     if launch.grid[0] == 0:
         return None
     flags = (_wide(req_pool_indices, WIDE_POOL) | _wide(seq_lens, WIDE_LENS) | _wide(kv_start_idx, WIDE_START)
@@ -142,7 +158,8 @@ def mha_page_table_call(req_to_token, req_pool_indices, seq_lens, page_table, pa
     width = page_table.shape[1]
     swa = swa_page_table is not None and full_to_swa.shape[0] > 0
     swa_width = swa_page_table.shape[1] if swa else 0
-    launch = _mapped_page_table_launch(req_pool_indices.shape[0], max(width, swa_width), page_size)
+    launch = _mapped_page_table_launch(req_pool_indices.shape[0], max(width, swa_width), page_size,
+                                       budget=_budget(page_table))
     if launch.grid[0] == 0:
         return None
     flags = (_wide(req_pool_indices, WIDE_POOL) | _wide(seq_lens, WIDE_LENS) | _folded(launch)
@@ -163,7 +180,7 @@ def translated_page_table_call(req_to_token, req_pool_indices, seq_lens, v2p, ou
     """The ``kv_translated_page_table`` launch for ``kvdispatch.reference.build_translated_page_table``'s
     arguments, or None when there is nothing to do."""
     columns = out.shape[1] if max_pages is None else min(max_pages, out.shape[1])
-    launch = _mapped_page_table_launch(req_pool_indices.shape[0], columns, page_size)
+    launch = _mapped_page_table_launch(req_pool_indices.shape[0], columns, page_size, budget=_budget(out))
     if launch.grid[0] == 0:
         return None
     flags = (_wide(req_pool_indices, WIDE_POOL) | _wide(seq_lens, WIDE_LENS) | _folded(launch)
@@ -234,7 +251,7 @@ def draft_decode_call(req_to_token, req_pool_indices, seq_lens, kv_indptr, out, 
         return None
     rows, cols = req_to_token.shape
     width = out.shape[1]
-    launch = _draft_decode_launch(req_pool_indices.shape[0] * topk, cols, width)
+    launch = _draft_decode_launch(req_pool_indices.shape[0] * topk, cols, width, budget=_budget(out))
     if launch.grid[0] == 0:
         return None
     cap = draft_prefix_cap(window_size, sink_size)
@@ -270,7 +287,7 @@ def dcp_token_csr_call(req_to_token, req_pool_indices, local_seq_lens, kv_indptr
     """The ``kv_dcp_token_csr`` launch for ``kvdispatch.reference.build_dcp_token_indices``'s arguments, or None
     when there is nothing to do."""
     batch, total = req_pool_indices.shape[0], out.shape[0]
-    launch = _dcp_token_csr_launch(batch, req_to_token.shape[1], total, dcp_size)
+    launch = _dcp_token_csr_launch(batch, req_to_token.shape[1], total, dcp_size, budget=_budget(out))
     if launch.grid[0] == 0:
         return None
     flags = (_wide(req_pool_indices, WIDE_POOL) | _wide(local_seq_lens, WIDE_LENS) | _wide(kv_start_idx, WIDE_START)
@@ -288,7 +305,7 @@ def dcp_page_table_call(req_to_token, req_pool_indices, local_seq_lens, out, pag
     """The ``kv_dcp_page_table`` launch for ``kvdispatch.reference.build_dcp_page_table``'s arguments, or None
     when there is nothing to do."""
     batch, width = req_pool_indices.shape[0], out.shape[1]
-    launch = _dcp_page_table_launch(batch, width, page_size)
+    launch = _dcp_page_table_launch(batch, width, page_size, budget=_budget(out))
     if launch.grid[0] == 0:
         return None
     flags = (_wide(req_pool_indices, WIDE_POOL) | _wide(local_seq_lens, WIDE_LENS) | _folded(launch)

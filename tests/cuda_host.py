@@ -1,7 +1,9 @@
 """kv_indices.cu built for the host with g++ (through cuda_host_shim.h) and run on CPU tensors.
 
 This is how CI without a GPU tests the CUDA/HIP source itself: the same kernels, the same launch
-geometry and arguments as the CuPy launcher (``kernels_cupy.launch``), every thread run in turn.
+geometry and arguments as the CuPy launcher (``kernels_cupy.launch``), every thread run in turn. The grid is
+the launcher's, bounded by the program budget of the CPU's probe (``kvdispatch.grid.program_budget``), so the
+kernels' programs stride over their rows' blocks as on a GPU.
 The shared library is built once per source hash into the ``cuda-host`` directory of the build cache
 (``kvdispatch._build_cache``: private to the current user, refused otherwise) and loaded with ctypes.
 """
