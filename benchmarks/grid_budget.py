@@ -35,7 +35,8 @@ sys.path.insert(0, str(ROOT))
 import torch  # noqa: E402
 
 import kvdispatch  # noqa: E402
-from kvdispatch import bench, grid  # noqa: E402
+from kvdispatch import grid  # noqa: E402
+from kvdispatch.bench import core as bench  # noqa: E402
 
 SETTINGS = (2, 4, 8, 16, 32, 64, None)  # None: unbounded
 UNBOUNDED = 2**40  # programs per multiprocessor that no width reaches: every block gets its own program

@@ -18,13 +18,18 @@ for step in $steps; do
              --plot "$OUT/bench.png" > "$OUT/bench.md" 2> "$OUT/bench.err" ;;
     quick) timeout 120 python3 -m kvdispatch bench --quick > "$OUT/bench-quick.txt" 2>&1 ;;
     suites) # The lane's checks at once: the suite per forced backend, the suite with nothing forced, and memcheck
-           # over the hostile set per backend, as concurrent processes (one GPU serves them all).
+           # over the hostile set per backend, on the device's grid and on a grid of one program per
+           # multiprocessor (every program then strides over its row), as concurrent processes (one GPU serves
+           # them all).
            pids=()
            for b in ${BACKENDS:-torch triton cupy}; do
              KVDISPATCH_BACKEND=$b timeout "${SUITE_TIMEOUT:-540}" python3 -m pytest -q -p no:cacheprovider tests \
                > "$OUT/suite-$b.log" 2>&1 & pids+=($!)
              timeout "${SUITE_TIMEOUT:-540}" compute-sanitizer --tool memcheck --error-exitcode 1 \
                python3 ci/sanitize_hostile.py --backend "$b" > "$OUT/memcheck-$b.log" 2>&1 & pids+=($!)
+             [ "$b" = torch ] || { timeout "${SUITE_TIMEOUT:-540}" compute-sanitizer --tool memcheck --error-exitcode 1 \
+               python3 ci/sanitize_hostile.py --backend "$b" --programs-per-multiprocessor 1 \
+               > "$OUT/memcheck-$b-strided.log" 2>&1 & pids+=($!); }
            done
            timeout "${SUITE_TIMEOUT:-540}" python3 -m pytest -q -p no:cacheprovider tests > "$OUT/suite-auto.log" 2>&1 &
            pids+=($!)

@@ -27,6 +27,9 @@ of its view, or at one byte past an aligned address (refused with a ValueError n
 Every tensor is its own exact-size allocation (PyTorch's caching allocator is turned off below, before torch is
 imported), so an access one element past any of them is reported by memcheck.
 
+``--programs-per-multiprocessor 1`` runs it all on a grid bounded to one program per multiprocessor, so that the
+programs stride over their rows' blocks (the bounded grid's loop) under the sanitizer too.
+
 Prints ``N cases, M mismatches`` and exits 1 on any mismatch or error. Without a GPU it runs on CPU tensors
 (torch, and Triton where TRITON_INTERPRET=1), which checks the script itself. ``--device`` overrides.
 """
@@ -526,12 +529,17 @@ def main(argv=None) -> int:
     parser.add_argument("--device", help="default: cuda if there is a GPU, else cpu")
     parser.add_argument("--backend", action="append", help="only this backend (repeatable); default: all available")
     parser.add_argument("--verbose", action="store_true")
+    parser.add_argument("--programs-per-multiprocessor", type=int, metavar="N",
+                        help="the grid's budget (kvdispatch.grid.PROGRAMS_PER_MULTIPROCESSOR) for this run: a small "
+                             "one makes every program stride over several blocks of its row")
     parser.add_argument("--shard", default="1/1", metavar="K/N",
                         help="run only the K-th of N interleaved parts of the cases (processes in parallel)")
     args = parser.parse_args(argv)
     k, _, n = args.shard.partition("/")
     if not (k.isdigit() and n.isdigit() and 1 <= int(k) <= int(n)):
         parser.error(f"--shard must be K/N with 1 <= K <= N; got {args.shard!r}")
+    if args.programs_per_multiprocessor is not None:
+        kvdispatch.grid.PROGRAMS_PER_MULTIPROCESSOR = args.programs_per_multiprocessor
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     if device.type == "cuda" and device.index is None:
         device = torch.device("cuda", torch.cuda.current_device())

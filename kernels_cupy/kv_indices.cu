@@ -1,4 +1,4 @@
-// Page-table and token-CSR index builders (semantics: kvdispatch/reference.py).
+// Page-table and token-CSR index builders (semantics: each op's reference, kvdispatch/ops/<key>.py).
 //
 // Every scalar parameter is 64-bit, so a launcher can pass plain integers (CuPy passes a Python int
 // as int64) and pointers as integers too.
@@ -322,7 +322,7 @@ extern "C" __global__ void kv_token_csr(
     KV_GRID_RELEASE();
 }
 
-// ---- Page tables translated through a lookup table (semantics: kvdispatch/reference.py,
+// ---- Page tables translated through a lookup table (semantics: kvdispatch/ops/<key>.py,
 // build_mha_page_table and build_translated_page_table) ----
 //
 // Both run on the page table's grid (kvdispatch.grid.mapped_page_table_launch): row b's blocks are its pages
@@ -426,7 +426,7 @@ extern "C" __global__ void kv_translated_page_table(
 }
 
 // ---------------------------------------------------------------------------------------------------------
-// Multi-step speculative draft decode indices (semantics: kvdispatch/reference.py, build_draft_decode_indices).
+// Multi-step speculative draft decode indices (semantics: kvdispatch/ops/<key>.py, build_draft_decode_indices).
 // blockIdx.x = segment z = b * topk + k (request b, branch k); the row's blocks are `items` prefix tokens
 // each, up to the last one that can land in out. A prefix token is loaded once and stored into every step's
 // row; program 0 of the row also writes the branch's draft slots and its kv_indptr entries, after its blocks.
@@ -617,7 +617,7 @@ extern "C" __global__ void kv_draft_decode(
 
 // ---- Decode context parallel, token-interleaved: position p of a request belongs to rank p mod D (dcp_size),
 // and a slot id v of the virtual pool is stored on its owner at local slot v / D. Semantics:
-// kvdispatch/reference.py (build_dcp_token_indices, build_dcp_page_table). A launcher may compile one DCP size
+// kvdispatch/ops/dcp_token_csr.py and dcp_page_table.py. A launcher may compile one DCP size
 // (-DKV_DCP_SIZE=<D>) as it compiles a page size, so the divisions by D fold into shifts or multiplies.
 
 // a mod d rounded down (in [0, d)) for d > 0.

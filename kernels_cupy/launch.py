@@ -112,7 +112,7 @@ def _table_args(req_to_token):
 
 def page_table_call(req_to_token, req_pool_indices, seq_lens, out, page_size, kv_start_idx=None,
                     seqlen_offset=0, seq_lens_out=None, fill_value=None, round_toward_zero=False) -> KernelCall | None:
-    """The ``kv_page_table`` launch for ``kvdispatch.reference.build_page_table``'s arguments, or None
+    """The ``kv_page_table`` launch for ``kvdispatch.ops.page_table.reference``'s arguments, or None
     when there is nothing to do."""
     batch, width = req_pool_indices.shape[0], out.shape[1]
     launch = _page_table_launch(batch, width, page_size, seq_lens_out is not None, budget=_budget(out))
@@ -132,7 +132,7 @@ def page_table_call(req_to_token, req_pool_indices, seq_lens, out, page_size, kv
 
 def token_csr_call(req_to_token, req_pool_indices, seq_lens, kv_indptr, out, kv_start_idx=None, entry_page_size=1,
                    token_mapping=None) -> KernelCall | None:
-    """The ``kv_token_csr`` launch for ``kvdispatch.reference.build_token_indices``'s arguments, or None
+    """The ``kv_token_csr`` launch for ``kvdispatch.ops.token_csr.reference``'s arguments, or None
     when there is nothing to do."""
     batch, total = req_pool_indices.shape[0], out.shape[0]
     launch = _token_csr_launch(batch, req_to_token.shape[1] * entry_page_size, total, budget=_budget(out))
@@ -153,7 +153,7 @@ def token_csr_call(req_to_token, req_pool_indices, seq_lens, kv_indptr, out, kv_
 
 def mha_page_table_call(req_to_token, req_pool_indices, seq_lens, page_table, page_size, swa_page_table=None,
                         full_to_swa=None, round_toward_zero=False) -> KernelCall | None:
-    """The ``kv_mha_page_table`` launch for ``kvdispatch.reference.build_mha_page_table``'s arguments, or None
+    """The ``kv_mha_page_table`` launch for ``kvdispatch.ops.mha_page_table.reference``'s arguments, or None
     when there is nothing to do. An empty ``full_to_swa`` leaves the SWA table out (nothing to read)."""
     width = page_table.shape[1]
     swa = swa_page_table is not None and full_to_swa.shape[0] > 0
@@ -177,7 +177,7 @@ def mha_page_table_call(req_to_token, req_pool_indices, seq_lens, page_table, pa
 
 def translated_page_table_call(req_to_token, req_pool_indices, seq_lens, v2p, out, page_size, multiplier=1,
                                max_pages=None, seq_len_delta=0) -> KernelCall | None:
-    """The ``kv_translated_page_table`` launch for ``kvdispatch.reference.build_translated_page_table``'s
+    """The ``kv_translated_page_table`` launch for ``kvdispatch.ops.translated_page_table.reference``'s
     arguments, or None when there is nothing to do."""
     columns = out.shape[1] if max_pages is None else min(max_pages, out.shape[1])
     launch = _mapped_page_table_launch(req_pool_indices.shape[0], columns, page_size, budget=_budget(out))
@@ -245,7 +245,7 @@ def build_translated_page_table(req_to_token, req_pool_indices, seq_lens, v2p, o
 def draft_decode_call(req_to_token, req_pool_indices, seq_lens, kv_indptr, out, num_steps, topk, page_size=1,
                       positions=None, window_size=0, sink_size=0, v2p=None, write_indptr_start=True,
                       round_toward_zero=False) -> KernelCall | None:
-    """The ``kv_draft_decode`` launch for ``kvdispatch.reference.build_draft_decode_indices``'s arguments, or
+    """The ``kv_draft_decode`` launch for ``kvdispatch.ops.draft_decode.reference``'s arguments, or
     None when there is nothing to do."""
     if num_steps == 0:
         return None
@@ -284,7 +284,7 @@ def _rounding(round_toward_zero: bool) -> int:
 
 def dcp_token_csr_call(req_to_token, req_pool_indices, local_seq_lens, kv_indptr, out, dcp_size, dcp_rank,
                        kv_start_idx=None, round_toward_zero=False) -> KernelCall | None:
-    """The ``kv_dcp_token_csr`` launch for ``kvdispatch.reference.build_dcp_token_indices``'s arguments, or None
+    """The ``kv_dcp_token_csr`` launch for ``kvdispatch.ops.dcp_token_csr.reference``'s arguments, or None
     when there is nothing to do."""
     batch, total = req_pool_indices.shape[0], out.shape[0]
     launch = _dcp_token_csr_launch(batch, req_to_token.shape[1], total, dcp_size, budget=_budget(out))
@@ -302,7 +302,7 @@ def dcp_token_csr_call(req_to_token, req_pool_indices, local_seq_lens, kv_indptr
 
 def dcp_page_table_call(req_to_token, req_pool_indices, local_seq_lens, out, page_size, dcp_size, dcp_rank,
                         fill_value=None, round_toward_zero=False) -> KernelCall | None:
-    """The ``kv_dcp_page_table`` launch for ``kvdispatch.reference.build_dcp_page_table``'s arguments, or None
+    """The ``kv_dcp_page_table`` launch for ``kvdispatch.ops.dcp_page_table.reference``'s arguments, or None
     when there is nothing to do."""
     batch, width = req_pool_indices.shape[0], out.shape[1]
     launch = _dcp_page_table_launch(batch, width, page_size, budget=_budget(out))

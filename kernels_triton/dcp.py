@@ -224,9 +224,9 @@ def _run(plans, launcher, key, args, make_plan):
 def build_dcp_token_indices(req_to_token, req_pool_indices, local_seq_lens, kv_indptr, out, dcp_size, dcp_rank,
                             kv_start_idx=None, round_toward_zero=False, pdl=False):
     """Write one DCP rank's token CSR into ``out`` (int32/int64 ``[N]``); semantics of
-    ``kvdispatch.reference.build_dcp_token_indices``; ``pdl``: launch with programmatic dependent launch where
+    ``kvdispatch.ops.dcp_token_csr.reference``; ``pdl``: launch with programmatic dependent launch where
     the device supports it. Untouched: every position no request writes.
-    Arguments arrive validated by ``kvdispatch._validate``."""
+    Arguments arrive validated (the op's ``check_arguments``)."""
     has_start = kv_start_idx is not None
     rows, cols = req_to_token.shape
     table_stride, out_len = req_to_token.stride(0), out.shape[0]
@@ -254,9 +254,9 @@ def build_dcp_token_indices(req_to_token, req_pool_indices, local_seq_lens, kv_i
 def build_dcp_page_table(req_to_token, req_pool_indices, local_seq_lens, out, page_size, dcp_size, dcp_rank,
                          fill_value=None, round_toward_zero=False, pdl=False):
     """Write one DCP rank's block table into ``out`` (int32 ``[>= B, W]``); semantics of
-    ``kvdispatch.reference.build_dcp_page_table`` (``pdl`` as for ``build_dcp_token_indices``). Untouched: rows
-    ``>= B``; without ``fill_value``, the columns past each row's pages. Arguments arrive validated by
-    ``kvdispatch._validate``."""
+    ``kvdispatch.ops.dcp_page_table.reference`` (``pdl`` as for ``build_dcp_token_indices``). Untouched: rows
+    ``>= B``; without ``fill_value``, the columns past each row's pages. Arguments arrive validated (the op's
+    ``check_arguments``)."""
     has_fill = fill_value is not None
     rows, cols = req_to_token.shape
     table_stride, width, out_stride = req_to_token.stride(0), out.shape[1], out.stride(0)

@@ -241,8 +241,8 @@ def build_draft_decode_indices(req_to_token, req_pool_indices, seq_lens, kv_indp
                                page_size=1, positions=None, window_size=0, sink_size=0, v2p=None,
                                write_indptr_start=True, round_toward_zero=False, pdl=False):
     """Write every draft step's token CSR into ``out`` and ``kv_indptr`` with one launch; semantics of
-    ``kvdispatch.reference.build_draft_decode_indices``; ``pdl``: launch with programmatic dependent launch
-    where the device supports it. Arguments arrive validated by ``kvdispatch._validate``."""
+    ``kvdispatch.ops.draft_decode.reference``; ``pdl``: launch with programmatic dependent launch
+    where the device supports it. Arguments arrive validated (the op's ``check_arguments``)."""
     if num_steps == 0:
         return out
     key, args = plan_key_and_arguments(req_to_token, req_pool_indices, seq_lens, kv_indptr, out, num_steps, topk,

@@ -266,8 +266,8 @@ def _launch_plan(plans, launcher, key, out, args, span, constexprs_of):
 def build_mha_page_table(req_to_token, req_pool_indices, seq_lens, page_table, page_size, swa_page_table=None,
                          full_to_swa=None, round_toward_zero=False, pdl=False):
     """Write the TRT-LLM MHA page table (and its SWA twin) in one launch; semantics of
-    ``kvdispatch.reference.build_mha_page_table``; ``pdl``: launch with programmatic dependent launch where the
-    device supports it. Arguments arrive validated by ``kvdispatch._validate``."""
+    ``kvdispatch.ops.mha_page_table.reference``; ``pdl``: launch with programmatic dependent launch where the
+    device supports it. Arguments arrive validated (the op's ``check_arguments``)."""
     rows, cols = req_to_token.shape
     width = page_table.shape[1]
     has_swa = swa_page_table is not None and full_to_swa.shape[0] > 0  # an empty mapping: nothing to write
@@ -288,7 +288,7 @@ def build_mha_page_table(req_to_token, req_pool_indices, seq_lens, page_table, p
 def build_translated_page_table(req_to_token, req_pool_indices, seq_lens, v2p, out, page_size, multiplier=1,
                                 max_pages=None, seq_len_delta=0, pdl=False):
     """Write the translated page table in one launch; semantics of
-    ``kvdispatch.reference.build_translated_page_table`` (``pdl`` as for ``build_mha_page_table``). Arguments
+    ``kvdispatch.ops.translated_page_table.reference`` (``pdl`` as for ``build_mha_page_table``). Arguments
     arrive validated."""
     rows, cols = req_to_token.shape
     columns = out.shape[1] if max_pages is None else min(max_pages, out.shape[1])

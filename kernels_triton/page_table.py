@@ -297,11 +297,11 @@ def _build_plan(key, out, args):
 def build_page_table(req_to_token, req_pool_indices, seq_lens, out, page_size, kv_start_idx=None,
                      seqlen_offset=0, seq_lens_out=None, fill_value=None, round_toward_zero=False, pdl=False):
     """Write the paged block table into ``out`` (int32 ``[>= B, W]``); semantics of
-    ``kvdispatch.reference.build_page_table``. Index vectors may be strided views. ``pdl``: launch with
+    ``kvdispatch.ops.page_table.reference``. Index vectors may be strided views. ``pdl``: launch with
     programmatic dependent launch where the device supports it (``launch.KernelLauncher.plan``).
 
     Untouched: rows ``>= B``; without ``fill_value``, the columns past each row's pages.
-    Arguments arrive validated by ``kvdispatch._validate``.
+    Arguments arrive validated (the op's ``check_arguments``).
     """
     key, args = plan_key_and_arguments(req_to_token, req_pool_indices, seq_lens, out, page_size, kv_start_idx,
                                        seqlen_offset, seq_lens_out, fill_value, round_toward_zero, pdl)

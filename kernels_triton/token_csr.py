@@ -197,11 +197,11 @@ def _build_plan(key, out, args):
 def build_token_indices(req_to_token, req_pool_indices, seq_lens, kv_indptr, out, kv_start_idx=None,
                         entry_page_size=1, token_mapping=None, pdl=False):
     """Write token-level CSR indices into ``out`` (int32/int64 ``[N]``); semantics of
-    ``kvdispatch.reference.build_token_indices``. Index vectors may be strided views. ``pdl``: launch with
+    ``kvdispatch.ops.token_csr.reference``. Index vectors may be strided views. ``pdl``: launch with
     programmatic dependent launch where the device supports it.
 
     Untouched: every position of ``out`` no request writes; nothing lands outside ``[0, N)``.
-    Arguments arrive validated by ``kvdispatch._validate``.
+    Arguments arrive validated (the op's ``check_arguments``).
     """
     key, args = plan_key_and_arguments(req_to_token, req_pool_indices, seq_lens, kv_indptr, out, kv_start_idx,
                                        entry_page_size, token_mapping, pdl)

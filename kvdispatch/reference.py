@@ -1,8 +1,9 @@
-"""The PyTorch backend: the semantic source of truth that every other backend is tested against.
+"""What the ops' torch references share (each op's ``reference``, in ``kvdispatch/ops/<key>.py``, is the torch
+backend's kernel of the op and the semantic source of truth that every other backend is tested against).
 
-Vectorised over requests, pages and output positions (no Python loop, no host sync). It allocates
-temporaries through PyTorch's caching allocator, which CUDA-graph capture routes to the graph's private
-pool. Arguments arrive validated (see ``kvdispatch._validate``).
+The references are vectorised over requests, pages and output positions (no Python loop, no host sync). They
+allocate temporaries through PyTorch's caching allocator, which CUDA-graph capture routes to the graph's
+private pool. Arguments arrive validated (each op's ``check_arguments``).
 
 Integers are exact for every int32/int64 value and every table height and width: a length is compared, not
 summed (page ``p`` is live when ``p * page_size - offset < seq_lens[b]``, between int64 values), and an int64
@@ -12,7 +13,7 @@ page count comes near ``BOUND``) and leaves room for the sums below, so nothing 
 Each function takes few tensor operations: on a GPU each is a kernel launch and some host time, which is
 what these small builds cost (``benchmarks/torch_backend_ops.py`` counts them against plain PyTorch).
 
-Every builder takes the backends' ``pdl`` argument (programmatic dependent launch) and ignores it: PyTorch
+Every reference takes the backends' ``pdl`` argument (programmatic dependent launch) and ignores it: PyTorch
 launches its own kernels.
 """
 

@@ -15,7 +15,8 @@ import torch
 import cuda_host as host
 from kernels_cupy import launch
 from kvcases import POISON, assert_same
-from kvdispatch import devices, grid, reference
+from kvdispatch import ops
+from kvdispatch import devices, grid
 from test_cupy_host import BUILDS, _host_library  # noqa: F401  (a fixture)
 
 BATCH = 5
@@ -126,7 +127,7 @@ def test_page_table(bounded, specialised, page_size, option):
     call = launch.page_table_call(*args)
     _check_bounded(call, programs, items, width)
     _replayed(call, specialised, outputs,
-              lambda o, s: reference.build_page_table(table, pool, lengths, o, page_size, start, offset, s, fill,
+              lambda o, s: ops.page_table.reference(table, pool, lengths, o, page_size, start, offset, s, fill,
                                                       option == "round"),
               _lengths_scenarios(lengths, width * page_size, g), "page table")
 
@@ -166,7 +167,7 @@ def test_token_csr(bounded, specialised, variant):
     call = launch.token_csr_call(table, pool, lengths, indptr, out[index], start, entry, mapping)
     _check_bounded(call, programs, items, positions)
     _replayed(call, specialised, outputs,
-              lambda o: reference.build_token_indices(table, pool, lengths, indptr, o, start, entry, mapping),
+              lambda o: ops.token_csr.reference(table, pool, lengths, indptr, o, start, entry, mapping),
               _lengths_scenarios(lengths, positions, g, fit), f"token CSR ({variant})")
 
 
@@ -190,7 +191,7 @@ def test_mha_page_table(bounded, specialised, swa_width):
     call = launch.mha_page_table_call(table, pool, lengths, views[0], page_size, views[1] if twin else None, mapping)
     _check_bounded(call, programs, items, max(width, twin))
     _replayed(call, specialised, outputs,
-              lambda o, *swa: reference.build_mha_page_table(table, pool, lengths, o, page_size,
+              lambda o, *swa: ops.mha_page_table.reference(table, pool, lengths, o, page_size,
                                                              swa[0] if swa else None, mapping),
               _lengths_scenarios(lengths, max(width, twin) * page_size, g), "MHA page table")
 
@@ -215,7 +216,7 @@ def test_translated_page_table(bounded, specialised, max_pages):
     call = launch.translated_page_table_call(table, pool, lengths, v2p, out[index], page_size, 3, pages, -2)
     _check_bounded(call, programs, items, width if pages is None else pages)
     _replayed(call, specialised, outputs,
-              lambda o: reference.build_translated_page_table(table, pool, lengths, v2p, o, page_size, 3, pages, -2),
+              lambda o: ops.translated_page_table.reference(table, pool, lengths, v2p, o, page_size, 3, pages, -2),
               _lengths_scenarios(lengths, width * page_size, g), "translated page table")
 
 
@@ -249,7 +250,7 @@ def test_draft_decode(bounded, specialised, variant):
     call = launch.draft_decode_call(*args)
     _check_bounded(call, programs, items, full)
     _replayed(call, specialised, outputs,
-              lambda i, o: reference.build_draft_decode_indices(table, pool, lengths, i, o, steps, topk, page_size,
+              lambda i, o: ops.draft_decode.reference(table, pool, lengths, i, o, steps, topk, page_size,
                                                                 positions, window, sink, v2p, True, False),
               _lengths_scenarios(lengths, full, g, fit), f"draft decode ({variant})")
 
@@ -275,7 +276,7 @@ def test_dcp_token_csr(bounded, specialised, dcp_size):
     call = launch.dcp_token_csr_call(table, pool, lengths, indptr, out[index], dcp_size, rank, start, True)
     _check_bounded(call, programs, items, tokens)
     _replayed(call, specialised, outputs,
-              lambda o: reference.build_dcp_token_indices(table, pool, lengths, indptr, o, dcp_size, rank, start,
+              lambda o: ops.dcp_token_csr.reference(table, pool, lengths, indptr, o, dcp_size, rank, start,
                                                           True),
               _lengths_scenarios(lengths, tokens, g, fit), "DCP token CSR")
 
@@ -297,7 +298,7 @@ def test_dcp_page_table(bounded, specialised, fill_value):
     call = launch.dcp_page_table_call(table, pool, lengths, out[index], page_size, dcp_size, rank, fill_value)
     _check_bounded(call, programs, items, width)
     _replayed(call, specialised, outputs,
-              lambda o: reference.build_dcp_page_table(table, pool, lengths, o, page_size, dcp_size, rank,
+              lambda o: ops.dcp_page_table.reference(table, pool, lengths, o, page_size, dcp_size, rank,
                                                        fill_value),
               _lengths_scenarios(lengths, width * page_size, g), "DCP page table")
 
@@ -315,7 +316,7 @@ def test_the_launchers_grid_follows_the_budget_not_the_width(monkeypatch):
     assert call.grid == (2, max(1, budget // 2), 1)
     host.run(call)
     launch.forget_geometry()
-    expected = reference.build_page_table(table, pool, lengths, torch.full_like(out, POISON), 1)
+    expected = ops.page_table.reference(table, pool, lengths, torch.full_like(out, POISON), 1)
     assert_same(out, expected, "page table on the CPU's budget")
 
 

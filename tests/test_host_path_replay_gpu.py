@@ -16,7 +16,7 @@ from test_family_graphs import FAMILY_OPS, _case, _refresh, check_replays
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not HAS_GPU, reason="the compiled host path launches on a GPU")]
 
-from kvdispatch import _validate, host_path, reference  # noqa: E402
+from kvdispatch import _validate, host_path, ops  # noqa: E402
 
 REPLAYS = 10
 
@@ -134,7 +134,7 @@ def test_page_table_options_are_launched_from_c(backend, options):
         torch.cuda.synchronize()
         assert c_launches() == before + from_c
         expected = torch.full_like(out, POISON).cpu()
-        reference.build_page_table(*(t.cpu() for t in (case.req_to_token, case.req_pool_indices, case.seq_lens)),
+        ops.page_table.reference(*(t.cpu() for t in (case.req_to_token, case.req_pool_indices, case.seq_lens)),
                                    expected, 16, None if case.kv_start_idx is None else case.kv_start_idx.cpu(),
                                    case.seqlen_offset, None, case.fill_value, **options)
         assert_same(out, expected, f"page table {options}")
@@ -152,7 +152,7 @@ def test_token_csr_options_are_launched_from_c(backend, options):
         options["token_mapping"] = torch.randperm(2 * int(case.req_to_token.max()) + 1, device="cuda")
     cpu_options = {k: v.cpu() if isinstance(v, torch.Tensor) else v for k, v in options.items()}
     expected = torch.full_like(out, POISON).cpu()
-    reference.build_token_indices(*(t.cpu() for t in (case.req_to_token, case.req_pool_indices, case.seq_lens,
+    ops.token_csr.reference(*(t.cpu() for t in (case.req_to_token, case.req_pool_indices, case.seq_lens,
                                                        indptr)), expected,
                                   None if case.kv_start_idx is None else case.kv_start_idx.cpu(), **cpu_options)
     for from_c in (False, True):

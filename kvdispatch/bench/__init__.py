@@ -14,7 +14,8 @@ them: a case ``OP:SHAPE`` is that module's; a bare ``BATCHxCONTEXTxPAGE``, the p
 * ``bind(impl, x, case)``: a no-argument callable building ``x.out`` with ``impl``: an API row
   (``core.api_backend``), a variant in ``API_VARIANTS``, a Triton baseline, or ``core.PLAIN_TORCH`` (the
   module's ``plain_torch``, the few PyTorch ops an engine would write, or ``kvdispatch.reference``'s build).
-* ``launch(case, x) -> kvdispatch.grid.Launch``: the API's launch on the GPU backends (the programs column).
+* ``launch(case, x, budget) -> kvdispatch.grid.Launch``: the API's launch on the GPU backends, with the device's
+  program budget (``grid.program_budget``): the programs column.
 * ``TRITON_BASELINES`` (Triton launchers in ``baselines`` that return their grid), ``SGLANG_BASELINE`` (what
   ``/2d`` and ``host/launch`` divide by), ``IDEAL_BASELINE`` (``:len=`` cases only; None without one),
   ``API_VARIANTS`` (more rows through the API), ``PLAIN_TORCH_CASES``: ``"all"``, ``"full-length"`` (no

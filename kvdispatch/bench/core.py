@@ -513,10 +513,11 @@ def programs(impl: str, case: Case, x: Inputs, fn) -> int | None:
     """Programs one call of ``impl`` launches: an API row's on the GPU backends, from ``kvdispatch.grid`` as
     they size it (the op's ``launch``); a Triton baseline's, the grid its launcher returns (``fn`` is called
     once more); None for PyTorch (the torch backend, plain-torch)."""
+    budget = kvdispatch.grid.program_budget(kvdispatch.probe(x.out.device).multiprocessors)
     if impl in case.module.API_VARIANTS:  # the auto-selected backend: a GPU one on a GPU
-        return math.prod(case.module.launch(case, x).grid) if x.out.is_cuda else None
+        return math.prod(case.module.launch(case, x, budget).grid) if x.out.is_cuda else None
     if impl.startswith(API_PREFIX):
-        return None if impl == API_PREFIX + "torch" else math.prod(case.module.launch(case, x).grid)
+        return None if impl == API_PREFIX + "torch" else math.prod(case.module.launch(case, x, budget).grid)
     if impl == PLAIN_TORCH:
         return None
     return math.prod(fn())

@@ -77,5 +77,5 @@ def bind(impl: str, x: Inputs, case: Case):
     return functools.partial(baseline_kernels().dcp_grid_2d, *args, *dcp, pages=pages)
 
 
-def launch(case: Case, x: Inputs) -> grid.Launch:
-    return grid.dcp_page_table_launch(x.req_pool_indices.shape[0], x.out.shape[1], case.page_size)
+def launch(case: Case, x: Inputs, budget: int | None) -> grid.Launch:
+    return grid.dcp_page_table_launch(x.req_pool_indices.shape[0], x.out.shape[1], case.page_size, budget=budget)

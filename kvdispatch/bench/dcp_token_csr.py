@@ -77,6 +77,6 @@ def bind(impl: str, x: Inputs, case: Case):
     return functools.partial(function, *args, case.dcp_size, x.dcp_rank)
 
 
-def launch(case: Case, x: Inputs) -> grid.Launch:
+def launch(case: Case, x: Inputs, budget: int | None) -> grid.Launch:
     columns = x.req_to_token.shape[1]
-    return grid.dcp_token_csr_launch(x.req_pool_indices.shape[0], columns, x.out.shape[0], case.dcp_size)
+    return grid.dcp_token_csr_launch(x.req_pool_indices.shape[0], columns, x.out.shape[0], case.dcp_size, budget=budget)

@@ -94,6 +94,6 @@ def bind(impl: str, x: Inputs, case: Case):
     return build
 
 
-def launch(case: Case, x: Inputs) -> grid.Launch:
+def launch(case: Case, x: Inputs, budget: int | None) -> grid.Launch:
     batch, columns = x.req_pool_indices.shape[0], x.req_to_token.shape[1]
-    return grid.draft_decode_launch(batch * case.topk, columns, x.out.shape[1])
+    return grid.draft_decode_launch(batch * case.topk, columns, x.out.shape[1], budget=budget)

@@ -82,5 +82,5 @@ def bind(impl: str, x: Inputs, case: Case):
     return functools.partial(getattr(baseline_kernels(), function), *args, case.page_size)
 
 
-def launch(case: Case, x: Inputs) -> grid.Launch:
-    return grid.page_table_launch(x.req_pool_indices.shape[0], x.out.shape[1], case.page_size)
+def launch(case: Case, x: Inputs, budget: int | None) -> grid.Launch:
+    return grid.page_table_launch(x.req_pool_indices.shape[0], x.out.shape[1], case.page_size, budget=budget)

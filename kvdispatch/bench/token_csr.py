@@ -95,6 +95,6 @@ def bind(impl: str, x: Inputs, case: Case):
     return functools.partial(function, *args, case.page_size, x.token_mapping)
 
 
-def launch(case: Case, x: Inputs) -> grid.Launch:
+def launch(case: Case, x: Inputs, budget: int | None) -> grid.Launch:
     columns = x.req_to_token.shape[1]
-    return grid.token_csr_launch(x.req_pool_indices.shape[0], columns * case.page_size, x.out.shape[0])
+    return grid.token_csr_launch(x.req_pool_indices.shape[0], columns * case.page_size, x.out.shape[0], budget=budget)

@@ -69,5 +69,5 @@ def bind(impl: str, x: Inputs, case: Case):
                              pages=ideal_pages(x, case) if impl == V2P_IDEAL else None)
 
 
-def launch(case: Case, x: Inputs) -> grid.Launch:
-    return grid.mapped_page_table_launch(x.req_pool_indices.shape[0], x.out.shape[1], case.page_size)
+def launch(case: Case, x: Inputs, budget: int | None) -> grid.Launch:
+    return grid.mapped_page_table_launch(x.req_pool_indices.shape[0], x.out.shape[1], case.page_size, budget=budget)
