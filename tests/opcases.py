@@ -304,7 +304,7 @@ def _draft_decode(d: _Draw, k: Knobs):
 
 def _dcp_token_csr(d: _Draw, k: Knobs):
     rows, cols = k.batch + 2, k.pages * 8 + 3
-    dcp_size = d.integer(1, 5)
+    dcp_size = d.integer(1, 9)
     dcp_rank = d.integer(0, dcp_size)
     table = d.table(rows, cols, -2 * dcp_size, rows * cols)
     room_per_row = -(-cols // dcp_size)
@@ -320,7 +320,7 @@ def _dcp_token_csr(d: _Draw, k: Knobs):
 
 
 def _dcp_page_table(d: _Draw, k: Knobs):
-    dcp_size = d.integer(1, 5)
+    dcp_size = d.integer(1, 9)
     dcp_rank = d.integer(0, dcp_size)
     virtual_page = k.page_size * dcp_size
     rows, cols = k.batch + 2, k.pages * virtual_page + virtual_page // 2 + 1

@@ -34,8 +34,9 @@ from kvdispatch import dispatch
 from opcases import BUILDERS, Knobs, build, expected, refill
 
 OP_KEYS = list(dispatch.OPS)
+# Page sizes: powers of two (shifts) and 7 and 96 (divisions); a batch of 0.
 KNOBS = (Knobs(5, 16, 3, False), Knobs(5, 16, 3, True), Knobs(1, 1, 6, True), Knobs(7, 7, 2, True),
-         Knobs(3, 64, 2, False), Knobs(0, 4, 2, True))
+         Knobs(3, 64, 2, False), Knobs(2, 96, 2, True), Knobs(0, 4, 2, True))
 SEEDS = (1, 2)
 COMPILE_KNOBS = (Knobs(4, 16, 2, True), Knobs(3, 4, 2, False))
 # A wrong dtype, rank and device of a tensor argument: the error each must raise.
@@ -44,9 +45,18 @@ WRONG = (("dtype", TypeError, lambda t: t.to(torch.int16)),
          ("device", ValueError, lambda t: t.to("meta")))
 
 
+# The host build of the CUDA source runs twice: generic (flags at run time) and specialised (as CuPy compiles it).
+BUILDS = BACKENDS + (["cupy-host-specialised"] if "cupy-host" in BACKENDS else [])
+
+
 def call(case, backend, **options):
-    """The public op of ``case`` on ``backend`` (``cupy-host``: the host build of the CUDA source)."""
+    """The public op of ``case`` on ``backend`` (``cupy-host``: the host build of the CUDA source;
+    ``cupy-host-specialised``: its build for the call's specialisation)."""
     positional, keyword = case.split()
+    if backend == "cupy-host-specialised":
+        import cuda_host
+
+        return getattr(cuda_host, case.op.name)(*positional, **keyword, specialised=True, **options)
     return through(backend, case.op.name, *positional, **keyword, **options)
 
 
@@ -72,7 +82,7 @@ def test_every_op_has_a_case_builder():
 
 
 @pytest.mark.representative("key")
-@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("backend", BUILDS)
 @pytest.mark.parametrize("key", OP_KEYS)
 @pytest.mark.parametrize("knobs", KNOBS, ids=str)
 @pytest.mark.parametrize("seed", SEEDS)
@@ -81,7 +91,7 @@ def test_matches_the_reference(key, backend, knobs, seed):
 
 
 @pytest.mark.representative("key")
-@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("backend", BUILDS)
 @pytest.mark.parametrize("key", OP_KEYS)
 @pytest.mark.parametrize("knobs", KNOBS[1:4], ids=str)
 @pytest.mark.parametrize("seed", SEEDS)
@@ -189,7 +199,7 @@ def test_cuda_graph_replays_on_new_data(key, backend, enable_pdl):
         torch.cuda.synchronize()
         assert torch.cuda.memory_allocated() == before, f"{backend}: an eager call kept device memory"
     graph = bench.capture(run, 1)
-    for step in range(1, 9):
+    for step in range(1, 21):
         refill(case, build(key, seed, knobs, device=DEVICE, hostile=step % 2 == 0, data_seed=100 + step))
         want = expected(case)
         graph.replay()
