@@ -200,15 +200,16 @@ class _Draw:
         return allocation[tuple(slice(m, m + n) for n, m in zip(shape, margins))]
 
 
-def _csr_indptr(d: _Draw, room: torch.Tensor, dtype=None):
+def _csr_indptr(d: _Draw, room: torch.Tensor, most: int):
     """``(kv_indptr [B + 1], total)``: rows one after another with gaps of 0..2, each ``room`` entries long (at
     least what it may write, so rows never overlap); with ``hostile``, some rows moved to an extreme offset,
-    from which none of their tokens lands in ``out``."""
+    from which none of their tokens lands in ``out``. ``total``, the length of ``out``, holds rows of ``most``
+    entries each (the layout's, whatever the data), so some entries past the last row stay untouched."""
     gaps = d.values(0, 3, room.numel())
     ends = torch.cumsum(room + gaps, 0)
     starts = ends - room
-    total = int(ends[-1]) + 2 if room.numel() else 2
-    return d.vector(torch.cat([starts, torch.tensor([total - 2])]), dtype), total
+    indptr = torch.cat([starts, ends[-1:] if room.numel() else torch.zeros(1, dtype=torch.int64)])
+    return d.vector(indptr), room.numel() * (most + 2) + 2
 
 
 # -- the builders, one per op key ------------------------------------------------------------------------------
@@ -236,7 +237,7 @@ def _token_csr(d: _Draw, k: Knobs):
     pool, lens = d.requests(k.batch, rows, positions + 4)
     pool, lens = d.vector(pool), d.vector(lens)
     room = lens.cpu().long().clamp(0, positions)  # the most tokens a row may write
-    indptr, total = _csr_indptr(d, room)
+    indptr, total = _csr_indptr(d, room, positions)
     out_dtype = d.dtype() if k.options else torch.int32
     arguments = dict(req_to_token=table, req_pool_indices=pool, seq_lens=lens, kv_indptr=indptr,
                      out=d.output("out", (total,), out_dtype), kv_start_idx=None, entry_page_size=entry,
@@ -310,7 +311,7 @@ def _dcp_token_csr(d: _Draw, k: Knobs):
     room_per_row = -(-cols // dcp_size)
     pool, lens = d.requests(k.batch, rows, room_per_row + 3)
     pool, lens = d.vector(pool), d.vector(lens)
-    indptr, total = _csr_indptr(d, lens.cpu().long().clamp(0, room_per_row))
+    indptr, total = _csr_indptr(d, lens.cpu().long().clamp(0, room_per_row), room_per_row)
     arguments = dict(req_to_token=table, req_pool_indices=pool, local_seq_lens=lens, kv_indptr=indptr,
                      out=d.output("out", (total,), d.dtype() if k.options else torch.int32), dcp_size=dcp_size,
                      dcp_rank=dcp_rank, kv_start_idx=None, round_toward_zero=False)
