@@ -2,9 +2,9 @@
 
 ``build(key, seed, knobs)`` draws a fresh valid call of op ``key``: its arguments by name (``Op.parameters``), every
 output a view in the middle of a larger allocation filled with ``POISON``, so that a write outside the view shows.
-Each case has rows of mixed lengths (shorter than, equal to and longer than the table), bad data among them (pool
-indices outside ``[0, R)``, lengths ``<= 0``), index vectors of either dtype, some strided, and the table a view
-with a row stride past its width now and then. ``Knobs`` sizes it and turns the optional arguments on or off;
+Each case has rows of mixed lengths (some running past the table's end), bad data among them (pool indices outside
+``[0, R)``, lengths ``<= 0``), index vectors of either dtype, some strided, and the table a view with a row stride
+past its width now and then. ``Knobs`` sizes it and turns the optional arguments on or off;
 ``hostile`` puts the int32/int64 extremes (``+-(2**31 - 1)``, ``-2**31``, ``+-(2**63 - 1)``, ``-2**63`` where the
 vector's dtype holds them) into the index vectors, the lookup vectors and the table.
 
