@@ -1,7 +1,9 @@
 """The public builders under ``torch.compile``: custom ops, one graph, the eager results, CUDA-graph replay.
 
-* ``torch.ops.kvdispatch.<public name>`` exists after ``import kvdispatch`` (without importing Dynamo), with
-  the public keyword options in its schema, and passes ``torch.library.opcheck`` on every backend here.
+* ``torch.ops.kvdispatch.<public name>`` exists after ``import kvdispatch`` (without importing Dynamo), for every
+  declared op with the public signature as its schema (its outputs mutated), and the page table's and token CSR's
+  pass ``torch.library.opcheck`` on every backend here (every op's, on the torch backend:
+  tests/test_conformance.py).
 * A decode-metadata step (``seq_lens + 1``, the page table with ``seq_lens_out`` and ``fill_value``,
   ``kv_indptr`` by a cumulative sum of what the page table wrote, the token CSR) compiles with
   ``fullgraph=True`` into one graph under the ``eager``, ``aot_eager`` and ``inductor`` compilers, equals
@@ -36,8 +38,7 @@ from test_graphs import _buffers, _new_step
 
 ROOT = Path(__file__).resolve().parents[1]
 COMPILE_BACKENDS = [b for b in BACKENDS if b != "cupy-host"]
-OPS = {"create_flashmla_kv_indices": kvdispatch.create_flashmla_kv_indices,
-       "create_flashinfer_kv_indices": kvdispatch.create_flashinfer_kv_indices}
+OPS = {op.name: op for op in dispatch.OPS.values()}  # every declared op, by its public name
 HAS_CXX = HAS_GPU or any(shutil.which(name) for name in (os.environ.get("CXX") or "g++", "c++", "clang++"))
 COMPILERS = ["eager", "aot_eager",
              pytest.param("inductor", marks=pytest.mark.skipif(not HAS_CXX, reason="Inductor on CPU needs C++"))]
@@ -104,14 +105,14 @@ def test_schema_matches_the_public_signature(name):
     """Same names, order, keyword-only options and defaults; ``backend`` is a string there ("auto" for None),
     every output is declared mutated and nothing is returned."""
     schema = getattr(torch.ops.kvdispatch, name).default._schema
-    parameters = inspect.signature(OPS[name]).parameters.values()
+    parameters = inspect.signature(OPS[name].public).parameters.values()
     assert [a.name for a in schema.arguments] == [p.name for p in parameters]
     assert [a.kwarg_only for a in schema.arguments] == [p.kind is p.KEYWORD_ONLY for p in parameters]
     for argument, parameter in zip(schema.arguments, parameters):
         if parameter.default is not inspect.Parameter.empty:
             assert argument.default_value == (parameter.default if argument.name != "backend" else "auto")
     mutated = {a.name for a in schema.arguments if a.alias_info is not None and a.alias_info.is_write}
-    assert mutated == {"out", "seq_lens_out"} & {p.name for p in parameters}
+    assert mutated == set(OPS[name].outputs)
     assert list(schema.returns) == []
 
 

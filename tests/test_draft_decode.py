@@ -1,11 +1,13 @@
 """Multi-step speculative draft decode indices (``kvdispatch.create_draft_decode_kv_indices``).
 
-Every backend under test against the torch reference, which is itself checked against a plain loop over exact
-Python integers (``loop_draft_decode``), on random data drawn fresh per case: branches, steps, page sizes
-(powers of two and not), windows, positions, v2p translation, int32 and int64 outputs and index vectors, lengths
-and pool indices past the table. Outputs are views in the middle of larger poisoned allocations, so a write
-outside them (rows past the steps, columns past the width) shows. Then the integer extremes of every argument,
-and the argument errors.
+The torch reference against a plain loop over exact Python integers (``loop_draft_decode``), on random data drawn
+fresh per case: branches, steps, page sizes (powers of two and not), windows, positions, v2p translation, int32 and
+int64 outputs and index vectors, lengths and pool indices past the table (every backend against the reference on
+random and hostile data, the argument dtypes, ranks and devices, ``torch.compile`` and opcheck:
+tests/test_conformance.py). Then every backend under test on long prefixes, more steps than a slot block, long
+batches, strided index vectors, nothing to do, the integer extremes of every argument and the v2p extremes, into
+outputs in the middle of larger poisoned allocations, so that a write outside them (rows past the steps, columns
+past the width) shows; the op's own argument errors, folded grids and SGLang's call patterns.
 """
 
 import inspect
@@ -20,7 +22,7 @@ import kvdispatch
 from conftest import BACKENDS, DEVICE
 from kvcases import POISON, assert_same, wrap_int32
 from kvdispatch import grid
-from test_folded_grid import BUILDS, FOLD_AT, folding  # noqa: F401  (a fixture)
+from test_folded_grid import FOLD_AT, folding  # noqa: F401  (a fixture)
 from test_extremes import DTYPES, I32_MAX, I32_MIN, I64_MAX, I64_MIN, extremes, guarded, middle, vector
 
 LIMIT = grid.DRAFT_OFFSET_LIMIT
@@ -143,7 +145,8 @@ def same_strides(t):
 
 def check(backend, case, out_dtype=torch.int32, indptr_dtype=torch.int32, width=None, extra_rows=1, extra_cols=2,
           loop=True):
-    """``case`` (CPU tensors) through ``backend`` into guarded outputs, against the reference (and the loop)."""
+    """``case`` (CPU tensors) through ``backend`` into guarded outputs, against the reference (and the loop);
+    ``backend`` None: the reference against the loop only."""
     steps, segments = case["num_steps"], case["req_pool_indices"].shape[0] * case["topk"]
     width = used_width(case) if width is None else width
     out_shape, indptr_shape = (steps + extra_rows, width), (steps + extra_rows, segments + 1 + extra_cols)
@@ -159,6 +162,8 @@ def check(backend, case, out_dtype=torch.int32, indptr_dtype=torch.int32, width=
                                                   middle(indptr_store, indptr_shape).cpu())
         assert_same(middle(expected, out_shape), looped, "reference out vs loop")
         assert_same(middle(expected_indptr, indptr_shape), looped_indptr, "reference kv_indptr vs loop")
+    if backend is None:
+        return
 
     on_device = {k: (same_strides(v) if isinstance(v, torch.Tensor) else v) for k, v in options.items()}
     draft_decode(backend, *(same_strides(t) for t in tensors), middle(indptr_store, indptr_shape),
@@ -169,27 +174,24 @@ def check(backend, case, out_dtype=torch.int32, indptr_dtype=torch.int32, width=
 
 # -- random data ---------------------------------------------------------------------------------------------
 
-@pytest.mark.representative("page_size")
-@pytest.mark.parametrize("backend", BUILDS)
 @pytest.mark.parametrize("page_size", PAGE_SIZES)
 @pytest.mark.parametrize("out_dtype", DTYPES)
-def test_matches_the_reference(backend, page_size, out_dtype):
+def test_reference_matches_the_loop(page_size, out_dtype):
     g = generator()
     for index_dtype, bad in itertools.product(DTYPES, (False, True)):
         case = random_case(g, index_dtype, page_size, bad=bad)
-        check(backend, case, out_dtype, index_dtype)
+        check(None, case, out_dtype, index_dtype)
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("option", ("window", "positions", "v2p-int64", "v2p-int32", "narrow-out", "all"))
-def test_options_match_the_reference(backend, option):
+def test_reference_with_options_matches_the_loop(option):
     g = generator()
     for page_size, bad in ((1, False), (16, True), (7, True)):
         v2p = {"v2p-int64": torch.int64, "v2p-int32": torch.int32, "all": torch.int64}.get(option)
         case = random_case(g, torch.int64, page_size, window=option in ("window", "all"),
                            positions=option in ("positions", "all"), v2p=v2p, bad=bad)
         width = used_width(case) // 2 if option in ("narrow-out", "all") else None
-        check(backend, case, torch.int64, torch.int32, width=width)
+        check(None, case, torch.int64, torch.int32, width=width)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -324,14 +326,10 @@ def _valid_arguments():
     ({"write_indptr_start": 1}, TypeError, "write_indptr_start"),
     ({"round_toward_zero": None}, TypeError, "round_toward_zero"),
     ({"positions": torch.zeros(3, dtype=torch.int32)}, ValueError, "positions must have at least 4"),
-    ({"positions": torch.zeros(4, dtype=torch.int16)}, TypeError, "positions"),
     ({"v2p": torch.zeros((2, 2), dtype=torch.int64)}, ValueError, "v2p must be 1-D"),
     ({"v2p": torch.zeros(8, dtype=torch.int64)[::2]}, ValueError, "v2p must be contiguous"),
-    ({3: torch.zeros((2, 5), dtype=torch.int16)}, TypeError, "kv_indptr must have dtype"),
-    ({4: torch.zeros((2, 16), dtype=torch.float32)}, TypeError, "out must have dtype"),
     ({4: torch.zeros((2, 16), dtype=torch.int64).t().contiguous().t()}, ValueError, "out must have a contiguous"),
     ({4: torch.zeros(40, dtype=torch.int64).as_strided((2, 16), (8, 1))}, ValueError, "rows of out share memory"),
-    ({0: torch.zeros((3, 8), dtype=torch.int64)}, TypeError, "req_to_token"),
     ({2: torch.zeros(3, dtype=torch.int32)}, ValueError, "seq_lens must have 2"),
 ])
 def test_argument_errors(change, error, words):
@@ -361,12 +359,6 @@ def test_outputs_must_not_overlap():
     options["positions"] = args[4].view(-1)[:4]
     with pytest.raises(ValueError, match="out shares memory with positions"):
         kvdispatch.create_draft_decode_kv_indices(*args, **options, backend="torch")
-
-
-def test_custom_op_is_registered():
-    schema = torch.ops.kvdispatch.create_draft_decode_kv_indices.default._schema
-    assert [a.name for a in schema.arguments][:5] == ["req_to_token", "req_pool_indices", "seq_lens", "kv_indptr",
-                                                       "out"]
 
 
 # -- launch geometry -------------------------------------------------------------------------------------------

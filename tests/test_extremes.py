@@ -105,7 +105,8 @@ def check_page_table(backend, case: Case):
 def check_token_csr(backend, case: Case, indptr: torch.Tensor, total: int, out_dtype=torch.int32,
                     entry_page_size=1, token_mapping=None):
     """As ``check_page_table``, for the token CSR op with ``kv_indptr`` ``indptr``, ``out`` of ``total``
-    entries of ``out_dtype`` and the options ``entry_page_size`` and ``token_mapping`` (CPU)."""
+    entries of ``out_dtype`` and the options ``entry_page_size`` and ``token_mapping`` (CPU); ``backend`` None:
+    the reference against the loop only."""
     store, _ = guarded((total,), out_dtype)
     expected = store.cpu().clone()
     ops.token_csr.reference(case.req_to_token, case.req_pool_indices, case.seq_lens, indptr,
@@ -113,6 +114,8 @@ def check_token_csr(backend, case: Case, indptr: torch.Tensor, total: int, out_d
     loop_out = torch.full((total,), POISON, dtype=out_dtype)
     assert_same(middle(expected, (total,)), loop_token_csr(case, indptr, loop_out, entry_page_size, token_mapping),
                 "reference vs loop")
+    if backend is None:
+        return
 
     device_case = on_device(case)
     token_csr(backend, device_case.req_to_token, device_case.req_pool_indices, device_case.seq_lens,

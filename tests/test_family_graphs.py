@@ -1,9 +1,10 @@
-"""CUDA-graph capture and replay of the SGLang-family ops (GPU only; skipped without CUDA).
+"""Fixed buffers of the SGLang-family ops for CUDA-graph tests (GPU only; skipped without CUDA), shared by
+tests/test_pdl.py and tests/test_host_path_replay_gpu.py.
 
-Per op and backend: fixed buffers, one call captured, then replays with the index vectors rewritten in place
-between them (random valid data, then a few hostile values). Every replay must equal the reference applied
-to the same buffers (what a call must not touch keeps what the previous replay left). Capture fails if a
-call synchronises; for the Triton and CuPy backends an eager call after warm-up must not allocate either.
+Per op: the buffers of one call, a call that runs the public op or (without a backend) the reference on them,
+and ``_refresh``, which rewrites the index vectors in place (random valid data, then a few hostile values), as an
+engine does between replays; ``check_replays`` replays a captured graph on such data against the reference.
+Capture and replay of every op on every backend, on new data in the same buffers: tests/test_conformance.py.
 """
 
 from __future__ import annotations
@@ -13,13 +14,11 @@ import torch
 
 from kvdispatch import ops
 import kvdispatch
-from conftest import BACKENDS, HAS_GPU
+from conftest import HAS_GPU
 from kvcases import POISON
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not HAS_GPU, reason="CUDA graphs need a GPU")]
 
-GRAPH_BACKENDS = [b for b in BACKENDS if b != "cupy-host"]
-REPLAYS = 50
 BATCH, ROWS, COLS = 6, 16, 1024
 HOSTILE = (-1, ROWS, 2**31 - 1, -(2**31))
 
@@ -110,29 +109,6 @@ def _case(op, device, g):
 
 
 FAMILY_OPS = ["mha", "translated", "draft", "dcp_csr", "dcp_table"]
-
-
-@pytest.mark.parametrize("backend", GRAPH_BACKENDS)
-@pytest.mark.parametrize("op", FAMILY_OPS)
-@pytest.mark.parametrize("enable_pdl", [None, True])
-def test_replays_match_the_reference(backend, op, enable_pdl):
-    """With ``enable_pdl=True`` the op is launched with programmatic dependent launch where the GPU supports
-    it (the graph's kernel node keeps the attribute): the same results."""
-    device = torch.device("cuda")
-    g = torch.Generator().manual_seed(len(op))
-    x, outputs, call = _case(op, device, g)
-    _refresh(x, g, 0)
-    call(x, backend, enable_pdl=enable_pdl)  # warm-up: compiles, selects, plans
-    torch.cuda.synchronize()
-    if backend != "torch":
-        before = torch.cuda.memory_allocated()
-        call(x, backend, enable_pdl=enable_pdl)
-        torch.cuda.synchronize()
-        assert torch.cuda.memory_allocated() == before
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        call(x, backend, enable_pdl=enable_pdl)
-    check_replays(graph, x, g, outputs, call, range(1, REPLAYS + 1), f"{op} {backend} replay")
 
 
 def check_replays(graph, x, g, outputs, call, steps, label):

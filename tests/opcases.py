@@ -1,0 +1,356 @@
+"""One random case builder per declared op (``kvdispatch.dispatch.OPS``), for the conformance tests.
+
+``build(key, seed, knobs)`` draws a fresh valid call of op ``key``: its arguments by name (``Op.parameters``), every
+output a view in the middle of a larger allocation filled with ``POISON``, so that a write outside the view shows.
+Each case has rows of mixed lengths (some running past the table's end), bad data among them (pool indices outside
+``[0, R)``, lengths ``<= 0``), index vectors of either dtype, some strided, and the table a view with a row stride
+past its width now and then. ``Knobs`` sizes it and turns the optional arguments on or off;
+``hostile`` puts the int32/int64 extremes (``+-(2**31 - 1)``, ``-2**31``, ``+-(2**63 - 1)``, ``-2**63`` where the
+vector's dtype holds them) into the index vectors, the lookup vectors and the table.
+
+``seed`` draws the shapes, dtypes, strides and the int options; ``data_seed`` (``seed`` when None) the tensors'
+values: two cases of one ``seed`` and knobs have the same layout, so one can be copied into the other's buffers
+(``refill``: a CUDA graph's replay on new data). CSR rows never overlap (``kv_indptr`` leaves each row room for every
+token it may write), so every backend must give the reference's result exactly.
+
+``expected(case)``: the op's reference run on clones of the case's allocations and inputs.
+"""
+
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass, field
+
+import torch
+
+from kvcases import POISON
+from kvdispatch import dispatch
+
+GUARD = 4  # poisoned entries on each side of an output view; 4 keeps int32 rows 16-byte aligned
+I32_MAX, I64_MAX = 2**31 - 1, 2**63 - 1
+EXTREMES = (I32_MAX, -I32_MAX, -(2**31), I64_MAX, -I64_MAX, -(2**63))
+TENSOR_ANNOTATIONS = ("Tensor", "Tensor | None")
+
+
+@dataclass(frozen=True)
+class Knobs:
+    """The size of a case and whether the op's optional arguments are given.
+
+    batch: requests; page_size: the op's page size (the token CSR's ``entry_page_size`` with options);
+    pages: table width in pages (output widths follow it); options: every optional argument given, with
+    values drawn from the seed (off: each at its default)."""
+
+    batch: int = 5
+    page_size: int = 16
+    pages: int = 3
+    options: bool = False
+
+    def __str__(self):
+        return f"B{self.batch}-P{self.page_size}-W{self.pages}-{'options' if self.options else 'plain'}"
+
+
+@dataclass
+class OpCase:
+    """A call of op ``key``: ``arguments`` by name in ``Op.parameters`` order (tensors on the case's device,
+    ints, None); ``allocations``: per output name, the poisoned tensor its view lies in the middle of."""
+
+    key: str
+    arguments: dict
+    allocations: dict = field(default_factory=dict)
+
+    @property
+    def op(self):
+        return dispatch.OPS[self.key]
+
+    def tensor_parameters(self) -> list[str]:
+        """The op's tensor arguments this case gives (optional ones it leaves None are absent)."""
+        signature = inspect.signature(self.op.public).parameters
+        return [name for name in self.op.parameters
+                if signature[name].annotation in TENSOR_ANNOTATIONS and self.arguments[name] is not None]
+
+    def inputs(self) -> dict:
+        """The tensor arguments that are not outputs."""
+        return {name: self.arguments[name] for name in self.tensor_parameters() if name not in self.op.outputs}
+
+    def split(self, arguments=None) -> tuple[list, dict]:
+        """``(positional, keyword)`` arguments of the public function (its signature's split)."""
+        arguments = self.arguments if arguments is None else arguments
+        signature = inspect.signature(self.op.public).parameters
+        positional = [arguments[name] for name in self.op.parameters
+                      if signature[name].kind is inspect.Parameter.POSITIONAL_OR_KEYWORD]
+        keyword = {name: arguments[name] for name in self.op.parameters
+                   if signature[name].kind is inspect.Parameter.KEYWORD_ONLY}
+        return positional, keyword
+
+    def poison(self) -> None:
+        for allocation in self.allocations.values():
+            allocation.fill_(POISON)
+
+    def inside(self, name) -> torch.Tensor:
+        """A bool mask over ``allocations[name]``: True on the output view's elements."""
+        allocation, view = self.allocations[name], self.arguments[name]
+        mask = torch.zeros(allocation.shape, dtype=torch.bool, device=allocation.device)
+        view_of(mask, view).fill_(True)
+        return mask
+
+
+def view_of(allocation: torch.Tensor, view: torch.Tensor) -> torch.Tensor:
+    """The view of ``allocation`` (contiguous, storage offset 0) with ``view``'s place in its own allocation."""
+    return allocation.as_strided(view.shape, view.stride(), view.storage_offset())
+
+
+def expected(case: OpCase) -> dict:
+    """Per output name, the allocation as the reference leaves it: the reference run on a clone of each
+    allocation (the output a view of it) and on clones of the inputs."""
+    clones = {name: allocation.clone() for name, allocation in case.allocations.items()}
+    arguments = {}
+    for name, value in case.arguments.items():
+        if name in clones:
+            value = view_of(clones[name], value)
+        elif isinstance(value, torch.Tensor):
+            value = value.clone()
+        arguments[name] = value
+    case.op.reference(*(arguments[name] for name in case.op.parameters))
+    return clones
+
+
+def refill(case: OpCase, new: OpCase) -> None:
+    """Copy ``new`` (the same seed and knobs, other data) into ``case``'s tensors, in place."""
+    for name, value in case.arguments.items():
+        if isinstance(value, torch.Tensor) and name not in case.allocations:
+            value.copy_(new.arguments[name])
+        else:
+            assert name in case.allocations or value == new.arguments[name], name
+    for name, allocation in case.allocations.items():
+        allocation.copy_(new.allocations[name])
+
+
+# -- drawing ---------------------------------------------------------------------------------------------------
+
+class _Draw:
+    """The two generators of a case: ``layout`` (shapes, dtypes, strides, int options) and ``data`` (values)."""
+
+    def __init__(self, seed, data_seed, device, hostile):
+        self.layout = torch.Generator().manual_seed(seed)
+        self.data = torch.Generator().manual_seed(seed if data_seed is None else data_seed)
+        self.device, self.hostile = device, hostile
+        self.allocations = {}
+
+    def integer(self, low, high):
+        """An int in ``[low, high)`` from the layout generator."""
+        return int(torch.randint(low, high, (1,), generator=self.layout))
+
+    def flag(self):
+        return bool(self.integer(0, 2))
+
+    def dtype(self):
+        return (torch.int32, torch.int64)[self.integer(0, 2)]
+
+    def values(self, low, high, count):
+        return torch.randint(low, high, (count,), generator=self.data, dtype=torch.int64)
+
+    def spoil(self, values: torch.Tensor, dtype, share=3) -> torch.Tensor:
+        """With ``hostile``: about one entry in ``share`` replaced by an extreme ``dtype`` holds."""
+        if self.hostile and values.numel():
+            info = torch.iinfo(dtype)
+            extremes = torch.tensor([v for v in EXTREMES if info.min <= v <= info.max], dtype=torch.int64)
+            chosen = torch.randint(0, share, values.shape, generator=self.data) == 0
+            picks = extremes[torch.randint(0, extremes.numel(), values.shape, generator=self.data)]
+            values = torch.where(chosen, picks, values)
+        return values
+
+    def vector(self, values: torch.Tensor, dtype=None, contiguous=False) -> torch.Tensor:
+        """``values`` as a ``dtype`` vector on the device (an int32/int64 from the layout when None), a strided
+        view (every other entry of a poisoned buffer) now and then unless ``contiguous``."""
+        dtype = self.dtype() if dtype is None else dtype
+        values = self.spoil(values, dtype)
+        if not contiguous and self.integer(0, 3) == 0:
+            spread = torch.full((2 * values.numel(),), POISON, dtype=torch.int64)
+            spread[::2] = values
+            return spread.to(dtype).to(self.device)[::2]
+        return values.to(dtype).to(self.device)
+
+    def table(self, rows, cols, low, high) -> torch.Tensor:
+        """An int32 ``[rows, cols]`` table of values in ``[low, high)``, a view with a wider row stride now
+        and then; with ``hostile``, int32 extremes among them."""
+        pad = self.integer(1, 6) if self.flag() else 0
+        values = self.spoil(self.values(low, high, rows * cols), torch.int32, share=8).view(rows, cols)
+        store = torch.full((rows, cols + pad), POISON, dtype=torch.int32)
+        store[:, :cols] = values.to(torch.int32)
+        return store.to(self.device)[:, :cols]
+
+    def requests(self, batch, rows, max_length, dtype=None):
+        """``(pool, lens)`` values: valid rows of mixed lengths in ``[1, max_length]``, about one in five with
+        a pool index outside ``[0, rows)`` and one in five with a length ``<= 0``."""
+        pool = self.values(0, max(rows, 1), batch)
+        lens = self.values(1, max_length + 1, batch)
+        bad_pool = torch.tensor([-1, rows, rows + 3])[self.values(0, 3, batch)]
+        bad_length = self.values(-3, 1, batch)
+        pool = torch.where(self.values(0, 5, batch) == 0, bad_pool, pool)
+        lens = torch.where(self.values(0, 5, batch) == 0, bad_length, lens)
+        return pool, lens
+
+    def output(self, name, shape, dtype=torch.int32) -> torch.Tensor:
+        """A view of ``shape`` in the middle of a poisoned allocation: GUARD rows (entries, when 1-D) on each
+        side, and GUARD columns on each side or none (rows of the output contiguous)."""
+        columns = GUARD if len(shape) == 2 and self.flag() else 0
+        margins = [GUARD] + [columns] * (len(shape) - 1)
+        allocation = torch.full([n + 2 * m for n, m in zip(shape, margins)], POISON, dtype=dtype, device=self.device)
+        self.allocations[name] = allocation
+        return allocation[tuple(slice(m, m + n) for n, m in zip(shape, margins))]
+
+
+def _csr_indptr(d: _Draw, room: torch.Tensor, most: int):
+    """``(kv_indptr [B + 1], total)``: rows one after another with gaps of 0..2, each ``room`` entries long (at
+    least what it may write, so rows never overlap); with ``hostile``, some rows moved to an extreme offset,
+    from which none of their tokens lands in ``out``. ``total``, the length of ``out``, holds rows of ``most``
+    entries each (the layout's, whatever the data), so some entries past the last row stay untouched."""
+    gaps = d.values(0, 3, room.numel())
+    ends = torch.cumsum(room + gaps, 0)
+    starts = ends - room
+    indptr = torch.cat([starts, ends[-1:] if room.numel() else torch.zeros(1, dtype=torch.int64)])
+    return d.vector(indptr), room.numel() * (most + 2) + 2
+
+
+# -- the builders, one per op key ------------------------------------------------------------------------------
+
+def _page_table(d: _Draw, k: Knobs):
+    rows, cols = k.batch + 2, k.pages * k.page_size + k.page_size // 2 + 1
+    width = k.pages + d.integer(0, 3)
+    table = d.table(rows, cols, -2 * k.page_size, 1 << 20)
+    pool, lens = d.requests(k.batch, rows, cols + 2 * k.page_size)
+    arguments = dict(req_to_token=table, req_pool_indices=d.vector(pool), seq_lens=d.vector(lens),
+                     out=d.output("out", (k.batch + d.integer(0, 3), width)), page_size=k.page_size,
+                     kv_start_idx=None, seqlen_offset=0, seq_lens_out=None, fill_value=None, round_toward_zero=False)
+    if k.options:
+        arguments.update(kv_start_idx=d.vector(d.values(0, cols + 3, k.batch)), seqlen_offset=d.integer(-3, 4),
+                         seq_lens_out=d.output("seq_lens_out", (k.batch + d.integer(0, 3),)),
+                         fill_value=d.integer(-5, 5), round_toward_zero=d.flag())
+    return arguments
+
+
+def _token_csr(d: _Draw, k: Knobs):
+    entry = k.page_size if k.options else 1
+    rows, cols = k.batch + 2, k.pages * 8 + 3
+    positions = cols * entry
+    table = d.table(rows, cols, -3, rows * cols)
+    pool, lens = d.requests(k.batch, rows, positions + 4)
+    pool, lens = d.vector(pool), d.vector(lens)
+    room = lens.cpu().long().clamp(0, positions)  # the most tokens a row may write
+    indptr, total = _csr_indptr(d, room, positions)
+    out_dtype = d.dtype() if k.options else torch.int32
+    arguments = dict(req_to_token=table, req_pool_indices=pool, seq_lens=lens, kv_indptr=indptr,
+                     out=d.output("out", (total,), out_dtype), kv_start_idx=None, entry_page_size=entry,
+                     token_mapping=None)
+    if k.options:
+        mapping = d.values(-5, 1 << 20, rows * cols * entry + d.integer(-10, 10))
+        arguments.update(kv_start_idx=d.vector(d.values(0, positions + 3, k.batch)),
+                         token_mapping=d.vector(mapping, contiguous=True))
+    return arguments
+
+
+def _mha_page_table(d: _Draw, k: Knobs):
+    rows, cols = k.batch + 2, k.pages * k.page_size + k.page_size // 2 + 1
+    table = d.table(rows, cols, -2 * k.page_size, rows * cols)
+    pool, lens = d.requests(k.batch, rows, cols + 2 * k.page_size)
+    out_rows = k.batch + d.integer(0, 3)
+    arguments = dict(req_to_token=table, req_pool_indices=d.vector(pool), seq_lens=d.vector(lens),
+                     page_table=d.output("page_table", (out_rows, k.pages + d.integer(0, 3))), page_size=k.page_size,
+                     swa_page_table=None, full_to_swa=None, round_toward_zero=False)
+    if k.options:
+        mapping = d.values(-5, 1 << 20, rows * cols + d.integer(-10, 10))
+        arguments.update(swa_page_table=d.output("swa_page_table", (out_rows, k.pages + d.integer(-1, 3))),
+                         full_to_swa=d.vector(mapping, contiguous=True), round_toward_zero=d.flag())
+    return arguments
+
+
+def _translated_page_table(d: _Draw, k: Knobs):
+    rows, cols = k.batch + 2, k.pages * k.page_size + k.page_size // 2 + 1
+    table = d.table(rows, cols, -3, rows * cols)
+    pool, lens = d.requests(k.batch, rows, cols + 2 * k.page_size)
+    virtual_pages = -(-rows * cols // k.page_size)
+    v2p = d.values(-1, 1 << 16, virtual_pages + d.integer(-2, 3))  # some pages past it
+    width = k.pages + d.integer(0, 3)
+    arguments = dict(req_to_token=table, req_pool_indices=d.vector(pool), seq_lens=d.vector(lens),
+                     v2p=d.vector(v2p, contiguous=True), out=d.output("out", (k.batch + d.integer(0, 3), width)),
+                     page_size=k.page_size, multiplier=1, max_pages=None, seq_len_delta=0)
+    if k.options:
+        arguments.update(multiplier=d.integer(-1, 5), max_pages=d.integer(0, width + 1), seq_len_delta=d.integer(-3, 4))
+    return arguments
+
+
+def _draft_decode(d: _Draw, k: Knobs):
+    rows, cols = k.batch + 2, k.pages * k.page_size + 5
+    steps, topk = d.integer(1, 4), d.integer(1, 4)
+    table = d.table(rows, cols, -3, rows * cols)
+    pool, lens = d.requests(k.batch, rows, cols)
+    pool, lens = d.vector(pool), d.vector(lens)
+    segments = k.batch * topk
+    # About what the rows use (a prefix averages half the table's width): some rows cut at the width, some not.
+    width = segments * (cols // 2 + steps) + d.integer(-segments, segments + 1) + 1
+    arguments = dict(req_to_token=table, req_pool_indices=pool, seq_lens=lens,
+                     kv_indptr=d.output("kv_indptr", (steps + d.integer(0, 2), segments + 1 + d.integer(0, 3)),
+                                        d.dtype()),
+                     out=d.output("out", (steps + d.integer(0, 2), width), d.dtype()), num_steps=steps, topk=topk,
+                     page_size=k.page_size, positions=None, window_size=0, sink_size=0, v2p=None,
+                     write_indptr_start=True, round_toward_zero=False)
+    if k.options:
+        given = lens.cpu().long().repeat_interleave(topk) + d.values(-2, 3, segments)
+        window = d.integer(1, cols)
+        v2p = d.values(-2, 1 << 16, -(-rows * cols // k.page_size) + d.integer(-2, 3))
+        arguments.update(positions=d.vector(given), window_size=window, sink_size=d.integer(0, 4),
+                         v2p=d.vector(v2p, contiguous=True), write_indptr_start=d.flag(), round_toward_zero=d.flag())
+    return arguments
+
+
+def _dcp_token_csr(d: _Draw, k: Knobs):
+    rows, cols = k.batch + 2, k.pages * 8 + 3
+    dcp_size = d.integer(1, 9)
+    dcp_rank = d.integer(0, dcp_size)
+    table = d.table(rows, cols, -2 * dcp_size, rows * cols)
+    room_per_row = -(-cols // dcp_size)
+    pool, lens = d.requests(k.batch, rows, room_per_row + 3)
+    pool, lens = d.vector(pool), d.vector(lens)
+    indptr, total = _csr_indptr(d, lens.cpu().long().clamp(0, room_per_row), room_per_row)
+    arguments = dict(req_to_token=table, req_pool_indices=pool, local_seq_lens=lens, kv_indptr=indptr,
+                     out=d.output("out", (total,), d.dtype() if k.options else torch.int32), dcp_size=dcp_size,
+                     dcp_rank=dcp_rank, kv_start_idx=None, round_toward_zero=False)
+    if k.options:
+        arguments.update(kv_start_idx=d.vector(d.values(0, cols + 3, k.batch)), round_toward_zero=d.flag())
+    return arguments
+
+
+def _dcp_page_table(d: _Draw, k: Knobs):
+    dcp_size = d.integer(1, 9)
+    dcp_rank = d.integer(0, dcp_size)
+    virtual_page = k.page_size * dcp_size
+    rows, cols = k.batch + 2, k.pages * virtual_page + virtual_page // 2 + 1
+    table = d.table(rows, cols, -2 * virtual_page, 1 << 20)
+    pool, lens = d.requests(k.batch, rows, k.pages * k.page_size + 2 * k.page_size)
+    arguments = dict(req_to_token=table, req_pool_indices=d.vector(pool), local_seq_lens=d.vector(lens),
+                     out=d.output("out", (k.batch + d.integer(0, 3), k.pages + d.integer(0, 3))),
+                     page_size=k.page_size, dcp_size=dcp_size, dcp_rank=dcp_rank, fill_value=None,
+                     round_toward_zero=False)
+    if k.options:
+        arguments.update(fill_value=d.integer(-5, 5), round_toward_zero=d.flag())
+    return arguments
+
+
+BUILDERS = {
+    "page_table": _page_table,
+    "token_csr": _token_csr,
+    "mha_page_table": _mha_page_table,
+    "translated_page_table": _translated_page_table,
+    "draft_decode": _draft_decode,
+    "dcp_token_csr": _dcp_token_csr,
+    "dcp_page_table": _dcp_page_table,
+}
+
+
+def build(key: str, seed: int, knobs: Knobs = Knobs(), *, device="cpu", hostile=False, data_seed=None) -> OpCase:
+    """A fresh case of op ``key`` (the module docstring); KeyError for an op without a builder."""
+    d = _Draw(seed, data_seed, torch.device(device), hostile)
+    arguments = BUILDERS[key](d, knobs)
+    parameters = dispatch.OPS[key].parameters
+    assert tuple(arguments) == parameters, f"{key}: the builder's arguments are not the op's parameters"
+    return OpCase(key, arguments, d.allocations)
