@@ -54,8 +54,10 @@ _MIN_THREADS = 64
 _MAX_THREADS = 256
 # Programs per multiprocessor a bounded launch may use (``program_budget``): enough resident programs to hide
 # the latency of a row's dependent loads, few enough that a graph captured with max-context buffers launches
-# far fewer programs than the buffers' blocks (benchmarks/grid_budget.py measures the choice).
-PROGRAMS_PER_MULTIPROCESSOR = 16
+# far fewer programs than the buffers' blocks. On an H200 (benchmarks/grid_budget.py and the bench's decode-shape
+# cases at 8, 12 and 16: docs/performance.md) 8 keeps short rows within 1.15x of a grid sized from their real
+# lengths; 16 costs them up to 1.6x, and gains up to 4% on full-length page-1 copies of 256 rows and on long rows.
+PROGRAMS_PER_MULTIPROCESSOR = 8
 
 # Grid limits that hold on every supported vendor (blocks per dimension; the kernels' blocks are 1-D):
 #   NVIDIA (CUDA): (2**31 - 1, 65535, 65535) blocks.

@@ -114,9 +114,9 @@ def test_folded_programs_cover_each_row_once():
 
 
 def test_the_budget_is_programs_per_multiprocessor(monkeypatch):
-    assert grid.PROGRAMS_PER_MULTIPROCESSOR == 16
-    assert grid.program_budget(132) == 132 * 16
-    assert grid.program_budget(1) == 16
+    assert grid.PROGRAMS_PER_MULTIPROCESSOR == 8
+    assert grid.program_budget(132) == 132 * 8
+    assert grid.program_budget(1) == 8
     assert grid.program_budget(0) == 1  # at least one program, whatever the device reports
     monkeypatch.setattr(grid, "PROGRAMS_PER_MULTIPROCESSOR", 1)
     assert grid.program_budget(132) == 132
@@ -132,7 +132,7 @@ def test_a_budget_bounds_the_programs_per_row(kind):
     items = grid.items_per_program(kind, 64)
     for _ in range(500):
         batch, blocks = rng.randint(1, 3000), rng.choice([rng.randint(1, 300), rng.randint(1, 10**6)])
-        budget = rng.choice([1, 2, 7, rng.randint(1, 10**5), 132 * 16])
+        budget = rng.choice([1, 2, 7, rng.randint(1, 10**5), 132 * 8])
         unbounded = _launch_with_programs(kind, batch, blocks, items)
         bounded = _launch_of(kind, batch, blocks * items, budget)
         programs = min(blocks, max(1, budget // batch))
@@ -187,10 +187,10 @@ def test_max_context_buffers_launch_a_bounded_grid_on_an_h200():
 
 
 @pytest.mark.parametrize("batch,context,page_size,programs", [(1, 131072, 64, 32), (64, 32768, 64, 8),
-                                                              (1, 131072, 1, 128), (256, 32768, 1, 8)])
+                                                              (1, 131072, 1, 128), (256, 32768, 1, 4)])
 def test_full_length_lab_shapes_on_an_h200(batch, context, page_size, programs):
     """The full-length reference shapes: the first three fit the budget (each program still owns one block);
-    256 rows of 32 blocks at page 1 take 8 programs per row, 4 blocks each."""
+    256 rows of 32 blocks at page 1 take 4 programs per row, 8 blocks each."""
     budget = grid.program_budget(H200_MULTIPROCESSORS)
     width = -(-context // page_size)
     bounded = grid.page_table_launch(batch, width, page_size, budget=budget)
