@@ -130,5 +130,9 @@ def compat(monkeypatch, backend):
                         lambda *a, backend=None, **k: mha_page_table(name, *a, **k))
     monkeypatch.setattr(_common, "_build_translated_page_table",
                         lambda *a, backend=None, **k: translated_page_table(name, *a, **k))
+    monkeypatch.setattr(_common, "_build_dcp_token_csr", lambda *a, backend=None, **k: dcp_token_csr(name, *a, **k))
+    monkeypatch.setattr(_common, "_build_dcp_page_table", lambda *a, backend=None, **k: dcp_page_table(name, *a, **k))
+    monkeypatch.setattr(_common, "_build_draft_decode",
+                        lambda *a, backend=None, **k: through(name, "create_draft_decode_kv_indices", *a, **k))
     return sglang
 

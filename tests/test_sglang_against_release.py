@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import BACKENDS, DEVICE, dcp_page_table, dcp_token_csr, through
+from conftest import BACKENDS, DEVICE
 from kvcases import POISON, assert_same
 from test_sglang_release import _release_root
 
@@ -65,26 +65,14 @@ def release(tmp_path_factory):
     return load
 
 
-@pytest.fixture
-def drop_ins(compat, monkeypatch, backend):
-    """``kvdispatch.compat.sglang`` with every builder routed to ``backend``."""
-    from kvdispatch.compat.sglang import _common
-
-    name = backend
-    monkeypatch.setattr(_common, "_build_dcp_token_csr", lambda *a, backend=None, **k: dcp_token_csr(name, *a, **k))
-    monkeypatch.setattr(_common, "_build_dcp_page_table", lambda *a, backend=None, **k: dcp_page_table(name, *a, **k))
-    monkeypatch.setattr(_common, "_build_draft_decode",
-                        lambda *a, backend=None, **k: through(name, "create_draft_decode_kv_indices", *a, **k))
-    return compat
-
-
 def _generator():
     return torch.Generator().manual_seed(torch.seed() % 2**31)
 
 
-def _table(rows, cols, g, high=None):
-    high = high or rows * cols * 2
-    return torch.randperm(high, generator=g)[: rows * cols].view(rows, cols).to(torch.int32).to(DEVICE)
+def _pool(rows, cols, batch, g):
+    """``req_to_token`` (distinct slot ids, int32 ``[rows, cols]``) and ``batch`` distinct rows of it, int64."""
+    table = torch.randperm(rows * cols * 2, generator=g)[: rows * cols].view(rows, cols).to(torch.int32)
+    return table.to(DEVICE), torch.randperm(rows, generator=g)[:batch].to(DEVICE)
 
 
 def _cumsum(lens, leading_zero=True):
@@ -108,13 +96,12 @@ def _same(ours, theirs, what):
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("out_dtype", (torch.int32, torch.int64))
 @pytest.mark.parametrize("variant", ("plain", "start", "token_blocks", "entry_pages", "mapped"))
-def test_token_csr(backend, out_dtype, variant, release, drop_ins):
+def test_token_csr(backend, out_dtype, variant, release, compat):
     kv = release("kernels.ops.attention.kv_indices")
     g = _generator()
     rows, cols, batch = 6, 96, 4
     entry = 16 if variant == "entry_pages" else 1
-    table = _table(rows, cols, g)
-    pool = torch.randperm(rows, generator=g)[:batch].to(DEVICE)
+    table, pool = _pool(rows, cols, batch, g)
     start = None
     if variant == "start":
         start = torch.randint(0, 40, (batch,), generator=g).to(torch.int32).to(DEVICE)
@@ -126,22 +113,21 @@ def test_token_csr(backend, out_dtype, variant, release, drop_ins):
         mapping = torch.randperm(rows * cols * 2 + 1, generator=g).to(DEVICE)
     indptr = _cumsum(lens)
     out = torch.full((int(indptr[-1]) + 5,), POISON, dtype=out_dtype, device=DEVICE)
-    grid = (batch, drop_ins.kv_indices_num_token_blocks(cols, batch)) if variant == "token_blocks" else (batch,)
+    grid = (batch, compat.kv_indices_num_token_blocks(cols, batch)) if variant == "token_blocks" else (batch,)
     (theirs,), (ours,) = _twins(out)
     arguments = (table, pool, lens, indptr, start)
     options = dict(ENTRY_PAGE_SIZE=entry, TOKEN_BLOCK_PARALLEL=variant == "token_blocks", token_mapping=mapping)
     kv.create_flashinfer_kv_indices_triton[grid](*arguments, theirs, table.stride(0), **options)
-    drop_ins.create_flashinfer_kv_indices_triton[grid](*arguments, ours, table.stride(0), **options)
+    compat.create_flashinfer_kv_indices_triton[grid](*arguments, ours, table.stride(0), **options)
     _same([ours], [theirs], variant)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_chunked_prefix(backend, release, drop_ins):
+def test_chunked_prefix(backend, release, compat):
     kv = release("kernels.ops.attention.kv_indices")
     g = _generator()
     rows, cols, batch, chunk = 5, 160, 3, 64
-    table = _table(rows, cols, g)
-    pool = torch.randperm(rows, generator=g)[:batch].to(DEVICE)
+    table, pool = _pool(rows, cols, batch, g)
     prefix = torch.randint(0, cols + 1, (batch,), generator=g)
     for index in range(-(-int(prefix.max()) // chunk)):
         starts = torch.full((batch,), index * chunk, dtype=torch.int64)
@@ -151,19 +137,18 @@ def test_chunked_prefix(backend, release, drop_ins):
         (theirs,), (ours,) = _twins(out)
         arguments = (table, pool, starts.to(DEVICE), lens.to(DEVICE), cu)
         kv.create_chunked_prefix_cache_kv_indices[(batch,)](*arguments, theirs, table.stride(0))
-        drop_ins.create_chunked_prefix_cache_kv_indices[(batch,)](*arguments, ours, table.stride(0))
+        compat.create_chunked_prefix_cache_kv_indices[(batch,)](*arguments, ours, table.stride(0))
         _same([ours], [theirs], f"chunk {index}")
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("page_size", (1, 16, 64))
 @pytest.mark.parametrize("layout", ("rows", "start", "flat"))
-def test_block_table(backend, page_size, layout, release, drop_ins):
+def test_block_table(backend, page_size, layout, release, compat):
     kv = release("kernels.ops.attention.kv_indices")
     g = _generator()
     rows, cols, batch = 5, 4 * 64, 3
-    table = _table(rows, cols, g)
-    pool = torch.randperm(rows, generator=g)[:batch].to(DEVICE)
+    table, pool = _pool(rows, cols, batch, g)
     start = torch.randint(0, 30, (batch,), generator=g).to(DEVICE) if layout == "start" else None
     lens = torch.randint(1, cols - 30 + 1, (batch,), generator=g).to(torch.int32).to(DEVICE)
     width = -(-cols // page_size) + 2
@@ -174,7 +159,7 @@ def test_block_table(backend, page_size, layout, release, drop_ins):
     (theirs,), (ours,) = _twins(out)
     arguments = (table, pool, lens, start)
     kv.create_flashmla_kv_indices_triton[grid](*arguments, theirs, table.stride(0), width, PAGED_SIZE=page_size)
-    drop_ins.create_flashmla_kv_indices_triton[grid](*arguments, ours, table.stride(0), width, PAGED_SIZE=page_size)
+    compat.create_flashmla_kv_indices_triton[grid](*arguments, ours, table.stride(0), width, PAGED_SIZE=page_size)
     _same([ours], [theirs], layout)
 
 
@@ -203,12 +188,11 @@ def test_grid_helpers(release):
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("page_size", (1, 64))
 @pytest.mark.parametrize("swa", (False, True))
-def test_trtllm_mha_page_table(backend, page_size, swa, release, drop_ins):
+def test_trtllm_mha_page_table(backend, page_size, swa, release, compat):
     mha = release("kernels.ops.attention.trtllm_mha_page_table")
     g = _generator()
     rows, cols, batch = 5, 3 * 64, 4
-    table = _table(rows, cols, g)
-    pool = torch.randperm(rows, generator=g)[:batch].to(DEVICE)
+    table, pool = _pool(rows, cols, batch, g)
     lens = torch.randint(1, cols + 1, (batch,), generator=g).to(torch.int32).to(DEVICE)
     width = -(-cols // page_size)
     full_to_swa = torch.randint(0, rows * cols, (rows * cols * 2,), generator=g).to(DEVICE) if swa else None
@@ -216,7 +200,7 @@ def test_trtllm_mha_page_table(backend, page_size, swa, release, drop_ins):
     if swa:
         tables.append(torch.full((batch, width), POISON, dtype=torch.int32, device=DEVICE))
     theirs, ours = _twins(*tables)
-    for function, buffers in ((mha.build_trtllm_mha_page_table, theirs), (drop_ins.build_trtllm_mha_page_table, ours)):
+    for function, buffers in ((mha.build_trtllm_mha_page_table, theirs), (compat.build_trtllm_mha_page_table, ours)):
         function(table, pool, lens, buffers[0], page_size, buffers[1] if swa else None, full_to_swa)
     _same(ours, theirs, "page tables")
 
@@ -226,29 +210,28 @@ def test_trtllm_mha_page_table(backend, page_size, swa, release, drop_ins):
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("dcp_size", (2, 4))
 @pytest.mark.parametrize("with_start", (False, True))
-def test_dcp_token_csr(backend, dcp_size, with_start, release, drop_ins):
+def test_dcp_token_csr(backend, dcp_size, with_start, release, compat):
     dcp = release("kernels.ops.attention.dcp_kernels")
     g = _generator()
     rows, cols, batch = 5, 200, 3
-    table = _table(rows, cols, g)
-    pool = torch.randperm(rows, generator=g)[:batch].to(DEVICE)
+    table, pool = _pool(rows, cols, batch, g)
     seq_lens = torch.randint(1, cols + 1, (batch,), generator=g).to(DEVICE)
     start = (seq_lens - 50).clamp(min=0).to(torch.int32) if with_start else None
     lengths = seq_lens - (start if with_start else 0)
     for rank in range(dcp_size):
-        local = drop_ins.get_dcp_lens(lengths, dcp_size, rank, start)
+        local = compat.get_dcp_lens(lengths, dcp_size, rank, start)
         indptr = _cumsum(local)
         out = torch.full((int(indptr[-1]) + 3,), POISON, dtype=torch.int64, device=DEVICE)
         (theirs,), (ours,) = _twins(out)
         arguments = (table, pool, local, indptr, start)
         dcp.create_triton_kv_indices_for_dcp_triton[(batch,)](*arguments, theirs, table.stride(0), dcp_size, rank)
-        drop_ins.create_triton_kv_indices_for_dcp_triton[(batch,)](*arguments, ours, table.stride(0), dcp_size, rank)
+        compat.create_triton_kv_indices_for_dcp_triton[(batch,)](*arguments, ours, table.stride(0), dcp_size, rank)
         _same([ours], [theirs], f"rank {rank}")
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("engine", ("trtllm_mla", "aiter_verify"))
-def test_dcp_page_table(backend, engine, release, drop_ins):
+def test_dcp_page_table(backend, engine, release, compat):
     """TRT-LLM MLA: a ``-1`` block table, ``PAGES_PER_BLOCK = 4096 // page``; Aiter's verify token table: page 1,
     16 columns per block, rows ``q_len * num_cols`` apart in a ``[bs * q_len, num_cols]`` buffer."""
     dcp = release("kernels.ops.attention.dcp_kernels")
@@ -256,15 +239,14 @@ def test_dcp_page_table(backend, engine, release, drop_ins):
     dcp_size, batch = 4, 3
     page_size, q_len = (16, 1) if engine == "trtllm_mla" else (1, 3)
     rows, cols = batch + 2, 6 * page_size * dcp_size
-    table = _table(rows, cols, g)
-    pool = torch.randperm(rows, generator=g)[:batch].to(DEVICE)
+    table, pool = _pool(rows, cols, batch, g)
     seq_lens = torch.randint(1, cols + 1, (batch,), generator=g).to(DEVICE)
     for rank in range(dcp_size):
-        local = drop_ins.get_dcp_lens(seq_lens, dcp_size, rank).to(torch.int32)
+        local = compat.get_dcp_lens(seq_lens, dcp_size, rank).to(torch.int32)
         if engine == "trtllm_mla":
             out = torch.full((batch, 8), -1, dtype=torch.int32, device=DEVICE)
             per_block = 4096 // page_size
-            grid, stride = (batch, drop_ins.get_num_kv_index_blocks_flashmla(8, page_size)), out.stride(0)
+            grid, stride = (batch, compat.get_num_kv_index_blocks_flashmla(8, page_size)), out.stride(0)
         else:
             num_cols = 64
             out = torch.full((batch * q_len, num_cols), POISON, dtype=torch.int32, device=DEVICE)
@@ -272,7 +254,7 @@ def test_dcp_page_table(backend, engine, release, drop_ins):
             grid, stride = (batch, -(-num_cols // per_block)), q_len * num_cols
         (theirs,), (ours,) = _twins(out)
         for function, buffer in ((dcp.create_mla_kv_page_table_for_dcp, theirs),
-                                 (drop_ins.create_mla_kv_page_table_for_dcp, ours)):
+                                 (compat.create_mla_kv_page_table_for_dcp, ours)):
             function[grid](table, pool, local, buffer, None, table.stride(0), stride, PHYSICAL_PAGE_SIZE=page_size,
                            DCP_SIZE=dcp_size, DCP_RANK=rank, PAGES_PER_BLOCK=per_block, HAS_V2P=False)
         _same([ours], [theirs], f"rank {rank}")
@@ -283,20 +265,19 @@ def test_dcp_page_table(backend, engine, release, drop_ins):
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("page_size", (1, 16, 24))
 @pytest.mark.parametrize("seq_len_delta", (0, 3))
-def test_kv_read_table(backend, page_size, seq_len_delta, release, drop_ins):
+def test_kv_read_table(backend, page_size, seq_len_delta, release, compat):
     read_table = release("kernels.ops.kvcache.kv_read_table")
     g = _generator()
     rows, cols, batch = 5, 8 * page_size + 5, 3
-    table = _table(rows, cols, g)
+    table, pool = _pool(rows, cols, batch, g)
     table[0, 0] = -1  # a freed token: virtual page 0
-    pool = torch.randperm(rows, generator=g)[:batch].to(DEVICE)
     lens = torch.randint(0, cols - seq_len_delta + 1, (batch,), generator=g).to(torch.int32).to(DEVICE)
     pages = rows * cols * 2 // page_size + 1
     v2p = torch.where(torch.rand(pages, generator=g) < 0.2, -1, torch.randperm(pages * 2, generator=g)[:pages])
     max_pages = -(-cols // page_size)
     out = torch.full((batch + 1, max_pages + 2), POISON, dtype=torch.int32, device=DEVICE)
     (theirs,), (ours,) = _twins(out)
-    for function, buffer in ((read_table.build_kv_read_table, theirs), (drop_ins.build_kv_read_table, ours)):
+    for function, buffer in ((read_table.build_kv_read_table, theirs), (compat.build_kv_read_table, ours)):
         assert function(req_to_token=table, req_pool_indices=pool, seq_lens=lens, v2p=v2p.to(DEVICE),
                         page_size=page_size, max_pages=max_pages, out=buffer, seq_len_delta=seq_len_delta) is buffer
     _same([ours], [theirs], "read table")
@@ -311,7 +292,7 @@ def _next_power_of_2(n):
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("topk, page_size", ((1, 1), (4, 1), (4, 16)))
 @pytest.mark.parametrize("engine", ("triton", "flashinfer_blocks", "window", "translated"))
-def test_draft_decode(backend, topk, page_size, engine, release, drop_ins):
+def test_draft_decode(backend, topk, page_size, engine, release, compat):
     """The Triton backend's launch (grid ``(steps, bs, topk)``), FlashInfer's with token blocks and
     ``NUM_STEPS``, the draft-only window (``window_size``, ``sink_size`` positional) and ids through ``v2p``."""
     locs = release("kernels.ops.speculative.cache_locs",
@@ -321,11 +302,10 @@ def test_draft_decode(backend, topk, page_size, engine, release, drop_ins):
     pool_rows = batch + 2
     owned = -(-(page_size - 1 + steps) // page_size) * page_size
     cols = 48 + topk * owned + page_size
-    table = _table(pool_rows, cols, g)
-    pool = torch.randperm(pool_rows, generator=g)[:batch].to(DEVICE)
+    table, pool = _pool(pool_rows, cols, batch, g)
     lens = torch.randint(1, cols - topk * owned - page_size + 2, (batch,), generator=g).to(DEVICE)
     positions = lens.repeat_interleave(topk)
-    width = drop_ins.draft_kv_indices_buffer_width(batch, topk, cols)
+    width = compat.draft_kv_indices_buffer_width(batch, topk, cols)
     kv_indices = torch.zeros((steps, width), dtype=torch.int64, device=DEVICE)
     kv_indptr = torch.zeros((steps, pool_rows * topk + 1), dtype=torch.int32, device=DEVICE)
     window, options = (0, 0), {}
@@ -340,7 +320,7 @@ def test_draft_decode(backend, topk, page_size, engine, release, drop_ins):
         options = dict(v2p=v2p, TRANSLATE=True)
     theirs, ours = _twins(kv_indices, kv_indptr)
     for function, buffers in ((locs.generate_draft_decode_kv_indices, theirs),
-                              (drop_ins.generate_draft_decode_kv_indices, ours)):
+                              (compat.generate_draft_decode_kv_indices, ours)):
         function[grid](pool, table, lens, buffers[0], buffers[1], positions, table.stride(0), width,
                        kv_indptr.shape[1], _next_power_of_2(batch), _next_power_of_2(steps),
                        _next_power_of_2(batch * topk), page_size, *window, **options)

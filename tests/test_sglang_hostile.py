@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import BACKENDS, DEVICE, dcp_page_table, dcp_token_csr, through
+from conftest import BACKENDS, DEVICE
 from kvcases import POISON, assert_same
 
 import kvdispatch
@@ -24,15 +24,8 @@ BATCH, ROWS, COLS = 3, 5, 64
 
 
 @pytest.fixture
-def sglang(compat, monkeypatch, backend):
+def sglang(compat):
     """``kvdispatch.compat.sglang`` with every builder routed to ``backend``."""
-    from kvdispatch.compat.sglang import _common
-
-    name = backend
-    monkeypatch.setattr(_common, "_build_dcp_token_csr", lambda *a, backend=None, **k: dcp_token_csr(name, *a, **k))
-    monkeypatch.setattr(_common, "_build_dcp_page_table", lambda *a, backend=None, **k: dcp_page_table(name, *a, **k))
-    monkeypatch.setattr(_common, "_build_draft_decode",
-                        lambda *a, backend=None, **k: through(name, "create_draft_decode_kv_indices", *a, **k))
     return compat
 
 
