@@ -40,11 +40,6 @@ def _generate_draft_decode_kv_indices(launch_grid, req_pool_indices, req_to_toke
         raise TypeError("generate_draft_decode_kv_indices takes its batch, branches and steps from the launch grid: "
                         "call it as generate_draft_decode_kv_indices[(steps, num_seqs, topk)](...)")
     _check_int("ENTRY_PAGE_SIZE", ENTRY_PAGE_SIZE, 1, MAX_PAGE_SIZE)
-    if ENTRY_PAGE_SIZE != 1:
-        raise NotImplementedError(f"generate_draft_decode_kv_indices with ENTRY_PAGE_SIZE={ENTRY_PAGE_SIZE} (a "
-                                  "page-granular source table, such as the unified pool's read table) is not "
-                                  "supported by kvdispatch yet; pass the token-granular req_to_token with "
-                                  "ENTRY_PAGE_SIZE=1 (and v2p with TRANSLATE=True to translate its ids)")
     check_flag("TRANSLATE", TRANSLATE)
     if TRANSLATE and v2p is None:
         raise ValueError("TRANSLATE=True needs v2p")
@@ -58,6 +53,11 @@ def _generate_draft_decode_kv_indices(launch_grid, req_pool_indices, req_to_toke
     out = _as_rows(kv_indices, kv_indices_stride, "kv_indices", "kv_indices_stride")
     pool = _leading("req_pool_indices", req_pool_indices, batch)
     lens = _leading("paged_kernel_lens", paged_kernel_lens, batch)
+    if ENTRY_PAGE_SIZE != 1:
+        raise NotImplementedError(f"generate_draft_decode_kv_indices with ENTRY_PAGE_SIZE={ENTRY_PAGE_SIZE} (a "
+                                  "page-granular source table, such as the unified pool's read table) is not "
+                                  "supported by kvdispatch yet; pass the token-granular req_to_token with "
+                                  "ENTRY_PAGE_SIZE=1 (and v2p with TRANSLATE=True to translate its ids)")
     if topk == 0 or first == 0:
         return kv_indices  # no program launched
     _common._build_draft_decode(req_to_token, pool, lens, indptr, out, num_steps=NUM_STEPS or first, topk=topk,
