@@ -118,16 +118,21 @@ dcp_page_table = _on_backend("create_dcp_page_table")
 
 @pytest.fixture
 def compat(monkeypatch, backend):
-    """``kvdispatch.compat.sglang`` with its two builders routed to ``backend`` (cupy-host has no dispatch
-    entry); a test using it is parametrized over ``backend``."""
+    """``kvdispatch.compat.sglang`` with its builders routed to ``backend`` (cupy-host has no dispatch entry); a
+    test using it is parametrized over ``backend``."""
     from kvdispatch.compat import sglang
+    from kvdispatch.compat.sglang import _common
 
     name = backend
-    monkeypatch.setattr(sglang, "_build_page_table", lambda *a, backend=None, **k: page_table(name, *a, **k))
-    monkeypatch.setattr(sglang, "_build_token_csr", lambda *a, backend=None, **k: token_csr(name, *a, **k))
-    monkeypatch.setattr(sglang, "_build_mha_page_table",
+    monkeypatch.setattr(_common, "_build_page_table", lambda *a, backend=None, **k: page_table(name, *a, **k))
+    monkeypatch.setattr(_common, "_build_token_csr", lambda *a, backend=None, **k: token_csr(name, *a, **k))
+    monkeypatch.setattr(_common, "_build_mha_page_table",
                         lambda *a, backend=None, **k: mha_page_table(name, *a, **k))
-    monkeypatch.setattr(sglang, "_build_translated_page_table",
+    monkeypatch.setattr(_common, "_build_translated_page_table",
                         lambda *a, backend=None, **k: translated_page_table(name, *a, **k))
+    monkeypatch.setattr(_common, "_build_dcp_token_csr", lambda *a, backend=None, **k: dcp_token_csr(name, *a, **k))
+    monkeypatch.setattr(_common, "_build_dcp_page_table", lambda *a, backend=None, **k: dcp_page_table(name, *a, **k))
+    monkeypatch.setattr(_common, "_build_draft_decode",
+                        lambda *a, backend=None, **k: through(name, "create_draft_decode_kv_indices", *a, **k))
     return sglang
 

@@ -400,8 +400,9 @@ def _next_power_of_2(n):
 def sglang(monkeypatch, backend):
     """``kvdispatch.compat.sglang`` with its draft builder routed to ``backend``."""
     from kvdispatch.compat import sglang as module
+    from kvdispatch.compat.sglang import _common
 
-    monkeypatch.setattr(module, "_build_draft_decode", lambda *a, backend=None, **k: draft_decode(name, *a, **k))
+    monkeypatch.setattr(_common, "_build_draft_decode", lambda *a, backend=None, **k: draft_decode(name, *a, **k))
     name = backend
     return module
 
@@ -421,9 +422,11 @@ def sglang_case(g, topk, page_size, steps):
                 write_indptr_start=False, round_toward_zero=True), pool_rows
 
 
-def run_sglang(sglang, case, pool_rows, engine, **keywords):
+def run_sglang(sglang, case, pool_rows, engine, *window, **keywords):
     """``generate_draft_decode_kv_indices[grid](...)`` as ``engine``'s multi-step draft backend launches it, into
-    zeroed buffers; returns ``(kv_indices, kv_indptr)`` and checks them against the loop."""
+    zeroed buffers (``window``: ``window_size, sink_size`` passed positionally after ``page_size``, as SGLang's
+    Triton and FlashInfer backends pass them); returns ``(kv_indices, kv_indptr)`` and checks them against the
+    loop."""
     table, batch, topk, steps = case["req_to_token"], case["seq_lens"].shape[0], case["topk"], case["num_steps"]
     width = sglang.draft_kv_indices_buffer_width(batch, topk, table.shape[1])
     kv_indices = torch.zeros((steps, width), dtype=torch.int64 if engine == "triton" else torch.int32, device=DEVICE)
@@ -438,7 +441,7 @@ def run_sglang(sglang, case, pool_rows, engine, **keywords):
     result = sglang.generate_draft_decode_kv_indices[launch](
         on["req_pool_indices"], on["req_to_token"], on["seq_lens"], kv_indices, kv_indptr, on["positions"],
         table.shape[1], width, kv_indptr.shape[1], _next_power_of_2(batch), _next_power_of_2(steps),
-        _next_power_of_2(batch * topk), case["page_size"], **keywords)
+        _next_power_of_2(batch * topk), case["page_size"], *window, **keywords)
     assert result is kv_indices
     assert_same(kv_indices, expected, f"{engine} kv_indices")
     assert_same(kv_indptr, expected_indptr, f"{engine} kv_indptr")
@@ -468,6 +471,7 @@ def test_sglang_window_and_translation(sglang, backend):
     case.update(window_size=5, sink_size=2, v2p=draw(-1, 500, 60, g))
     run_sglang(sglang, case, pool_rows, "aiter", window_size=5, sink_size=2, v2p=case["v2p"].to(DEVICE),
                TRANSLATE=True)
+    run_sglang(sglang, case, pool_rows, "flashinfer", 5, 2, v2p=case["v2p"].to(DEVICE), TRANSLATE=True)
     case["v2p"] = None  # given without TRANSLATE, v2p is not used
     run_sglang(sglang, case, pool_rows, "triton", window_size=5, sink_size=2, v2p=torch.zeros(3, dtype=torch.int64,
                                                                                               device=DEVICE))
@@ -480,11 +484,11 @@ def test_sglang_surface():
         return [(p.name, p.default) for p in inspect.signature(function).parameters.values()]
 
     positional = ["req_pool_indices", "req_to_token", "paged_kernel_lens", "kv_indices", "kv_indptr", "positions",
-                  "pool_len", "kv_indices_stride", "kv_indptr_stride", "bs_upper", "iter_upper", "num_tokens_upper",
+                  "row_stride", "kv_indices_stride", "kv_indptr_stride", "bs_upper", "iter_upper", "num_tokens_upper",
                   "page_size"]
     expected = [(name, inspect.Parameter.empty) for name in positional] + [
-        ("NUM_STEPS", 0), ("window_size", 0), ("sink_size", 0), ("v2p", None), ("TRANSLATE", False),
-        ("ENTRY_PAGE_SIZE", 1)]
+        ("window_size", 0), ("sink_size", 0), ("NUM_STEPS", 0), ("ENTRY_PAGE_SIZE", 1), ("v2p", None),
+        ("TRANSLATE", False)]
     for function in (sglang.generate_draft_decode_kv_indices, sglang.generate_draft_decode_kv_indices[(2, 1, 1)]):
         assert parameters(function) == expected
     assert parameters(sglang.draft_kv_indices_buffer_width) == [
@@ -505,7 +509,7 @@ def test_sglang_surface():
         sglang.generate_draft_decode_kv_indices(*args)
     with pytest.raises(NotImplementedError, match="ENTRY_PAGE_SIZE"):
         sglang.generate_draft_decode_kv_indices[(2, 1, 1)](*args, ENTRY_PAGE_SIZE=16)
-    with pytest.raises(ValueError, match="pool_len=9 does not match"):
+    with pytest.raises(ValueError, match="row_stride=9 does not match"):
         sglang.generate_draft_decode_kv_indices[(2, 1, 1)](*args[:6], 9, *args[7:])
     with pytest.raises(ValueError, match="kv_indptr_stride=3 does not match"):
         sglang.generate_draft_decode_kv_indices[(2, 1, 1)](*args[:8], 3, *args[9:])

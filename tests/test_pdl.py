@@ -141,8 +141,8 @@ def test_the_backends_get_the_pdl_choice(monkeypatch, op, enable_pdl, env, passe
 def test_sglang_drop_ins_keep_their_signatures_and_follow_the_variable(monkeypatch):
     from kvdispatch.compat import sglang
 
-    functions = [f for name, f in vars(sglang).items() if inspect.isfunction(f) and not name.startswith("_")]
-    assert sglang.update_trtllm_mla_graph_metadata in functions
+    functions = [getattr(sglang, name) for name in sglang.__all__ if callable(getattr(sglang, name))]
+    assert sglang.create_flashmla_kv_indices_triton in functions and sglang.build_kv_read_table in functions
     assert not [f.__name__ for f in functions if "enable_pdl" in inspect.signature(f).parameters]
     seen = []
     real_call = dispatch.call
@@ -150,9 +150,11 @@ def test_sglang_drop_ins_keep_their_signatures_and_follow_the_variable(monkeypat
     case = make_case(3, PAGE_SIZE, max_pages=4, generator=torch.Generator().manual_seed(8), device=DEVICE)
     for env in ("1", "0"):
         _use_env(monkeypatch, env)
-        sglang.update_trtllm_mla_graph_metadata(req_pool_indices=case.req_pool_indices, seq_lens=case.seq_lens,
-                                                req_to_token=case.req_to_token, block_kv_indices=case.page_table_out(),
-                                                bs=case.batch, seqlen_offset=0, page_size=PAGE_SIZE)
+        out = case.page_table_out()
+        grid = (case.batch, sglang.get_num_kv_index_blocks_flashmla(out.shape[1], PAGE_SIZE))
+        sglang.create_flashmla_kv_indices_triton[grid](case.req_to_token, case.req_pool_indices, case.seq_lens, None,
+                                                       out, case.req_to_token.stride(0), out.stride(0),
+                                                       PAGED_SIZE=PAGE_SIZE)
     assert seen == [True, False]
 
 

@@ -25,11 +25,12 @@ PAGE_SIZES = (1, 16, 32, 64)
 def sglang(monkeypatch, backend):
     """``kvdispatch.compat.sglang`` with its DCP builders routed to ``backend``."""
     from kvdispatch.compat import sglang as module
+    from kvdispatch.compat.sglang import _common
 
     name = backend
-    monkeypatch.setattr(module, "_build_dcp_token_csr",
+    monkeypatch.setattr(_common, "_build_dcp_token_csr",
                         lambda *a, backend=None, **k: dcp_token_csr(name, *a, **k))
-    monkeypatch.setattr(module, "_build_dcp_page_table",
+    monkeypatch.setattr(_common, "_build_dcp_page_table",
                         lambda *a, backend=None, **k: dcp_page_table(name, *a, **k))
     return module
 
@@ -125,9 +126,10 @@ def test_page_table_call_patterns(sglang, backend, page_size, dcp_size):
             out = torch.full((batch, width), fill, dtype=torch.int32, device=DEVICE)
             grid = (out.shape[0], sglang.get_num_kv_index_blocks_flashmla(out.shape[1], page_size))
             expected = sglang_table_loop(table, pool, local, out, page_size, dcp_size, rank, batch, width)
-            sglang.create_mla_kv_page_table_for_dcp[grid](table, pool, local, out, table.stride(0), out.stride(0),
-                                                          PHYSICAL_PAGE_SIZE=page_size, DCP_SIZE=dcp_size,
-                                                          DCP_RANK=rank, PAGES_PER_BLOCK=per_block)
+            sglang.create_mla_kv_page_table_for_dcp[grid](table, pool, local, out, None, table.stride(0),
+                                                          out.stride(0), PHYSICAL_PAGE_SIZE=page_size,
+                                                          DCP_SIZE=dcp_size, DCP_RANK=rank,
+                                                          PAGES_PER_BLOCK=per_block, HAS_V2P=False)
             assert_same(out, expected, f"rank {rank}")
 
 
@@ -149,14 +151,46 @@ def test_page_table_grid_decides_rows_and_pages(sglang, backend):
         ops.dcp_page_table.reference(table.cpu(), pool.cpu()[: grid[0]], local.cpu()[: grid[0]],
                                        expected[: grid[0], :covered], page_size, dcp_size, rank,
                                        round_toward_zero=True)
-        sglang.create_mla_kv_page_table_for_dcp[grid](table, pool, local, out, table.stride(0), width, page_size,
-                                                      dcp_size, rank, 16)
+        sglang.create_mla_kv_page_table_for_dcp[grid](table, pool, local, out, None, table.stride(0), width,
+                                                      page_size, dcp_size, rank, 16, False)
         assert_same(out, expected, f"grid {grid}")
     flat = torch.full((rows * width,), -1, dtype=torch.int32, device=DEVICE)
     grid = lambda meta: (rows, -(-meta["block_table_stride"] // meta["PAGES_PER_BLOCK"]))  # noqa: E731
-    sglang.create_mla_kv_page_table_for_dcp[grid](table, pool, local, flat, table.stride(0), width, page_size,
-                                                  dcp_size, rank, 16)
+    sglang.create_mla_kv_page_table_for_dcp[grid](table, pool, local, flat, None, table.stride(0), width,
+                                                  page_size, dcp_size, rank, 16, False)
     assert_same(flat.view(rows, width), expected[:rows], "flat buffer")
+    with pytest.raises(ValueError, match=r"holds 4 rows .* launches 5 \(grid\[0\]\)"):
+        sglang.create_mla_kv_page_table_for_dcp[(rows + 1, 3)](table, pool, torch.cat([local, local[:1]]), flat, None,
+                                                               table.stride(0), width, page_size, dcp_size, rank, 16,
+                                                               False)
+    with pytest.raises(NotImplementedError, match="HAS_V2P=True"):
+        sglang.create_mla_kv_page_table_for_dcp[(rows, 3)](table, pool, local, flat, torch.arange(8, device=DEVICE),
+                                                           table.stride(0), width, page_size, dcp_size, rank, 16, True)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("q_len", (1, 3))
+def test_page_table_rows_of_a_wider_layout(sglang, backend, q_len):
+    """Aiter's DCP verify token table: a ``[bs * q_len, num_cols]`` buffer with ``block_table_stride = q_len *
+    num_cols``, so request ``r``'s row starts at row ``r * q_len``; page size 1, 16 pages per block, grid ``(bs,
+    cdiv(num_cols, 16))``. SGLang's rule on every element: each request's row of ``q_len * num_cols`` entries gets
+    its shard's tokens, everything else keeps its value."""
+    g = generator()
+    dcp_size, rank, bs, num_cols = 4, 2, 3, 32
+    table, pool = virtual_pool(bs, dcp_size * num_cols, 1, dcp_size, g)
+    local = torch.randint(0, num_cols + 1, (bs,), generator=g).to(torch.int32).to(DEVICE)
+    out = torch.full((bs * q_len, num_cols), POISON, dtype=torch.int32, device=DEVICE)
+    grid = (bs, -(-num_cols // 16))
+    rows = out.cpu().clone().view(bs, q_len * num_cols)
+    expected = sglang_table_loop(table, pool, local, rows, 1, dcp_size, rank, bs, grid[1] * 16).view(out.shape)
+    sglang.create_mla_kv_page_table_for_dcp[grid](table, pool, local, out, None, table.stride(0), q_len * num_cols,
+                                                  PHYSICAL_PAGE_SIZE=1, DCP_SIZE=dcp_size, DCP_RANK=rank,
+                                                  PAGES_PER_BLOCK=16, HAS_V2P=False)
+    assert_same(out, expected, f"q_len {q_len}")
+    with pytest.raises(ValueError, match="must be contiguous"):
+        wide = torch.full((bs * q_len, num_cols + 4), POISON, dtype=torch.int32, device=DEVICE)
+        sglang.create_mla_kv_page_table_for_dcp[grid](table, pool, local, wide[:, :num_cols], None, table.stride(0),
+                                                      q_len * num_cols, 1, dcp_size, rank, 16, False)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -180,10 +214,49 @@ def test_token_csr_takes_the_batch_from_the_grid(sglang, backend):
         sglang.create_triton_kv_indices_for_dcp_triton[(2,)](table, pool, lens, indptr, None, out, 7, dcp_size, rank)
 
 
+def _owned_before(x, dcp_size, rank, interleave):
+    """SGLang's count of the rank's positions before ``x`` (floor division: negative ``x`` included)."""
+    cycle = dcp_size * interleave
+    return x // cycle * interleave + min(max(x % cycle - rank * interleave, 0), interleave)
+
+
+def test_get_dcp_lens_interleaved_runs():
+    """``interleave_size``: runs of that many positions rotate over the ranks. Against SGLang's formula and a
+    plain count of the positions, with and without a start, negative lengths included (SGLang's count is then
+    negative: no clamp), int32 and int64."""
+    from kvdispatch.compat.sglang import get_dcp_lens
+
+    g = generator()
+    for dtype in (torch.int32, torch.int64):
+        lens = torch.randint(-40, 300, (48,), generator=g).to(dtype)
+        start = torch.randint(0, 200, (48,), generator=g).to(dtype)
+        for dcp_size, interleave in ((2, 1), (4, 16), (3, 5), (8, 64)):
+            for rank in range(dcp_size):
+                plain = get_dcp_lens(lens, dcp_size, rank, interleave_size=interleave)
+                with_start = get_dcp_lens(lens, dcp_size, rank, start, interleave)
+                assert plain.dtype == dtype and with_start.dtype == dtype
+                for b in range(48):
+                    n, s = int(lens[b]), int(start[b])
+                    owned = sum(1 for p in range(s, s + n) if (p // interleave) % dcp_size == rank)
+                    assert int(plain[b]) == _owned_before(n, dcp_size, rank, interleave)
+                    assert int(with_start[b]) == (_owned_before(s + n, dcp_size, rank, interleave)
+                                                  - _owned_before(s, dcp_size, rank, interleave))
+                    if n >= 0:
+                        assert int(with_start[b]) == owned
+    big = torch.tensor([2**63 - 1, -(2**63), 2**62], dtype=torch.int64)
+    start = torch.tensor([2**63 - 1, 5, 2**62], dtype=torch.int64)
+    for dcp_size, rank, interleave in ((8, 7, 1), (3, 1, 64), (1024, 1000, 2**31 - 1)):
+        expected = [_owned_before(s + n, dcp_size, rank, interleave) - _owned_before(s, dcp_size, rank, interleave)
+                    for n, s in zip(big.tolist(), start.tolist())]
+        assert get_dcp_lens(big, dcp_size, rank, start, interleave).tolist() == expected
+        assert get_dcp_lens(big, dcp_size, rank, None, interleave).tolist() == [
+            _owned_before(n, dcp_size, rank, interleave) for n in big.tolist()]
+
+
 def test_get_dcp_lens_matches_sglang_formulas():
     """``get_dcp_lens``: without a start ``lens // D + (rank < lens % D)`` in lens' dtype (negative lengths
-    included), with one the count of owned positions clamped at 0 in the promoted dtype; ``lens`` itself at
-    ``D == 1``; at the int64 extremes the exact count."""
+    included), with one the count of owned positions in the promoted dtype (negative for a negative length, as
+    in SGLang); ``lens`` itself at ``D == 1``; at the int64 extremes the exact count."""
     from kvdispatch.compat.sglang import get_dcp_lens
 
     g = generator()
@@ -196,9 +269,9 @@ def test_get_dcp_lens_matches_sglang_formulas():
             assert plain.dtype == torch.int32
             assert torch.equal(plain, lens // dcp_size + (rank < lens % dcp_size).to(torch.int32))
             with_start = get_dcp_lens(lens, dcp_size, rank, start)
-            first = start + torch.remainder(rank - start, dcp_size)
-            expected = torch.clamp((start + lens - first + dcp_size - 1) // dcp_size, min=0)
+            expected = (start + lens - 1 - rank) // dcp_size - (start - 1 - rank) // dcp_size
             assert with_start.dtype == torch.int64 and torch.equal(with_start, expected)
     big = torch.tensor([2**63 - 1, -(2**63)], dtype=torch.int64)
-    assert get_dcp_lens(big, 8, 7, torch.tensor([2**63 - 1, 0])).tolist() == [(2**63 - 1 - 7) // 8 + 1, 0]
+    assert get_dcp_lens(big, 8, 7, torch.tensor([2**63 - 1, 0])).tolist() == [
+        (2**64 - 2 - 1 - 7) // 8 - (2**63 - 1 - 1 - 7) // 8, (-(2**63) - 1 - 7) // 8 - (-1 - 7) // 8]
     assert get_dcp_lens(big, 8, 7).tolist() == [(2**63 - 1 - 8) // 8 + 1, -(2**63) // 8]

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import BACKENDS, DEVICE, dcp_page_table, dcp_token_csr, through
+from conftest import BACKENDS, DEVICE
 from kvcases import POISON, assert_same
 
 import kvdispatch
@@ -24,13 +24,8 @@ BATCH, ROWS, COLS = 3, 5, 64
 
 
 @pytest.fixture
-def sglang(compat, monkeypatch, backend):
+def sglang(compat):
     """``kvdispatch.compat.sglang`` with every builder routed to ``backend``."""
-    name = backend
-    monkeypatch.setattr(compat, "_build_dcp_token_csr", lambda *a, backend=None, **k: dcp_token_csr(name, *a, **k))
-    monkeypatch.setattr(compat, "_build_dcp_page_table", lambda *a, backend=None, **k: dcp_page_table(name, *a, **k))
-    monkeypatch.setattr(compat, "_build_draft_decode",
-                        lambda *a, backend=None, **k: through(name, "create_draft_decode_kv_indices", *a, **k))
     return compat
 
 
@@ -82,13 +77,6 @@ def _flashmla_one_page(g):  # rows of one entry: a strided flat buffer serves
     return _flashmla(g, width=1)
 
 
-def _mla_metadata(g):
-    table, pool, lens = _pool(g)
-    return None, dict(req_pool_indices=pool, seq_lens=lens, req_to_token=table,
-                      block_kv_indices=torch.full((BATCH + 1, 5), POISON, dtype=torch.int32, device=DEVICE),
-                      bs=BATCH, seqlen_offset=2, page_size=16, seq_lens_k=_poisoned(BATCH + 2))
-
-
 def _mha_kernel(g):
     table, pool, lens = _pool(g)
     width = 5
@@ -105,16 +93,11 @@ def _mha_build(g):
                       page_table=torch.full((BATCH, 5), POISON, dtype=torch.int32, device=DEVICE), page_size=16)
 
 
-def _translated(g):
+def _kv_read_table(g):
     table, pool, lens = _pool(g)
     v2p = torch.randint(-1, 500, (ROWS * COLS * 2 // 16 + 1,), generator=g).to(torch.int32).to(DEVICE)
-    return None, dict(req_to_token=table, req_pool_indices=pool, seq_lens=lens, v2p=v2p, multiplier=3, page_size=16,
-                      max_pages=4, out=torch.full((BATCH + 1, 6), POISON, dtype=torch.int32, device=DEVICE))
-
-
-def _kv_read_table(g):
-    grid, arguments = _translated(g)
-    return grid, dict(arguments, seq_len_delta=2)
+    return None, dict(req_to_token=table, req_pool_indices=pool, seq_lens=lens, v2p=v2p, page_size=16, max_pages=4,
+                      out=torch.full((BATCH + 1, 6), POISON, dtype=torch.int32, device=DEVICE), seq_len_delta=2)
 
 
 def _draft(g, steps=2, topk=2):
@@ -124,7 +107,7 @@ def _draft(g, steps=2, topk=2):
     return (steps, BATCH, topk), dict(
         req_pool_indices=pool, req_to_token=table, paged_kernel_lens=lens, kv_indices=_poisoned(steps * width),
         kv_indptr=_poisoned(steps * (segments + 1)), positions=lens.repeat_interleave(topk).to(torch.int64),
-        pool_len=COLS, kv_indices_stride=width, kv_indptr_stride=segments + 1, bs_upper=4, iter_upper=2,
+        row_stride=COLS, kv_indices_stride=width, kv_indptr_stride=segments + 1, bs_upper=4, iter_upper=2,
         num_tokens_upper=8, page_size=1)
 
 
@@ -140,9 +123,9 @@ def _dcp_page_table(g):
     table, pool, lens = _pool(g)
     width = 4
     return (BATCH, 1), dict(req_to_token_ptr=table, req_pool_indices_ptr=pool, local_seq_lens_ptr=lens // 2,
-                            block_kv_indices_ptr=_poisoned((BATCH + 1) * width), req_to_token_stride=COLS,
-                            block_table_stride=width, PHYSICAL_PAGE_SIZE=8, DCP_SIZE=2, DCP_RANK=1,
-                            PAGES_PER_BLOCK=4)
+                            block_kv_indices_ptr=_poisoned((BATCH + 1) * width), v2p_ptr=None,
+                            req_to_token_stride=COLS, block_table_stride=width, PHYSICAL_PAGE_SIZE=8, DCP_SIZE=2,
+                            DCP_RANK=1, PAGES_PER_BLOCK=4, HAS_V2P=False)
 
 
 def _dcp_lens(g):
@@ -156,10 +139,8 @@ CASES = {
     "create_chunked_prefix_cache_kv_indices": _chunked,
     "create_flashmla_kv_indices_triton": _flashmla,
     "create_flashmla_kv_indices_triton/one-page rows": _flashmla_one_page,
-    "update_trtllm_mla_graph_metadata": _mla_metadata,
     "create_trtllm_mha_kv_indices_triton": _mha_kernel,
     "build_trtllm_mha_page_table": _mha_build,
-    "build_kernel_page_table": _translated,
     "build_kv_read_table": _kv_read_table,
     "generate_draft_decode_kv_indices": _draft,
     "create_triton_kv_indices_for_dcp_triton": _dcp_csr,
@@ -190,15 +171,13 @@ STRIDED = [
     ("create_flashmla_kv_indices_triton", "kv_indices_ptr", "flat kv_indices_ptr .* must have stride 1"),
     ("create_flashmla_kv_indices_triton", "req_pool_indices_ptr", None),
     ("create_flashmla_kv_indices_triton/one-page rows", "kv_indices_ptr", None),
-    ("update_trtllm_mla_graph_metadata", "seq_lens", None),
-    ("update_trtllm_mla_graph_metadata", "seq_lens_k", "seq_lens_out must have a contiguous"),
     ("create_trtllm_mha_kv_indices_triton", "page_table_ptr", "flat page_table_ptr .* must have stride 1"),
     ("create_trtllm_mha_kv_indices_triton", "swa_page_table_ptr", "flat swa_page_table_ptr .* must have stride 1"),
     ("create_trtllm_mha_kv_indices_triton", "full_to_swa_ptr", "full_to_swa must be contiguous"),
     ("create_trtllm_mha_kv_indices_triton", "seq_lens_ptr", None),
     ("build_trtllm_mha_page_table", "cache_seqlens", None),
-    ("build_kernel_page_table", "seq_lens", None),
-    ("build_kernel_page_table", "v2p", "v2p must be contiguous"),
+    ("build_kv_read_table", "seq_lens", None),
+    ("build_kv_read_table", "v2p", "v2p must be contiguous"),
     ("build_kv_read_table", "req_pool_indices", None),
     ("generate_draft_decode_kv_indices", "kv_indices", "flat kv_indices .* must have stride 1"),
     ("generate_draft_decode_kv_indices", "kv_indptr", "flat kv_indptr .* must have stride 1"),
@@ -258,7 +237,7 @@ def test_buffers_inside_bigger_buffers(sglang, backend, layout, case, argument, 
 def test_rows_of_a_flat_buffer_stay_inside_it():
     """A flat buffer read as rows: a view of its own elements, the partial last row left out, the storage offset
     kept; a strided one only as rows of one entry."""
-    from kvdispatch.compat import sglang
+    from kvdispatch.compat.sglang import _common as sglang
 
     big = torch.arange(40, dtype=torch.int32)
     rows = sglang._as_rows(big[5:28], 4, "kv_indices_ptr", "kv_indices_ptr_stride")
@@ -294,12 +273,6 @@ BAD_VALUES = [
     ("create_flashmla_kv_indices_triton", None, dict(kv_indices_ptr_stride=3.0), TypeError,
      "kv_indices_ptr_stride"),
     ("create_flashmla_kv_indices_triton", (-1, 1), {}, ValueError, "grid[0]"),
-    ("update_trtllm_mla_graph_metadata", None, dict(bs=-1), ValueError, "bs"),
-    ("update_trtllm_mla_graph_metadata", None, dict(bs=True), TypeError, "bs"),
-    ("update_trtllm_mla_graph_metadata", None, dict(bs=3.0), TypeError, "bs"),
-    ("update_trtllm_mla_graph_metadata", None, dict(bs=BATCH + 1), ValueError, "req_pool_indices"),
-    ("update_trtllm_mla_graph_metadata", None, dict(page_size=4.7), TypeError, "page_size"),
-    ("update_trtllm_mla_graph_metadata", None, dict(seqlen_offset=1.5), TypeError, "seqlen_offset"),
     ("create_trtllm_mha_kv_indices_triton", None, dict(PAGE_SIZE=4.7), TypeError, "PAGE_SIZE"),
     ("create_trtllm_mha_kv_indices_triton", None, dict(PAGE_SIZE=0), ValueError, "PAGE_SIZE"),
     ("create_trtllm_mha_kv_indices_triton", None, dict(PAGE_SIZE=24), ValueError, "PAGE_SIZE must divide 4096"),
@@ -312,10 +285,11 @@ BAD_VALUES = [
     ("build_trtllm_mha_page_table", None, dict(page_size=4.7), TypeError, "page_size"),
     ("build_trtllm_mha_page_table", None, dict(page_size=0), ValueError, "page_size"),
     ("build_trtllm_mha_page_table", None, dict(page_size=True), TypeError, "page_size"),
-    ("build_kernel_page_table", None, dict(page_size=4.7), TypeError, "page_size"),
-    ("build_kernel_page_table", None, dict(max_pages=2.5), TypeError, "max_pages"),
-    ("build_kernel_page_table", None, dict(max_pages=-1), ValueError, "max_pages"),
-    ("build_kernel_page_table", None, dict(multiplier=1.5), TypeError, "multiplier"),
+    ("build_kv_read_table", None, dict(page_size=4.7), TypeError, "page_size"),
+    ("build_kv_read_table", None, dict(max_pages=2.5), TypeError, "max_pages"),
+    ("build_kv_read_table", None, dict(max_pages=-1), ValueError, "max_pages"),
+    ("build_kv_read_table", None, dict(zero_tail=1), TypeError, "zero_tail"),
+    ("build_kv_read_table", None, dict(zero_tail=True), NotImplementedError, "zero_tail"),
     ("build_kv_read_table", None, dict(seq_len_delta=0.5), TypeError, "seq_len_delta"),
     ("generate_draft_decode_kv_indices", None, dict(NUM_STEPS=-1), ValueError, "NUM_STEPS"),
     ("generate_draft_decode_kv_indices", None, dict(NUM_STEPS=2.0), TypeError, "NUM_STEPS"),
@@ -324,7 +298,8 @@ BAD_VALUES = [
     ("generate_draft_decode_kv_indices", (2, -1, 2), {}, ValueError, "grid[1]"),
     ("generate_draft_decode_kv_indices", (2, BATCH + 1, 2), {}, ValueError, "req_pool_indices"),
     ("generate_draft_decode_kv_indices", None, dict(page_size=4.7), TypeError, "page_size"),
-    ("generate_draft_decode_kv_indices", None, dict(pool_len=64.0), TypeError, "pool_len"),
+    ("generate_draft_decode_kv_indices", None, dict(row_stride=64.0), TypeError, "row_stride"),
+    ("generate_draft_decode_kv_indices", None, dict(ENTRY_PAGE_SIZE=16), NotImplementedError, "ENTRY_PAGE_SIZE"),
     ("generate_draft_decode_kv_indices", None, dict(kv_indptr_stride=0), ValueError, "kv_indptr_stride"),
     ("generate_draft_decode_kv_indices", None, dict(TRANSLATE=1, v2p=torch.zeros(4, dtype=torch.int32)), TypeError,
      "TRANSLATE"),
@@ -349,6 +324,10 @@ BAD_VALUES = [
     ("create_mla_kv_page_table_for_dcp", None, dict(PHYSICAL_PAGE_SIZE=4.7), TypeError, "PHYSICAL_PAGE_SIZE"),
     ("create_mla_kv_page_table_for_dcp", None, dict(PAGES_PER_BLOCK=0), ValueError, "PAGES_PER_BLOCK"),
     ("create_mla_kv_page_table_for_dcp", None, dict(block_table_stride=4.0), TypeError, "block_table_stride"),
+    ("create_mla_kv_page_table_for_dcp", None, dict(HAS_V2P=1), TypeError, "HAS_V2P"),
+    ("create_mla_kv_page_table_for_dcp", None, dict(HAS_V2P=True, v2p_ptr=torch.zeros(8, dtype=torch.int64)),
+     NotImplementedError, "HAS_V2P"),
+    ("create_mla_kv_page_table_for_dcp", (BATCH + 2, 1), {}, ValueError, "grid[0]"),
     ("create_mla_kv_page_table_for_dcp", (-1, 1), {}, ValueError, "grid[0]"),
     ("create_mla_kv_page_table_for_dcp", (BATCH, 1.0), {}, TypeError, "grid[1]"),
     ("get_dcp_lens", None, dict(dcp_size=0), ValueError, "dcp_size"),
@@ -360,6 +339,8 @@ BAD_VALUES = [
     ("get_dcp_lens", None, dict(dcp_size=1, dcp_rank=1), ValueError, "dcp_rank"),
     ("get_dcp_lens", None, dict(lens=torch.ones(BATCH)), TypeError, "lens"),
     ("get_dcp_lens", None, dict(start=torch.zeros(BATCH + 1, dtype=torch.int64)), ValueError, "start"),
+    ("get_dcp_lens", None, dict(interleave_size=0), ValueError, "interleave_size"),
+    ("get_dcp_lens", None, dict(interleave_size=2.0), TypeError, "interleave_size"),
 ]
 
 
@@ -402,7 +383,9 @@ def test_get_dcp_lens_refuses_as_dcp_local_lengths(dcp_size, dcp_rank):
     (lambda s: s.get_num_kv_index_blocks_flashmla(10, 0), ValueError, "page_size"),
     (lambda s: s.kv_indices_num_token_blocks(1.5, 1), TypeError, "table_width"),
     (lambda s: s.kv_indices_num_token_blocks(10, -1), ValueError, "base_programs"),
-    (lambda s: s.kv_indices_token_blocks_for_copy(10, 2.0), TypeError, "base_programs"),
+    (lambda s: s.spec_kv_index_token_blocks(10, 2.0, 3), TypeError, "kv_lens_sum"),
+    (lambda s: s.spec_kv_index_token_blocks(10, None, -1), ValueError, "batch_size"),
+    (lambda s: s.spec_kv_index_token_blocks(10, None, 3, context_len=True), TypeError, "context_len"),
     (lambda s: s.get_num_mha_kv_index_blocks(4, 0), ValueError, "page_size"),
     (lambda s: s.get_num_mha_kv_index_blocks(-4, 16), ValueError, "num_pages"),
     (lambda s: s.draft_kv_indices_buffer_width(-1, 2, 64), ValueError, "num_seqs"),

@@ -1,4 +1,4 @@
-"""``kvdispatch.compat.sglang`` as a drop-in for SGLang's module ``sglang.kernels.ops.kvcache.kv_indices``.
+"""``kvdispatch.compat.sglang`` as a drop-in for SGLang's module ``sglang.kernels.ops.attention.kv_indices``.
 
 Name by name: the module's public names, each function's parameters (names, order, defaults), the grid
 helpers' values against SGLang's formulas, and each builder on the call patterns of SGLang's engines
@@ -43,11 +43,9 @@ SGLANG_FUNCTIONS = {
     "get_num_page_per_block_flashmla": [("page_size", 64)],
     "get_num_kv_index_blocks_flashmla": [("kv_indices_width", REQUIRED), ("page_size", REQUIRED)],
     "kv_indices_num_token_blocks": [("table_width", REQUIRED), ("base_programs", REQUIRED)],
-    "kv_indices_token_blocks_for_copy": [("table_width", REQUIRED), ("base_programs", REQUIRED)],
-    "update_trtllm_mla_graph_metadata": [
-        ("req_pool_indices", REQUIRED), ("seq_lens", REQUIRED), ("req_to_token", REQUIRED),
-        ("block_kv_indices", REQUIRED), ("bs", REQUIRED), ("seqlen_offset", REQUIRED), ("page_size", REQUIRED),
-        ("seq_lens_k", None)],
+    "spec_kv_index_token_blocks": [
+        ("table_width", REQUIRED), ("kv_lens_sum", REQUIRED), ("batch_size", REQUIRED), ("base_programs", None),
+        ("length_cap", None), ("context_len", None)],
     "get_num_mha_kv_index_blocks": [("num_pages", REQUIRED), ("page_size", REQUIRED)],
     "create_trtllm_mha_kv_indices_triton": [
         ("req_to_token_ptr", REQUIRED), ("req_pool_indices_ptr", REQUIRED), ("seq_lens_ptr", REQUIRED),
@@ -57,27 +55,25 @@ SGLANG_FUNCTIONS = {
     "build_trtllm_mha_page_table": [
         ("req_to_token", REQUIRED), ("req_pool_indices", REQUIRED), ("cache_seqlens", REQUIRED),
         ("page_table", REQUIRED), ("page_size", REQUIRED), ("swa_page_table", None), ("full_to_swa", None)],
-    "build_kernel_page_table": [
-        ("req_to_token", REQUIRED), ("req_pool_indices", REQUIRED), ("seq_lens", REQUIRED), ("v2p", REQUIRED),
-        ("multiplier", REQUIRED), ("page_size", REQUIRED), ("max_pages", REQUIRED), ("out", REQUIRED)],
     "build_kv_read_table": [
         ("req_to_token", REQUIRED), ("req_pool_indices", REQUIRED), ("seq_lens", REQUIRED), ("v2p", REQUIRED),
-        ("multiplier", REQUIRED), ("page_size", REQUIRED), ("max_pages", REQUIRED), ("out", REQUIRED),
-        ("seq_len_delta", 0)],
+        ("page_size", REQUIRED), ("max_pages", REQUIRED), ("out", REQUIRED), ("seq_len_delta", 0),
+        ("zero_tail", False)],
     "create_triton_kv_indices_for_dcp_triton": [
         ("req_to_token_ptr", REQUIRED), ("req_pool_indices_ptr", REQUIRED), ("dcp_kernel_lens_ptr", REQUIRED),
         ("kv_indptr", REQUIRED), ("kv_start_idx", REQUIRED), ("kv_indices_ptr", REQUIRED),
         ("req_to_token_ptr_stride", REQUIRED), ("dcp_size", REQUIRED), ("dcp_rank", REQUIRED)],
     "create_mla_kv_page_table_for_dcp": [
         ("req_to_token_ptr", REQUIRED), ("req_pool_indices_ptr", REQUIRED), ("local_seq_lens_ptr", REQUIRED),
-        ("block_kv_indices_ptr", REQUIRED), ("req_to_token_stride", REQUIRED), ("block_table_stride", REQUIRED),
-        ("PHYSICAL_PAGE_SIZE", REQUIRED), ("DCP_SIZE", REQUIRED), ("DCP_RANK", REQUIRED),
-        ("PAGES_PER_BLOCK", REQUIRED)],
-    "get_dcp_lens": [("lens", REQUIRED), ("dcp_size", REQUIRED), ("dcp_rank", REQUIRED), ("start", None)],
+        ("block_kv_indices_ptr", REQUIRED), ("v2p_ptr", REQUIRED), ("req_to_token_stride", REQUIRED),
+        ("block_table_stride", REQUIRED), ("PHYSICAL_PAGE_SIZE", REQUIRED), ("DCP_SIZE", REQUIRED),
+        ("DCP_RANK", REQUIRED), ("PAGES_PER_BLOCK", REQUIRED), ("HAS_V2P", REQUIRED)],
+    "get_dcp_lens": [("lens", REQUIRED), ("dcp_size", REQUIRED), ("dcp_rank", REQUIRED), ("start", None),
+                     ("interleave_size", 1)],
 }
-SGLANG_CONSTANTS = {"KV_INDICES_TOKEN_BLOCKS_MIN_WIDTH": 32768}
+SGLANG_CONSTANTS = {"SPEC_KV_INDEX_BLOCKS_MIN_CONTEXT": 32768}
 # Functions whose parameters are all keyword-only in SGLang.
-KEYWORD_ONLY = {"update_trtllm_mla_graph_metadata", "build_kernel_page_table", "build_kv_read_table"}
+KEYWORD_ONLY = {"build_kv_read_table"}
 # SGLang's speculative draft builder and its buffer sizing helpers (tests/test_draft_decode.py tests them).
 SGLANG_SPECULATIVE = {"generate_draft_decode_kv_indices", "draft_kv_indices_buffer_width", "draft_kv_indices_used_len"}
 BUILDERS = [name for name in SGLANG_FUNCTIONS if name.startswith("create_")]
@@ -121,8 +117,28 @@ def test_grid_helpers_follow_sglangs_formulas():
         for base_programs in (0, 1, 3, 64, 511, 512, 513, 4096):
             blocks = max(1, min(cdiv(table_width, 8192), 512 // max(1, base_programs)))
             assert sglang.kv_indices_num_token_blocks(table_width, base_programs) == blocks
-            copy_blocks = 1 if table_width < 32768 else blocks
-            assert sglang.kv_indices_token_blocks_for_copy(table_width, base_programs) == copy_blocks
+
+
+def _spec_token_blocks(table_width, kv_lens_sum, batch_size, base_programs=None, length_cap=None, context_len=None):
+    """SGLang's speculative-decode token-block rule, spelled out."""
+    if (table_width if context_len is None else context_len) < 32768 or batch_size <= 0:
+        return 1
+    width = table_width if kv_lens_sum is None else min([kv_lens_sum, table_width] + (
+        [] if length_cap is None else [length_cap]))
+    programs = batch_size if base_programs is None else base_programs
+    return max(1, min(-(-width // 8192), 512 // max(1, programs)))
+
+
+def test_spec_kv_index_token_blocks_follows_sglangs_rule():
+    assert sglang.SPEC_KV_INDEX_BLOCKS_MIN_CONTEXT == 32768
+    for table_width in (0, 8192, 32767, 32768, 131072, 10**6):
+        for kv_lens_sum in (None, 0, 5000, 40000, 10**7):
+            for batch_size in (0, 1, 3, 64, 600):
+                for extra in ({}, dict(base_programs=2), dict(length_cap=9000), dict(context_len=10**6),
+                              dict(context_len=100, base_programs=0), dict(length_cap=0, base_programs=1)):
+                    expected = _spec_token_blocks(table_width, kv_lens_sum, batch_size, **extra)
+                    got = sglang.spec_kv_index_token_blocks(table_width, kv_lens_sum, batch_size, **extra)
+                    assert got == expected, (table_width, kv_lens_sum, batch_size, extra)
 
 
 # -- helpers -------------------------------------------------------------------------------------------------
@@ -152,8 +168,10 @@ def _require_int64_token_csr_out(compat):
     """Skip unless the (routed) token-CSR builder writes an int64 ``out``."""
     table = torch.arange(4, dtype=torch.int32, device=DEVICE).view(1, 4)
     zero = torch.zeros(1, dtype=torch.int32, device=DEVICE)
+    from kvdispatch.compat.sglang import _common
+
     try:
-        compat._build_token_csr(table, zero, zero + 1, zero, torch.zeros(1, dtype=torch.int64, device=DEVICE))
+        _common._build_token_csr(table, zero, zero + 1, zero, torch.zeros(1, dtype=torch.int64, device=DEVICE))
     except TypeError as error:
         pytest.skip(f"the token-CSR builder does not take an int64 out yet: {error}")
 
@@ -309,8 +327,10 @@ def test_token_csr_page_granular_and_mapped(backend, entry_page_size, mapped, to
 
 def test_token_csr_forwards_options_only_when_set(monkeypatch):
     """Today's call (no ``entry_page_size=`` / ``token_mapping=``) unless one of them is not the default."""
+    from kvdispatch.compat.sglang import _common
+
     calls = []
-    monkeypatch.setattr(sglang, "_build_token_csr", lambda *args, **keywords: calls.append(keywords))
+    monkeypatch.setattr(_common, "_build_token_csr", lambda *args, **keywords: calls.append(keywords))
     table = torch.zeros(2, 8, dtype=torch.int32)
     mapping = torch.arange(16)
     arguments = (table, None, None, None, "start", None, table.stride(0))

@@ -4,9 +4,9 @@
   int32 page table ``[bs, ceil(max_context_len / page)]``, int64 request rows, int32 cache lengths; eager
   (a fresh uninitialised buffer per step) and graph replay (a persistent buffer rebuilt in place); SWA hybrid
   models with an int64 ``full_to_swa`` mapping into the sliding-window pool.
-* The unified pool's ``KVIndexTranslator``: ``build_kernel_page_table`` and ``build_kv_read_table`` with an
-  int64 ``v2p`` holding -1 for freed pages, multiplier 1 and a sub-pool's block count, the draft tokens as
-  ``seq_len_delta``; eager fresh zeros and a reused buffer whose stale tail must survive.
+* The unified pool's ``KVIndexTranslator``: ``build_kv_read_table`` with an int64 ``v2p`` holding -1 for freed
+  pages, the draft tokens as ``seq_len_delta``; eager fresh zeros and a reused buffer whose stale tail must
+  survive (``zero_tail=False``; ``zero_tail=True`` is refused).
 
 Every backend in ``conftest.BACKENDS``; each result is checked against ``kvdispatch.reference`` run on a copy of
 the output as it was before the call, and against the pool's own bookkeeping.
@@ -179,29 +179,26 @@ def _v2p(pool, rng):
                         device=DEVICE)
 
 
-def _check_translated_against_pool(pool, rids, out, v2p, multiplier, max_pages, lengths):
+def _check_translated_against_pool(pool, rids, out, v2p, max_pages, lengths):
     mapping = v2p.cpu().tolist()
     for b, (rid, length) in enumerate(zip(rids, lengths)):
         pages = pool.block_table(rid, length)[:max_pages]
-        assert out[b, : len(pages)].cpu().tolist() == [max(mapping[p] * multiplier, 0) for p in pages], \
-            f"request {rid} (row {b})"
+        assert out[b, : len(pages)].cpu().tolist() == [max(mapping[p], 0) for p in pages], f"request {rid} (row {b})"
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("page_size", PAGE_SIZES + (ODD_PAGE_SIZE,))
-@pytest.mark.parametrize("builder", ("build_kernel_page_table", "build_kv_read_table"))
+@pytest.mark.parametrize("num_draft", (0, 3))
 @pytest.mark.parametrize("mode", ("eager", "reused"))
-def test_unified_pool_translator(backend, page_size, builder, mode, compat):
+def test_unified_pool_translator(backend, page_size, num_draft, mode, compat):
     scale = _scale(backend)
-    num_draft = 3 if builder == "build_kv_read_table" else 0
-    pool = _pool(page_size, scale, seed=17 * page_size + len(builder) + len(mode),
+    pool = _pool(page_size, scale, seed=17 * page_size + num_draft + len(mode),
                  extra_tokens=num_draft * (scale.steps + 2))
     populate(pool, scale.batch, min_len=1, max_len=scale.max_len)
     table = pool.req_to_token
     rng = random.Random(page_size * 3 + len(mode))
     columns = table.shape[1]
-    # The widest max_pages each builder's assert lets through.
-    max_pages = columns // page_size if builder == "build_kernel_page_table" else -(-columns // page_size)
+    max_pages = -(-columns // page_size)  # the widest the builder's assert lets through
     bs = scale.batch
     stale_tail = 5
     reused = torch.full((bs + 2, max_pages + stale_tail), -7, dtype=torch.int32, device=DEVICE)
@@ -213,61 +210,58 @@ def test_unified_pool_translator(backend, page_size, builder, mode, compat):
             pool.extend(rid, num_draft)
         pool.sync()
         v2p = _v2p(pool, rng)
-        multiplier = (1, 4)[step % 2]
         out = torch.zeros((bs, max_pages), dtype=torch.int32, device=DEVICE) if mode == "eager" else reused
         expected = out.clone()
         rows_t, lens_t = _vec(rows, torch.int64), _vec(committed, torch.int32)
-        ops.translated_page_table.reference(table, rows_t, lens_t, v2p, expected, page_size, multiplier, max_pages,
+        ops.translated_page_table.reference(table, rows_t, lens_t, v2p, expected, page_size, 1, max_pages,
                                               num_draft)
-        options = dict(req_to_token=table, req_pool_indices=rows_t, seq_lens=lens_t, v2p=v2p, multiplier=multiplier,
-                       page_size=page_size, max_pages=max_pages, out=out)
+        options = dict(req_to_token=table, req_pool_indices=rows_t, seq_lens=lens_t, v2p=v2p, page_size=page_size,
+                       max_pages=max_pages, out=out)
         if num_draft:
             options["seq_len_delta"] = num_draft
-        assert getattr(compat, builder)(**options) is out
+        assert compat.build_kv_read_table(**options) is out
         _same(out, expected)
         if mode == "reused":
             assert (reused[:, max_pages:] == -7).all() and (reused[bs:] == -7).all()  # the stale tail survives
-        _check_translated_against_pool(pool, rids, out, v2p, multiplier, max_pages,
-                                       [n + num_draft for n in committed])
+        _check_translated_against_pool(pool, rids, out, v2p, max_pages, [n + num_draft for n in committed])
         for rid, n in zip(rids, committed):
             pool.truncate(rid, n + (rng.randint(0, num_draft - 1) + 1 if num_draft else 0))
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-@pytest.mark.parametrize("builder", ("build_kernel_page_table", "build_kv_read_table"))
-def test_unified_pool_edges(backend, builder, compat):
-    """Negative tokens read virtual page 0 (SGLang's CUDA kernel for the kernel page table reads ``v2p[-1]``
-    at page size 1); live columns stop at ``max_pages``; ``bs`` or ``max_pages`` 0 leaves ``out`` untouched."""
+def test_unified_pool_edges(backend, compat):
+    """Negative tokens read virtual page 0, as in SGLang; live columns stop at ``max_pages``; ``bs`` or
+    ``max_pages`` 0 leaves ``out`` untouched."""
     table = torch.tensor([[-1, 5, 2, -7, 9, 1], [3, 3, 3, 3, 3, 3]], dtype=torch.int32, device=DEVICE)
     v2p = torch.tensor([11, -1, 2**40, 7, 5, 6, 8, 9, 10, 4], dtype=torch.int64, device=DEVICE)
     rows, lens = _vec([0, 1], torch.int64), _vec([6, 6], torch.int32)
     out = torch.full((3, 6), POISON, dtype=torch.int32, device=DEVICE)
-    build = getattr(compat, builder)
-    build(req_to_token=table, req_pool_indices=rows, seq_lens=lens, v2p=v2p, multiplier=1, page_size=1, max_pages=4,
-          out=out)
+    build = compat.build_kv_read_table
+    build(req_to_token=table, req_pool_indices=rows, seq_lens=lens, v2p=v2p, page_size=1, max_pages=4, out=out)
     assert out[0].tolist() == [11, 6, 2**31 - 1, 11, POISON, POISON]
     assert out[1].tolist() == [7] * 4 + [POISON] * 2 and (out[2] == POISON).all()
     before = out.clone()
-    build(req_to_token=table, req_pool_indices=rows[:0], seq_lens=lens[:0], v2p=v2p, multiplier=1, page_size=1,
-          max_pages=4, out=out)
-    build(req_to_token=table, req_pool_indices=rows, seq_lens=lens, v2p=v2p, multiplier=1, page_size=1, max_pages=0,
+    build(req_to_token=table, req_pool_indices=rows[:0], seq_lens=lens[:0], v2p=v2p, page_size=1, max_pages=4,
           out=out)
+    build(req_to_token=table, req_pool_indices=rows, seq_lens=lens, v2p=v2p, page_size=1, max_pages=0, out=out)
     _same(out, before)
 
 
-@pytest.mark.parametrize("builder", ("build_kernel_page_table", "build_kv_read_table"))
-def test_unified_pool_asserts_are_value_errors(builder):
+def test_unified_pool_asserts_are_value_errors():
     from kvdispatch.compat import sglang
 
     table = torch.zeros((2, 64), dtype=torch.int32, device=DEVICE)
     rows, lens = _vec([0, 1], torch.int64), _vec([6, 6], torch.int32)
     v2p = torch.arange(8, device=DEVICE)
     out = torch.zeros((2, 4), dtype=torch.int32, device=DEVICE)
-    build = getattr(sglang, builder)
-    common = dict(req_to_token=table, req_pool_indices=rows, seq_lens=lens, v2p=v2p, multiplier=1, page_size=16)
+    build = sglang.build_kv_read_table
+    common = dict(req_to_token=table, req_pool_indices=rows, seq_lens=lens, v2p=v2p, page_size=16)
     for bad in (dict(out=out.long(), max_pages=4), dict(out=out.view(-1), max_pages=4), dict(out=out, max_pages=5),
                 dict(out=out[:1], max_pages=4), dict(out=out.t(), max_pages=2),
                 dict(out=out, max_pages=4, page_size=22)):
         with pytest.raises(ValueError):
             build(**dict(common, **bad))
     assert (out == 0).all()
+    with pytest.raises(NotImplementedError, match="zero_tail=True"):
+        build(**common, out=out.fill_(POISON), max_pages=4, zero_tail=True)
+    assert (out == POISON).all()

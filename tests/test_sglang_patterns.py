@@ -12,7 +12,7 @@ Patterns:
   of ``lcm(128 / page, pages per program)`` pages, rebuilt in place before every replay (a real
   ``torch.cuda.CUDAGraph`` on a GPU; repeated in-place calls on CPU), batch padded with row 0 / length 1;
 * target-verify (speculative decoding): lengths plus draft tokens copied into ``seq_lens_k``, then the
-  block table, eager and in the graph-metadata pattern; draft tokens are then partly accepted and rolled back;
+  block table; draft tokens are then partly accepted and rolled back;
 * Aiter: a token CSR (``kv_indptr``/``kv_indices``) and a page table built from the same pool, eager and
   with persistent buffers.
 """
@@ -269,59 +269,6 @@ def test_target_verify(backend, page_size, mode, compat):
         assert seq_out[:bs].tolist() == [n + num_draft for n in committed]
         _check_against_pool(pool, rids, kv)  # every token, drafts included
         for rid, n in zip(rids, committed):  # accept some drafts (plus the bonus token), roll back the rest
-            pool.truncate(rid, n + rng.randint(0, num_draft - 1) + 1)
-
-
-@pytest.mark.parametrize("backend", BACKENDS)
-@pytest.mark.parametrize("page_size", (1, 32, 64))
-@pytest.mark.parametrize("with_lengths", (True, False))
-def test_trtllm_mla_graph_metadata(backend, page_size, with_lengths, compat):
-    """The TRT-LLM MLA graph replay's fused metadata update: persistent buffers for ``max_bs`` requests, a
-    replay of ``bs`` of them (lengths plus draft tokens into ``seq_lens_k``, then the block table), the
-    padded rows past ``bs`` untouched; ``bs`` 0 writes nothing."""
-    scale = _scale(backend)
-    num_draft = 3
-    pool = _pool(page_size, scale, seed=5 * page_size + with_lengths, extra_tokens=num_draft * (scale.steps + 2))
-    populate(pool, scale.batch, min_len=1, max_len=scale.max_len)
-    table = pool.req_to_token
-    max_bs, bs = scale.batch + 2, scale.batch
-    width = _trtllm_width(pool.max_context_len, page_size)
-    block_kv_indices = torch.full((max_bs, width), -1, dtype=torch.int32, device=DEVICE)
-    rows_buf = torch.zeros(max_bs, dtype=torch.int64, device=DEVICE)
-    lens_buf = torch.ones(max_bs, dtype=torch.int32, device=DEVICE)
-    seq_lens_k = torch.full((max_bs,), POISON, dtype=torch.int32, device=DEVICE) if with_lengths else None
-    rng = random.Random(page_size)
-
-    def build(count=bs):
-        result = compat.update_trtllm_mla_graph_metadata(
-            req_pool_indices=rows_buf, seq_lens=lens_buf, req_to_token=table, block_kv_indices=block_kv_indices,
-            bs=count, seqlen_offset=num_draft, page_size=page_size, seq_lens_k=seq_lens_k)
-        assert result is None
-
-    before = block_kv_indices.clone()
-    build(0)
-    _same(block_kv_indices, before)
-    replay = _replayer(build)
-    for step in range(scale.steps):
-        if step:
-            _churn(pool, scale)
-        rids, rows, committed = _batch(pool, bs)
-        for rid in rids:
-            pool.extend(rid, num_draft)
-        pool.sync()
-        rows_buf[:bs].copy_(_vec(rows, torch.int64))
-        lens_buf[:bs].copy_(_vec(committed, torch.int32))
-        expected = block_kv_indices.clone()
-        ops.page_table.reference(table, rows_buf[:bs], lens_buf[:bs], expected, page_size, None, num_draft, None,
-                                   None, True)
-        lengths_before = None if seq_lens_k is None else seq_lens_k.clone()
-        replay()
-        _same(block_kv_indices, expected)
-        _check_against_pool(pool, rids, block_kv_indices[:bs])
-        if seq_lens_k is not None:
-            assert seq_lens_k[:bs].tolist() == [n + num_draft for n in committed]
-            _same(seq_lens_k[bs:], lengths_before[bs:])
-        for rid, n in zip(rids, committed):
             pool.truncate(rid, n + rng.randint(0, num_draft - 1) + 1)
 
 

@@ -1,0 +1,104 @@
+"""A drop-in for SGLang 0.5.23's ``sglang.kernels.ops.attention.dcp_kernels``: one decode-context-parallel
+rank's token CSR and MLA block table, forwarding to ``kvdispatch.create_dcp_kv_indices`` and
+``kvdispatch.create_dcp_page_table``. Unlike the ``kv_indices`` builders they take the batch from the grid
+(``grid[0]``, as SGLang's kernels do; the block table also its covered width, ``grid[1] * PAGES_PER_BLOCK``).
+
+SGLang's ``dcp_kernels.create_dcp_kv_indices`` (a CSR over the all-gathered prefix+extend buffer) is a different
+builder from kvdispatch's public ``create_dcp_kv_indices`` and is not mirrored.
+"""
+
+from __future__ import annotations
+
+from kvdispatch._validate import _INT32_MAX, _int32_tensor, _tensor, check_flag
+from kvdispatch.compat.sglang import _common
+from kvdispatch.compat.sglang._common import _Launch, _as_rows, _check_int, _check_stride, _leading
+from kvdispatch.grid import MAX_DCP_SIZE, MAX_PAGE_SIZE
+
+__all__ = ["create_mla_kv_page_table_for_dcp", "create_triton_kv_indices_for_dcp_triton"]
+
+
+def _create_triton_kv_indices_for_dcp(launch_grid, req_to_token_ptr, req_pool_indices_ptr, dcp_kernel_lens_ptr,
+                                      kv_indptr, kv_start_idx, kv_indices_ptr, req_to_token_ptr_stride, dcp_size,
+                                      dcp_rank):
+    """One decode-context-parallel rank's token-level CSR indices (Triton and FlashInfer attention under DCP).
+
+    For request ``b < B`` (``B = grid[0]``, or ``req_pool_indices_ptr.shape[0]`` called directly), with
+    ``first_b`` the first position ``>= kv_start_idx[b]`` (0 when None) congruent to ``dcp_rank`` mod
+    ``dcp_size``: ``kv_indices_ptr[kv_indptr[b] + j] = req_to_token_ptr[req_pool_indices_ptr[b], first_b + j *
+    dcp_size] / dcp_size`` (rounding toward zero) for ``j < dcp_kernel_lens_ptr[b]`` (``get_dcp_lens``'s count).
+    Only ``kv_indptr[:B]`` is read; every other position of ``kv_indices_ptr`` is left untouched. Forwards to
+    ``kvdispatch.create_dcp_kv_indices`` (a row ends at the table's last column; nothing is written outside
+    ``kv_indices_ptr``). ``req_to_token_ptr_stride`` is checked against ``req_to_token_ptr.stride(0)``.
+    Returns ``kv_indices_ptr``.
+    """
+    _check_stride("req_to_token_ptr_stride", req_to_token_ptr_stride, req_to_token_ptr, "req_to_token_ptr")
+    if launch_grid:
+        batch = launch_grid[0]
+        req_pool_indices_ptr = _leading("req_pool_indices_ptr", req_pool_indices_ptr, batch)
+        dcp_kernel_lens_ptr = _leading("dcp_kernel_lens_ptr", dcp_kernel_lens_ptr, batch)
+        if kv_start_idx is not None:
+            kv_start_idx = _leading("kv_start_idx", kv_start_idx, batch)
+    _common._build_dcp_token_csr(req_to_token_ptr, req_pool_indices_ptr, dcp_kernel_lens_ptr, kv_indptr,
+                                 kv_indices_ptr, dcp_size=dcp_size, dcp_rank=dcp_rank, kv_start_idx=kv_start_idx,
+                                 round_toward_zero=True)
+    return kv_indices_ptr
+
+
+def _create_mla_kv_page_table_for_dcp(launch_grid, req_to_token_ptr, req_pool_indices_ptr, local_seq_lens_ptr,
+                                      block_kv_indices_ptr, v2p_ptr, req_to_token_stride, block_table_stride,
+                                      PHYSICAL_PAGE_SIZE, DCP_SIZE, DCP_RANK, PAGES_PER_BLOCK, HAS_V2P):
+    """One decode-context-parallel rank's MLA block table (TRT-LLM MLA / Tokenspeed, Aiter under DCP).
+
+    With ``V = PHYSICAL_PAGE_SIZE * DCP_SIZE``: ``block_kv_indices_ptr[r, p] = req_to_token_ptr[
+    req_pool_indices_ptr[r], DCP_RANK + p * V] / V`` (rounding toward zero) for the
+    ``ceil(local_seq_lens_ptr[r] / PHYSICAL_PAGE_SIZE)`` pages of row ``r < grid[0]`` that the grid covers
+    (``p < grid[1] * PAGES_PER_BLOCK``), at most the row's width (SGLang writes the pages past it into the
+    next row). Called directly: every row of the batch ``req_pool_indices_ptr.shape[0]``, every page of the
+    width. Everything else is left untouched. Forwards to ``kvdispatch.create_dcp_page_table``.
+
+    Rows are ``block_table_stride`` entries apart, as given: ``block_kv_indices_ptr`` is an int32 ``[rows, W]``
+    tensor whose row stride is ``block_table_stride`` (rows of ``W`` entries), or a contiguous int32 buffer of
+    any shape read as its elements in rows of ``block_table_stride`` entries (Aiter's verify table passes
+    ``q_len * num_cols`` for a ``[bs * q_len, num_cols]`` buffer: request ``r``'s row is row ``r * q_len`` of it
+    and the ``q_len - 1`` rows after). The buffer must hold every row the grid launches (a ValueError
+    otherwise). ``req_to_token_stride`` is checked against ``req_to_token_ptr.stride(0)``.
+    ``PHYSICAL_PAGE_SIZE``: an int in ``[1, 4096]``; ``DCP_SIZE`` in ``[1, 1024]``; ``DCP_RANK`` in ``[0,
+    DCP_SIZE)``; ``PAGES_PER_BLOCK`` an int ``>= 1``; ``HAS_V2P`` a bool. ``HAS_V2P=True`` (page ids translated
+    through the unified pool's ``v2p_ptr``) raises ``NotImplementedError``; without it ``v2p_ptr`` is not read.
+    Returns ``block_kv_indices_ptr``.
+    """
+    _check_stride("req_to_token_stride", req_to_token_stride, req_to_token_ptr, "req_to_token_ptr")
+    _check_int("PHYSICAL_PAGE_SIZE", PHYSICAL_PAGE_SIZE, 1, MAX_PAGE_SIZE)
+    _check_int("DCP_SIZE", DCP_SIZE, 1, MAX_DCP_SIZE)
+    _check_int("DCP_RANK", DCP_RANK, 0, DCP_SIZE - 1)
+    _check_int("PAGES_PER_BLOCK", PAGES_PER_BLOCK, 1, _INT32_MAX)
+    check_flag("HAS_V2P", HAS_V2P)
+    table = _as_rows(block_kv_indices_ptr, block_table_stride, "block_kv_indices_ptr", "block_table_stride",
+                     any_stride=True)
+    _int32_tensor("block_kv_indices_ptr", table, 2)
+    if HAS_V2P:
+        raise NotImplementedError("create_mla_kv_page_table_for_dcp with HAS_V2P=True (page ids translated through "
+                                  "the unified pool's v2p_ptr) is not supported by kvdispatch yet; on a static pool "
+                                  "pass HAS_V2P=False")
+    rows, width = table.shape
+    if launch_grid:
+        if launch_grid[0] > rows:
+            raise ValueError(f"block_kv_indices_ptr holds {rows} rows of block_table_stride={block_table_stride} "
+                             f"entries, the grid launches {launch_grid[0]} (grid[0])")
+        rows = launch_grid[0]
+        width = min(width, launch_grid[1] * PAGES_PER_BLOCK)
+    else:
+        _tensor("req_pool_indices_ptr", req_pool_indices_ptr)
+        rows = req_pool_indices_ptr.shape[0] if req_pool_indices_ptr.dim() == 1 else 0  # the public call names it
+    if (rows, width) != table.shape:
+        table = table[:rows, :width]
+    _common._build_dcp_page_table(req_to_token_ptr, _leading("req_pool_indices_ptr", req_pool_indices_ptr, rows),
+                                  _leading("local_seq_lens_ptr", local_seq_lens_ptr, rows), table,
+                                  page_size=PHYSICAL_PAGE_SIZE, dcp_size=DCP_SIZE, dcp_rank=DCP_RANK,
+                                  round_toward_zero=True)
+    return block_kv_indices_ptr
+
+
+create_triton_kv_indices_for_dcp_triton = _Launch(_create_triton_kv_indices_for_dcp,
+                                                  "create_triton_kv_indices_for_dcp_triton")
+create_mla_kv_page_table_for_dcp = _Launch(_create_mla_kv_page_table_for_dcp, "create_mla_kv_page_table_for_dcp")

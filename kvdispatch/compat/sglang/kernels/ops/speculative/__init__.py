@@ -1,0 +1,1 @@
+"""Drop-ins for SGLang 0.5.23's ``sglang.kernels.ops.speculative``, under ``kvdispatch.compat``."""
