@@ -132,7 +132,7 @@ def test_the_package_reexports_every_name_and_none_unreleased():
 
 def _release_root():
     """The directory holding SGLang's ``sglang`` package source, or None."""
-    given = os.environ.get("SGLANG_SOURCE", "/work/tmp/sglang")
+    given = os.environ.get("SGLANG_SOURCE")
     if given and (Path(given) / "sglang").is_dir():
         return Path(given)
     spec = importlib.util.find_spec("sglang")  # locates a top-level package without running it
