@@ -140,7 +140,7 @@ def _bench_arguments(parser: argparse.ArgumentParser):
     """The ``bench`` command's options and legend (``kvdispatch.bench``, imported only for this command)."""
     from .bench import core as bench_command
 
-    parser.epilog = bench_command.LEGEND
+    parser.epilog = bench_command.legend()
     bench_command.add_arguments(parser)
     parser.add_argument("--device", type=parse_device, help="torch device (default: the current GPU, else CPU)")
     _add_common(parser, top_level=False)

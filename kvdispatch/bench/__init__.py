@@ -1,4 +1,4 @@
-"""``kvdispatch bench``: every op through the public API, per backend, against baselines (``core.LEGEND``).
+"""``kvdispatch bench``: every op through the public API, per backend, against baselines (``core.legend()``).
 
 Imported only by ``kvdispatch bench`` (``kvdispatch.cli``), not by the package. ``core``: cases, inputs,
 timing, CUDA-graph capture, rows, ratios, references, the run and its output; ``baselines``: the Triton
@@ -22,5 +22,6 @@ them: a case ``OP:SHAPE`` is that module's; a bare ``BATCHxCONTEXTxPAGE``, the p
   ``:len=`` case) or ``"none"``.
 * ``CASES``: its cases in each set ``core.case_set`` takes (``GPU``, ``GPU_QUICK``, ``GPU_REAL``, ``GPU_REAL_QUICK``,
   ``CPU``, ``CPU_QUICK``): the default and ``--quick`` runs on a GPU and on the CPU.
+* ``LEGEND_CASE``, ``LEGEND_IMPLS``: what the legend (``core.legend()``) says of its cases and baselines.
 * Optionally ``bytes_moved(case)``: bytes read and written per call, for ``GB/s`` (None: not shown).
 """

@@ -9,7 +9,7 @@ implementation: correctness against ``kvdispatch.reference`` (a wrong result fai
 SGLang-design baseline and plain PyTorch, and for page-1 page-table cases the bandwidth against a
 device-to-device copy. Once per run: host cost of ``x.add_(1)`` and of a plain Triton launch, the copy bandwidth,
 and Triton compilations across random widths. What cannot run on the device is skipped, each with its reason;
-``LEGEND`` explains the columns.
+``legend()`` explains the columns.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ import math
 import pkgutil
 import statistics
 import sys
+import textwrap
 import time
 from dataclasses import dataclass, field
 
@@ -48,41 +49,20 @@ COMPILE_WIDTHS = 100
 COMPILE_GIVE_UP = 5  # stop the width sweep of a page size after this many compilations
 COPY_BYTES = 1 << 29  # each way, for the device copy bandwidth
 
-LEGEND = """\
-Columns (one row per case and implementation; empty columns are left out;
-the lines above the table name what was skipped and why):
-  case         BATCHxCONTEXTxPAGE (or page_table:...): page table
-               (requests, tokens per request, page size);
-               token_csr:BATCHxCONTEXT[:i64][:eE][:map]: token CSR (int64
-               out, entry_page_size E, token_mapping); rows full length, on
-               shuffled physical pages; mha_page_table:...[:swa],
-               translated_page_table:...: the TRT-LLM MHA and the unified
-               pool's translated page tables; draft_decode:BxCxSTEPSxTOPK
-               [:pP]: multi-step draft decode; dcp_token_csr:BxCxD,
-               dcp_page_table:BxCxPxD: DCP rank D-1's CSR and table;
-               any case with a last option :len=LO-HI or :len=mix: the real
-               decode shape, buffers sized for C tokens a row as a CUDA graph
-               holds them (req_to_token C wide, tables ceil(C/P) wide, the
-               CSR out B*C tokens, dcp_token_csr's B*(C/D)), rows of lengths
-               drawn from the seed: uniform in [LO, HI]; mix: 1024-8192
-               except every 16th request (from the first) in the top 16th
-               of C
-  impl         api:<backend>: the op's kvdispatch function, backend=<backend>;
-               naive-loop: Triton, one program per request looping over its
-               pages; 2d-grid: Triton on a (request, page block) grid after
-               SGLang; csr-loop: Triton after SGLang's token CSR, one program
-               per request looping over its tokens; plain-torch: the few
-               PyTorch ops an engine would write; draft_decode cases:
-               draft-loop (after SGLang), one-step (the API, step 0 only);
-               dcp-loop, dcp-2d-grid: those designs for the DCP ops;
-               mha-2d-grid, v2p-sglang: SGLang's MHA and translated-table
-               designs; v2p-2d-grid: the latter on 2d-grid's page blocks;
-               :len= cases: 2d-ideal, mha-ideal, v2p-ideal (v2p-sglang's),
-               dcptable-ideal: the 2-D design on a grid sized on the host
-               from the longest row (a lower bound: not graph-safe); no
-               plain-torch for token_csr and dcp_token_csr (written for
-               full-length rows)
-  status       ok; WRONG: differs from kvdispatch.reference (fails the run);
+_LEGEND_CASES = """\
+               rows full length, on shuffled physical pages; any case with a
+               last option :len=LO-HI or :len=mix: the real decode shape,
+               buffers sized for C tokens a row as a CUDA graph holds them
+               (req_to_token C wide, tables ceil(C/P) wide, the CSR out B*C
+               tokens), rows of lengths drawn from the seed: uniform in
+               [LO, HI]; mix: 1024-8192 except every 16th request (from the
+               first) in the top 16th of C"""
+_LEGEND_IMPLS = """\
+               plain-torch: the few PyTorch ops an engine would write; the
+               ideal baselines: the 2-D design on a grid sized on the host
+               from the longest row (a lower bound: not graph-safe)"""
+_LEGEND_REST = """\
+  status       ok; WRONG: differs from the op's reference (fails the run);
                error: see note
   path         api rows: what launched a repeated eager call, seen in that
                call: native (the compiled C host path), else the backend's
@@ -110,6 +90,21 @@ the lines above the table name what was skipped and why):
                kvdispatch/bench/pdl.py)
   note         why WRONG or error; the timing when not CUDA-graph replay
 """
+
+
+def legend() -> str:
+    """What the columns mean, each op's case syntax and baselines from its case module (``LEGEND_CASE``,
+    ``LEGEND_IMPLS``)."""
+    def block(label, texts):
+        lines = textwrap.wrap("; ".join(texts), 62, break_on_hyphens=False)
+        return "\n".join(f"  {label if i == 0 else '':<11}  {line}" for i, line in enumerate(lines))
+
+    modules = sorted(case_modules().items(), key=lambda item: item[0] != PAGE_TABLE)
+    return ("Columns (one row per case and implementation; empty columns are left out;\n"
+            "the lines above the table name what was skipped and why):\n"
+            + block("case", [m.LEGEND_CASE for _, m in modules]) + ";\n" + _LEGEND_CASES + "\n"
+            + block("impl", ["api:<backend>: the op's kvdispatch function, backend=<backend>"]
+                    + [m.LEGEND_IMPLS for _, m in modules]) + ";\n" + _LEGEND_IMPLS + "\n" + _LEGEND_REST)
 
 
 @functools.cache

@@ -20,6 +20,9 @@ DCP_GRID, DCP_IDEAL = "dcp-2d-grid", "dcptable-ideal"
 TRITON_BASELINES, SGLANG_BASELINE, IDEAL_BASELINE = (DCP_GRID,), DCP_GRID, DCP_IDEAL
 API_VARIANTS, PLAIN_TORCH_CASES = (), "all"
 
+# What ``core.legend`` says of its cases and of its baselines.
+LEGEND_CASE = "dcp_page_table:BxCxPxD: DCP rank D-1's page table"
+LEGEND_IMPLS = "dcp-2d-grid: the 2-D design for it; :len= cases: dcptable-ideal"
 # Its cases in each set of ``core.case_set``.
 CASES = {
     "GPU": ["dcp_page_table:64x32768x64x4", "dcp_page_table:1x131072x64x8", "dcp_page_table:256x32768x16x2",

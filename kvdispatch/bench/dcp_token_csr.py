@@ -19,6 +19,9 @@ DCP_LOOP = "dcp-loop"
 TRITON_BASELINES, SGLANG_BASELINE, IDEAL_BASELINE = (DCP_LOOP,), DCP_LOOP, None
 API_VARIANTS, PLAIN_TORCH_CASES = (), "full-length"
 
+# What ``core.legend`` says of its cases and of its baselines.
+LEGEND_CASE = "dcp_token_csr:BxCxD: DCP rank D-1's token CSR (out B*(C/D) tokens)"
+LEGEND_IMPLS = "dcp-loop: SGLang's design, one program per request; no plain-torch (written for full-length rows)"
 # Its cases in each set of ``core.case_set``.
 CASES = {
     "GPU": ["dcp_token_csr:64x32768x4", "dcp_token_csr:1x131072x8", "dcp_token_csr:256x8192x2"],

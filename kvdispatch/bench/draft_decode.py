@@ -19,6 +19,9 @@ DRAFT_LOOP, ONE_STEP = "draft-loop", "one-step"
 TRITON_BASELINES, SGLANG_BASELINE, IDEAL_BASELINE = (DRAFT_LOOP,), DRAFT_LOOP, None
 API_VARIANTS, PLAIN_TORCH_CASES = (ONE_STEP,), "none"
 
+# What ``core.legend`` says of its cases and of its baselines.
+LEGEND_CASE = "draft_decode:BxCxSTEPSxTOPK[:pP]: multi-step draft decode"
+LEGEND_IMPLS = "draft-loop (after SGLang); one-step: the API, step 0 only"
 # Its cases in each set of ``core.case_set``.
 CASES = {
     "GPU": ["draft_decode:64x4096x5x1", "draft_decode:64x4096x5x4", "draft_decode:16x4096x5x4:p16",

@@ -21,6 +21,9 @@ MHA_GRID_2D, MHA_IDEAL = "mha-2d-grid", "mha-ideal"
 TRITON_BASELINES, SGLANG_BASELINE, IDEAL_BASELINE = (MHA_GRID_2D,), MHA_GRID_2D, MHA_IDEAL
 API_VARIANTS, PLAIN_TORCH_CASES = (), "all"
 
+# What ``core.legend`` says of its cases and of its baselines.
+LEGEND_CASE = "mha_page_table:BATCHxCONTEXTxPAGE[:swa]: the TRT-LLM MHA page table (its SWA twin)"
+LEGEND_IMPLS = "mha-2d-grid: SGLang's MHA-table design; :len= cases: mha-ideal"
 # Its cases in each set of ``core.case_set``.
 CASES = {
     "GPU": ["mha_page_table:64x32768x64", "mha_page_table:64x32768x64:swa", "mha_page_table:256x8192x16:swa",

@@ -19,6 +19,10 @@ GRID_2D, GRID_IDEAL = "2d-grid", "2d-ideal"
 TRITON_BASELINES, SGLANG_BASELINE, IDEAL_BASELINE = (NAIVE, GRID_2D), GRID_2D, GRID_IDEAL
 API_VARIANTS, PLAIN_TORCH_CASES = (), "all"
 
+# What ``core.legend`` says of its cases and of its baselines.
+LEGEND_CASE = "BATCHxCONTEXTxPAGE (or page_table:...): page table (requests, tokens per request, page size)"
+LEGEND_IMPLS = ("naive-loop: Triton, one program per request looping over its pages; 2d-grid: Triton on a (request, "
+                "page block) grid after SGLang; :len= cases: 2d-ideal")
 # Its cases in each set of ``core.case_set``.
 CASES = {
     "GPU": ["1x131072x64", "64x32768x64", "1x131072x1", "256x32768x1", "1x4096x64", "1x32768x64", "8x131072x64",

@@ -20,6 +20,10 @@ CSR_LOOP = "csr-loop"
 TRITON_BASELINES, SGLANG_BASELINE, IDEAL_BASELINE = (CSR_LOOP,), CSR_LOOP, None
 API_VARIANTS, PLAIN_TORCH_CASES = (), "full-length"
 
+# What ``core.legend`` says of its cases and of its baselines.
+LEGEND_CASE = "token_csr:BATCHxCONTEXT[:i64][:eE][:map]: token CSR (int64 out, entry_page_size E, token_mapping)"
+LEGEND_IMPLS = ("csr-loop: Triton after SGLang's token CSR, one program per request looping over its tokens; no "
+                "plain-torch (written for full-length rows)")
 # Its cases in each set of ``core.case_set``.
 CASES = {
     "GPU": ["token_csr:64x4096", "token_csr:64x4096:i64", "token_csr:64x4096:e16:map", "token_csr:8x32768:i64"],

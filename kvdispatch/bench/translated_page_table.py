@@ -21,6 +21,10 @@ V2P_SGLANG, V2P_GRID_2D, V2P_IDEAL = "v2p-sglang", "v2p-2d-grid", "v2p-ideal"
 TRITON_BASELINES, SGLANG_BASELINE, IDEAL_BASELINE = (V2P_GRID_2D, V2P_SGLANG), V2P_SGLANG, V2P_IDEAL
 API_VARIANTS, PLAIN_TORCH_CASES = (), "all"
 
+# What ``core.legend`` says of its cases and of its baselines.
+LEGEND_CASE = "translated_page_table:BATCHxCONTEXTxPAGE: the unified pool's translated page table"
+LEGEND_IMPLS = ("v2p-sglang: SGLang's translated-table design; v2p-2d-grid: it on 2d-grid's page blocks; :len= cases: "
+                "v2p-ideal (v2p-sglang's)")
 # Its cases in each set of ``core.case_set``.
 CASES = {
     "GPU": ["translated_page_table:64x32768x64", "translated_page_table:256x8192x16",
