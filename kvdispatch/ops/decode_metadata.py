@@ -57,8 +57,8 @@ def check_arguments(req_to_token, req_pool_indices, seq_lens, cache_seqlens, cu_
         raise ValueError(f"{given} was given without page_table")
     if swa_page_table is not None:
         _table_output("swa_page_table", swa_page_table, batch, device)
-        if (full_to_swa is None) == (swa_v2p is None):
-            raise ValueError("swa_page_table needs exactly one of full_to_swa (a slot map) and swa_v2p (a page map)")
+        if full_to_swa is None and swa_v2p is None:
+            raise ValueError("swa_page_table needs full_to_swa (a slot map) or swa_v2p (a page map)")
     elif swa_v2p is not None:
         raise ValueError("swa_v2p was given without swa_page_table")
     if swa_out_cache_loc is not None:
@@ -229,7 +229,8 @@ def update_decode_metadata(req_to_token: Tensor, req_pool_indices: Tensor, seq_l
         cu_seqlens_k: int32 ``[B + 1]`` (entry 0 gets 0) or ``[B]`` (the running sums only).
         page_size: int in ``[1, 4096]``. seqlen_offset: int32-range int added to every length.
         page_table: optional int32 ``[>= B, W]`` (last dim contiguous, any row stride); None writes no table.
-        swa_page_table: optional int32 ``[>= B, W2]``, with exactly one of ``full_to_swa`` and ``swa_v2p``.
+        swa_page_table: optional int32 ``[>= B, W2]``, with ``full_to_swa`` or ``swa_v2p`` (which it is read
+            through when both are given).
         full_to_swa: int32/int64 ``[M]``, contiguous: the full pool's slot -> the SWA pool's slot.
         full_v2p, swa_v2p: int32/int64 contiguous page maps (virtual page -> physical page).
         zero_tail: bool; columns of rows ``< B`` past the row's pages get 0 (``[0, W)`` and ``[0, W2)``).
