@@ -71,7 +71,7 @@ def _args(batch=3):
     (dict(), "cu_seqlens_k must have 3 or 4 entries"),
     (dict(swa_page_table=torch.zeros(3, 4, dtype=torch.int32)), "swa_page_table was given without page_table"),
     (dict(page_table=torch.zeros(3, 4, dtype=torch.int32), swa_page_table=torch.zeros(3, 4, dtype=torch.int32)),
-     "needs full_to_swa \(a slot map\) or swa_v2p"),
+     r"needs full_to_swa \(a slot map\) or swa_v2p"),
     (dict(swa_out_cache_loc=torch.zeros(4, dtype=torch.int64)), "swa_out_cache_loc was given without full_to_swa"),
     (dict(qlens=torch.ones(3, dtype=torch.int64)), "qlens was given without cu_seqlens_q"),
     (dict(cu_seqlens_q=torch.zeros(4, dtype=torch.int32)), "cu_seqlens_q was given without qlens or q_stride"),
