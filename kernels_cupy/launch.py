@@ -380,7 +380,8 @@ def decode_metadata_call(req_to_token, req_pool_indices, seq_lens, cache_seqlens
              | (0 if swa_page_table is None else DM_SWA_PAGES if swa_pages else DM_SWA_SLOTS)
              | (DM_ZERO_TAIL if zero_tail else 0) | (DM_SWA_LOC if swa_out_cache_loc is not None else 0)
              | _wide(qlens, DM_WIDE_QLENS) | _wide(out_cache_loc, DM_WIDE_LOC)
-             | _wide(swa_out_cache_loc, DM_WIDE_SWA_LOC) | _wide(full_v2p, DM_WIDE_FULL_V2P) | _wide(swa_v2p, DM_WIDE_SWA_V2P))
+             | _wide(swa_out_cache_loc, DM_WIDE_SWA_LOC) | _wide(full_v2p, DM_WIDE_FULL_V2P)
+             | _wide(swa_v2p, DM_WIDE_SWA_V2P))
     rows, cols = req_to_token.shape
     args = (req_to_token, req_pool_indices, seq_lens, cache_seqlens, cu_seqlens_k, page_table, swa_page_table,
             full_to_swa, full_v2p, swa_v2p, cu_seqlens_q, qlens, out_cache_loc, swa_out_cache_loc, batch, rows, cols,
