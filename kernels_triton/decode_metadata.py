@@ -216,8 +216,9 @@ def build_decode_metadata(req_to_token, req_pool_indices, seq_lens, cache_seqlen
 
 def specializations(page_sizes, index_types=("i32", "i64")):
     """The usual specialisations for ``page_sizes``: ``(signature, constexprs)`` for ``triton.compiler.ASTSource``,
-    per option set of the SGLang call sites, grid form and index dtype (maps and locations int64)."""
-    option_sets = (dict(), dict(k_leading=False, q_mode=Q_CUMSUM, q_leading=False, swa_mode=SWA_SLOT_MAP,
+    per option set (lengths only, then those of the SGLang call sites), grid form and index dtype (maps and
+    locations int64)."""
+    option_sets = (dict(k_leading=False, q_leading=False, has_table=False), dict(), dict(k_leading=False, q_mode=Q_CUMSUM, q_leading=False, swa_mode=SWA_SLOT_MAP,
                                 has_swa_loc=True),
                    dict(q_mode=Q_STRIDED, has_table=False, has_swa_loc=True), dict(full_v2p=True, zero_tail=True,
                                                                                  swa_mode=SWA_PAGE_MAP))
