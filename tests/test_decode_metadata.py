@@ -207,3 +207,40 @@ def test_draft_extend(backend, swa, release, routed):  # noqa: F811
                  out_cache_loc=locs if swa else None, swa_out_cache_loc=swa_loc if swa else None)
         results.append(outputs)
     _compare(*results, f"swa={swa}")
+
+
+def test_debug_names_a_request_whose_pages_do_not_fit(monkeypatch):
+    from kvdispatch import _debug
+
+    table, pool, lens, cache, cu = _args()
+    lens = torch.tensor([1, 40, 2])
+    monkeypatch.setenv("KVDISPATCH_DEBUG", "1")
+    _debug.refresh()
+    try:
+        with pytest.raises(ValueError, match="request 1"):
+            kvdispatch.update_decode_metadata(table, pool, lens, cache, cu, page_size=16,
+                                              page_table=torch.zeros(3, 2, dtype=torch.int32), backend="torch")
+    finally:
+        monkeypatch.delenv("KVDISPATCH_DEBUG")
+        _debug.refresh()
+
+
+@pytest.mark.parametrize("backend", [b for b in OP_BACKENDS if b != "torch"] + ["cupy-host"])
+def test_prefix_sums_span_several_blocks(backend):
+    """More requests than one pass of a program's sum (``DECODE_METADATA_SUM_BLOCK``), int32 wrap-around included."""
+    from conftest import through
+    from kvdispatch import grid
+
+    batch = grid.DECODE_METADATA_SUM_BLOCK + 7
+    g = torch.Generator().manual_seed(3)
+    lens = torch.randint(0, 2**31 - 1, (batch,), generator=g)
+    qlens = torch.randint(-5, 2**30, (batch,), generator=g).to(torch.int32)
+    table, pool = torch.zeros(2, 4, dtype=torch.int32), torch.zeros(batch, dtype=torch.int64)
+    results = []
+    for name in ("torch", backend):
+        outputs = (torch.full((batch,), POISON, dtype=torch.int32), torch.full((batch + 1,), POISON, dtype=torch.int32),
+                   torch.full((batch,), POISON, dtype=torch.int32))
+        through(name, "update_decode_metadata", table, pool, lens, outputs[0], outputs[1], page_size=1,
+                seqlen_offset=-3, cu_seqlens_q=outputs[2], qlens=qlens)
+        results.append(outputs)
+    _compare(*results, backend)
