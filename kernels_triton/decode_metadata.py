@@ -218,10 +218,10 @@ def specializations(page_sizes, index_types=("i32", "i64")):
     """The usual specialisations for ``page_sizes``: ``(signature, constexprs)`` for ``triton.compiler.ASTSource``,
     per option set (lengths only, then those of the SGLang call sites), grid form and index dtype (maps and
     locations int64)."""
-    option_sets = (dict(k_leading=False, q_leading=False, has_table=False), dict(), dict(k_leading=False, q_mode=Q_CUMSUM, q_leading=False, swa_mode=SWA_SLOT_MAP,
-                                has_swa_loc=True),
-                   dict(q_mode=Q_STRIDED, has_table=False, has_swa_loc=True), dict(full_v2p=True, zero_tail=True,
-                                                                                 swa_mode=SWA_PAGE_MAP))
+    option_sets = (dict(k_leading=False, q_leading=False, has_table=False), dict(),
+                   dict(k_leading=False, q_mode=Q_CUMSUM, q_leading=False, swa_mode=SWA_SLOT_MAP, has_swa_loc=True),
+                   dict(q_mode=Q_STRIDED, has_table=False, has_swa_loc=True),
+                   dict(full_v2p=True, zero_tail=True, swa_mode=SWA_PAGE_MAP))
     for page_size, options, index, folded in itertools.product(page_sizes, option_sets, index_types, (False, True)):
         types = dict(pool_ptr=f"*{index}", lens_ptr=f"*{index}", qlens_ptr=f"*{index}", mapping_ptr="*i64",
                      full_v2p_ptr="*i64", swa_v2p_ptr="*i64", loc_ptr="*i64", swa_loc_ptr="*i64")
