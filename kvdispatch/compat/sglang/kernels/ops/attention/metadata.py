@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import kvdispatch
 
+__all__ = ["draft_extend_set_metadata", "normal_decode_set_metadata"]
+
 
 def _check_power_of_two(page_size):
     if type(page_size) is not int or page_size <= 0 or page_size & (page_size - 1):

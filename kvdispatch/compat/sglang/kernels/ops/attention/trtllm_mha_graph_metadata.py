@@ -12,7 +12,7 @@ import kvdispatch
 from kvdispatch.compat.sglang._common import _EXTENT_MAX, _check_int
 from kvdispatch._validate import check_flag
 
-__all__ = ["Q_MODE_CUMSUM", "Q_MODE_NONE", "Q_MODE_STRIDED", "update_trtllm_mha_graph_metadata"]
+__all__ = ["update_trtllm_mha_graph_metadata"]
 
 Q_MODE_NONE = 0  # cu_seqlens_q is preset (decode / target-verify)
 Q_MODE_CUMSUM = 1  # cu_seqlens_q[1:] = cumsum(qlens)
