@@ -12,6 +12,7 @@ import torch
 import kvdispatch
 from conftest import BACKENDS, DEVICE
 from kvcases import POISON, assert_same
+from test_bounded_grid import bounded  # noqa: F401  (the fixture)
 from test_sglang_against_release import ROOT, release  # noqa: F401  (the fixture)
 
 OP_BACKENDS = [b for b in BACKENDS if b in ("torch", "triton", "cupy")]
@@ -244,3 +245,33 @@ def test_prefix_sums_span_several_blocks(backend):
                 seqlen_offset=-3, cu_seqlens_q=outputs[2], qlens=qlens)
         results.append(outputs)
     _compare(*results, backend)
+
+
+@pytest.mark.skipif("triton" not in BACKENDS, reason="needs Triton")
+@pytest.mark.parametrize("page_size, zero_tail", [(16, False), (7, True)])
+@pytest.mark.parametrize("batch", (1, 2))
+def test_rows_and_locations_loop_over_the_bounded_grid(bounded, page_size, zero_tail, batch):  # noqa: F811
+    """Under a budget of 3 programs, rows three blocks long and more SWA locations than the grid's programs
+    cover in one pass: each program strides over its share, as the reference says."""
+    from kvdispatch import grid
+
+    g = torch.Generator().manual_seed(page_size + batch)
+    pages = 3 * grid.items_per_program(grid.MAPPED_PAGE_TABLE, page_size) + 3
+    table = torch.randint(-3, 1 << 20, (3, pages * page_size), generator=g, dtype=torch.int32)
+    pool = torch.tensor([2, 0][:batch])
+    mapping = torch.randint(-2, 1 << 20, (1 << 20,), generator=g)
+    locs = torch.randint(-1, 1 << 20, (7 * 1024,), generator=g)
+    for lens in (torch.tensor([pages * page_size, 5][:batch]), torch.tensor([40, pages * page_size + 9][:batch])):
+        results = []
+        for backend in ("torch", "triton"):
+            outputs = [torch.full((batch,), POISON, dtype=torch.int32), torch.full((batch + 1,), POISON, dtype=torch.int32),
+                       torch.full((batch, pages + 1), POISON, dtype=torch.int32),
+                       torch.full((batch, pages - 2), POISON, dtype=torch.int32),
+                       torch.full((7 * 1024 + 5,), POISON, dtype=torch.int64)]
+            kvdispatch.update_decode_metadata(table, pool, lens, outputs[0], outputs[1], page_size=page_size,
+                                              page_table=outputs[2], swa_page_table=outputs[3], full_to_swa=mapping,
+                                              zero_tail=zero_tail, out_cache_loc=locs, swa_out_cache_loc=outputs[4],
+                                              backend=backend)
+            results.append(outputs)
+        _compare(*results, f"lens={lens.tolist()}")
+    assert bounded and all(rows == batch and y * z <= max(1, 3 // batch) for rows, y, z in bounded), bounded
