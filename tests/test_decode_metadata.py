@@ -264,10 +264,8 @@ def test_rows_and_locations_loop_over_the_bounded_grid(bounded, page_size, zero_
     for lens in (torch.tensor([pages * page_size, 5][:batch]), torch.tensor([40, pages * page_size + 9][:batch])):
         results = []
         for backend in ("torch", "triton"):
-            outputs = [torch.full((batch,), POISON, dtype=torch.int32), torch.full((batch + 1,), POISON, dtype=torch.int32),
-                       torch.full((batch, pages + 1), POISON, dtype=torch.int32),
-                       torch.full((batch, pages - 2), POISON, dtype=torch.int32),
-                       torch.full((7 * 1024 + 5,), POISON, dtype=torch.int64)]
+            outputs = _poisoned((batch,), (batch + 1,), (batch, pages + 1), (batch, pages - 2)) + _poisoned(
+                (7 * 1024 + 5,), dtype=torch.int64)
             kvdispatch.update_decode_metadata(table, pool, lens, outputs[0], outputs[1], page_size=page_size,
                                               page_table=outputs[2], swa_page_table=outputs[3], full_to_swa=mapping,
                                               zero_tail=zero_tail, out_cache_loc=locs, swa_out_cache_loc=outputs[4],
