@@ -273,3 +273,18 @@ def test_rows_and_locations_loop_over_the_bounded_grid(bounded, page_size, zero_
             results.append(outputs)
         _compare(*results, f"lens={lens.tolist()}")
     assert bounded and all(rows == batch and y * z <= max(1, 3 // batch) for rows, y, z in bounded), bounded
+
+
+def test_the_releases_asserts_are_value_errors():
+    from kvdispatch.compat.sglang import draft_extend_set_metadata, normal_decode_set_metadata
+
+    table, pool, lens, cache, cu = _args()
+    pt = torch.zeros(3, 4, dtype=torch.int32)
+    with pytest.raises(ValueError, match="power of two"):
+        normal_decode_set_metadata(cache, cu, pt, table, pool, 4, lens, 0, 12)
+    with pytest.raises(ValueError, match="exactly one of"):
+        normal_decode_set_metadata(cache, cu, pt, table, pool, 4, lens, 0, 16, torch.zeros(3, 4, dtype=torch.int32))
+    with pytest.raises(ValueError, match="positive multiple of the batch"):
+        draft_extend_set_metadata(cache, cu, cu.clone(), pt, table, pool, lens, lens, 16, torch.zeros(9),
+                                  torch.zeros(3, 4, dtype=torch.int32), torch.zeros(4, dtype=torch.int64),
+                                  torch.zeros(4, dtype=torch.int64))

@@ -23,6 +23,8 @@ def normal_decode_set_metadata(cache_seqlens_int32, cu_seqlens_k, page_table, re
     ``full_to_swa_index_mapping``, slots, or ``swa_v2p``, pages: exactly one), cleared past each row's pages with
     ``zero_tail``. Returns None."""
     _check_power_of_two(page_size)
+    if swa_page_table is not None and not skip_page_table and (full_to_swa_index_mapping is None) == (swa_v2p is None):
+        raise ValueError("swa_page_table needs exactly one of full_to_swa_index_mapping (slots) and swa_v2p (pages)")
     batch = cache_seqlens_int32.shape[0]
     tables = {}
     if not skip_page_table:
@@ -48,8 +50,10 @@ def draft_extend_set_metadata(cache_seqlens_int32, cu_seqlens_k, cu_seqlens_q, p
     if full_to_swa_index_mapping is not None:
         if swa_page_table is None or out_cache_loc is None or swa_out_cache_loc is None:
             raise ValueError("full_to_swa_index_mapping needs swa_page_table, out_cache_loc and swa_out_cache_loc")
-        if swa_page_table.shape != page_table.shape or swa_out_cache_loc.shape[0] != out_cache_loc.shape[0]:
-            raise ValueError("swa_page_table must have page_table's shape and swa_out_cache_loc out_cache_loc's")
+        if (swa_page_table.shape != page_table.shape or swa_page_table.stride() != page_table.stride()
+                or swa_out_cache_loc.shape[0] != out_cache_loc.shape[0]):
+            raise ValueError("swa_page_table must have page_table's shape and strides, swa_out_cache_loc "
+                             "out_cache_loc's length")
         if out_cache_loc.shape[0] == 0 or out_cache_loc.shape[0] % max(batch, 1):
             raise ValueError(f"out_cache_loc must hold a positive multiple of the batch ({batch}) entries, "
                              f"got {out_cache_loc.shape[0]}")
