@@ -734,11 +734,18 @@ extern "C" __global__ void kv_dcp_page_table(
 #define KV_DM_WIDE_SWA_V2P (1LL << 54)
 
 // The low 32 bits of sum(low32(values[i] + offset) for i <= row), in unsigned arithmetic (no overflow).
+// Four independent sums, so that the loads of a long batch overlap.
+__device__ inline unsigned int kv_term(const void* values, kv_i64 i, kv_i64 stride, kv_i64 offset, int wide) {
+    return (unsigned int)((kv_u64)kv_load_index(values, i * stride, wide) + (kv_u64)offset);
+}
+
 __device__ inline int kv_running_sum(const void* values, kv_i64 stride, kv_i64 row, kv_i64 offset, int wide) {
-    unsigned int total = 0;
-    for (kv_i64 i = 0; i <= row; ++i) total += (unsigned int)((kv_u64)kv_load_index(values, i * stride, wide)
-                                                              + (kv_u64)offset);
-    return (int)total;
+    unsigned int sums[4] = {0, 0, 0, 0};
+    kv_i64 i = 0;
+    for (; i + 3 <= row; i += 4)
+        for (int k = 0; k < 4; ++k) sums[k] += kv_term(values, i + k, stride, offset, wide);
+    for (; i <= row; ++i) sums[0] += kv_term(values, i, stride, offset, wide);
+    return (int)(sums[0] + sums[1] + sums[2] + sums[3]);
 }
 
 // min(max(v2p[max(slot, 0) / page_size], 0), 2**31 - 1), 0 past the map.

@@ -113,13 +113,13 @@ def _decode_metadata_kernel(
         if row < batch:
             term = tl.load(lens_ptr + row * lens_stride).to(tl.int64) + seqlen_offset
             tl.store(cache_ptr + row * cache_stride, term.to(tl.int32))
-            tl.store(cu_k_ptr + (row + K_LEADING) * cu_k_stride,
+            tl.store(cu_k_ptr + ((row + 1) if K_LEADING else row) * cu_k_stride,
                      _running_sum(lens_ptr, lens_stride, row, seqlen_offset, SUM_BLOCK))
+            q_at = cu_q_ptr + ((row + 1) if Q_LEADING else row) * cu_q_stride
             if Q_MODE == 1:
-                tl.store(cu_q_ptr + (row + Q_LEADING) * cu_q_stride,
-                         _running_sum(qlens_ptr, qlens_stride, row, 0, SUM_BLOCK))
+                tl.store(q_at, _running_sum(qlens_ptr, qlens_stride, row, 0, SUM_BLOCK))
             if Q_MODE == 2:
-                tl.store(cu_q_ptr + (row + Q_LEADING) * cu_q_stride, ((row + 1) * q_stride).to(tl.int32))
+                tl.store(q_at, ((row + 1) * q_stride).to(tl.int32))
         if row == 0:
             if K_LEADING:
                 tl.store(cu_k_ptr, 0)
