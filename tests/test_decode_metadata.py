@@ -221,6 +221,11 @@ def test_debug_names_a_request_whose_pages_do_not_fit(monkeypatch):
         with pytest.raises(ValueError, match="request 1"):
             kvdispatch.update_decode_metadata(table, pool, lens, cache, cu, page_size=16,
                                               page_table=torch.zeros(3, 2, dtype=torch.int32), backend="torch")
+        with pytest.raises(ValueError, match=r"out_cache_loc\[1\] = 9 is outside full_to_swa's \[0, 9\)"):
+            kvdispatch.update_decode_metadata(table, pool, lens, cache, cu, page_size=16,
+                                              full_to_swa=torch.zeros(9, dtype=torch.int64),
+                                              out_cache_loc=torch.tensor([0, 9]),
+                                              swa_out_cache_loc=torch.zeros(2, dtype=torch.int64), backend="torch")
     finally:
         monkeypatch.delenv("KVDISPATCH_DEBUG")
         _debug.refresh()

@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from .._debug import _check_pages_fit, _check_rows
+from .._debug import _check_pages_fit, _check_rows, _first_bad
 from .._validate import (_check_apart, _check_rows_apart, _common, _contiguous_vector, _index_vector, _python_int,
                          _table_output, check_flag)
 from ..grid import MAX_PAGE_SIZE
@@ -103,9 +103,17 @@ def check_arguments(req_to_token, req_pool_indices, seq_lens, cache_seqlens, cu_
     return device
 
 
-def check_data(req_to_token, req_pool_indices, seq_lens, page_table, page_size, seqlen_offset, swa_page_table):
-    """``update_decode_metadata``: with a page table, every pool index in ``[0, R)``, ``L_b >= 0``, a non-empty
-    row ending at or before column ``C`` and its ``ceil(L_b / page_size)`` pages fitting both tables' widths."""
+def check_data(req_to_token, req_pool_indices, seq_lens, page_table, page_size, seqlen_offset, swa_page_table,
+               full_to_swa, out_cache_loc, swa_out_cache_loc):
+    """``update_decode_metadata``: every translated cache location inside ``full_to_swa``'s ``[0, M)``; with a page
+    table, every pool index in ``[0, R)``, ``L_b >= 0``, a non-empty row ending at or before column ``C`` and its
+    ``ceil(L_b / page_size)`` pages fitting both tables' widths."""
+    if swa_out_cache_loc is not None and out_cache_loc is not None:
+        locations = out_cache_loc[:swa_out_cache_loc.shape[0]].long().cpu()
+        bad = _first_bad((locations < 0) | (locations >= full_to_swa.shape[0]))
+        if bad is not None:
+            raise ValueError(f"out_cache_loc[{bad}] = {int(locations[bad])} is outside full_to_swa's "
+                             f"[0, {full_to_swa.shape[0]})")
     if page_table is None:
         return
     lengths = _check_rows(req_to_token, req_pool_indices, seq_lens, None, seqlen_offset, "seq_lens")
