@@ -224,6 +224,13 @@ def storage_calls(device, g):
     yield "create_dcp_kv_indices", dict(csr("local_seq_lens"), dcp_size=2, dcp_rank=1, kv_start_idx=start), ("out",)
     yield "create_dcp_page_table", dict(common("local_seq_lens"), out=poison(batch, 7), page_size=16, dcp_size=3,
                                         dcp_rank=2, fill_value=-1), ("out",)
+    yield "update_decode_metadata", dict(common(), cache_seqlens=poison(batch), cu_seqlens_k=poison(batch + 1),
+                                         page_size=16, page_table=poison(batch, 9), swa_page_table=poison(batch, 5),
+                                         full_to_swa=ints(-3, 2**20, (2**12,), torch.int64),
+                                         full_v2p=ints(-1, 2**10, (2**14,)), cu_seqlens_q=poison(batch + 1),
+                                         qlens=ints(0, 5, (batch,)), out_cache_loc=ints(-1, 2**12, (2 * batch,)),
+                                         swa_out_cache_loc=poison(2 * batch + 3, dtype=torch.int64)), (
+        "cache_seqlens", "cu_seqlens_k", "page_table", "swa_page_table", "cu_seqlens_q", "swa_out_cache_loc")
 
 
 def element_offset(t, shift):
@@ -511,6 +518,31 @@ def run(device, backends, verbose, shard=(0, 1)):
                     dcp_csr_case(f"{backend} dcp_token_csr long row {str(dtype)[6:]} indptr={value} "
                                  f"start={with_start}", data, cpu, torch.tensor([value, 0]), total, with_start, 2, 1,
                                  torch.int64)
+        # One decode step's metadata on hostile requests: every option, the maps' extremes, hostile locations.
+        for page_size, dtype in itertools.product(MAPPED_PAGE_SIZES, (torch.int32, torch.int64)):
+            lookups = hostile_mappings(page_size, device, g)
+            for spoil in hostile_requests(BATCH + 3, 5 * page_size + 7, dtype == torch.int64):
+                if spoil[3] is not None:
+                    continue  # the op takes no start
+                data, rows, cols = make(page_size, dtype, device, g, spoil)
+                for (mapping, v2p), offset in itertools.product(((lookups[1], lookups[2]), (lookups[2], lookups[1]),
+                                                                 (lookups[1][:0], lookups[1][:0])), LENGTH_OFFSETS):
+                    args = dict(req_to_token=option_table(data, page_size, g)["table"], req_pool_indices=data["pool"],
+                                seq_lens=data["lens"], cache_seqlens=torch.full((BATCH,), POISON, dtype=torch.int32,
+                                                                                device=device),
+                                cu_seqlens_k=torch.full((BATCH + 1,), POISON, dtype=torch.int32, device=device),
+                                page_size=page_size, seqlen_offset=offset,
+                                page_table=torch.full((BATCH, 5), POISON, dtype=torch.int32, device=device),
+                                swa_page_table=torch.full((BATCH, 7), POISON, dtype=torch.int32, device=device),
+                                full_to_swa=mapping, full_v2p=v2p, zero_tail=offset == 1,
+                                cu_seqlens_q=torch.full((BATCH,), POISON, dtype=torch.int32, device=device),
+                                qlens=data["lens"], out_cache_loc=torch.tensor([I64_MIN, -1, 0, 5, 2**40, I64_MAX],
+                                                                               device=device),
+                                swa_out_cache_loc=torch.full((9,), POISON, dtype=dtype, device=device))
+                    storage_case(f"{backend} update_decode_metadata page={page_size} {str(dtype)[6:]} {spoil[0]} "
+                                 f"map={mapping.shape[0]} offset={offset}", "update_decode_metadata", args,
+                                 ("cache_seqlens", "cu_seqlens_k", "page_table", "swa_page_table", "cu_seqlens_q",
+                                  "swa_out_cache_loc"), shift=1)
         for function, args, outputs in storage_calls(device, g):
             for shift in (1, 3):
                 storage_case(f"{backend} {function} page={args.get('page_size')} element-offset={shift}", function,

@@ -709,3 +709,133 @@ extern "C" __global__ void kv_dcp_page_table(
     }
     KV_GRID_RELEASE();
 }
+
+// ---- One decode step's metadata (semantics: kvdispatch/ops/decode_metadata.py) ----
+//
+// Grid: kvdispatch.grid.decode_metadata_launch (at least one row and one program per row). Thread 0 of row b's
+// first program writes cache_seqlens[b] and the running sums through b, summing rows 0..b itself (no program
+// waits for another); the row's programs write its pages as kv_mha_page_table does; every program takes its
+// share of the SWA cache locations, strided over the whole grid. Its own flag bits (the shared ones: KV_WIDE_POOL,
+// KV_WIDE_LENS, KV_FOLDED_GRID, KV_WIDE_MAPPING for full_to_swa):
+#define KV_DM_K_LEADING (1LL << 40)    // cu_seqlens_k has batch + 1 entries (entry 0 gets 0)
+#define KV_DM_Q_CUMSUM (1LL << 41)     // cu_seqlens_q: running sums of qlens
+#define KV_DM_Q_STRIDED (1LL << 42)    // cu_seqlens_q: (b + 1) * q_stride
+#define KV_DM_Q_LEADING (1LL << 43)    // cu_seqlens_q has batch + 1 entries
+#define KV_DM_TABLE (1LL << 44)        // page_table is written
+#define KV_DM_FULL_V2P (1LL << 45)     // page_table through full_v2p
+#define KV_DM_SWA_SLOTS (1LL << 46)    // swa_page_table through full_to_swa (slots)
+#define KV_DM_SWA_PAGES (1LL << 47)    // swa_page_table through swa_v2p (pages)
+#define KV_DM_ZERO_TAIL (1LL << 48)    // columns past a row's pages get 0
+#define KV_DM_SWA_LOC (1LL << 49)      // swa_out_cache_loc is written
+#define KV_DM_WIDE_QLENS (1LL << 50)
+#define KV_DM_WIDE_LOC (1LL << 51)
+#define KV_DM_WIDE_SWA_LOC (1LL << 52)
+#define KV_DM_WIDE_FULL_V2P (1LL << 53)
+#define KV_DM_WIDE_SWA_V2P (1LL << 54)
+
+// The low 32 bits of sum(low32(values[i] + offset) for i <= row), in unsigned arithmetic (no overflow).
+// Four independent sums, so that the loads of a long batch overlap.
+__device__ inline unsigned int kv_term(const void* values, kv_i64 i, kv_i64 stride, kv_i64 offset, int wide) {
+    return (unsigned int)((kv_u64)kv_load_index(values, i * stride, wide) + (kv_u64)offset);
+}
+
+__device__ inline int kv_running_sum(const void* values, kv_i64 stride, kv_i64 row, kv_i64 offset, int wide) {
+    unsigned int sums[4] = {0, 0, 0, 0};
+    kv_i64 i = 0;
+    for (; i + 3 <= row; i += 4)
+        for (int k = 0; k < 4; ++k) sums[k] += kv_term(values, i + k, stride, offset, wide);
+    for (; i <= row; ++i) sums[0] += kv_term(values, i, stride, offset, wide);
+    return (int)(sums[0] + sums[1] + sums[2] + sums[3]);
+}
+
+// min(max(v2p[max(slot, 0) / page_size], 0), 2**31 - 1), 0 past the map.
+__device__ inline int kv_through_map(int slot, const void* v2p, kv_i64 v2p_len, kv_i64 page_size, int wide) {
+    const kv_i64 virtual_page = (slot < 0 ? 0 : slot) / page_size;
+    const kv_i64 physical = virtual_page < v2p_len ? kv_load_index(v2p, virtual_page, wide) : 0;
+    return (int)kv_min(kv_max(physical, 0), 0x7FFFFFFFLL);
+}
+
+// full_to_swa[min(x, M - 1)], -1 for a negative x or an empty map.
+__device__ inline kv_i64 kv_swa_entry(kv_i64 x, const void* mapping, kv_i64 mapping_len, int wide) {
+    const kv_i64 index = kv_min(x, mapping_len - 1);
+    return index < 0 ? -1 : kv_load_index(mapping, index, wide);
+}
+
+extern "C" __global__ void kv_decode_metadata(
+    const int* __restrict__ table, const void* __restrict__ req_pool_indices, const void* __restrict__ seq_lens,
+    int* __restrict__ cache_seqlens, int* __restrict__ cu_seqlens_k, int* __restrict__ page_table,
+    int* __restrict__ swa_page_table, const void* __restrict__ full_to_swa, const void* __restrict__ full_v2p,
+    const void* __restrict__ swa_v2p, int* __restrict__ cu_seqlens_q, const void* __restrict__ qlens,
+    const void* __restrict__ out_cache_loc, void* __restrict__ swa_out_cache_loc, kv_i64 batch, kv_i64 rows,
+    kv_i64 cols, kv_i64 table_stride, kv_i64 width, kv_i64 page_table_stride, kv_i64 swa_width, kv_i64 swa_stride,
+    kv_i64 mapping_len, kv_i64 full_v2p_len, kv_i64 swa_v2p_len, kv_i64 offset, kv_i64 q_stride, kv_i64 loc_len,
+    kv_i64 swa_loc_len, kv_i64 pool_stride, kv_i64 lens_stride, kv_i64 cache_stride, kv_i64 cu_k_stride,
+    kv_i64 cu_q_stride, kv_i64 qlens_stride, kv_i64 loc_stride, kv_i64 swa_loc_stride, kv_i64 items,
+    kv_i64 page_size_arg, kv_i64 flags) {
+    KV_GRID_WAIT();
+    const kv_i64 page_size = kv_specialised_page_size(page_size_arg), b = blockIdx.x;
+    const kv_i64 program = kv_row_program(KV_HAS(KV_FOLDED_GRID)), programs = kv_row_programs(KV_HAS(KV_FOLDED_GRID));
+    if (program == 0 && threadIdx.x == 0) {
+        if (b < batch) {
+            const int wide_lens = KV_HAS(KV_WIDE_LENS);
+            cache_seqlens[b * cache_stride] =
+                (int)(unsigned int)((kv_u64)kv_load_index(seq_lens, b * lens_stride, wide_lens) + (kv_u64)offset);
+            cu_seqlens_k[(b + (KV_HAS(KV_DM_K_LEADING) ? 1 : 0)) * cu_k_stride] =
+                kv_running_sum(seq_lens, lens_stride, b, offset, wide_lens);
+            const kv_i64 q_at = (b + (KV_HAS(KV_DM_Q_LEADING) ? 1 : 0)) * cu_q_stride;
+            if (KV_HAS(KV_DM_Q_CUMSUM)) cu_seqlens_q[q_at] = kv_running_sum(qlens, qlens_stride, b, 0,
+                                                                            KV_HAS(KV_DM_WIDE_QLENS));
+            if (KV_HAS(KV_DM_Q_STRIDED)) cu_seqlens_q[q_at] = (int)(unsigned int)((kv_u64)(b + 1) * (kv_u64)q_stride);
+        }
+        if (b == 0 && KV_HAS(KV_DM_K_LEADING)) cu_seqlens_k[0] = 0;
+        if (b == 0 && KV_HAS(KV_DM_Q_LEADING) && (KV_HAS(KV_DM_Q_CUMSUM) || KV_HAS(KV_DM_Q_STRIDED)))
+            cu_seqlens_q[0] = 0;
+    }
+    if (KV_HAS(KV_DM_TABLE) && b < batch) {
+        const kv_mapped_row r = kv_mapped_row_of(req_pool_indices, pool_stride, seq_lens, lens_stride, rows, cols,
+                                                 offset, items, flags);
+        const bool zero_tail = KV_HAS(KV_DM_ZERO_TAIL), slots_map = KV_HAS(KV_DM_SWA_SLOTS);
+        const bool pages_map = KV_HAS(KV_DM_SWA_PAGES);
+        const kv_i64 limit = r.limit, end = kv_max(width, swa_width), step = programs * items;
+        const int* row = table + r.pool * table_stride;
+        for (kv_i64 first = r.first; first < end && (zero_tail || first * page_size < limit); first += step) {
+            const kv_i64 last = kv_min(first + items, end);
+            for (kv_i64 p = first + threadIdx.x; p < last; p += blockDim.x) {
+                const bool in_row = p * page_size < limit;
+                if (!in_row && !zero_tail) break;
+                const int slot = in_row ? row[p * page_size] : 0;
+                if (p < width) {
+                    const int value = KV_HAS(KV_DM_FULL_V2P)
+                        ? kv_through_map(slot, full_v2p, full_v2p_len, page_size, KV_HAS(KV_DM_WIDE_FULL_V2P))
+                        : (int)kv_div64(slot, page_size, false);
+                    page_table[b * page_table_stride + p] = in_row ? value : 0;
+                }
+                if ((slots_map || pages_map) && p < swa_width) {
+                    int value;
+                    if (pages_map) {
+                        value = kv_through_map(slot, swa_v2p, swa_v2p_len, page_size, KV_HAS(KV_DM_WIDE_SWA_V2P));
+                    } else {
+                        const kv_i64 mapped = kv_swa_entry(slot, full_to_swa, mapping_len, KV_HAS(KV_WIDE_MAPPING));
+                        value = mapped < 0 ? -1 : (int)(kv_u64)kv_div64(mapped, page_size, false);
+                    }
+                    swa_page_table[b * swa_stride + p] = in_row ? value : 0;
+                }
+            }
+        }
+    }
+    if (KV_HAS(KV_DM_SWA_LOC)) {
+        const kv_i64 all = (kv_i64)gridDim.x * programs * items;
+        for (kv_i64 start = (b * programs + program) * items; start < swa_loc_len; start += all) {
+            const kv_i64 last = kv_min(start + items, swa_loc_len);
+            for (kv_i64 i = start + threadIdx.x; i < last; i += blockDim.x) {
+                const kv_i64 value = i < loc_len
+                    ? kv_swa_entry(kv_load_index(out_cache_loc, i * loc_stride, KV_HAS(KV_DM_WIDE_LOC)), full_to_swa,
+                                   mapping_len, KV_HAS(KV_WIDE_MAPPING))
+                    : 0;
+                if (KV_HAS(KV_DM_WIDE_SWA_LOC)) ((kv_i64*)swa_out_cache_loc)[i * swa_loc_stride] = value;
+                else ((int*)swa_out_cache_loc)[i * swa_loc_stride] = (int)(unsigned int)(kv_u64)value;
+            }
+        }
+    }
+    KV_GRID_RELEASE();
+}

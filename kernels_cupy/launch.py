@@ -348,3 +348,59 @@ def _launched(call: KernelCall | None, device, out, pdl=False):
         if launches is not None:  # a call that may register a replay plan (kvdispatch.host_path)
             launches.append(functools.partial(native.replay_launch, call, device.index))
     return out
+
+
+# -- one decode step's metadata (kvdispatch.update_decode_metadata) --
+from .build import DECODE_METADATA_KERNEL  # noqa: E402
+DM_K_LEADING, DM_Q_CUMSUM, DM_Q_STRIDED, DM_Q_LEADING, DM_TABLE = (1 << 40, 1 << 41, 1 << 42, 1 << 43, 1 << 44)
+DM_FULL_V2P, DM_SWA_SLOTS, DM_SWA_PAGES, DM_ZERO_TAIL, DM_SWA_LOC = (1 << 45, 1 << 46, 1 << 47, 1 << 48, 1 << 49)
+DM_WIDE_QLENS, DM_WIDE_LOC, DM_WIDE_SWA_LOC, DM_WIDE_FULL_V2P, DM_WIDE_SWA_V2P = (1 << 50, 1 << 51, 1 << 52, 1 << 53,
+                                                                                  1 << 54)
+_decode_metadata_launch = functools.lru_cache(maxsize=4096)(grid.decode_metadata_launch)
+
+
+def _length(t: torch.Tensor | None, dimension: int = 0) -> int:
+    return 0 if t is None else t.shape[dimension]
+
+
+def decode_metadata_call(req_to_token, req_pool_indices, seq_lens, cache_seqlens, cu_seqlens_k, page_size,
+                         seqlen_offset=0, page_table=None, swa_page_table=None, full_to_swa=None, full_v2p=None,
+                         swa_v2p=None, zero_tail=False, cu_seqlens_q=None, qlens=None, q_stride=None,
+                         out_cache_loc=None, swa_out_cache_loc=None) -> KernelCall:
+    """The ``kv_decode_metadata`` launch for ``kvdispatch.ops.decode_metadata.reference``'s arguments."""
+    batch = req_pool_indices.shape[0]
+    width, swa_width = _length(page_table, 1), _length(swa_page_table, 1)
+    launch = _decode_metadata_launch(batch, max(width, swa_width), page_size, budget=_budget(cache_seqlens))
+    swa_pages = swa_v2p is not None
+    flags = (_wide(req_pool_indices, WIDE_POOL) | _wide(seq_lens, WIDE_LENS) | _folded(launch)
+             | _wide(full_to_swa, WIDE_MAPPING) | (DM_K_LEADING if cu_seqlens_k.shape[0] > batch else 0)
+             | (0 if cu_seqlens_q is None else (DM_Q_CUMSUM if qlens is not None else DM_Q_STRIDED)
+                | (DM_Q_LEADING if cu_seqlens_q.shape[0] > batch else 0))
+             | (DM_TABLE if page_table is not None and batch else 0) | (DM_FULL_V2P if full_v2p is not None else 0)
+             | (0 if swa_page_table is None else DM_SWA_PAGES if swa_pages else DM_SWA_SLOTS)
+             | (DM_ZERO_TAIL if zero_tail else 0) | (DM_SWA_LOC if swa_out_cache_loc is not None else 0)
+             | _wide(qlens, DM_WIDE_QLENS) | _wide(out_cache_loc, DM_WIDE_LOC)
+             | _wide(swa_out_cache_loc, DM_WIDE_SWA_LOC) | _wide(full_v2p, DM_WIDE_FULL_V2P)
+             | _wide(swa_v2p, DM_WIDE_SWA_V2P))
+    rows, cols = req_to_token.shape
+    args = (req_to_token, req_pool_indices, seq_lens, cache_seqlens, cu_seqlens_k, page_table, swa_page_table,
+            full_to_swa, full_v2p, swa_v2p, cu_seqlens_q, qlens, out_cache_loc, swa_out_cache_loc, batch, rows, cols,
+            req_to_token.stride(0), width, _stride(page_table), swa_width, _stride(swa_page_table),
+            _length(full_to_swa), _length(full_v2p), _length(swa_v2p), seqlen_offset, q_stride or 0,
+            min(_length(out_cache_loc), _length(swa_out_cache_loc)), _length(swa_out_cache_loc),
+            req_pool_indices.stride(0), seq_lens.stride(0), cache_seqlens.stride(0), cu_seqlens_k.stride(0),
+            _stride(cu_seqlens_q), _stride(qlens), _stride(out_cache_loc), _stride(swa_out_cache_loc),
+            launch.items_per_program, page_size, flags)
+    return _kernel_call(DECODE_METADATA_KERNEL, (("KV_PAGE_SIZE", page_size), ("KV_FLAGS", flags)), launch, args)
+
+
+def build_decode_metadata(req_to_token, req_pool_indices, seq_lens, cache_seqlens, cu_seqlens_k, page_size,
+                          seqlen_offset=0, page_table=None, swa_page_table=None, full_to_swa=None, full_v2p=None,
+                          swa_v2p=None, zero_tail=False, cu_seqlens_q=None, qlens=None, q_stride=None,
+                          out_cache_loc=None, swa_out_cache_loc=None, pdl=False):
+    """One decode step's metadata in one launch; semantics of ``kvdispatch.update_decode_metadata``; ``pdl`` as
+    for ``build_page_table``."""
+    call = decode_metadata_call(req_to_token, req_pool_indices, seq_lens, cache_seqlens, cu_seqlens_k, page_size,
+                                seqlen_offset, page_table, swa_page_table, full_to_swa, full_v2p, swa_v2p, zero_tail,
+                                cu_seqlens_q, qlens, q_stride, out_cache_loc, swa_out_cache_loc)
+    return _launched(call, cache_seqlens.device, cache_seqlens, pdl)

@@ -93,6 +93,7 @@ def specializations(warp_size: int = 32, page_sizes=PAGE_SIZES, index_types=("i3
         yield Specialization(draft_kernel, signature, constexprs, max(1, threads // warp_size))
     yield from _mapped_table_specializations(warp_size, page_sizes, index_types)
     yield from _dcp_specializations(warp_size, index_types)
+    yield from _decode_metadata_specializations(warp_size, page_sizes, index_types)
 
 
 def pdl_specializations(warp_size: int = 32):
@@ -315,6 +316,20 @@ def main(argv=None) -> int:
               f"regs={r.registers} shared={r.shared_bytes}B"
               + (f" griddepcontrol={','.join(r.griddepcontrol)}" if r.griddepcontrol else ""))
     return 0
+
+
+def _decode_metadata_specializations(warp_size, page_sizes, index_types):
+    """The decode-metadata kernel's specialisations (``decode_metadata.specializations``)."""
+    import triton  # noqa: PLC0415
+
+    from . import decode_metadata  # noqa: PLC0415
+
+    kernel = triton.runtime.jit.JITFunction(decode_metadata._decode_metadata_kernel,
+                                            do_not_specialize=decode_metadata.RUNTIME_INTS,
+                                            do_not_specialize_on_alignment=decode_metadata.POINTERS)
+    for signature, constexprs in decode_metadata.specializations(page_sizes, index_types):
+        threads = launch_grid.decode_metadata_launch(1, 1, constexprs["PAGE_SIZE"]).threads
+        yield Specialization(kernel, signature, constexprs, max(1, threads // warp_size))
 
 
 if __name__ == "__main__":

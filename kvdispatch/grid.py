@@ -233,3 +233,17 @@ def dcp_page_table_launch(batch: int, width: int, page_size: int, *, budget: int
     ``page_table_launch``."""
     return _launch(batch, width, items_per_program(DCP_PAGE_TABLE, page_size), "the page-table width (out.shape[1])",
                    budget=budget)
+
+
+# One decode step's metadata (``kvdispatch.update_decode_metadata``): lengths summed this many at a time by each
+# row's first program (the lengths before its row: a prefix sum without a second launch or a host sync).
+DECODE_METADATA_SUM_BLOCK = 256
+
+
+def decode_metadata_launch(batch: int, width: int, page_size: int, *, budget: int | None = None) -> Launch:
+    """Geometry of the decode-metadata kernel: the mapped page table's over the widest table it writes
+    (``width``, 0 without one), with at least one row and one program per row, which write the lengths, the
+    prefix sums and, all programs together, the sliding-window cache locations; ``budget`` as for
+    ``page_table_launch``."""
+    return _launch(max(batch, 1), max(width, 1), items_per_program(MAPPED_PAGE_TABLE, page_size),
+                   "the page-table width", budget=budget)

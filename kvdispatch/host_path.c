@@ -49,7 +49,7 @@ typedef int32_t (*get_int32_fn)(void *tensor, int32_t *value);
 #if OP_COUNT < 1 || OP_COUNT > 16 || LAUNCHER_COUNT < 1 || LAUNCHER_COUNT > 16
 #error "the op codes index approved[OP_COUNT], the launcher codes fit its entries"
 #endif
-#define MAX_PARAMS 32
+#define MAX_PARAMS 48
 
 // Configuration (configure()).
 static launch_fn launch_kernel = NULL;
@@ -306,8 +306,8 @@ static PyObject *launch_on(long device, void *context, uint64_t function_handle,
 // tensor argument, as the validator requires; the current context) and launches with the call's pointers in
 // the slots. Anything else: NotImplemented.
 
-#define MAX_ARGS 16
-#define MAX_KEY_WORDS 96  // 3 header words, then at most 9 per argument (2-D tensors); the longest op needs 72
+#define MAX_ARGS 24
+#define MAX_KEY_WORDS 136  // 3 header words, then at most 9 per argument (2-D tensors); the longest op needs 115
 #define REPLAY_SLOTS 8192 // open addressing, at most half full: as many plans as one Python plan cache holds
 #define KEY_TENSOR 1
 #define KEY_NONE 2

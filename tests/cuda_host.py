@@ -13,6 +13,7 @@ from __future__ import annotations
 import ctypes
 import functools
 import hashlib
+import inspect
 import os
 import shutil
 import subprocess
@@ -193,3 +194,23 @@ def kernel(key):
     if name not in globals():
         raise AttributeError(f"the host build has no {name}")
     return globals()[name]
+
+
+from kernels_cupy.launch import decode_metadata_call  # noqa: E402
+
+
+def build_decode_metadata(*args, pdl=False):
+    """The CuPy backend's ``build_decode_metadata`` through the host build (as ``build_page_table``)."""
+    run(decode_metadata_call(*args))
+    return args[3]
+
+
+def update_decode_metadata(*args, specialised=False, **options):
+    """``kvdispatch.update_decode_metadata`` on CPU tensors, through the host build of the kernel."""
+    bound = inspect.signature(ops.decode_metadata.update_decode_metadata).bind(*args, **options)
+    bound.apply_defaults()
+    arguments = {name: value for name, value in bound.arguments.items() if name not in ("backend", "enable_pdl")}
+    ops.decode_metadata.check_arguments(**arguments)
+    _require_cpu(arguments["req_to_token"])
+    run(decode_metadata_call(**arguments), specialised)
+    return arguments["cache_seqlens"]

@@ -336,6 +336,37 @@ def _dcp_page_table(d: _Draw, k: Knobs):
     return arguments
 
 
+def _decode_metadata(d: _Draw, k: Knobs):
+    rows, cols = k.batch + 2, k.pages * k.page_size + k.page_size // 2 + 1
+    table = d.table(rows, cols, -2 * k.page_size, rows * cols)
+    pool, lens = d.requests(k.batch, rows, cols + 2 * k.page_size)
+    leading = d.flag()
+    arguments = dict(req_to_token=table, req_pool_indices=d.vector(pool), seq_lens=d.vector(lens),
+                     cache_seqlens=d.output("cache_seqlens", (k.batch + d.integer(0, 3),)),
+                     cu_seqlens_k=d.output("cu_seqlens_k", (k.batch + leading,)), page_size=k.page_size,
+                     seqlen_offset=d.integer(-3, 4), page_table=None, swa_page_table=None, full_to_swa=None,
+                     full_v2p=None, swa_v2p=None, zero_tail=False, cu_seqlens_q=None, qlens=None, q_stride=None,
+                     out_cache_loc=None, swa_out_cache_loc=None)
+    out_rows = k.batch + d.integer(0, 3)
+    if not k.options:
+        arguments.update(page_table=d.output("page_table", (out_rows, k.pages + d.integer(0, 3))))
+        return arguments
+    mapping = d.vector(d.values(-5, 1 << 20, rows * cols + d.integer(-10, 10)), contiguous=True)
+    v2p = d.vector(d.values(-1, 1 << 16, -(-rows * cols // k.page_size) + d.integer(-2, 3)), contiguous=True)
+    page_map = d.flag()
+    arguments.update(page_table=d.output("page_table", (out_rows, k.pages + d.integer(0, 3))),
+                     swa_page_table=d.output("swa_page_table", (out_rows, k.pages + d.integer(-1, 3))),
+                     full_to_swa=mapping, full_v2p=v2p if d.flag() else None, swa_v2p=v2p if page_map else None,
+                     zero_tail=d.flag(), cu_seqlens_q=d.output("cu_seqlens_q", (k.batch + d.flag(),)),
+                     out_cache_loc=d.vector(d.values(-3, rows * cols + 5, 3 * k.batch)),
+                     swa_out_cache_loc=d.output("swa_out_cache_loc", (3 * k.batch + d.integer(-2, 3),), d.dtype()))
+    if d.flag():
+        arguments.update(qlens=d.vector(d.values(-2, 9, k.batch)))
+    else:
+        arguments.update(q_stride=d.integer(-5, 9))
+    return arguments
+
+
 BUILDERS = {
     "page_table": _page_table,
     "token_csr": _token_csr,
@@ -344,6 +375,7 @@ BUILDERS = {
     "draft_decode": _draft_decode,
     "dcp_token_csr": _dcp_token_csr,
     "dcp_page_table": _dcp_page_table,
+    "decode_metadata": _decode_metadata,
 }
 
 

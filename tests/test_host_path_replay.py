@@ -28,7 +28,7 @@ from kernels_cupy import native as cupy_native
 from kvdispatch import _debug, _validate, dispatch, host_path
 
 triton = pytest.importorskip("triton")
-from kernels_triton import dcp, draft_decode, mapped_tables, page_table, token_csr  # noqa: E402  (needs Triton)
+from kernels_triton import dcp, decode_metadata, draft_decode, mapped_tables, page_table, token_csr  # noqa: E402
 from kernels_triton import launch as triton_launch  # noqa: E402
 
 OPS = tuple(host_path.REPLAYED)
@@ -41,17 +41,20 @@ TRITON = {"page_table": (page_table.build_page_table, page_table.launcher),
           "dcp_token_csr": (dcp.build_dcp_token_indices, dcp.csr_launcher),
           "dcp_page_table": (dcp.build_dcp_page_table, dcp.table_launcher),
           "mha_page_table": (mapped_tables.build_mha_page_table, mapped_tables.mha_launcher),
-          "translated_page_table": (mapped_tables.build_translated_page_table, mapped_tables.translated_launcher)}
+          "translated_page_table": (mapped_tables.build_translated_page_table, mapped_tables.translated_launcher),
+          "decode_metadata": (decode_metadata.build_decode_metadata, decode_metadata.launcher)}
 CUPY = {"page_table": cupy_launch.build_page_table, "token_csr": cupy_launch.build_token_indices,
         "draft_decode": cupy_launch.build_draft_decode_indices, "dcp_token_csr": cupy_launch.build_dcp_token_indices,
         "dcp_page_table": cupy_launch.build_dcp_page_table, "mha_page_table": cupy_launch.build_mha_page_table,
-        "translated_page_table": cupy_launch.build_translated_page_table}
+        "translated_page_table": cupy_launch.build_translated_page_table,
+        "decode_metadata": cupy_launch.build_decode_metadata}
 CHECKS = {"page_table": ops.page_table.check_arguments, "token_csr": ops.token_csr.check_arguments,
           "draft_decode": ops.draft_decode.check_arguments,
           "dcp_token_csr": lambda *a: ops.dcp_token_csr.check_arguments(*a[:5], a[7], *a[5:7], a[8]),
           "dcp_page_table": ops.dcp_page_table.check_arguments,
           "mha_page_table": ops.mha_page_table.check_arguments,
-          "translated_page_table": ops.translated_page_table.check_arguments}
+          "translated_page_table": ops.translated_page_table.check_arguments,
+          "decode_metadata": ops.decode_metadata.check_arguments}
 
 
 @pytest.fixture(scope="module")
@@ -220,6 +223,20 @@ def random_args(op, seed):
         return [table, pool, lens, d.out(batch, d.int(1, 50)), d.pick((1, 16, 64, 96)),
                 d.out(batch, d.int(1, 50)) if swa else None,
                 d.vector(-3, 1000, d.pick((0, 1, 30)), strided=False) if swa else None, d.pick((False, True))]
+    if op == "decode_metadata":
+        def sums():
+            return torch.zeros(batch + d.pick((0, 1)), dtype=torch.int32)
+
+        swa, locs, q = d.pick((False, True)), d.pick((False, True)), d.pick((None, "lens", "stride"))
+        mapping = d.vector(-3, 1000, d.pick((0, 1, 30)), strided=False)
+        return [table, pool, lens, torch.zeros(batch + d.pick((0, 2)), dtype=torch.int32), sums(),
+                d.pick((1, 16, 64, 96)), d.pick((0, 3, -2)), d.out(batch, d.int(1, 50)),
+                d.out(batch, d.int(1, 50)) if swa else None, mapping if swa or locs else None,
+                d.pick((None, d.vector(-1, 50, d.int(1, 40), strided=False))),
+                d.vector(-1, 50, d.int(1, 40), strided=False) if swa and d.pick((False, True)) else None,
+                d.pick((False, True)), sums() if q else None, d.vector(-2, 9, batch) if q == "lens" else None,
+                d.int(-5, 9) if q == "stride" else None, d.vector(-3, 1000, d.int(0, 20)) if locs else None,
+                torch.zeros(d.int(0, 30), dtype=d.pick((torch.int32, torch.int64))) if locs else None]
     out = d.out(batch, d.int(1, 50))
     return [table, pool, lens, d.vector(-3, 1000, d.int(1, 40), strided=False), out, d.pick((1, 16, 64, 96)),
             d.pick((1, 1, 3, -2)), d.pick((None, d.int(1, out.shape[1] + 1))), d.pick((0, 0, 5, -4))]

@@ -75,6 +75,23 @@ RELEASE = {
         "draft_kv_indices_buffer_width": "(num_seqs, topk, max_context_len)",
         "draft_kv_indices_used_len": "(seq_lens_sum, topk, bs, num_steps)",
     },
+    "kernels.ops.attention.trtllm_mha_graph_metadata": {
+        "update_trtllm_mha_graph_metadata": "(*, req_pool_indices, seq_lens, req_to_token, cache_seqlens, "
+                                            "cu_seqlens_k, page_table, bs, seqlen_offset, max_seq_pages, page_size, "
+                                            "swa_mapping=None, swa_page_table=None, out_cache_loc=None, "
+                                            "swa_out_cache_loc=None, cu_seqlens_q=None, qlens=None, q_stride=0, "
+                                            "q_mode=0, skip_page_table=False)",
+    },
+    "kernels.ops.attention.metadata": {
+        "normal_decode_set_metadata": "(cache_seqlens_int32, cu_seqlens_k, page_table, req_to_token, "
+                                      "req_pool_indices, max_seq_pages, seq_lens, seq_len_delta, page_size, "
+                                      "swa_page_table=None, full_to_swa_index_mapping=None, skip_page_table=False, "
+                                      "full_v2p=None, swa_v2p=None, zero_tail=False)",
+        "draft_extend_set_metadata": "(cache_seqlens_int32, cu_seqlens_k, cu_seqlens_q, page_table, req_to_token, "
+                                     "req_pool_indices, seq_lens, extend_seq_lens, page_size, "
+                                     "full_to_swa_index_mapping=None, swa_page_table=None, out_cache_loc=None, "
+                                     "swa_out_cache_loc=None)",
+    },
 }
 # Names of earlier, unreleased SGLang branches: no release has them.
 UNRELEASED = ("update_trtllm_mla_graph_metadata", "build_kernel_page_table", "kv_indices_token_blocks_for_copy",
@@ -141,7 +158,10 @@ def _release_root():
     return None
 
 
-def _literal(node):
+def _literal(node, constants=None):
+    """The value of ``node``: a literal, a module constant defined above it (``constants``), else its source."""
+    if isinstance(node, ast.Name) and constants and node.id in constants:
+        return constants[node.id]
     try:
         return ast.literal_eval(node)
     except ValueError:
@@ -156,9 +176,9 @@ def _release_definitions(path):
             arguments = node.args
             positional = arguments.posonlyargs + arguments.args
             defaults = [inspect.Parameter.empty] * (len(positional) - len(arguments.defaults)) + [
-                _literal(d) for d in arguments.defaults]
+                _literal(d, found) for d in arguments.defaults]
             parameters = [(a.arg, d, False) for a, d in zip(positional, defaults)]
-            parameters += [(a.arg, inspect.Parameter.empty if d is None else _literal(d), True)
+            parameters += [(a.arg, inspect.Parameter.empty if d is None else _literal(d, found), True)
                            for a, d in zip(arguments.kwonlyargs, arguments.kw_defaults)]
             found[node.name] = _render(parameters)
         elif isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):

@@ -289,3 +289,55 @@ def producer(source, target, trigger: bool):
     NVIDIA sm_90+); without it, as PyTorch's kernels, it does not."""
     n = source.shape[0]
     _producer_kernel[(1,)](source, target, n, BLOCK=triton.next_power_of_2(n), TRIGGER=trigger, num_warps=4)
+
+
+# -- one decode step's metadata after SGLang's fused design (update_trtllm_mha_graph_metadata): a 1-D grid of
+# one program per request (its length and its whole page row, PAGE_BLOCK pages a pass), one program for the
+# prefix sum of the whole batch, then programs of PAGE_BLOCK SWA cache locations each --
+
+@triton.jit
+def _fused_metadata_kernel(table, pool, lens, cache, cu_k, page_table, swa_page_table, mapping, locs, swa_locs,
+                           batch, width, table_stride, page_table_stride, swa_stride, loc_count,
+                           PAGE: tl.constexpr, HAS_SWA: tl.constexpr, PAGE_BLOCK: tl.constexpr,
+                           BATCH_BLOCK: tl.constexpr):
+    pid = tl.program_id(0)
+    if pid < batch:
+        length = tl.load(lens + pid).to(tl.int32)
+        tl.store(cache + pid, length)
+        row = table + tl.load(pool + pid).to(tl.int64) * table_stride
+        pages = tl.minimum(tl.cdiv(length, PAGE), width)
+        for i in range(tl.cdiv(pages, PAGE_BLOCK)):
+            page = i * PAGE_BLOCK + tl.arange(0, PAGE_BLOCK)
+            live = page < pages
+            slot = tl.load(row + page.to(tl.int64) * PAGE, mask=live, other=0)
+            tl.store(page_table + pid.to(tl.int64) * page_table_stride + page, slot // PAGE, mask=live)
+            if HAS_SWA:
+                mapped = tl.load(mapping + slot.to(tl.int64), mask=live & (slot >= 0), other=-1)
+                tl.store(swa_page_table + pid.to(tl.int64) * swa_stride + page,
+                         tl.where(mapped < 0, -1, mapped // PAGE).to(tl.int32), mask=live)
+    elif pid == batch:
+        offs = tl.arange(0, BATCH_BLOCK)
+        lengths = tl.load(lens + offs, mask=offs < batch, other=0).to(tl.int32)
+        tl.store(cu_k + 1 + offs, tl.cumsum(lengths, axis=0), mask=offs < batch)
+        tl.store(cu_k, 0)
+    elif HAS_SWA:
+        index = (pid - batch - 1) * PAGE_BLOCK + tl.arange(0, PAGE_BLOCK)
+        real = index < loc_count
+        loc = tl.load(locs + index, mask=real, other=0)
+        tl.store(swa_locs + index, tl.load(mapping + loc, mask=real, other=0), mask=real)
+
+
+def fused_metadata(req_to_token, req_pool_indices, seq_lens, cache_seqlens, cu_seqlens_k, page_table, page_size,
+                   swa_page_table=None, full_to_swa=None, out_cache_loc=None, swa_out_cache_loc=None):
+    """One decode step's metadata after SGLang 0.5.23's fused kernel design (the grid grows with the SWA
+    locations and each request's row is one program's)."""
+    batch, block, swa = req_pool_indices.shape[0], 512, full_to_swa is not None
+    count = swa_out_cache_loc.shape[0] if swa else 0
+    grid = (batch + 1 + triton.cdiv(count, block),)
+    _fused_metadata_kernel[grid](req_to_token, req_pool_indices, seq_lens, cache_seqlens, cu_seqlens_k, page_table,
+                                 swa_page_table if swa else page_table, full_to_swa if swa else page_table,
+                                 out_cache_loc if swa else page_table, swa_out_cache_loc if swa else page_table,
+                                 batch, page_table.shape[1], req_to_token.stride(0), page_table.stride(0),
+                                 swa_page_table.stride(0) if swa else 0, count, PAGE=page_size, HAS_SWA=swa,
+                                 PAGE_BLOCK=block, BATCH_BLOCK=triton.next_power_of_2(batch))
+    return grid

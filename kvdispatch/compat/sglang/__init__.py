@@ -73,3 +73,8 @@ __all__ = [
     "kv_indices_num_token_blocks",
     "spec_kv_index_token_blocks",
 ]
+
+from .kernels.ops.attention.metadata import draft_extend_set_metadata, normal_decode_set_metadata  # noqa: E402
+from .kernels.ops.attention.trtllm_mha_graph_metadata import update_trtllm_mha_graph_metadata  # noqa: E402
+
+__all__ += ["draft_extend_set_metadata", "normal_decode_set_metadata", "update_trtllm_mha_graph_metadata"]
