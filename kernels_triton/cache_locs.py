@@ -46,14 +46,14 @@ def _cache_locs_kernel(
     _launch.wait_for_producer(PDL)
     row = tl.program_id(0).to(tl.int64)
     pool = tl.load(pool_ptr + row * pool_stride).to(tl.int64)
-    start = tl.minimum(tl.maximum(tl.load(start_ptr + row * start_stride).to(tl.int64), -_BOUND), _BOUND)
+    start = tl.load(start_ptr + row * start_stride).to(tl.int64)
     if PACKED:
-        end = tl.minimum(tl.maximum(tl.load(end_ptr + row * end_stride).to(tl.int64), -_BOUND), _BOUND)
-        length = tl.minimum(tl.maximum(end - start, 0), OFFSET_LIMIT)
+        length = _length(start, tl.load(end_ptr + row * end_stride).to(tl.int64), OFFSET_LIMIT)
         offset = _packed_offset(start_ptr, start_stride, end_ptr, end_stride, row, SUM_BLOCK, OFFSET_LIMIT)
     else:
         length = width
         offset = row * width
+    start = tl.minimum(tl.maximum(start, -_BOUND), _BOUND)  # changes no position inside a row
     readable = (pool >= 0) & (pool < table_rows)
     # Entries [begin, stop): positions inside [0, C), destinations below out_len; none on an unreadable row.
     begin = tl.maximum(-start, 0)
@@ -82,19 +82,25 @@ def _cache_locs_kernel(
 
 
 @triton.jit
+def _length(start, end, OFFSET_LIMIT: tl.constexpr):
+    """``min(max(end - start, 0), OFFSET_LIMIT)`` of the exact difference: where ``end > start`` it is below
+    2**64, so its int64 wrap reads negative only past 2**63 - 1."""
+    difference = end - start
+    return tl.where(end > start, tl.where(difference < 0, OFFSET_LIMIT, tl.minimum(difference, OFFSET_LIMIT)), 0)
+
+
+@triton.jit
 def _packed_offset(start_ptr, start_stride, end_ptr, end_stride, count, SUM_BLOCK: tl.constexpr,
                    OFFSET_LIMIT: tl.constexpr):
-    """``min(sum(min(max(end[i] - start[i], 0), OFFSET_LIMIT) for i < count), OFFSET_LIMIT)`` in int64, exactly
-    (both ends clamped into ``[-2**62, 2**62]`` first, as the reference clamps them)."""
+    """``min(sum(_length(start[i], end[i]) for i < count), OFFSET_LIMIT)`` in int64, exactly (each term is at
+    most OFFSET_LIMIT, so a pass's sum cannot wrap)."""
     total = tl.zeros((), tl.int64)
     for first in range(0, count, SUM_BLOCK):
         index = first + tl.arange(0, SUM_BLOCK).to(tl.int64)
         inside = index < count
         start = tl.load(start_ptr + index * start_stride, mask=inside, other=0).to(tl.int64)
         end = tl.load(end_ptr + index * end_stride, mask=inside, other=0).to(tl.int64)
-        start = tl.minimum(tl.maximum(start, -_BOUND), _BOUND)
-        end = tl.minimum(tl.maximum(end, -_BOUND), _BOUND)
-        total = tl.minimum(total + tl.sum(tl.minimum(tl.maximum(end - start, 0), OFFSET_LIMIT)), OFFSET_LIMIT)
+        total = tl.minimum(total + tl.sum(_length(start, end, OFFSET_LIMIT)), OFFSET_LIMIT)
     return total
 
 

@@ -85,12 +85,15 @@ def _slices(req_pool_indices, start_offset, end_offset, width):
     its length (``end - start`` or ``width``, clamped into ``[0, CACHE_LOCS_OFFSET_LIMIT]``) and the running sum
     of the lengths through it (exact: fewer than 2**31 terms of at most 2**32)."""
     batch = req_pool_indices.shape[0]
-    start = start_offset[:batch].long().clamp(-BOUND, BOUND)
+    first = start_offset[:batch].long()
     if end_offset is None:
-        length = torch.full_like(start, width)
+        length = torch.full_like(first, width)
     else:
-        length = (end_offset[:batch].long().clamp(-BOUND, BOUND) - start).clamp(0, CACHE_LOCS_OFFSET_LIMIT)
-    return start, length, torch.cumsum(length, 0)
+        last = end_offset[:batch].long()
+        difference = last - first  # wraps past 2**63 - 1: a positive exact difference reads negative then
+        length = torch.where(last > first, torch.where(difference < 0, CACHE_LOCS_OFFSET_LIMIT, difference), 0)
+        length = length.clamp_(max=CACHE_LOCS_OFFSET_LIMIT)
+    return first.clamp(-BOUND, BOUND), length, torch.cumsum(length, 0)
 
 
 def check_data(req_to_token, req_pool_indices, start_offset, out, end_offset, width, page_size, full_v2p,

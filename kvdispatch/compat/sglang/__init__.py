@@ -73,3 +73,10 @@ __all__ = [
     "kv_indices_num_token_blocks",
     "spec_kv_index_token_blocks",
 ]
+
+from .kernels.ops.speculative.cache_locs import (assign_draft_cache_locs_contiguous_func,  # noqa: E402
+                                                 assign_extend_cache_locs_func, assign_extend_cache_locs_uniform_func,
+                                                 fill_front_out_cache_loc_func)
+
+__all__ += ["assign_draft_cache_locs_contiguous_func", "assign_extend_cache_locs_func",
+            "assign_extend_cache_locs_uniform_func", "fill_front_out_cache_loc_func"]
