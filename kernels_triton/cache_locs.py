@@ -1,7 +1,7 @@
 """Per-request slices gathered into cache locations (``kvdispatch.create_cache_locs``), on the grid ``(batch,
 programs_per_row)`` of ``kvdispatch.grid.cache_locs_launch``.
 
-Program ``(b, k)`` of a row of ``T`` programs copies the blocks ``k, k + T, ...`` of TOKENS_PER_PROGRAM entries of
+Program ``(b, k)`` of a row of ``T`` programs copies the blocks ``k, k + T, ...`` of ENTRIES_PER_PROGRAM entries of
 request ``b``'s slice, from its first entry whose position lies inside the row up to the last that is read
 and lands inside ``out``. A packed slice's offset is the sum of the lengths before it: each program sums them
 itself, SUM_BLOCK at a time (no second launch, no host sync), saturating at ``OFFSET_LIMIT``.
@@ -26,9 +26,9 @@ PARAMETERS = ("table_ptr", "pool_ptr", "start_ptr", "end_ptr", "out_ptr", "posit
               "out_len", "width", "pool_stride", "start_stride", "end_stride", "full_v2p_len", "swa_v2p_len")
 POINTERS = tuple(name for name in PARAMETERS if name.endswith("_ptr"))
 RUNTIME_INTS = tuple(name for name in PARAMETERS if not name.endswith("_ptr"))
-CONSTEXPRS = ("TOKENS_PER_PROGRAM", "SUM_BLOCK", "PAGE_SIZE", "OFFSET_LIMIT", "PACKED", "HAS_POSITIONS", "HAS_FULL",
-              "HAS_SWA", "FOLDED_GRID", "PDL")
-_BOUND = 2**62  # kvdispatch.reference.BOUND
+CONSTEXPRS = ("ENTRIES_PER_PROGRAM", "SUM_BLOCK", "PAGE_SIZE", "OFFSET_LIMIT", "PACKED", "HAS_POSITIONS",
+              "TRANSLATE_FULL", "TRANSLATE_SWA", "FOLDED_GRID", "PDL")
+_BOUND = tl.constexpr(2**62)  # kvdispatch.reference.BOUND
 
 
 def _cache_locs_kernel(
@@ -36,8 +36,8 @@ def _cache_locs_kernel(
     swa_out_ptr, table_rows: tl.int64, table_cols: tl.int64, table_row_stride: tl.int64, out_len: tl.int64,
     width: tl.int64, pool_stride: tl.int64, start_stride: tl.int64, end_stride: tl.int64, full_v2p_len: tl.int64,
     swa_v2p_len: tl.int64,
-    TOKENS_PER_PROGRAM: tl.constexpr, SUM_BLOCK: tl.constexpr, PAGE_SIZE: tl.constexpr, OFFSET_LIMIT: tl.constexpr,
-    PACKED: tl.constexpr, HAS_POSITIONS: tl.constexpr, HAS_FULL: tl.constexpr, HAS_SWA: tl.constexpr,
+    ENTRIES_PER_PROGRAM: tl.constexpr, SUM_BLOCK: tl.constexpr, PAGE_SIZE: tl.constexpr, OFFSET_LIMIT: tl.constexpr,
+    PACKED: tl.constexpr, HAS_POSITIONS: tl.constexpr, TRANSLATE_FULL: tl.constexpr, TRANSLATE_SWA: tl.constexpr,
     FOLDED_GRID: tl.constexpr, PDL: tl.constexpr,
 ):
     """Request ``b = program_id(0)``; semantics of ``kvdispatch.ops.cache_locs.reference``. PACKED: the slice is
@@ -59,10 +59,10 @@ def _cache_locs_kernel(
     begin = tl.maximum(-start, 0)
     stop = tl.where(readable, tl.minimum(tl.minimum(length, table_cols - start), out_len - offset), 0)
     row_ptr = table_ptr + pool * table_row_stride  # only dereferenced inside [begin, stop)
-    first = begin + _launch.program_in_row(FOLDED_GRID).to(tl.int64) * TOKENS_PER_PROGRAM
-    step = _launch.programs_in_row(FOLDED_GRID).to(tl.int64) * TOKENS_PER_PROGRAM
+    first = begin + _launch.program_in_row(FOLDED_GRID).to(tl.int64) * ENTRIES_PER_PROGRAM
+    step = _launch.programs_in_row(FOLDED_GRID).to(tl.int64) * ENTRIES_PER_PROGRAM
     for block in range(first, stop, step):
-        entry = block + tl.arange(0, TOKENS_PER_PROGRAM).to(tl.int64)
+        entry = block + tl.arange(0, ENTRIES_PER_PROGRAM).to(tl.int64)
         live = entry < stop
         position = start + entry
         destination = offset + entry
@@ -70,11 +70,11 @@ def _cache_locs_kernel(
         tl.store(out_ptr + destination, values.to(out_ptr.dtype.element_ty), mask=live)
         if HAS_POSITIONS:
             tl.store(positions_ptr + destination, position.to(positions_ptr.dtype.element_ty), mask=live)
-        if HAS_FULL:
+        if TRANSLATE_FULL:
             tl.store(full_out_ptr + destination,
                      _stored_values(values, live, full_v2p_ptr, full_v2p_len, full_out_ptr, PAGE_SIZE, True),
                      mask=live)
-        if HAS_SWA:
+        if TRANSLATE_SWA:
             tl.store(swa_out_ptr + destination,
                      _stored_values(values, live, swa_v2p_ptr, swa_v2p_len, swa_out_ptr, PAGE_SIZE, True),
                      mask=live)
@@ -113,9 +113,10 @@ _plans = _launch.plan_cache(on_clear=functools.partial(native.forget_plans, "cac
 def constexprs_for(page_size: int = 1, packed: bool = False, has_positions: bool = False, has_full: bool = False,
                    has_swa: bool = False, folded_grid: bool = False, pdl: bool = False) -> dict:
     """The constexpr arguments of one specialisation (tokens per program and sum block from ``kvdispatch.grid``)."""
-    return dict(TOKENS_PER_PROGRAM=launch_grid._CACHE_LOCS_TOKENS_PER_PROGRAM, SUM_BLOCK=launch_grid.CACHE_LOCS_SUM_BLOCK,
-                PAGE_SIZE=page_size, OFFSET_LIMIT=launch_grid.CACHE_LOCS_OFFSET_LIMIT, PACKED=packed,
-                HAS_POSITIONS=has_positions, HAS_FULL=has_full, HAS_SWA=has_swa, FOLDED_GRID=folded_grid, PDL=pdl)
+    return dict(ENTRIES_PER_PROGRAM=launch_grid.CACHE_LOCS_ENTRIES_PER_PROGRAM,
+                SUM_BLOCK=launch_grid.CACHE_LOCS_SUM_BLOCK, PAGE_SIZE=page_size,
+                OFFSET_LIMIT=launch_grid.CACHE_LOCS_OFFSET_LIMIT, PACKED=packed, HAS_POSITIONS=has_positions,
+                TRANSLATE_FULL=has_full, TRANSLATE_SWA=has_swa, FOLDED_GRID=folded_grid, PDL=pdl)
 
 
 def _dtype(t):
@@ -149,14 +150,14 @@ def build_cache_locs(req_to_token, req_pool_indices, start_offset, out, end_offs
     return out
 
 
-def specializations(index_types=("i32", "i64")):
+def specializations(index_types=("i32", "i64"), page_sizes=(1, 64)):
     """The specialisations engines ask for: yields ``(signature, constexprs)`` for ``triton.compiler.ASTSource``
     (Triton >= 3.3). An int32 table into an int64 ``out`` (SGLang's cache locations), packed or fixed, per index
-    dtype; fixed with positions and both maps at page sizes 1 and 64; an int64 table (a window of cache
+    dtype; fixed with positions and both maps at ``page_sizes`` (of 1 and 64); an int64 table (a window of cache
     locations read back); the folded grid."""
     for index, packed in itertools.product(index_types, (False, True)):
         yield _specialisation(index, "i32", constexprs_for(packed=packed))
-    for page_size in (1, 64):
+    for page_size in (size for size in (1, 64) if size in page_sizes):
         yield _specialisation("i64", "i32", constexprs_for(page_size, False, True, True, True))
     yield _specialisation("i64", "i64", constexprs_for(packed=True))
     yield _specialisation("i64", "i32", constexprs_for(folded_grid=True))
@@ -174,7 +175,7 @@ def _specialisation(index, table, constexprs):
     else:
         constexprs.update(positions_ptr=None)
     for kind in ("full", "swa"):
-        if constexprs[f"HAS_{kind.upper()}"]:
+        if constexprs[f"TRANSLATE_{kind.upper()}"]:
             types.update({f"{kind}_v2p_ptr": "*i64", f"{kind}_out_ptr": "*i64"})
         else:
             constexprs.update({f"{kind}_v2p_ptr": None, f"{kind}_out_ptr": None})

@@ -240,7 +240,7 @@ def dcp_page_table_launch(batch: int, width: int, page_size: int, *, budget: int
 # CACHE_LOCS_OFFSET_LIMIT (out is never longer), so every sum the kernels form stays exact in int64.
 CACHE_LOCS_OFFSET_LIMIT = 2**32
 # Speculative slices are short (a few to a few hundred tokens): small programs, many rows per launch.
-_CACHE_LOCS_TOKENS_PER_PROGRAM = 256
+CACHE_LOCS_ENTRIES_PER_PROGRAM = 256
 # Lengths of earlier requests summed per pass of a program's packed offset.
 CACHE_LOCS_SUM_BLOCK = 256
 
@@ -249,5 +249,5 @@ def cache_locs_launch(batch: int, table_width: int, out_len: int, *, budget: int
     """Geometry of the cache-locations kernel: a row writes at most ``min(table_width, out_len)`` entries (each
     reads its own position of one table row and lands at its own entry of ``out``), whatever its claimed
     length; ``budget`` as for ``page_table_launch``."""
-    return _launch(batch, min(table_width, out_len), _CACHE_LOCS_TOKENS_PER_PROGRAM,
+    return _launch(batch, min(table_width, out_len), CACHE_LOCS_ENTRIES_PER_PROGRAM,
                    "min(req_to_token.shape[1], out.shape[0])", budget=budget)

@@ -134,8 +134,8 @@ def next_power_of_2(n):
 def _get_oot_speculative_cache_locs_fn():
     return None
 """
-_RELEASED = ("assign_draft_cache_locs_contiguous", "assign_draft_cache_locs_contiguous_func", "assign_extend_cache_locs",
-             "assign_extend_cache_locs_func", "assign_extend_cache_locs_uniform",
+_RELEASED = ("assign_draft_cache_locs_contiguous", "assign_draft_cache_locs_contiguous_func",
+             "assign_extend_cache_locs", "assign_extend_cache_locs_func", "assign_extend_cache_locs_uniform",
              "assign_extend_cache_locs_uniform_func", "fill_front_out_cache_loc_func")
 
 

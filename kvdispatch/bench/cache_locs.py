@@ -34,7 +34,8 @@ CASES = {
 
 
 def parse(shape: str, text: str) -> Case:
-    usage = f"a cache-locations case is cache_locs:BATCHxCONTEXTxWIDTH[:packed], e.g. cache_locs:64x4096x8; got {text!r}"
+    usage = (f"a cache-locations case is cache_locs:BATCHxCONTEXTxWIDTH[:packed], e.g. cache_locs:64x4096x8; "
+             f"got {text!r}")
     shape, *options = shape.split(":")
     batch, context, width = dimensions(shape, 3, usage)
     if options not in ([], ["packed"]) or min(batch, context, width) < 1:
