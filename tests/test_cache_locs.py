@@ -163,9 +163,10 @@ def _requests(batch, rows, cols, g, dtype=torch.int64):
     return table.to(DEVICE), pool.to(DEVICE), lens.to(DEVICE)
 
 
-pytestmark = pytest.mark.skipif(ROOT is None, reason="SGLang's source is not here (set SGLANG_SOURCE)")
+needs_release = pytest.mark.skipif(ROOT is None, reason="SGLang's source is not here (set SGLANG_SOURCE)")
 
 
+@needs_release
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("pattern", ("ngram", "dspark", "dflash_int32"))
 def test_assign_extend_cache_locs(backend, pattern, locs, drop_in):
@@ -187,6 +188,7 @@ def test_assign_extend_cache_locs(backend, pattern, locs, drop_in):
     assert_same(ours[:used], theirs[:used].cpu(), pattern)
 
 
+@needs_release
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("pattern", ("verify", "translated", "translated_full_only"))
 def test_assign_extend_cache_locs_uniform(backend, pattern, locs, drop_in):
@@ -220,6 +222,7 @@ def test_assign_extend_cache_locs_uniform(backend, pattern, locs, drop_in):
         assert_same(ours, theirs.cpu(), f"{pattern} (buffer {index})")
 
 
+@needs_release
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("topk, num_cols, write_positions", ((1, 3, True), (1, 3, False), (4, 2, False)))
 def test_assign_draft_cache_locs_contiguous(backend, topk, num_cols, write_positions, locs, drop_in):
@@ -240,6 +243,7 @@ def test_assign_draft_cache_locs_contiguous(backend, topk, num_cols, write_posit
         assert_same(a, b.cpu(), f"draft slots (buffer {index})")
 
 
+@needs_release
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_fill_front_out_cache_loc(backend, locs, drop_in):
     """``move_accept_tokens``: the first ``num_correct_drafts + 1`` slots of each verify window, packed into a
@@ -252,3 +256,20 @@ def test_fill_front_out_cache_loc(backend, locs, drop_in):
     locs.fill_front_out_cache_loc_func(num_front, out_cache_loc, theirs)
     drop_in.fill_front_out_cache_loc_func(num_front, out_cache_loc, ours)
     assert_same(ours, theirs.cpu(), "front slots")
+
+
+def test_drop_ins_are_in_the_flat_namespace_and_check_what_sglang_asserts():
+    from kvdispatch.compat import sglang
+    from kvdispatch.compat.sglang.kernels.ops.speculative import cache_locs as module
+
+    for name in ("assign_extend_cache_locs_func", "assign_extend_cache_locs_uniform_func",
+                 "assign_draft_cache_locs_contiguous_func", "fill_front_out_cache_loc_func"):
+        assert name in sglang.__all__ and getattr(sglang, name) is getattr(module, name)
+    table = torch.zeros((3, 16), dtype=torch.int32)
+    pool = start = torch.zeros(2, dtype=torch.int64)
+    with pytest.raises(ValueError, match="full_out"):
+        sglang.assign_extend_cache_locs_uniform_func(pool, table, start, 2, 4, "cpu", full_v2p=torch.zeros(4))
+    with pytest.raises(ValueError, match="req_pool_indices"):
+        sglang.assign_extend_cache_locs_func(pool, table, start, start, 3, 4, "cpu")
+    with pytest.raises(TypeError, match="batch_size"):
+        sglang.assign_extend_cache_locs_func(pool, table, start, start, 2.0, 4, "cpu")

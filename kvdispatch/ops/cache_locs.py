@@ -11,23 +11,13 @@ import torch
 from torch import Tensor
 
 from .._debug import _first_bad, _host_rows, _lookup_pages
-from .._validate import (_INDEX_DTYPES, _INT32_MAX, _check_apart, _contiguous_vector, _index_vector, _python_int,
-                         _tensor)
+from .._validate import _INT32_MAX, _check_apart, _contiguous_vector, _index_vector, _python_int, _tensor
 from ..grid import CACHE_LOCS_OFFSET_LIMIT, MAX_PAGE_SIZE
 from ..reference import BOUND, _clamped_pool, _store, _translated
 from ..op import declare
+from .draft_decode import _index_table
 
 __all__ = ["create_cache_locs"]
-
-
-def _source_table(t):
-    _tensor("req_to_token", t)
-    if t.dtype not in _INDEX_DTYPES:
-        raise TypeError(f"req_to_token must have dtype torch.int32 or torch.int64, got {t.dtype}")
-    if t.dim() != 2:
-        raise ValueError(f"req_to_token must be 2-D, got shape {tuple(t.shape)}")
-    if t.stride(-1) != 1 and t.shape[-1] > 1:
-        raise ValueError(f"req_to_token must have a contiguous last dimension (stride 1), got strides {t.stride()}")
 
 
 def _output_vector(name, t, device, length=None):
@@ -45,8 +35,9 @@ def check_arguments(req_to_token, req_pool_indices, start_offset, out, end_offse
                     memory=True):
     """Validate ``create_cache_locs`` arguments; returns the device (``memory``: as for
     ``check_page_table_args``)."""
-    _source_table(req_to_token)
+    _tensor("req_to_token", req_to_token)
     device = req_to_token.device
+    _index_table("req_to_token", req_to_token, device, 0, 0)  # int32 or int64: a window of cache locations too
     _tensor("req_pool_indices", req_pool_indices)
     batch = req_pool_indices.shape[0] if req_pool_indices.dim() == 1 else -1
     _index_vector("req_pool_indices", req_pool_indices, device, batch)
