@@ -18,6 +18,7 @@ The mapped page tables: the TRT-LLM MHA table with and without its SWA twin (ful
 entries at the extremes: slots clamped into it, quotients' low 32 bits) and the translated table (v2p at the
 extremes or empty, multipliers at the int32 extremes, length deltas at the int32 extremes), on slot tables with
 negative and extreme entries, under the same spoilt requests (page sizes 1, 64, 7).
+The cache locations (``create_cache_locs``): the spoilt requests above, packed and fixed-width, translated or not.
 The draft decode indices: the spoilt pool indices and lengths above (2 branches, 3 steps, page sizes 1 and 16),
 outputs narrower than the segments, positions at the extremes, a v2p that ids fall outside of, a window.
 Tensors at other addresses, for every op (the ordinary page-1 table and token CSR, whose copies take 16-byte
@@ -231,6 +232,9 @@ def storage_calls(device, g):
                                          qlens=ints(0, 5, (batch,)), out_cache_loc=ints(-1, 2**12, (2 * batch,)),
                                          swa_out_cache_loc=poison(2 * batch + 3, dtype=torch.int64)), (
         "cache_seqlens", "cu_seqlens_k", "page_table", "swa_page_table", "cu_seqlens_q", "swa_out_cache_loc")
+    yield "create_cache_locs", dict(common("end_offset"), start_offset=start, out=poison(4 * batch, dtype=torch.int64),
+                                    positions_out=poison(4 * batch), page_size=16, full_v2p=ints(-1, 2**10, (50,)),
+                                    full_out=poison(4 * batch, dtype=torch.int64)), ("out", "positions_out", "full_out")
 
 
 def element_offset(t, shift):
@@ -543,6 +547,28 @@ def run(device, backends, verbose, shard=(0, 1)):
                                  f"map={mapping.shape[0]} offset={offset}", "update_decode_metadata", args,
                                  ("cache_seqlens", "cu_seqlens_k", "page_table", "swa_page_table", "cu_seqlens_q",
                                   "swa_out_cache_loc"), shift=1)
+        # Cache locations: the spoilt requests above, their lengths taken as the slices' ends (packed) or a fixed
+        # width, with positions and the value through a v2p that ids fall outside of.
+        for dtype in (torch.int32, torch.int64):
+            for spoil in hostile_requests(BATCH + 3, 5 * 16 + 7, dtype == torch.int64):
+                data, rows, cols = make(16, dtype, device, g, spoil)
+                cpu = {k: v.cpu() for k, v in data.items()}
+                v2p = torch.randint(-2, 2**20, (rows * cols // 16 - 3,), generator=g)
+                for packed, translated in itertools.product((False, True), repeat=2):
+                    if not selected():
+                        continue
+                    outs = [torch.full((4 * BATCH + 3,), POISON, dtype=torch.int64, device=device)
+                            for _ in range(3 if translated else 1)]
+                    expected = [out.cpu().clone() for out in outs]
+                    options = [dict(end_offset=tensors["lens"]) if packed else dict(width=4) for tensors in (cpu, data)]
+                    if translated:
+                        for option, maps, written in zip(options, (v2p, v2p.to(device)), (expected, outs)):
+                            option.update(positions_out=written[1], page_size=16, full_v2p=maps, full_out=written[2])
+                    ops.cache_locs.reference(cpu["table"], cpu["pool"], cpu["start"], expected[0], **options[0])
+                    launch_and_check(f"{backend} cache_locs {str(dtype)[6:]} {spoil[0]} packed={packed} "
+                                     f"translated={translated}", lambda: kvdispatch.create_cache_locs(
+                                         data["table"], data["pool"], data["start"], outs[0], backend=backend,
+                                         **options[1]), list(zip(outs, expected)))
         for function, args, outputs in storage_calls(device, g):
             for shift in (1, 3):
                 storage_case(f"{backend} {function} page={args.get('page_size')} element-offset={shift}", function,

@@ -839,3 +839,95 @@ extern "C" __global__ void kv_decode_metadata(
     }
     KV_GRID_RELEASE();
 }
+
+// Per-request slices gathered into cache locations (kvdispatch.create_cache_locs): what the flags do not say
+// of a call (which slices, the other tensors' dtypes) travels in the kernel's own `layout` argument.
+enum { KV_CACHE_LOCS_PACKED = 1, KV_CACHE_LOCS_WIDE_TABLE = 2, KV_CACHE_LOCS_WIDE_START = 4,
+       KV_CACHE_LOCS_WIDE_END = 8, KV_CACHE_LOCS_WIDE_FULL_OUT = 16, KV_CACHE_LOCS_WIDE_SWA_OUT = 32 };
+
+__device__ inline kv_i64 kv_bounded(kv_i64 v) {  // into [-2**62, 2**62] (kvdispatch.reference.BOUND)
+    const kv_i64 bound = 1LL << 62;
+    return kv_min(kv_max(v, -bound), bound);
+}
+
+// min(max(end - start, 0), limit) of the exact difference (below 2**64 where end > start: unsigned).
+__device__ inline kv_i64 kv_slice_length(kv_i64 start, kv_i64 end, kv_i64 limit) {
+    if (end <= start) return 0;
+    const kv_u64 difference = (kv_u64)end - (kv_u64)start;
+    return difference < (kv_u64)limit ? (kv_i64)difference : limit;
+}
+
+// sum(kv_slice_length(start[i], end[i]) for i < count), at most `limit`: exact.
+__device__ inline kv_i64 kv_packed_offset(const void* __restrict__ start, kv_i64 start_stride, bool wide_start,
+                                          const void* __restrict__ end, kv_i64 end_stride, bool wide_end,
+                                          kv_i64 count, kv_i64 limit) {
+    kv_i64 total = 0;
+    for (kv_i64 i = 0; i < count && total < limit; ++i) {
+        total = kv_min(total + kv_slice_length(kv_load_index(start, i * start_stride, wide_start),
+                                               kv_load_index(end, i * end_stride, wide_end), limit), limit);
+    }
+    return total;
+}
+
+// A table value x through a page-level map: v2p[x / P] * P + x % P (the low 64 bits) for x >= 0 whose page
+// lies inside the map with a non-negative entry, else 0.
+__device__ inline kv_i64 kv_translated_value(kv_i64 x, kv_i64 page_size, const void* __restrict__ v2p, kv_i64 v2p_len,
+                                             bool wide_v2p) {
+    if (x < 0 || x / page_size >= v2p_len) return 0;
+    const kv_i64 page = x / page_size;
+    const kv_i64 mapped = kv_load_index(v2p, page, wide_v2p);
+    if (mapped < 0) return 0;
+    return (kv_i64)((kv_u64)mapped * (kv_u64)page_size + (kv_u64)(x - page * page_size));
+}
+
+// Request b = blockIdx.x: entry j < len_b lands at offset_b + j and reads table[pool_b, start_b + j]. Packed
+// (KV_CACHE_LOCS_PACKED): len_b = end_b - start_b (0 when negative) and offset_b the sum of the earlier
+// lengths, which each thread sums itself (no second launch, no host sync); else len_b = width, offset_b =
+// b * width. Written where the position lies in [0, cols), the destination below out_len and the pool row in
+// [0, rows): out, with KV_POSITIONS the position, with KV_V2P / KV_MAPPING the value through full_v2p /
+// swa_v2p. Flags: KV_WIDE_POOL, KV_WIDE_OUT, KV_FOLDED_GRID, KV_WIDE_POSITIONS, KV_WIDE_V2P (full_v2p int64),
+// KV_WIDE_MAPPING (swa_v2p int64).
+extern "C" __global__ void kv_cache_locs(
+    const void* __restrict__ table, const void* __restrict__ req_pool_indices, const void* __restrict__ start_offset,
+    const void* __restrict__ end_offset, void* __restrict__ out, void* __restrict__ positions_out,
+    const void* __restrict__ full_v2p, void* __restrict__ full_out, const void* __restrict__ swa_v2p,
+    void* __restrict__ swa_out, kv_i64 rows, kv_i64 cols, kv_i64 table_stride, kv_i64 out_len, kv_i64 width,
+    kv_i64 pool_stride, kv_i64 start_stride, kv_i64 end_stride, kv_i64 full_v2p_len, kv_i64 swa_v2p_len,
+    kv_i64 items, kv_i64 limit, kv_i64 page_size_arg, kv_i64 layout, kv_i64 flags) {
+    KV_GRID_WAIT();
+    const kv_i64 page_size = kv_specialised_page_size(page_size_arg), b = blockIdx.x;
+    const kv_i64 program = kv_row_program(KV_HAS(KV_FOLDED_GRID));
+    const kv_i64 step = kv_row_programs(KV_HAS(KV_FOLDED_GRID)) * items;
+    const bool wide_start = (layout & KV_CACHE_LOCS_WIDE_START) != 0, wide_end = (layout & KV_CACHE_LOCS_WIDE_END) != 0;
+    const bool wide_table = (layout & KV_CACHE_LOCS_WIDE_TABLE) != 0;
+    const kv_i64 pool = kv_load_index(req_pool_indices, b * pool_stride, KV_HAS(KV_WIDE_POOL));
+    const kv_i64 given_start = kv_load_index(start_offset, b * start_stride, wide_start);
+    const kv_i64 start = kv_bounded(given_start);  // changes no position inside a row
+    kv_i64 length = width, offset = b * width;
+    if (layout & KV_CACHE_LOCS_PACKED) {
+        length = kv_slice_length(given_start, kv_load_index(end_offset, b * end_stride, wide_end), limit);
+        offset = kv_packed_offset(start_offset, start_stride, wide_start, end_offset, end_stride, wide_end, b, limit);
+    }
+    const bool readable = pool >= 0 && pool < rows;
+    const kv_i64 begin = kv_max(-start, 0);  // the first entry whose position is in the row
+    const kv_i64 stop = readable ? kv_min(kv_min(length, cols - start), out_len - offset) : 0;
+    const kv_i64 row = readable ? pool * table_stride : 0;
+    for (kv_i64 first = begin + program * items; first < stop; first += step) {
+        const kv_i64 last = kv_min(first + items, stop);
+        for (kv_i64 j = first + threadIdx.x; j < last; j += blockDim.x) {
+            const kv_i64 position = start + j, destination = offset + j;
+            const kv_i64 x = kv_load_index(table, row + position, wide_table);
+            kv_store_index(out, destination, x, KV_HAS(KV_WIDE_OUT));
+            if (KV_HAS(KV_POSITIONS)) kv_store_index(positions_out, destination, position, KV_HAS(KV_WIDE_POSITIONS));
+            if (KV_HAS(KV_V2P))
+                kv_store_index(full_out, destination,
+                               kv_translated_value(x, page_size, full_v2p, full_v2p_len, KV_HAS(KV_WIDE_V2P)),
+                               (layout & KV_CACHE_LOCS_WIDE_FULL_OUT) != 0);
+            if (KV_HAS(KV_MAPPING))
+                kv_store_index(swa_out, destination,
+                               kv_translated_value(x, page_size, swa_v2p, swa_v2p_len, KV_HAS(KV_WIDE_MAPPING)),
+                               (layout & KV_CACHE_LOCS_WIDE_SWA_OUT) != 0);
+        }
+    }
+    KV_GRID_RELEASE();
+}

@@ -404,3 +404,47 @@ def build_decode_metadata(req_to_token, req_pool_indices, seq_lens, cache_seqlen
                                 seqlen_offset, page_table, swa_page_table, full_to_swa, full_v2p, swa_v2p, zero_tail,
                                 cu_seqlens_q, qlens, q_stride, out_cache_loc, swa_out_cache_loc)
     return _launched(call, cache_seqlens.device, cache_seqlens, pdl)
+# Per-request slices gathered into cache locations (kvdispatch.create_cache_locs): the kernel's own `layout`
+# bits (the KV_CACHE_LOCS_* values of kv_indices.cu) say which slices and the dtypes the flags do not.
+from .build import CACHE_LOCS_KERNEL  # noqa: E402
+
+CACHE_LOCS_PACKED, CACHE_LOCS_WIDE_TABLE, CACHE_LOCS_WIDE_START, CACHE_LOCS_WIDE_END = 1, 2, 4, 8
+CACHE_LOCS_WIDE_FULL_OUT, CACHE_LOCS_WIDE_SWA_OUT = 16, 32
+_cache_locs_launch = functools.lru_cache(maxsize=4096)(grid.cache_locs_launch)
+_GEOMETRY_CACHES += (_cache_locs_launch,)
+
+
+def cache_locs_call(req_to_token, req_pool_indices, start_offset, out, end_offset=None, width=None,
+                    positions_out=None, page_size=1, full_v2p=None, full_out=None, swa_v2p=None,
+                    swa_out=None) -> KernelCall | None:
+    """The ``kv_cache_locs`` launch for ``kvdispatch.ops.cache_locs.reference``'s arguments, or None when there is
+    nothing to do."""
+    rows, cols = req_to_token.shape
+    launch = _cache_locs_launch(req_pool_indices.shape[0], cols, out.shape[0], budget=_budget(out))
+    if launch.grid[0] == 0:
+        return None
+    page_size = page_size if full_v2p is not None or swa_v2p is not None else 1  # one module without maps
+    flags = (_wide(req_pool_indices, WIDE_POOL) | _wide(out, WIDE_OUT) | _folded(launch)
+             | (POSITIONS | _wide(positions_out, WIDE_POSITIONS) if positions_out is not None else 0)
+             | (V2P | _wide(full_v2p, WIDE_V2P) if full_v2p is not None else 0)
+             | (MAPPING | _wide(swa_v2p, WIDE_MAPPING) if swa_v2p is not None else 0))
+    layout = ((CACHE_LOCS_PACKED if end_offset is not None else 0) | _wide(req_to_token, CACHE_LOCS_WIDE_TABLE)
+              | _wide(start_offset, CACHE_LOCS_WIDE_START) | _wide(end_offset, CACHE_LOCS_WIDE_END)
+              | _wide(full_out, CACHE_LOCS_WIDE_FULL_OUT) | _wide(swa_out, CACHE_LOCS_WIDE_SWA_OUT))
+    args = (req_to_token, req_pool_indices, start_offset, end_offset, out, positions_out, full_v2p, full_out, swa_v2p,
+            swa_out, rows, cols, req_to_token.stride(0), out.shape[0], width or 0, req_pool_indices.stride(0),
+            start_offset.stride(0), _stride(end_offset), 0 if full_v2p is None else full_v2p.shape[0],
+            0 if swa_v2p is None else swa_v2p.shape[0], launch.items_per_program, grid.CACHE_LOCS_OFFSET_LIMIT,
+            page_size, layout, flags)
+    defines = (("KV_FLAGS", flags), ("KV_PAGE_SIZE", page_size))
+    return _kernel_call(CACHE_LOCS_KERNEL, defines, launch, args)
+
+
+def build_cache_locs(req_to_token, req_pool_indices, start_offset, out, end_offset=None, width=None,
+                     positions_out=None, page_size=1, full_v2p=None, full_out=None, swa_v2p=None, swa_out=None,
+                     pdl=False):
+    """Per-request slices gathered into cache locations; semantics of ``kvdispatch.create_cache_locs``; ``pdl`` as
+    for ``build_page_table``. Returns ``out``."""
+    return _launched(cache_locs_call(req_to_token, req_pool_indices, start_offset, out, end_offset, width,
+                                     positions_out, page_size, full_v2p, full_out, swa_v2p, swa_out),
+                     req_to_token.device, out, pdl)

@@ -27,6 +27,7 @@ KERNELS = {
     "dcp_token_csr": ("dcp", "build_dcp_token_indices"),
     "dcp_page_table": ("dcp", "build_dcp_page_table"),
     "decode_metadata": ("decode_metadata", "build_decode_metadata"),
+    "cache_locs": ("cache_locs", "build_cache_locs"),
 }
 # Public name -> the submodule defining it.
 _OWNERS = {name: module for module, name in KERNELS.values()} | {

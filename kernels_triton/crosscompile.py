@@ -94,6 +94,7 @@ def specializations(warp_size: int = 32, page_sizes=PAGE_SIZES, index_types=("i3
     yield from _mapped_table_specializations(warp_size, page_sizes, index_types)
     yield from _dcp_specializations(warp_size, index_types)
     yield from _decode_metadata_specializations(warp_size, page_sizes, index_types)
+    yield from _cache_locs_specializations(warp_size, page_sizes, index_types)
 
 
 def pdl_specializations(warp_size: int = 32):
@@ -334,3 +335,17 @@ def _decode_metadata_specializations(warp_size, page_sizes, index_types):
 
 if __name__ == "__main__":
     raise SystemExit(main())
+
+
+def _cache_locs_specializations(warp_size, page_sizes, index_types):
+    """The cache-locations kernel's specialisations (``kernels_triton.cache_locs``)."""
+    import triton  # noqa: PLC0415
+
+    from . import cache_locs  # noqa: PLC0415
+
+    kernel = getattr(cache_locs.cache_locs_kernel, "fn", cache_locs.cache_locs_kernel)
+    jitted = triton.runtime.jit.JITFunction(kernel, do_not_specialize=cache_locs.RUNTIME_INTS,
+                                            do_not_specialize_on_alignment=cache_locs.POINTERS)
+    threads = launch_grid.cache_locs_launch(1, 1, 1).threads
+    for signature, constexprs in cache_locs.specializations(index_types, page_sizes):
+        yield Specialization(jitted, signature, constexprs, max(1, threads // warp_size))

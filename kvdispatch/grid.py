@@ -247,3 +247,19 @@ def decode_metadata_launch(batch: int, width: int, page_size: int, *, budget: in
     ``page_table_launch``."""
     return _launch(max(batch, 1), max(width, 1), items_per_program(MAPPED_PAGE_TABLE, page_size),
                    "the page-table width", budget=budget)
+# Per-request slices of the token table gathered into cache locations (``kvdispatch.create_cache_locs``): packed
+# one after another or at a fixed width per request. Lengths and the packed offsets saturate at
+# CACHE_LOCS_OFFSET_LIMIT (out is never longer), so every sum the kernels form stays exact in int64.
+CACHE_LOCS_OFFSET_LIMIT = 2**32
+# Speculative slices are short (a few to a few hundred tokens): small programs, many rows per launch.
+CACHE_LOCS_ENTRIES_PER_PROGRAM = 256
+# Lengths of earlier requests summed per pass of a program's packed offset.
+CACHE_LOCS_SUM_BLOCK = 256
+
+
+def cache_locs_launch(batch: int, table_width: int, out_len: int, *, budget: int | None = None) -> Launch:
+    """Geometry of the cache-locations kernel: a row writes at most ``min(table_width, out_len)`` entries (each
+    reads its own position of one table row and lands at its own entry of ``out``), whatever its claimed
+    length; ``budget`` as for ``page_table_launch``."""
+    return _launch(batch, min(table_width, out_len), CACHE_LOCS_ENTRIES_PER_PROGRAM,
+                   "min(req_to_token.shape[1], out.shape[0])", budget=budget)

@@ -214,3 +214,25 @@ def update_decode_metadata(*args, specialised=False, **options):
     _require_cpu(arguments["req_to_token"])
     run(decode_metadata_call(**arguments), specialised)
     return arguments["cache_seqlens"]
+from kernels_cupy.launch import cache_locs_call  # noqa: E402
+
+
+def build_cache_locs(req_to_token, req_pool_indices, start_offset, out, end_offset=None, width=None,
+                     positions_out=None, page_size=1, full_v2p=None, full_out=None, swa_v2p=None, swa_out=None,
+                     specialised=False):
+    """The CuPy backend's ``build_cache_locs`` through the host build (as ``build_page_table``)."""
+    _require_cpu(req_to_token)
+    run(cache_locs_call(req_to_token, req_pool_indices, start_offset, out, end_offset, width, positions_out,
+                        page_size, full_v2p, full_out, swa_v2p, swa_out), specialised)
+    return out
+
+
+def create_cache_locs(req_to_token, req_pool_indices, start_offset, out, *, end_offset=None, width=None,
+                      positions_out=None, page_size=1, full_v2p=None, full_out=None, swa_v2p=None, swa_out=None,
+                      specialised=False):
+    """``kvdispatch.create_cache_locs`` on CPU tensors, through the host build of the kernel."""
+    arguments = (req_to_token, req_pool_indices, start_offset, out)
+    options = dict(end_offset=end_offset, width=width, positions_out=positions_out, page_size=page_size,
+                   full_v2p=full_v2p, full_out=full_out, swa_v2p=swa_v2p, swa_out=swa_out)
+    ops.cache_locs.check_arguments(*arguments, **options)
+    return build_cache_locs(*arguments, **options, specialised=specialised)

@@ -379,6 +379,34 @@ BUILDERS = {
 }
 
 
+def _cache_locs(d: _Draw, k: Knobs):
+    rows, cols = k.batch + 2, k.pages * k.page_size + 5
+    table = d.table(rows, cols, -3, rows * cols)
+    if k.options and d.flag():
+        table = table.to(torch.int64)  # a window of cache locations read back
+    pool, lens = d.requests(k.batch, rows, cols // 2 + 2)
+    start = d.values(-2, cols, k.batch)
+    packed = d.flag()
+    width = None if packed else d.integer(0, cols // 2 + 2)
+    used = int(lens.clamp(min=0).sum()) if packed else k.batch * width
+    total = max(used + d.integer(-3, 4), 0)  # some slices cut at out's end
+    arguments = dict(req_to_token=table, req_pool_indices=d.vector(pool), start_offset=d.vector(start),
+                     out=d.output("out", (total,), d.dtype()), end_offset=d.vector(start + lens) if packed else None,
+                     width=width, positions_out=None, page_size=k.page_size, full_v2p=None, full_out=None,
+                     swa_v2p=None, swa_out=None)
+    if k.options:
+        pages = -(-rows * cols // k.page_size)
+        arguments.update(positions_out=d.output("positions_out", (total,), d.dtype()),
+                         full_v2p=d.vector(d.values(-2, 1 << 16, pages + d.integer(-2, 3)), contiguous=True),
+                         full_out=d.output("full_out", (total,), d.dtype()),
+                         swa_v2p=d.vector(d.values(-2, 1 << 16, pages + d.integer(-2, 3)), contiguous=True),
+                         swa_out=d.output("swa_out", (total,), d.dtype()))
+    return arguments
+
+
+BUILDERS["cache_locs"] = _cache_locs
+
+
 def build(key: str, seed: int, knobs: Knobs = Knobs(), *, device="cpu", hostile=False, data_seed=None) -> OpCase:
     """A fresh case of op ``key`` (the module docstring); KeyError for an op without a builder."""
     d = _Draw(seed, data_seed, torch.device(device), hostile)

@@ -56,6 +56,12 @@ CHECKS = {"page_table": ops.page_table.check_arguments, "token_csr": ops.token_c
           "translated_page_table": ops.translated_page_table.check_arguments,
           "decode_metadata": ops.decode_metadata.check_arguments}
 
+from kernels_triton import cache_locs as triton_cache_locs  # noqa: E402
+
+TRITON["cache_locs"] = (triton_cache_locs.build_cache_locs, triton_cache_locs.launcher)
+CUPY["cache_locs"] = cupy_launch.build_cache_locs
+CHECKS["cache_locs"] = ops.cache_locs.check_arguments
+
 
 @pytest.fixture(scope="module")
 def built(tmp_path_factory):
@@ -237,6 +243,16 @@ def random_args(op, seed):
                 d.pick((False, True)), sums() if q else None, d.vector(-2, 9, batch) if q == "lens" else None,
                 d.int(-5, 9) if q == "stride" else None, d.vector(-3, 1000, d.int(0, 20)) if locs else None,
                 torch.zeros(d.int(0, 30), dtype=d.pick((torch.int32, torch.int64))) if locs else None]
+    if op == "cache_locs":  # req_to_token, pool, start, out, end, width, positions_out, page_size, maps, outs
+        total, packed, maps = d.int(1, 600), d.pick((False, True)), d.pick((0, 1, 2))
+
+        def output():
+            return torch.zeros(total, dtype=d.pick((torch.int32, torch.int64)))
+        translations = [(d.vector(-1, 50, d.int(1, 40), strided=False), output()) if k < maps else (None, None)
+                        for k in range(2)]
+        return [d.pick((table, table.long())), pool, lens, output(), d.vector(-3, cols + 5, batch) if packed else None,
+                None if packed else d.int(0, 40), d.pick((None, output())), d.pick((1, 16, 64)),
+                *translations[0], *translations[1]]
     out = d.out(batch, d.int(1, 50))
     return [table, pool, lens, d.vector(-3, 1000, d.int(1, 40), strided=False), out, d.pick((1, 16, 64, 96)),
             d.pick((1, 1, 3, -2)), d.pick((None, d.int(1, out.shape[1] + 1))), d.pick((0, 0, 5, -4))]

@@ -67,6 +67,15 @@ RELEASE = {
                                             "kv_indptr_stride, bs_upper, iter_upper, num_tokens_upper, page_size, "
                                             "window_size=0, sink_size=0, NUM_STEPS=0, ENTRY_PAGE_SIZE=1, v2p=None, "
                                             "TRANSLATE=False)",
+        "assign_draft_cache_locs_contiguous_func": "(req_pool_indices, req_to_token, seq_lens, out_cache_loc, topk, "
+                                                   "num_cols, positions=None, mrope=None)",
+        "assign_extend_cache_locs_func": "(req_pool_indices, req_to_token, start_offset, end_offset, batch_size, "
+                                         "draft_token_num, device)",
+        "assign_extend_cache_locs_uniform_func": "(req_pool_indices, req_to_token, start_offset, batch_size, "
+                                                 "draft_token_num, device, *, full_v2p=None, swa_v2p=None, "
+                                                 "full_out=None, swa_out=None, page_size=1, positions_out=None, "
+                                                 "anchor_src=None, anchor_out=None)",
+        "fill_front_out_cache_loc_func": "(num_front, out_cache_loc, front_out_cache_loc)",
     },
     "srt.layers.dcp.layout": {
         "get_dcp_lens": "(lens, dcp_size, dcp_rank, start=None, interleave_size=1)",

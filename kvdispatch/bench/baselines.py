@@ -341,3 +341,30 @@ def fused_metadata(req_to_token, req_pool_indices, seq_lens, cache_seqlens, cu_s
                                  swa_page_table.stride(0) if swa else 0, count, PAGE=page_size, HAS_SWA=swa,
                                  PAGE_BLOCK=block, BATCH_BLOCK=triton.next_power_of_2(batch))
     return grid
+# Speculative cache locations after SGLang's design: one program per request, its packed offset the sum of the
+# earlier lengths loaded in one block of the batch's next power of two.
+EXTEND_COPY_BLOCK = 32
+
+
+@triton.jit
+def _extend_loop_kernel(table, pool_idx, starts, ends, out, table_stride, BS_UPPER: tl.constexpr,
+                        BLOCK: tl.constexpr):
+    b = tl.program_id(0)
+    earlier = tl.arange(0, BS_UPPER)
+    offset = tl.sum(tl.load(ends + earlier, mask=earlier < b, other=0)
+                    - tl.load(starts + earlier, mask=earlier < b, other=0))
+    first, last = tl.load(starts + b), tl.load(ends + b)
+    row = table + tl.load(pool_idx + b).to(tl.int64) * table_stride
+    for done in range(0, last - first, BLOCK):
+        j = done + tl.arange(0, BLOCK)
+        tl.store(out + offset + j, tl.load(row + first + j, mask=j < last - first), mask=j < last - first)
+
+
+def extend_loop(req_to_token, req_pool_indices, start_offset, end_offset, out):
+    """Every request's ``req_to_token[pool, start:end]`` packed into ``out`` (``kvdispatch.create_cache_locs``'s
+    layout), one program per request."""
+    batch = req_pool_indices.shape[0]
+    _extend_loop_kernel[(batch,)](req_to_token, req_pool_indices, start_offset, end_offset, out,
+                                  req_to_token.stride(0), BS_UPPER=triton.next_power_of_2(batch),
+                                  BLOCK=EXTEND_COPY_BLOCK)
+    return (batch,)

@@ -78,3 +78,9 @@ from .kernels.ops.attention.metadata import draft_extend_set_metadata, normal_de
 from .kernels.ops.attention.trtllm_mha_graph_metadata import update_trtllm_mha_graph_metadata  # noqa: E402
 
 __all__ += ["draft_extend_set_metadata", "normal_decode_set_metadata", "update_trtllm_mha_graph_metadata"]
+from .kernels.ops.speculative.cache_locs import (assign_draft_cache_locs_contiguous_func,  # noqa: E402
+                                                 assign_extend_cache_locs_func, assign_extend_cache_locs_uniform_func,
+                                                 fill_front_out_cache_loc_func)
+
+__all__ += ["assign_draft_cache_locs_contiguous_func", "assign_extend_cache_locs_func",
+            "assign_extend_cache_locs_uniform_func", "fill_front_out_cache_loc_func"]

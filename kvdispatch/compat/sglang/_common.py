@@ -156,3 +156,8 @@ def _leading(name, t, rows):
     if t.shape[0] < rows:
         raise ValueError(f"{name} must have at least {rows} entries (the rows launched), got {t.shape[0]}")
     return t if t.shape[0] == rows else t[:rows]
+
+
+from ...ops.cache_locs import create_cache_locs as _build_cache_locs  # noqa: E402
+
+__all__ += ["_build_cache_locs"]

@@ -68,3 +68,102 @@ def _generate_draft_decode_kv_indices(launch_grid, req_pool_indices, req_to_toke
 
 
 generate_draft_decode_kv_indices = _Launch(_generate_draft_decode_kv_indices, "generate_draft_decode_kv_indices")
+
+
+# The speculative cache-location builders, forwarding to ``kvdispatch.create_cache_locs``: each request's slice
+# of its token-table row, packed (``end_offset``) or at a fixed width, into a new int64 tensor (allocated as
+# SGLang allocates it) or the caller's.
+import torch  # noqa: E402
+
+from kvdispatch._validate import _INT32_MAX  # noqa: E402
+
+__all__ += ["assign_draft_cache_locs_contiguous_func", "assign_extend_cache_locs_func",
+            "assign_extend_cache_locs_uniform_func", "fill_front_out_cache_loc_func"]
+
+
+def _requests(batch_size, **vectors):
+    """The first ``batch_size`` entries of each index vector (the requests SGLang launches programs for)."""
+    _check_int("batch_size", batch_size, 0, _INT32_MAX)
+    return [_leading(name, t, batch_size) for name, t in vectors.items()]
+
+
+def _flat(name, t, entries):
+    """The first ``entries`` entries of the contiguous ``t`` as a vector (SGLang indexes it flat)."""
+    if not isinstance(t, torch.Tensor) or not t.is_contiguous() or t.numel() < entries:
+        raise ValueError(f"{name} must be a contiguous tensor of at least {entries} entries, got "
+                         f"{tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__}")
+    return t.view(-1)[:entries]
+
+
+def assign_extend_cache_locs_func(req_pool_indices, req_to_token, start_offset, end_offset, batch_size,
+                                  draft_token_num, device):
+    """``req_to_token[req_pool_indices[b], start_offset[b]:end_offset[b]]`` for ``b < batch_size``, packed one
+    after another into a new int64 tensor of ``batch_size * draft_token_num`` entries on ``device`` (entries past
+    the slices are left as allocated); returns it. A packing past the tensor's end stops there."""
+    pool, start, end = _requests(batch_size, req_pool_indices=req_pool_indices, start_offset=start_offset,
+                                 end_offset=end_offset)
+    _check_int("draft_token_num", draft_token_num, 0, _INT32_MAX)
+    out = torch.empty((batch_size * draft_token_num,), dtype=torch.int64, device=device)
+    _common._build_cache_locs(req_to_token, pool, start, out, end_offset=end)
+    return out
+
+
+def assign_extend_cache_locs_uniform_func(req_pool_indices, req_to_token, start_offset, batch_size, draft_token_num,
+                                          device, *, full_v2p=None, swa_v2p=None, full_out=None, swa_out=None,
+                                          page_size=1, positions_out=None, anchor_src=None, anchor_out=None):
+    """``req_to_token[req_pool_indices[b], start_offset[b] + j]`` for ``j < draft_token_num`` at ``b *
+    draft_token_num + j`` of a new int64 tensor on ``device``; returns it (the virtual ids). With ``full_v2p``,
+    ``full_out`` gets each id through it at ``page_size`` (``swa_out`` through ``swa_v2p`` too, when given);
+    ``positions_out`` (``[batch_size, draft_token_num]``) gets ``start_offset[b] + j``; ``anchor_out[b, 0]``
+    gets ``anchor_src[b]``. SGLang's asserts on the maps and outputs are ValueErrors."""
+    pool, start = _requests(batch_size, req_pool_indices=req_pool_indices, start_offset=start_offset)
+    _check_int("draft_token_num", draft_token_num, 0, _INT32_MAX)
+    entries = batch_size * draft_token_num
+    maps = {}
+    if full_v2p is not None:
+        if full_out is None or full_out.numel() != entries:
+            raise ValueError(f"full_v2p needs full_out of batch_size * draft_token_num = {entries} entries")
+        maps.update(full_v2p=full_v2p, full_out=_flat("full_out", full_out, entries))
+        if swa_v2p is not None:
+            if swa_out is None or swa_out.numel() != entries:
+                raise ValueError(f"swa_v2p needs swa_out of as many entries as full_out ({entries})")
+            maps.update(swa_v2p=swa_v2p, swa_out=_flat("swa_out", swa_out, entries))
+    positions = None if positions_out is None else _flat("positions_out", positions_out, entries)
+    if anchor_out is not None and anchor_src is None:
+        raise ValueError("anchor_out needs anchor_src")
+    out = torch.empty((entries,), dtype=torch.int64, device=device)
+    _common._build_cache_locs(req_to_token, pool, start, out, width=draft_token_num, positions_out=positions,
+                              page_size=page_size, **maps)
+    if anchor_out is not None and batch_size:
+        anchors = anchor_out if anchor_out.dim() == 1 else anchor_out.select(1, 0)
+        anchors[:batch_size].copy_(_flat("anchor_src", anchor_src, batch_size))
+    return out
+
+
+def assign_draft_cache_locs_contiguous_func(req_pool_indices, req_to_token, seq_lens, out_cache_loc, topk, num_cols,
+                                            positions=None, mrope=None):
+    """Each request's ``topk * num_cols`` draft slots, ``req_to_token[req_pool_indices[b], seq_lens[b]:][:topk *
+    num_cols]``, at ``b * topk * num_cols`` of ``out_cache_loc`` (``b < seq_lens.shape[0]``); with
+    ``positions``, ``positions[b * topk + k] = seq_lens[b]`` for ``k < topk`` and, with ``mrope`` too, the same
+    in each of its three rows of ``B * topk`` entries. Returns None, as SGLang."""
+    if not isinstance(seq_lens, torch.Tensor) or seq_lens.dim() != 1:
+        raise ValueError("seq_lens must be a 1-D tensor")
+    batch = seq_lens.shape[0]
+    _check_int("topk", topk, 0, _INT32_MAX)
+    _check_int("num_cols", num_cols, 0, _INT32_MAX // max(topk, 1))
+    (pool,) = _requests(batch, req_pool_indices=req_pool_indices)
+    _common._build_cache_locs(req_to_token, pool, seq_lens, out_cache_loc, width=topk * num_cols)
+    if positions is not None and batch * topk:
+        lengths = seq_lens[:, None].expand(batch, topk)
+        _flat("positions", positions, batch * topk).view(batch, topk).copy_(lengths)
+        if mrope is not None:
+            _flat("mrope", mrope, 3 * batch * topk).view(3, batch, topk).copy_(lengths[None].expand(3, batch, topk))
+
+
+def fill_front_out_cache_loc_func(num_front, out_cache_loc, front_out_cache_loc):
+    """The first ``num_front[i]`` slots of request ``i``'s window (``out_cache_loc`` read as ``num_front.numel()``
+    equal rows), packed one after another into ``front_out_cache_loc``. Returns None, as SGLang."""
+    batch = num_front.numel()
+    window = out_cache_loc.view(batch, -1)
+    rows = torch.arange(batch, device=window.device)
+    _common._build_cache_locs(window, rows, torch.zeros_like(num_front), front_out_cache_loc, end_offset=num_front)
