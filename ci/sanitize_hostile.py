@@ -478,6 +478,10 @@ def run(device, backends, verbose, shard=(0, 1)):
                                 f"v2p={v2p.shape[0]} multiplier={multiplier} delta={delta}", "translated", tables,
                                 cpu, page_size, v2p, multiplier=multiplier, max_pages=None if multiplier == 1 else 3,
                                 seq_len_delta=delta)
+                for v2p, delta in itertools.product(lookups[1:3], deltas):  # a fill: SGLang's zero tail
+                    mapped_case(f"{backend} translated_page_table page={page_size} {str(dtype)[6:]} {spoil[0]} "
+                                f"v2p={v2p.shape[0]} delta={delta} fill", "translated", tables, cpu, page_size, v2p,
+                                max_pages=4, seq_len_delta=delta, fill_value=0)
         for page_size, dtype in itertools.product(DRAFT_PAGE_SIZES, (torch.int32, torch.int64)):
             for spoil in hostile_requests(BATCH + 3, 5 * page_size + 7, dtype == torch.int64):
                 if spoil[3] is not None:

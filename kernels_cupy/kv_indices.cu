@@ -399,22 +399,28 @@ extern "C" __global__ void kv_mha_page_table(
 
 // t = table[pool_b, c * page_size]; v = t < 0 ? 0 : t / page_size; out[b, c] = min(max(v2p[v] * multiplier, 0),
 // 2**31 - 1), exact (0 for v >= v2p_len), for c < columns with c * page_size below min(seq_lens[b] +
-// seq_len_delta, cols). Everything else is left untouched.
+// seq_len_delta, cols); with KV_FILL, fill_value in the row's other columns below `columns`. Everything else
+// is left untouched.
 extern "C" __global__ void kv_translated_page_table(
     const int* __restrict__ table, const void* __restrict__ req_pool_indices, const void* __restrict__ seq_lens,
     const void* __restrict__ v2p, int* __restrict__ out, kv_i64 rows, kv_i64 cols, kv_i64 table_stride,
     kv_i64 columns, kv_i64 out_stride, kv_i64 v2p_len, kv_i64 multiplier, kv_i64 seq_len_delta, kv_i64 pool_stride,
-    kv_i64 lens_stride, kv_i64 items, kv_i64 page_size_arg, kv_i64 flags) {
+    kv_i64 lens_stride, kv_i64 items, kv_i64 page_size_arg, kv_i64 fill_value, kv_i64 flags) {
     KV_GRID_WAIT();
     const kv_i64 page_size = kv_specialised_page_size(page_size_arg), b = blockIdx.x;
     const kv_mapped_row r = kv_mapped_row_of(req_pool_indices, pool_stride, seq_lens, lens_stride, rows, cols,
                                              seq_len_delta, items, flags);
     const kv_i64 limit = r.limit, step = kv_row_programs(KV_HAS(KV_FOLDED_GRID)) * items;
     const kv_i64 bound = 0x80000000LL;  // 2**31: |physical| and |multiplier| at most this, the product exact
-    for (kv_i64 first = r.first; first < columns && first * page_size < limit; first += step) {
+    const bool fill = KV_HAS(KV_FILL);
+    for (kv_i64 first = r.first; first < columns && (fill || first * page_size < limit); first += step) {
         const kv_i64 last = kv_min(first + items, columns);
         const int* row = table + r.pool * table_stride;
-        for (kv_i64 c = first + threadIdx.x; c < last && c * page_size < limit; c += blockDim.x) {
+        for (kv_i64 c = first + threadIdx.x; c < last && (fill || c * page_size < limit); c += blockDim.x) {
+            if (c * page_size >= limit) {  // only with KV_FILL
+                out[b * out_stride + c] = (int)fill_value;
+                continue;
+            }
             const int token = row[c * page_size];
             const kv_i64 page = token < 0 ? 0 : token / page_size;
             kv_i64 physical = page < v2p_len ? kv_load_index(v2p, page, KV_HAS(KV_WIDE_MAPPING)) : 0;

@@ -176,7 +176,7 @@ def mha_page_table_call(req_to_token, req_pool_indices, seq_lens, page_table, pa
 
 
 def translated_page_table_call(req_to_token, req_pool_indices, seq_lens, v2p, out, page_size, multiplier=1,
-                               max_pages=None, seq_len_delta=0) -> KernelCall | None:
+                               max_pages=None, seq_len_delta=0, fill_value=None) -> KernelCall | None:
     """The ``kv_translated_page_table`` launch for ``kvdispatch.ops.translated_page_table.reference``'s
     arguments, or None when there is nothing to do."""
     columns = out.shape[1] if max_pages is None else min(max_pages, out.shape[1])
@@ -184,11 +184,11 @@ def translated_page_table_call(req_to_token, req_pool_indices, seq_lens, v2p, ou
     if launch.grid[0] == 0:
         return None
     flags = (_wide(req_pool_indices, WIDE_POOL) | _wide(seq_lens, WIDE_LENS) | _folded(launch)
-             | _wide(v2p, WIDE_MAPPING))
+             | _wide(v2p, WIDE_MAPPING) | (FILL if fill_value is not None else 0))
     rows, cols = req_to_token.shape
     args = (req_to_token, req_pool_indices, seq_lens, v2p, out, rows, cols, req_to_token.stride(0), columns,
             out.stride(0), v2p.shape[0], multiplier, seq_len_delta, req_pool_indices.stride(0), seq_lens.stride(0),
-            launch.items_per_program, page_size, flags)
+            launch.items_per_program, page_size, fill_value or 0, flags)
     defines = (("KV_PAGE_SIZE", page_size), ("KV_FLAGS", flags))
     return _kernel_call(TRANSLATED_PAGE_TABLE_KERNEL, defines, launch, args)
 
@@ -234,11 +234,12 @@ def build_mha_page_table(req_to_token, req_pool_indices, seq_lens, page_table, p
 
 
 def build_translated_page_table(req_to_token, req_pool_indices, seq_lens, v2p, out, page_size, multiplier=1,
-                                max_pages=None, seq_len_delta=0, pdl=False):
+                                max_pages=None, seq_len_delta=0, fill_value=None, pdl=False):
     """Translated page table; semantics of ``kvdispatch.create_translated_page_table``; ``pdl`` as for
     ``build_page_table``. Returns ``out``."""
     return _launched(translated_page_table_call(req_to_token, req_pool_indices, seq_lens, v2p, out, page_size,
-                                                multiplier, max_pages, seq_len_delta), req_to_token.device, out, pdl)
+                                                multiplier, max_pages, seq_len_delta, fill_value),
+                     req_to_token.device, out, pdl)
 
 
 

@@ -117,11 +117,11 @@ def build_mha_page_table(req_to_token, req_pool_indices, seq_lens, page_table, p
 
 
 def build_translated_page_table(req_to_token, req_pool_indices, seq_lens, v2p, out, page_size, multiplier=1,
-                                max_pages=None, seq_len_delta=0, specialised=False):
+                                max_pages=None, seq_len_delta=0, fill_value=None, specialised=False):
     """The CuPy backend's ``build_translated_page_table`` through the host build (as ``build_page_table``)."""
     _require_cpu(req_to_token)
     run(translated_page_table_call(req_to_token, req_pool_indices, seq_lens, v2p, out, page_size, multiplier,
-                                   max_pages, seq_len_delta), specialised)
+                                   max_pages, seq_len_delta, fill_value), specialised)
     return out
 
 
@@ -135,12 +135,12 @@ def create_trtllm_mha_page_table(req_to_token, req_pool_indices, seq_lens, page_
 
 
 def create_translated_page_table(req_to_token, req_pool_indices, seq_lens, v2p, out, *, page_size, multiplier=1,
-                                 max_pages=None, seq_len_delta=0, specialised=False):
+                                 max_pages=None, seq_len_delta=0, fill_value=None, specialised=False):
     """``kvdispatch.create_translated_page_table`` on CPU tensors, through the host build of the kernel."""
     ops.translated_page_table.check_arguments(req_to_token, req_pool_indices, seq_lens, v2p, out, page_size, multiplier,
-                                     max_pages, seq_len_delta)
+                                     max_pages, seq_len_delta, fill_value)
     return build_translated_page_table(req_to_token, req_pool_indices, seq_lens, v2p, out, page_size, multiplier,
-                                       max_pages, seq_len_delta, specialised)
+                                       max_pages, seq_len_delta, fill_value, specialised)
 
 
 def create_draft_decode_kv_indices(req_to_token, req_pool_indices, seq_lens, kv_indptr, out, *, num_steps, topk,

@@ -354,3 +354,14 @@ def build(key: str, seed: int, knobs: Knobs = Knobs(), *, device="cpu", hostile=
     parameters = dispatch.OPS[key].parameters
     assert tuple(arguments) == parameters, f"{key}: the builder's arguments are not the op's parameters"
     return OpCase(key, arguments, d.allocations)
+
+
+# -- the unified pool's read tables and the page-granular draft decode: options of existing ops --------------
+
+def _translated_page_table_with_fill(d: _Draw, k: Knobs):
+    arguments = _translated_page_table(d, k)
+    arguments["fill_value"] = d.integer(-5, 5) if k.options else None
+    return arguments
+
+
+BUILDERS["translated_page_table"] = _translated_page_table_with_fill

@@ -21,11 +21,8 @@ def build_kv_read_table(*, req_to_token, req_pool_indices, seq_lens, v2p, page_s
     min(ceil((seq_lens[b] + seq_len_delta) / page_size), max_pages)``, ``out[b, c] = max(v2p[page], 0)`` with
     ``page = req_to_token[req_pool_indices[b], c * page_size] // page_size`` (0 for a negative token). Exact,
     saturated at ``2**31 - 1``; a page past ``v2p`` gives 0. Every other element of ``out`` (dead columns,
-    columns ``>= max_pages``, rows ``>= bs``) keeps its value.
-
-    ``zero_tail=True`` (SGLang also writes 0 to each row's columns past its live ones, up to ``max_pages``)
-    raises ``NotImplementedError``: kvdispatch's translated page table leaves those columns untouched, and this
-    drop-in launches nothing else. A buffer zeroed once before the call gives the same table.
+    columns ``>= max_pages``, rows ``>= bs``) keeps its value; with ``zero_tail=True`` each row's columns past its
+    live ones, up to ``max_pages``, are set to 0 in the same launch (``fill_value=0``).
 
     SGLang's asserts are ValueErrors: ``out`` int32, 2-D, at least ``(bs, max_pages)``, rows packed; ``(max_pages
     - 1) * page_size < req_to_token.shape[1]``. ``bs`` or ``max_pages`` 0: ``out`` untouched. Returns ``out``.
@@ -46,10 +43,6 @@ def build_kv_read_table(*, req_to_token, req_pool_indices, seq_lens, v2p, page_s
     if not (max_pages - 1) * page_size < req_to_token.shape[1]:
         raise ValueError(f"max_pages={max_pages} pages of {page_size} tokens do not fit req_to_token's "
                          f"{req_to_token.shape[1]} columns")
-    if zero_tail:
-        raise NotImplementedError("build_kv_read_table(zero_tail=True) is not supported by kvdispatch: its "
-                                  "translated page table leaves the columns past each row's pages untouched. Zero "
-                                  "out[:bs, :max_pages] before the call and pass zero_tail=False")
     if req_pool_indices.dim() != 1:
         try:
             req_pool_indices = req_pool_indices.view(-1)  # SGLang reads its bs = numel() entries in order
@@ -60,5 +53,6 @@ def build_kv_read_table(*, req_to_token, req_pool_indices, seq_lens, v2p, page_s
     if batch == 0 or max_pages == 0:
         return out
     _common._build_translated_page_table(req_to_token, req_pool_indices, _leading("seq_lens", seq_lens, batch), v2p,
-                                         out, page_size=page_size, max_pages=max_pages, seq_len_delta=seq_len_delta)
+                                         out, page_size=page_size, max_pages=max_pages, seq_len_delta=seq_len_delta,
+                                         fill_value=0 if zero_tail else None)
     return out

@@ -1,0 +1,62 @@
+"""SGLang 0.5.23's unified-pool read tables and page-granular draft decode through ``kvdispatch.compat.sglang``,
+against the release's own functions and kernels (Triton's interpreter on CPU), element for element, on the call
+patterns of ``KVIndexTranslator`` (``build_iteration_table``: a fresh or reused table with ``zero_tail=True``
+and the read extent as ``seq_len_delta``).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from conftest import BACKENDS, DEVICE
+from kvcases import POISON
+from test_sglang_against_release import ROOT, _generator, _pool, _same, _twins, release  # noqa: F401
+
+pytestmark = pytest.mark.skipif(ROOT is None, reason="SGLang's source is not here (set SGLANG_SOURCE)")
+
+
+def _v2p(pages, g):
+    """An int64 virtual-to-physical map with freed (-1) pages."""
+    return torch.where(torch.rand(pages, generator=g) < 0.2, -1, torch.randperm(pages * 2, generator=g)[:pages])
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("page_size", (1, 16, 24))
+@pytest.mark.parametrize("seq_len_delta", (0, 3))
+@pytest.mark.parametrize("through", ("function", "kernel"))
+def test_kv_read_table_zero_tail(backend, page_size, seq_len_delta, through, release, compat):
+    """``zero_tail=True``: each row's columns past its pages, up to ``max_pages``, are 0; rows past the batch and
+    columns past ``max_pages`` keep their values. ``kernel``: the release's Triton launch (its CUDA path)."""
+    read_table = release("kernels.ops.kvcache.kv_read_table")
+    g = _generator()
+    rows, cols, batch = 5, 8 * page_size + 5, 3
+    table, pool = _pool(rows, cols, batch, g)
+    table[pool[0], 0] = -1  # a freed token: virtual page 0
+    lens = torch.randint(0, cols - seq_len_delta + 1, (batch,), generator=g).to(torch.int32).to(DEVICE)
+    v2p = _v2p(rows * cols * 2 // page_size + 1, g).to(DEVICE)
+    max_pages = -(-cols // page_size) - 1
+    out = torch.full((batch + 1, max_pages + 2), POISON, dtype=torch.int32, device=DEVICE)
+    (theirs,), (ours,) = _twins(out)
+    arguments = dict(req_to_token=table, req_pool_indices=pool, seq_lens=lens, v2p=v2p, page_size=page_size,
+                     seq_len_delta=seq_len_delta, zero_tail=True)
+    if through == "function":
+        read_table.build_kv_read_table(**arguments, max_pages=max_pages, out=theirs)
+    else:
+        read_table._launch(**arguments, max_items=max_pages, out=theirs, out_stride=theirs.stride(0),
+                           row_starts=None, kv_start_idx=None, emit_per_token=False)
+    assert compat.build_kv_read_table(**arguments, max_pages=max_pages, out=ours) is ours
+    _same([ours], [theirs], "zero-tailed read table")
+    assert (ours[:batch, :max_pages] != POISON).all()
+
+
+def test_kv_read_table_zero_tail_refuses_bad_arguments_first():
+    from kvdispatch.compat import sglang
+
+    table = torch.zeros((2, 64), dtype=torch.int32, device=DEVICE)
+    out = torch.full((2, 4), POISON, dtype=torch.int32, device=DEVICE)
+    with pytest.raises(ValueError, match="max_pages"):
+        sglang.build_kv_read_table(req_to_token=table, req_pool_indices=torch.zeros(2, dtype=torch.int64),
+                                   seq_lens=torch.ones(2, dtype=torch.int32), v2p=torch.arange(8), page_size=16,
+                                   max_pages=5, out=out, zero_tail=True)
+    assert (out == POISON).all()
