@@ -63,6 +63,7 @@ def test_translated_fill_argument_errors(fill_value, error):
     table = torch.zeros((2, 32), dtype=torch.int32)
     out = torch.full((2, 4), POISON, dtype=torch.int32)
     with pytest.raises(error, match="fill_value"):
-        kvdispatch.create_translated_page_table(table, torch.zeros(2, dtype=torch.int64), torch.ones(2, dtype=torch.int64),
-                                                torch.arange(4), out, page_size=16, fill_value=fill_value)
+        kvdispatch.create_translated_page_table(table, torch.zeros(2, dtype=torch.int64),
+                                                torch.ones(2, dtype=torch.int64), torch.arange(4), out, page_size=16,
+                                                fill_value=fill_value)
     assert (out == POISON).all()

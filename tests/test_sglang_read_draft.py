@@ -11,7 +11,8 @@ import torch
 
 from conftest import BACKENDS, DEVICE
 from kvcases import POISON
-from test_sglang_against_release import ROOT, _generator, _pool, _same, _twins, release  # noqa: F401
+from test_sglang_against_release import ROOT, _generator, _pool, _same, _twins
+from test_sglang_against_release import release  # noqa: F401  (the fixture)
 
 pytestmark = pytest.mark.skipif(ROOT is None, reason="SGLang's source is not here (set SGLANG_SOURCE)")
 
@@ -25,7 +26,7 @@ def _v2p(pages, g):
 @pytest.mark.parametrize("page_size", (1, 16, 24))
 @pytest.mark.parametrize("seq_len_delta", (0, 3))
 @pytest.mark.parametrize("through", ("function", "kernel"))
-def test_kv_read_table_zero_tail(backend, page_size, seq_len_delta, through, release, compat):
+def test_kv_read_table_zero_tail(backend, page_size, seq_len_delta, through, release, compat):  # noqa: F811
     """``zero_tail=True``: each row's columns past its pages, up to ``max_pages``, are 0; rows past the batch and
     columns past ``max_pages`` keep their values. ``kernel``: the release's Triton launch (its CUDA path)."""
     read_table = release("kernels.ops.kvcache.kv_read_table")

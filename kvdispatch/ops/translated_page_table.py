@@ -161,9 +161,9 @@ def create_translated_page_table(req_to_token: Tensor, req_pool_indices: Tensor,
         backend, enable_pdl: as for ``create_trtllm_mha_page_table``.
 
     Left untouched: rows ``>= B``, columns ``>= max_pages`` and, without ``fill_value``, the columns past each
-    row's live ones (a reused buffer keeps its stale tail). Bad data never reads or writes out of bounds: a bad pool index or a length
-    ``<= 0`` gives an empty row, a row ends at its first column starting at or past ``C``. No host sync, no
-    device allocation on the GPU backends.
+    row's live ones (a reused buffer keeps its stale tail). Bad data never reads or writes out of bounds: a bad
+    pool index or a length ``<= 0`` gives an empty row, a row ends at its first column starting at or past
+    ``C``. No host sync, no device allocation on the GPU backends.
 
     Raises ``TypeError``/``ValueError`` naming the argument before anything is written, also where ``out``
     shares memory with an input or its rows share memory.
