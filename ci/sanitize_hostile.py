@@ -289,17 +289,19 @@ def run(device, backends, verbose, shard=(0, 1)):
             ((out, expected), (seq_out, expected_seq)))
 
     def token_csr_case(what, data, cpu, indptr, total, with_start, out_dtype=torch.int32, entry_page_size=1,
-                       token_mapping=None):
+                       token_mapping=None, v2p=None, page_size=1):
         if not selected():
             return
         flat = torch.full((total,), POISON, dtype=out_dtype, device=device)
         expected = flat.cpu().clone()
         start, start_cpu = (data["start"], cpu["start"]) if with_start else (None, None)
         ops.token_csr.reference(cpu["table"], cpu["pool"], cpu["lens"], indptr, expected, start_cpu,
-                                      entry_page_size, None if token_mapping is None else token_mapping.cpu())
+                                      entry_page_size, None if token_mapping is None else token_mapping.cpu(),
+                                      None if v2p is None else v2p.cpu(), page_size)
         launch_and_check(what, lambda: kvdispatch.create_flashinfer_kv_indices(
             data["table"], data["pool"], data["lens"], indptr.to(data["pool"].dtype).to(device), flat,
-            kv_start_idx=start, entry_page_size=entry_page_size, token_mapping=token_mapping, backend=backend),
+            kv_start_idx=start, entry_page_size=entry_page_size, token_mapping=token_mapping, v2p=v2p,
+            page_size=page_size, backend=backend),
             ((flat, expected),))
 
     def mapped_case(what, op, data, cpu, page_size, lookup, **options):
@@ -457,6 +459,16 @@ def run(device, backends, verbose, shard=(0, 1)):
                                        f"{spoil[0]} {layout} mapping={None if mapping is None else mapping.shape[0]} "
                                        f"out={str(out_dtype)[6:]}", data, cpu, indptr, total, True, out_dtype,
                                        entry_page_size, mapping)
+        for page_size, dtype in itertools.product(MAPPED_PAGE_SIZES, (torch.int32, torch.int64)):  # through v2p
+            lookups = hostile_mappings(page_size, device, g)[1:]
+            for spoil in hostile_requests(BATCH + 3, 5 * page_size + 7, dtype == torch.int64):
+                data, rows, cols = make(page_size, dtype, device, g, spoil)
+                cpu = {k: v.cpu() for k, v in data.items()}
+                for (layout, indptr, total), v2p, out_dtype in itertools.product(
+                        csr_layouts(data, cols, dtype, device, g), lookups, (torch.int32, torch.int64)):
+                    token_csr_case(f"{backend} token_csr v2p={v2p.shape[0]} page={page_size} {str(dtype)[6:]} "
+                                   f"{spoil[0]} {layout} out={str(out_dtype)[6:]}", data, cpu, indptr, total, True,
+                                   out_dtype, v2p=v2p, page_size=page_size)
         for page_size, dtype in itertools.product(MAPPED_PAGE_SIZES, (torch.int32, torch.int64)):
             lookups = hostile_mappings(page_size, device, g)
             for spoil in hostile_requests(BATCH + 3, 5 * page_size + 7, dtype == torch.int64):

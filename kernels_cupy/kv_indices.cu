@@ -50,8 +50,8 @@ struct alignas(16) kv_vec4 {
 #define KV_ROUND_TOWARD_ZERO 2048  // page table: divide negative slots rounding toward zero (else floor)
 #define KV_POSITIONS 4096        // draft decode: positions is given (it drives kv_indptr)
 #define KV_WIDE_POSITIONS 8192   // draft decode: positions is int64
-#define KV_V2P 16384             // draft decode: v2p is given (every value is translated)
-#define KV_WIDE_V2P 32768        // draft decode: v2p is int64
+#define KV_V2P 16384             // draft decode, token CSR: v2p is given (every value is translated)
+#define KV_WIDE_V2P 32768        // draft decode, token CSR: v2p is int64
 #define KV_INDPTR_START 65536    // draft decode: write kv_indptr[s, 0] = 0
 
 // A launcher may compile one specialisation: -DKV_FLAGS=<flags> (and -DKV_PAGE_SIZE=<page size>,
@@ -242,6 +242,17 @@ __device__ inline kv_i64 kv_token_value(const int* __restrict__ row, kv_i64 q, k
     return v;
 }
 
+// The unified pool's token id at position q >= 0 of a row: the slot t opening q's page (P = page_size), its
+// virtual page v = t < 0 ? 0 : t / P and max(v2p[v], 0) * P + q % P (entry 0 for v >= v2p_len), the low 64 bits.
+__device__ inline kv_i64 kv_page_translated(const int* __restrict__ row, kv_i64 q, const void* __restrict__ v2p,
+                                            kv_i64 v2p_len, kv_i64 page_size, bool wide_v2p) {
+    const kv_i64 within = q % page_size;
+    const int slot = row[q - within];
+    const kv_i64 page = slot < 0 ? 0 : slot / page_size;
+    const kv_i64 entry = page < v2p_len ? kv_max(kv_load_index(v2p, page, wide_v2p), 0) : 0;
+    return (kv_i64)((kv_u64)entry * (kv_u64)page_size + (kv_u64)within);
+}
+
 // What a CSR kernel loads of its row b: pool index, length, start (0 without KV_START) and first target position
 // (index vectors may be strided views; strides in elements). The loads are independent: issued together.
 struct kv_csr_row {
@@ -277,15 +288,22 @@ __device__ inline bool kv_row_tokens(kv_i64 offset, kv_i64 count, kv_i64 out_len
 // Index vectors may be strided views (strides in elements).
 // Options (the parameters after `flags`): with E = entry_page_size above 1 a row has C * E positions and
 // position q writes kv_token_value; KV_MAPPING maps each value through token_mapping ([mapping_len],
-// contiguous); KV_WIDE_OUT writes an int64 out (else the value's low 32 bits into an int32 one).
+// contiguous); KV_WIDE_OUT writes an int64 out (else the value's low 32 bits into an int32 one); KV_V2P (E 1,
+// no mapping) writes the unified pool's translated id, kv_page_translated (P = page_size, KV_PAGE_SIZE when
+// specialised).
 extern "C" __global__ void kv_token_csr(
     const int* __restrict__ table, kv_i64 rows, kv_i64 cols, kv_i64 table_stride,
     const void* __restrict__ req_pool_indices, kv_i64 pool_stride, const void* __restrict__ seq_lens,
     kv_i64 lens_stride, const void* __restrict__ kv_start_idx, kv_i64 start_stride,
     const void* __restrict__ kv_indptr, kv_i64 indptr_stride, void* __restrict__ out, kv_i64 out_len,
     kv_i64 items, kv_i64 flags, kv_i64 entry_page_size_arg, const void* __restrict__ token_mapping,
-    kv_i64 mapping_len) {
+    kv_i64 mapping_len, const void* __restrict__ v2p, kv_i64 v2p_len, kv_i64 page_size_arg) {
     KV_GRID_WAIT();
+#ifdef KV_PAGE_SIZE
+    const kv_i64 page_size = KV_PAGE_SIZE;
+#else
+    const kv_i64 page_size = page_size_arg;
+#endif
 #ifdef KV_ENTRY_PAGE_SIZE
     const kv_i64 entry_page_size = KV_ENTRY_PAGE_SIZE;  // a compile-time entry page size: divisions fold
 #else
@@ -303,8 +321,8 @@ extern "C" __global__ void kv_token_csr(
     const kv_i64 count = readable ? kv_min(kv_max(length, 0), positions - start) : 0;
     kv_i64 row_lo, row_hi;
     if (!kv_row_tokens(offset, count, out_len, &row_lo, &row_hi)) return;
-    const bool mapped = KV_HAS(KV_MAPPING), wide_out = KV_HAS(KV_WIDE_OUT);
-    const bool copy = entry_page_size == 1 && !mapped && !wide_out;
+    const bool mapped = KV_HAS(KV_MAPPING), wide_out = KV_HAS(KV_WIDE_OUT), translated = KV_HAS(KV_V2P);
+    const bool copy = entry_page_size == 1 && !mapped && !wide_out && !translated;
     const int* row = table + pool * table_stride;
     for (kv_i64 lo = row_lo + first; lo < row_hi; lo += step) {  // the block of tokens [lo, hi)
         const kv_i64 hi = kv_min(lo + items, row_hi);
@@ -313,8 +331,10 @@ extern "C" __global__ void kv_token_csr(
             continue;
         }
         for (kv_i64 j = lo + threadIdx.x; j < hi; j += blockDim.x) {
-            const kv_i64 v = kv_token_value(row, start + j, entry_page_size, token_mapping, mapping_len, mapped,
-                                            KV_HAS(KV_WIDE_MAPPING));
+            const kv_i64 v = translated
+                ? kv_page_translated(row, start + j, v2p, v2p_len, page_size, KV_HAS(KV_WIDE_V2P))
+                : kv_token_value(row, start + j, entry_page_size, token_mapping, mapping_len, mapped,
+                                 KV_HAS(KV_WIDE_MAPPING));
             if (wide_out) ((kv_i64*)out)[offset + j] = v;
             else ((int*)out)[offset + j] = (int)(kv_u64)v;  // the low 32 bits, as Tensor.to(torch.int32)
         }

@@ -131,7 +131,7 @@ def page_table_call(req_to_token, req_pool_indices, seq_lens, out, page_size, kv
 
 
 def token_csr_call(req_to_token, req_pool_indices, seq_lens, kv_indptr, out, kv_start_idx=None, entry_page_size=1,
-                   token_mapping=None) -> KernelCall | None:
+                   token_mapping=None, v2p=None, page_size=1) -> KernelCall | None:
     """The ``kv_token_csr`` launch for ``kvdispatch.ops.token_csr.reference``'s arguments, or None
     when there is nothing to do."""
     batch, total = req_pool_indices.shape[0], out.shape[0]
@@ -141,13 +141,16 @@ def token_csr_call(req_to_token, req_pool_indices, seq_lens, kv_indptr, out, kv_
     flags = (_wide(req_pool_indices, WIDE_POOL) | _wide(seq_lens, WIDE_LENS) | _wide(kv_start_idx, WIDE_START)
              | _wide(kv_indptr, WIDE_INDPTR) | (START if kv_start_idx is not None else 0) | _folded(launch)
              | _wide(out, WIDE_OUT) | (MAPPING if token_mapping is not None else 0)
-             | _wide(token_mapping, WIDE_MAPPING))
+             | _wide(token_mapping, WIDE_MAPPING) | (V2P | _wide(v2p, WIDE_V2P) if v2p is not None else 0))
     args = _table_args(req_to_token) + (
         req_pool_indices, req_pool_indices.stride(0), seq_lens, seq_lens.stride(0), kv_start_idx,
         _stride(kv_start_idx), kv_indptr, kv_indptr.stride(0), out, total, launch.items_per_program, flags,
-        entry_page_size, token_mapping, 0 if token_mapping is None else token_mapping.shape[0])
+        entry_page_size, token_mapping, 0 if token_mapping is None else token_mapping.shape[0], v2p,
+        0 if v2p is None else v2p.shape[0], page_size)
     defines = (("KV_FLAGS", flags),) if entry_page_size == 1 else (("KV_FLAGS", flags),
                                                                   ("KV_ENTRY_PAGE_SIZE", entry_page_size))
+    if v2p is not None:
+        defines += (("KV_PAGE_SIZE", page_size),)
     return _kernel_call(TOKEN_CSR_KERNEL, defines, launch, args)
 
 
@@ -217,11 +220,11 @@ def build_page_table(req_to_token, req_pool_indices, seq_lens, out, page_size, k
 
 
 def build_token_indices(req_to_token, req_pool_indices, seq_lens, kv_indptr, out, kv_start_idx=None,
-                        entry_page_size=1, token_mapping=None, pdl=False):
+                        entry_page_size=1, token_mapping=None, v2p=None, page_size=1, pdl=False):
     """Token-level CSR indices; semantics of ``kvdispatch.create_flashinfer_kv_indices``; ``pdl`` as for
     ``build_page_table``. Returns ``out``."""
     return _launched(token_csr_call(req_to_token, req_pool_indices, seq_lens, kv_indptr, out, kv_start_idx,
-                                    entry_page_size, token_mapping), req_to_token.device, out, pdl)
+                                    entry_page_size, token_mapping, v2p, page_size), req_to_token.device, out, pdl)
 
 
 def build_mha_page_table(req_to_token, req_pool_indices, seq_lens, page_table, page_size, swa_page_table=None,

@@ -80,11 +80,11 @@ def build_page_table(req_to_token, req_pool_indices, seq_lens, out, page_size, k
 
 
 def build_token_indices(req_to_token, req_pool_indices, seq_lens, kv_indptr, out, kv_start_idx=None,
-                        entry_page_size=1, token_mapping=None, specialised=False):
+                        entry_page_size=1, token_mapping=None, v2p=None, page_size=1, specialised=False):
     """The CuPy backend's ``build_token_indices`` through the host build (as ``build_page_table``)."""
     _require_cpu(req_to_token)
     run(token_csr_call(req_to_token, req_pool_indices, seq_lens, kv_indptr, out, kv_start_idx, entry_page_size,
-                       token_mapping), specialised)
+                       token_mapping, v2p, page_size), specialised)
     return out
 
 
@@ -99,12 +99,12 @@ def create_flashmla_kv_indices(req_to_token, req_pool_indices, seq_lens, out, *,
 
 
 def create_flashinfer_kv_indices(req_to_token, req_pool_indices, seq_lens, kv_indptr, out, *, kv_start_idx=None,
-                                 entry_page_size=1, token_mapping=None, specialised=False):
+                                 entry_page_size=1, token_mapping=None, v2p=None, page_size=1, specialised=False):
     """``kvdispatch.create_flashinfer_kv_indices`` on CPU tensors, through the host build of the kernel."""
     ops.token_csr.check_arguments(req_to_token, req_pool_indices, seq_lens, kv_indptr, out, kv_start_idx,
-                                  entry_page_size, token_mapping)
+                                  entry_page_size, token_mapping, v2p, page_size)
     return build_token_indices(req_to_token, req_pool_indices, seq_lens, kv_indptr, out, kv_start_idx,
-                               entry_page_size, token_mapping, specialised)
+                               entry_page_size, token_mapping, v2p, page_size, specialised)
 
 
 def build_mha_page_table(req_to_token, req_pool_indices, seq_lens, page_table, page_size, swa_page_table=None,

@@ -365,3 +365,26 @@ def _translated_page_table_with_fill(d: _Draw, k: Knobs):
 
 
 BUILDERS["translated_page_table"] = _translated_page_table_with_fill
+
+
+def _token_csr_translated(d: _Draw, k: Knobs):
+    """The token CSR through ``v2p`` (the unified pool's packed read stream): a token-granular table, pages of
+    ``k.page_size``."""
+    rows, cols = k.batch + 2, k.pages * k.page_size + 3
+    table = d.table(rows, cols, -3, rows * cols)
+    pool, lens = d.requests(k.batch, rows, cols + 4)
+    pool, lens = d.vector(pool), d.vector(lens)
+    indptr, total = _csr_indptr(d, lens.cpu().long().clamp(0, cols), cols)
+    v2p = d.values(-1, 1 << 20, -(-rows * cols // k.page_size) + d.integer(-2, 3))  # some pages past it
+    return dict(req_to_token=table, req_pool_indices=pool, seq_lens=lens, kv_indptr=indptr,
+                out=d.output("out", (total,), d.dtype()), kv_start_idx=d.vector(d.values(0, cols + 3, k.batch)),
+                entry_page_size=1, token_mapping=None, v2p=d.vector(v2p, contiguous=True), page_size=k.page_size)
+
+
+def _token_csr_with_v2p(d: _Draw, k: Knobs):
+    if k.options and d.flag():
+        return _token_csr_translated(d, k)
+    return dict(_token_csr(d, k), v2p=None, page_size=1)
+
+
+BUILDERS["token_csr"] = _token_csr_with_v2p

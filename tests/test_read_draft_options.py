@@ -1,4 +1,5 @@
-"""The unified pool's read-table and draft options: ``create_translated_page_table(fill_value=...)``.
+"""The unified pool's read-table and draft options: ``create_translated_page_table(fill_value=...)``,
+``create_flashinfer_kv_indices(v2p=..., page_size=...)`` (the packed read stream).
 
 The reference against plain loops over exact integers (``test_mapped_page_tables.loop_translated``, then the
 fill), every backend under test against the reference into outputs in the middle of poisoned allocations, the
@@ -8,7 +9,7 @@ options' argument errors.
 import pytest
 import torch
 
-from conftest import BACKENDS, translated_page_table
+from conftest import BACKENDS, token_csr, translated_page_table
 from kvcases import POISON, assert_same
 from kvdispatch import ops
 from test_extremes import I32_MAX, I32_MIN, copy_to_device, guarded, middle
@@ -66,4 +67,77 @@ def test_translated_fill_argument_errors(fill_value, error):
         kvdispatch.create_translated_page_table(table, torch.zeros(2, dtype=torch.int64),
                                                 torch.ones(2, dtype=torch.int64), torch.arange(4), out, page_size=16,
                                                 fill_value=fill_value)
+    assert (out == POISON).all()
+
+
+def loop_packed(table, pool, lens, indptr, out, start, v2p, page_size):
+    """The packed read stream as plain loops over exact integers; returns the expected ``out``."""
+    rows, result, lookup = table.tolist(), out.clone(), v2p.tolist()
+    bits = 64 if out.dtype == torch.int64 else 32
+    for b, (row, length, first) in enumerate(zip(pool.tolist(), lens.tolist(), start.tolist())):
+        if not 0 <= row < len(rows) or not 0 <= first < table.shape[1]:
+            continue
+        for j in range(min(max(length, 0), table.shape[1] - first)):
+            q, target = first + j, int(indptr[b]) + j
+            if not 0 <= target < out.shape[0]:
+                continue
+            slot = rows[row][q - q % page_size]
+            page = 0 if slot < 0 else slot // page_size
+            entry = max(lookup[page], 0) if page < len(lookup) else 0
+            value = (entry * page_size + q % page_size) % 2**bits
+            result[target] = value - 2**bits if value >= 2**(bits - 1) else value
+    return result
+
+
+@pytest.mark.parametrize("backend", [None, *BACKENDS])
+@pytest.mark.parametrize("page_size", PAGE_SIZES)
+@pytest.mark.parametrize("out_dtype", (torch.int32, torch.int64))
+@pytest.mark.parametrize("lookup", ("random", "extremes", "empty"))
+def test_packed_read_stream(backend, page_size, out_dtype, lookup):
+    """``backend`` None: the reference against the loop; else the backend against the reference, into the middle
+    of a poisoned allocation, rows crossing its ends, bad pool indices and starts."""
+    g = generator()
+    table = random_table(page_size, g)
+    pool, lens = random_requests(table, page_size, torch.int64, g)
+    batch, cols = pool.shape[0], table.shape[1]
+    start = draw(0, cols + 2, batch, g)
+    room = lens.clamp(0, cols) + draw(0, 3, batch, g)  # rows apart (valid CSR), the first from before out
+    indptr = torch.cumsum(room, 0) - room - 2
+    v2p = dict(random=random_lookup(torch.int64, _cdiv(table.numel(), page_size) - 1, g),
+               extremes=torch.tensor([2**63 - 1, -2**63, -1, 2**31, 2**31 - 1, 5] * 4, dtype=torch.int64),
+               empty=torch.zeros(0, dtype=torch.int32))[lookup]
+    total = 2 * cols
+    store = torch.full((total + 8,), POISON, dtype=out_dtype)
+    view = store[4: 4 + total]
+    expected = store.clone()
+    ops.token_csr.reference(table, pool, lens, indptr, expected[4: 4 + total], start, 1, None, v2p, page_size)
+    if backend is None:
+        loop = loop_packed(table, pool, lens, indptr, torch.full((total,), POISON, dtype=out_dtype), start, v2p,
+                           page_size)
+        assert_same(expected[4: 4 + total], loop, "reference vs loop")
+        return
+    move = copy_to_device
+    moved = move(store)
+    token_csr(backend, move(table), move(pool), move(lens), move(indptr), moved[4: 4 + total],
+              kv_start_idx=move(start), v2p=move(v2p), page_size=page_size)
+    assert_same(moved, expected, f"{backend} packed read stream (whole allocation)")
+    del view
+
+
+def test_packed_read_stream_argument_errors():
+    import kvdispatch
+
+    table = torch.zeros((2, 32), dtype=torch.int32)
+    common = (table, torch.zeros(2, dtype=torch.int64), torch.ones(2, dtype=torch.int64), torch.zeros(3))
+    out = torch.full((4,), POISON, dtype=torch.int32)
+    for options, error, name in ((dict(v2p=torch.arange(4), page_size=0), ValueError, "page_size"),
+                                 (dict(v2p=torch.arange(4), page_size=2.0), TypeError, "page_size"),
+                                 (dict(v2p=torch.arange(4).float()), TypeError, "v2p"),
+                                 (dict(v2p=torch.arange(8)[::2]), ValueError, "v2p"),
+                                 (dict(v2p=torch.arange(4), entry_page_size=2), ValueError, "entry_page_size"),
+                                 (dict(v2p=torch.arange(4), token_mapping=torch.arange(4)), ValueError,
+                                  "token_mapping"),
+                                 (dict(v2p=out), ValueError, "v2p")):
+        with pytest.raises(error, match=name):
+            kvdispatch.create_flashinfer_kv_indices(*common[:3], common[3].long(), out, **options)
     assert (out == POISON).all()

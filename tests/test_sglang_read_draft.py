@@ -61,3 +61,56 @@ def test_kv_read_table_zero_tail_refuses_bad_arguments_first():
                                    seq_lens=torch.ones(2, dtype=torch.int32), v2p=torch.arange(8), page_size=16,
                                    max_pages=5, out=out, zero_tail=True)
     assert (out == POISON).all()
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("page_size", (1, 16, 24))
+@pytest.mark.parametrize("out_dtype", (torch.int32, torch.int64))
+@pytest.mark.parametrize("with_start", (False, True))
+@pytest.mark.parametrize("through", ("function", "kernel"))
+def test_kv_read_table_packed(backend, page_size, out_dtype, with_start, through, release, compat):  # noqa: F811
+    """``KVIndexTranslator.pack_read_stream``'s call: the CSR of a paged wrapper (int32 ``indptr``, a
+    capture-stable ``out`` of ``max_tokens = out.numel()``), with and without ``kv_start_idx``."""
+    read_table = release("kernels.ops.kvcache.kv_read_table")
+    g = _generator()
+    rows, cols, batch = 5, 6 * page_size + 5, 3
+    table, pool = _pool(rows, cols, batch, g)
+    table[pool[1], 0] = -1
+    start = torch.randint(0, 2 * page_size + 1 if with_start else 1, (batch,), generator=g)
+    lens = torch.stack([torch.randint(0, cols - int(s) + 1, (1,), generator=g)[0] for s in start]).to(torch.int32)
+    indptr = torch.cat([torch.zeros(1, dtype=torch.long), torch.cumsum(lens.long(), 0)]).to(torch.int32)
+    v2p = _v2p(rows * cols * 2 // page_size + 1, g).to(DEVICE)
+    out = torch.full((int(indptr[-1]) + 7,), POISON, dtype=out_dtype, device=DEVICE)
+    (theirs,), (ours,) = _twins(out)
+    arguments = dict(req_to_token=table, req_pool_indices=pool, seq_lens=lens.to(DEVICE), v2p=v2p,
+                     page_size=page_size, kv_start_idx=start.to(torch.int32).to(DEVICE) if with_start else None)
+    if through == "function":
+        read_table.build_kv_read_table_packed(**arguments, indptr=indptr.to(DEVICE), max_tokens=out.numel(),
+                                              out=theirs)
+    else:
+        read_table._launch(**arguments, max_items=out.numel(), out=theirs, out_stride=0, row_starts=indptr.to(DEVICE),
+                           emit_per_token=True)
+    assert compat.build_kv_read_table_packed(**arguments, indptr=indptr.to(DEVICE), max_tokens=out.numel(),
+                                             out=ours) is ours
+    _same([ours], [theirs], "packed read stream")
+
+
+def test_kv_read_table_packed_asserts_are_value_errors():
+    from kvdispatch.compat import sglang
+
+    table = torch.zeros((2, 64), dtype=torch.int32, device=DEVICE)
+    common = dict(req_to_token=table, req_pool_indices=torch.zeros(2, dtype=torch.int64, device=DEVICE),
+                  seq_lens=torch.ones(2, dtype=torch.int32, device=DEVICE), v2p=torch.arange(8, device=DEVICE),
+                  page_size=16)
+    out = torch.full((4,), POISON, dtype=torch.int32, device=DEVICE)
+    indptr = torch.zeros(3, dtype=torch.int32, device=DEVICE)
+    for bad in (dict(out=out.float(), indptr=indptr, max_tokens=4),
+                dict(out=out.view(2, 2), indptr=indptr, max_tokens=4), dict(out=out, indptr=indptr, max_tokens=5),
+                dict(out=out, indptr=indptr[:2], max_tokens=4)):
+        with pytest.raises(ValueError):
+            sglang.build_kv_read_table_packed(**common, **bad)
+    with pytest.raises(TypeError, match="max_tokens"):
+        sglang.build_kv_read_table_packed(**common, out=out, indptr=indptr, max_tokens=4.0)
+    assert (out == POISON).all()
+    sglang.build_kv_read_table_packed(**common, out=out, indptr=indptr, max_tokens=0)
+    assert (out == POISON).all()

@@ -60,6 +60,8 @@ RELEASE = {
     "kernels.ops.kvcache.kv_read_table": {
         "build_kv_read_table": "(*, req_to_token, req_pool_indices, seq_lens, v2p, page_size, max_pages, out, "
                                "seq_len_delta=0, zero_tail=False)",
+        "build_kv_read_table_packed": "(*, req_to_token, req_pool_indices, seq_lens, v2p, indptr, page_size, "
+                                      "max_tokens, out, kv_start_idx=None)",
     },
     "kernels.ops.speculative.cache_locs": {
         "generate_draft_decode_kv_indices": "(req_pool_indices, req_to_token, paged_kernel_lens, kv_indices, "

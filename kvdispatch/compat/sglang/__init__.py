@@ -73,3 +73,8 @@ __all__ = [
     "kv_indices_num_token_blocks",
     "spec_kv_index_token_blocks",
 ]
+
+# The unified pool's packed read stream and the draft decode's sliding-window CSR.
+from .kernels.ops.kvcache.kv_read_table import build_kv_read_table_packed  # noqa: E402
+
+__all__ += ["build_kv_read_table_packed"]
