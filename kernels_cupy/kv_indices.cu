@@ -510,7 +510,7 @@ __device__ inline kv_i64 kv_counted_sum(const void* __restrict__ values, kv_i64 
 
 // A table value as out stores it: with v2p, v2p[x / P] * P + x % P (the low 64 bits of the exact value) for
 // x >= 0 whose page lies inside v2p with a non-negative entry, else 0.
-__device__ inline kv_i64 kv_draft_value(int x, kv_i64 page_size, const void* __restrict__ v2p, kv_i64 v2p_len,
+__device__ inline kv_i64 kv_draft_value(kv_i64 x, kv_i64 page_size, const void* __restrict__ v2p, kv_i64 v2p_len,
                                         bool translate, bool wide_v2p) {
     if (!translate) return x;
     if (x < 0) return 0;
@@ -532,17 +532,26 @@ __device__ inline kv_i64 kv_segment_offset(kv_i64 base, kv_i64 segments_before, 
     return kv_min(base + segments_before * it + branch * (count + it), limit);
 }
 
+// The value at position q >= 0 of a table row: row[q], or with E = entry_page_size above 1 (a page-granular
+// table) row[q / E] * E + q % E in 64 bits.
+__device__ inline kv_i64 kv_draft_entry(const int* __restrict__ row, kv_i64 q, kv_i64 entry_page_size) {
+    if (entry_page_size == 1) return row[q];
+    const kv_i64 entry = q / entry_page_size;
+    return (kv_i64)row[entry] * entry_page_size + (q - entry * entry_page_size);
+}
+
 // One pass of a thread's prefix tokens i = i0 + k * threads (k < kv_draft_unroll) below `last`: token i reads
-// position q = i below the sink, i + shift past it (the window), if q < cols.
+// position q = i below the sink, i + shift past it (the window), if q < cols (the row's positions).
 __device__ inline void kv_draft_load_pass(const int* __restrict__ row, kv_i64 i0, kv_i64 threads, kv_i64 last,
                                           kv_i64 sink_tokens, kv_i64 shift, kv_i64 cols, kv_i64 page_size,
-                                          const void* __restrict__ v2p, kv_i64 v2p_len, bool translate,
-                                          bool wide_v2p, kv_i64* value, bool* present) {
+                                          kv_i64 entry_page_size, const void* __restrict__ v2p, kv_i64 v2p_len,
+                                          bool translate, bool wide_v2p, kv_i64* value, bool* present) {
 #pragma unroll
     for (int k = 0; k < kv_draft_unroll; ++k) {
         const kv_i64 i = i0 + k * threads, q = i < sink_tokens ? i : i + shift;
         present[k] = i < last && q < cols;
-        value[k] = present[k] ? kv_draft_value(row[q], page_size, v2p, v2p_len, translate, wide_v2p) : 0;
+        value[k] = present[k] ? kv_draft_value(kv_draft_entry(row, q, entry_page_size), page_size, v2p, v2p_len,
+                                               translate, wide_v2p) : 0;
     }
 }
 
@@ -552,9 +561,15 @@ extern "C" __global__ void kv_draft_decode(
     kv_i64 lens_stride, void* __restrict__ kv_indptr, kv_i64 indptr_stride, void* __restrict__ out,
     kv_i64 out_width, kv_i64 out_stride, kv_i64 num_steps, kv_i64 topk, kv_i64 cap, kv_i64 sink, kv_i64 limit,
     kv_i64 items, kv_i64 flags, kv_i64 page_size_arg, const void* __restrict__ positions, kv_i64 positions_stride,
-    const void* __restrict__ v2p, kv_i64 v2p_len) {
+    const void* __restrict__ v2p, kv_i64 v2p_len, kv_i64 entry_page_size_arg) {
     KV_GRID_WAIT();
     const kv_i64 page_size = kv_specialised_page_size(page_size_arg);
+#ifdef KV_ENTRY_PAGE_SIZE
+    const kv_i64 entry_page_size = KV_ENTRY_PAGE_SIZE;
+#else
+    const kv_i64 entry_page_size = entry_page_size_arg;
+#endif
+    cols *= entry_page_size;  // from here on, the row's positions (exact: no table has 2**51 columns)
     const kv_i64 segment = blockIdx.x;
     const kv_i64 request = segment / topk, branch = segment - request * topk;
     const kv_i64 first = kv_row_program(KV_HAS(KV_FOLDED_GRID)) * items;
@@ -580,8 +595,8 @@ extern "C" __global__ void kv_draft_decode(
     kv_i64 i0 = first + threadIdx.x;
     kv_i64 value[kv_draft_unroll];
     bool present[kv_draft_unroll];
-    kv_draft_load_pass(row, i0, threads, last, sink_tokens, shift, cols, page_size, v2p, v2p_len, translate,
-                       wide_v2p, value, present);
+    kv_draft_load_pass(row, i0, threads, last, sink_tokens, shift, cols, page_size, entry_page_size, v2p, v2p_len,
+                       translate, wide_v2p, value, present);
     const kv_i64 floor_remainder = (length % page_size + page_size) % page_size;
     const kv_i64 remainder = KV_HAS(KV_ROUND_TOWARD_ZERO) && length < 0 && floor_remainder != 0
                                  ? floor_remainder - page_size : floor_remainder;
@@ -590,7 +605,8 @@ extern "C" __global__ void kv_draft_decode(
     const kv_i64 own_slot = slot_start + threadIdx.x;
     const bool own_slot_read = slots_read && threadIdx.x < num_steps && own_slot >= 0 && own_slot < cols;
     const kv_i64 own_slot_value =
-        own_slot_read ? kv_draft_value(row[own_slot], page_size, v2p, v2p_len, translate, wide_v2p) : 0;
+        own_slot_read ? kv_draft_value(kv_draft_entry(row, own_slot, entry_page_size), page_size, v2p, v2p_len,
+                                       translate, wide_v2p) : 0;
 
     const kv_i64 base = kv_min(kv_counted_sum(seq_lens, lens_stride, request, cap, limit, KV_HAS(KV_WIDE_LENS)) * topk,
                                limit);
@@ -611,15 +627,16 @@ extern "C" __global__ void kv_draft_decode(
             i0 = block + threadIdx.x;
             last = kv_min(block + items, end);
         }
-        kv_draft_load_pass(row, i0, threads, last, sink_tokens, shift, cols, page_size, v2p, v2p_len, translate,
-                           wide_v2p, value, present);
+        kv_draft_load_pass(row, i0, threads, last, sink_tokens, shift, cols, page_size, entry_page_size, v2p,
+                           v2p_len, translate, wide_v2p, value, present);
     }
     if (!leads) return;
     for (kv_i64 j = threadIdx.x; slots_read && j < num_steps; j += threads) {
         const kv_i64 position = slot_start + j;
         if (position < 0 || position >= cols) continue;
         const kv_i64 v = j == threadIdx.x ? own_slot_value
-                                          : kv_draft_value(row[position], page_size, v2p, v2p_len, translate, wide_v2p);
+                                          : kv_draft_value(kv_draft_entry(row, position, entry_page_size), page_size,
+                                                           v2p, v2p_len, translate, wide_v2p);
         for (kv_i64 it = j + 1; it <= num_steps; ++it) {
             const kv_i64 column = kv_segment_offset(base, segments_before, branch, count, it, limit) + count + j;
             if (column < out_width) kv_store_index(out, (it - 1) * out_stride + column, v, wide_out);

@@ -35,7 +35,7 @@ PARAMETERS = ("table_ptr", "pool_ptr", "lens_ptr", "indptr_ptr", "out_ptr", "tab
 POINTERS = tuple(name for name in PARAMETERS if name.endswith("_ptr"))
 RUNTIME_INTS = tuple(name for name in PARAMETERS if not name.endswith("_ptr"))
 CONSTEXPRS = ("TOKENS_PER_PROGRAM", "SUM_BLOCK", "SLOT_BLOCK", "PAGE_SIZE", "OFFSET_LIMIT", "HAS_POSITIONS",
-              "HAS_V2P", "FOLDED_GRID", "PDL")
+              "HAS_V2P", "FOLDED_GRID", "ENTRY_PAGE_SIZE", "PDL")
 # Draft slots loaded per pass (a branch has num_steps of them).
 SLOT_BLOCK = 16
 # The page sizes compiled ahead of time (``crosscompile``); any other compiles at its first call.
@@ -50,7 +50,7 @@ def _draft_decode_kernel(
     v2p_ptr, v2p_len,
     TOKENS_PER_PROGRAM: tl.constexpr, SUM_BLOCK: tl.constexpr, SLOT_BLOCK: tl.constexpr, PAGE_SIZE: tl.constexpr,
     OFFSET_LIMIT: tl.constexpr, HAS_POSITIONS: tl.constexpr, HAS_V2P: tl.constexpr, FOLDED_GRID: tl.constexpr,
-    PDL: tl.constexpr,
+    ENTRY_PAGE_SIZE: tl.constexpr, PDL: tl.constexpr,
 ):
     """Segment ``z = program_id(0)`` of every step row; semantics of ``kvdispatch.reference.
     build_draft_decode_indices``. ``cap``: the most prefix tokens (``draft_prefix_cap``); ``sink``: the sink
@@ -58,7 +58,9 @@ def _draft_decode_kernel(
     copies its blocks of TOKENS_PER_PROGRAM prefix tokens ``p, p + T, ...`` (``T``: ``launch.programs_in_row``)
     up to the segment's prefix; program 0 writes the draft slots and ``kv_indptr`` once. ``positions_ptr`` /
     ``positions_stride`` and ``v2p_ptr`` / ``v2p_len`` are None without those options. PDL: launched with
-    programmatic dependent launch (``launch.wait_for_producer``)."""
+    programmatic dependent launch (``launch.wait_for_producer``). ENTRY_PAGE_SIZE above 1: a page-granular
+    table, position ``q`` reading ``row[q // E] * E + q % E`` (``table_cols`` is then the row's positions, ``C *
+    E``)."""
     _launch.wait_for_producer(PDL)
     segment = tl.program_id(0).to(tl.int64)
     request = segment // topk
@@ -91,13 +93,13 @@ def _draft_decode_kernel(
     slot = tl.arange(0, SLOT_BLOCK).to(tl.int64)
     slots_read = tl.where(leads & row_readable, num_steps, 0)
     first_slots = _slot_mask(slot, slot_start, slots_read, table_cols)
-    first_values = _stored_values(tl.load(row_ptr + slot_start + slot, mask=first_slots), first_slots, v2p_ptr,
-                                  v2p_len, out_ptr, PAGE_SIZE, HAS_V2P)
+    first_values = _stored_values(_table_values(row_ptr, slot_start + slot, first_slots, ENTRY_PAGE_SIZE),
+                                  first_slots, v2p_ptr, v2p_len, out_ptr, PAGE_SIZE, HAS_V2P)
 
     if row_readable & (first < count):
         _copy_prefix(first, row_ptr, length, count, sink, table_cols, v2p_ptr, v2p_len, out_ptr, out_row_stride,
                      out_width, num_steps, base, segments_before, branch, TOKENS_PER_PROGRAM, PAGE_SIZE,
-                     OFFSET_LIMIT, HAS_V2P)
+                     OFFSET_LIMIT, HAS_V2P, ENTRY_PAGE_SIZE)
 
     if leads:
         _store_slots(out_ptr, first_values, first_slots, slot, 0, num_steps, base, segments_before, branch, count,
@@ -105,8 +107,8 @@ def _draft_decode_kernel(
         for first_slot in range(SLOT_BLOCK, slots_read, SLOT_BLOCK):  # more than SLOT_BLOCK steps
             later = first_slot + slot
             readable = _slot_mask(later, slot_start, slots_read, table_cols)
-            values = _stored_values(tl.load(row_ptr + slot_start + later, mask=readable), readable, v2p_ptr,
-                                    v2p_len, out_ptr, PAGE_SIZE, HAS_V2P)
+            values = _stored_values(_table_values(row_ptr, slot_start + later, readable, ENTRY_PAGE_SIZE), readable,
+                                    v2p_ptr, v2p_len, out_ptr, PAGE_SIZE, HAS_V2P)
             _store_slots(out_ptr, values, readable, later, first_slot, num_steps, base, segments_before, branch,
                          count, out_row_stride, out_width, OFFSET_LIMIT)
         indptr_dtype = indptr_ptr.dtype.element_ty
@@ -128,25 +130,39 @@ def _draft_decode_kernel(
     for later in range(first + stride, tl.where(row_readable, tokens_end, 0), stride):
         _copy_prefix(later, row_ptr, length, count, sink, table_cols, v2p_ptr, v2p_len, out_ptr, out_row_stride,
                      out_width, num_steps, base, segments_before, branch, TOKENS_PER_PROGRAM, PAGE_SIZE,
-                     OFFSET_LIMIT, HAS_V2P)
+                     OFFSET_LIMIT, HAS_V2P, ENTRY_PAGE_SIZE)
     _launch.release_dependents(PDL)
 
 
 @triton.jit
 def _copy_prefix(first, row_ptr, length, count, sink, table_cols, v2p_ptr, v2p_len, out_ptr, out_row_stride,
                  out_width, num_steps, base, segments_before, branch, TOKENS_PER_PROGRAM: tl.constexpr,
-                 PAGE_SIZE: tl.constexpr, OFFSET_LIMIT: tl.constexpr, HAS_V2P: tl.constexpr):
+                 PAGE_SIZE: tl.constexpr, OFFSET_LIMIT: tl.constexpr, HAS_V2P: tl.constexpr,
+                 ENTRY_PAGE_SIZE: tl.constexpr):
     """Prefix tokens ``[first, first + TOKENS_PER_PROGRAM)`` of a segment (below its ``count``), loaded once
     and stored into every step row after the offset of the segment in that step."""
     token = first + tl.arange(0, TOKENS_PER_PROGRAM)
     position = tl.where(token < tl.minimum(sink, count), token, length - count + token)
     copied = (token < count) & (position < table_cols)
-    values = tl.load(row_ptr + position, mask=copied)
+    values = _table_values(row_ptr, position, copied, ENTRY_PAGE_SIZE)
     values = _stored_values(values, copied, v2p_ptr, v2p_len, out_ptr, PAGE_SIZE, HAS_V2P)
     for step in range(num_steps):
         it = step + 1
         column = tl.minimum(base + segments_before * it + branch * (count + it), OFFSET_LIMIT) + token
         tl.store(out_ptr + step * out_row_stride + column, values, mask=copied & (column < out_width))
+
+
+@triton.jit
+def _table_values(row_ptr, position, mask, ENTRY_PAGE_SIZE: tl.constexpr):
+    """The values at ``position`` of a table row, loaded under ``mask``: the entries, or with ENTRY_PAGE_SIZE
+    ``E`` above 1 ``row[q // E] * E + q % E`` (int64; ``q >= 0`` where loaded)."""
+    if ENTRY_PAGE_SIZE == 1:
+        values = tl.load(row_ptr + position, mask=mask)
+    else:
+        entry = position // ENTRY_PAGE_SIZE
+        values = (tl.load(row_ptr + entry, mask=mask).to(tl.int64) * ENTRY_PAGE_SIZE
+                  + (position - entry * ENTRY_PAGE_SIZE))
+    return values
 
 
 @triton.jit
@@ -200,21 +216,23 @@ _plans = _launch.plan_cache(on_clear=functools.partial(native.forget_plans, "dra
 
 
 def constexprs_for(page_size: int, has_positions: bool = False, has_v2p: bool = False,
-                   folded_grid: bool = False, pdl: bool = False) -> dict:
+                   folded_grid: bool = False, pdl: bool = False, entry_page_size: int = 1) -> dict:
     """The constexpr arguments of one specialisation (tokens per program and sum block from ``kvdispatch.grid``)."""
     return dict(TOKENS_PER_PROGRAM=launch_grid.items_per_program(launch_grid.DRAFT_DECODE),
                 SUM_BLOCK=launch_grid.DRAFT_SUM_BLOCK, SLOT_BLOCK=SLOT_BLOCK, PAGE_SIZE=page_size,
                 OFFSET_LIMIT=launch_grid.DRAFT_OFFSET_LIMIT, HAS_POSITIONS=has_positions, HAS_V2P=has_v2p,
-                FOLDED_GRID=folded_grid, PDL=pdl)
+                FOLDED_GRID=folded_grid, ENTRY_PAGE_SIZE=entry_page_size, PDL=pdl)
 
 
 def plan_key_and_arguments(req_to_token, req_pool_indices, seq_lens, kv_indptr, out, num_steps, topk, page_size=1,
                            positions=None, window_size=0, sink_size=0, v2p=None, write_indptr_start=True,
-                           round_toward_zero=False, pdl=False):
+                           round_toward_zero=False, pdl=False, entry_page_size=1):
     """The launch-plan key of a call and the kernel's runtime arguments. Key: device index, segments,
-    min(C, W) (the geometry: ``kvdispatch.grid.draft_decode_launch``), the page size, the dtypes of the
-    pool, length, indptr, out, positions and v2p tensors (None: absent), and pdl."""
-    rows, cols = req_to_token.shape
+    min(C * entry_page_size, W) (the geometry: ``kvdispatch.grid.draft_decode_launch``), the page size, the
+    dtypes of the pool, length, indptr, out, positions and v2p tensors (None: absent), pdl and the entry page
+    size."""
+    rows, entries = req_to_token.shape
+    cols = entries * entry_page_size  # the row's positions
     width = out.shape[1]
     segments = req_pool_indices.shape[0] * topk
     cap = draft_prefix_cap(window_size, sink_size)
@@ -222,7 +240,7 @@ def plan_key_and_arguments(req_to_token, req_pool_indices, seq_lens, kv_indptr, 
     has_positions, has_v2p = positions is not None, v2p is not None
     key = (out.get_device(), segments, min(cols, width), page_size, req_pool_indices.dtype, seq_lens.dtype,
            kv_indptr.dtype, out.dtype, positions.dtype if has_positions else None, v2p.dtype if has_v2p else None,
-           pdl)
+           pdl, entry_page_size)
     args = (req_to_token, req_pool_indices, seq_lens, kv_indptr, out, rows, cols, req_to_token.stride(0), width,
             out.stride(0), kv_indptr.stride(0), req_pool_indices.stride(0), seq_lens.stride(0), num_steps, topk,
             cap, sink, int(write_indptr_start), int(round_toward_zero), positions,
@@ -232,14 +250,14 @@ def plan_key_and_arguments(req_to_token, req_pool_indices, seq_lens, kv_indptr, 
 
 def _build_plan(key, out, args):
     geometry = launch_grid.draft_decode_launch(key[1], key[2], key[2], budget=_launch.program_budget(out.device))
-    constexprs = constexprs_for(key[3], key[8] is not None, key[9] is not None, geometry.folded, key[10])
+    constexprs = constexprs_for(key[3], key[8] is not None, key[9] is not None, geometry.folded, key[10], key[11])
     return _launch.build_plan(_plans, launcher, key, args, out.device, geometry, (geometry.folded,) + key[3:],
                               constexprs)
 
 
 def build_draft_decode_indices(req_to_token, req_pool_indices, seq_lens, kv_indptr, out, num_steps, topk,
                                page_size=1, positions=None, window_size=0, sink_size=0, v2p=None,
-                               write_indptr_start=True, round_toward_zero=False, pdl=False):
+                               write_indptr_start=True, round_toward_zero=False, entry_page_size=1, pdl=False):
     """Write every draft step's token CSR into ``out`` and ``kv_indptr`` with one launch; semantics of
     ``kvdispatch.ops.draft_decode.reference``; ``pdl``: launch with programmatic dependent launch
     where the device supports it. Arguments arrive validated (the op's ``check_arguments``)."""
@@ -247,7 +265,7 @@ def build_draft_decode_indices(req_to_token, req_pool_indices, seq_lens, kv_indp
         return out
     key, args = plan_key_and_arguments(req_to_token, req_pool_indices, seq_lens, kv_indptr, out, num_steps, topk,
                                        page_size, positions, window_size, sink_size, v2p, write_indptr_start,
-                                       round_toward_zero, pdl)
+                                       round_toward_zero, pdl, entry_page_size)
     _launch.launch_through_plan(_plans, key, args, lambda: _build_plan(key, out, args))
     return out
 
@@ -262,6 +280,9 @@ def specializations(index_types=("i32", "i64"), page_sizes=SPECIALISED_PAGE_SIZE
             constexprs = constexprs_for(page_size, has_positions, has_v2p)
             yield _specialisation(index, out_type, constexprs)
     yield _specialisation("i32", "i64", constexprs_for(1, folded_grid=True))
+    # A page-granular source table (the unified pool's read table), entries of the page size.
+    for page_size, index, out_type in itertools.product(page_sizes[1:], index_types, ("i64", "i32")):
+        yield _specialisation(index, out_type, constexprs_for(page_size, True, entry_page_size=page_size))
 
 
 def _specialisation(index, out_type, constexprs):

@@ -388,3 +388,14 @@ def _token_csr_with_v2p(d: _Draw, k: Knobs):
 
 
 BUILDERS["token_csr"] = _token_csr_with_v2p
+
+
+def _draft_decode_with_entry_pages(d: _Draw, k: Knobs):
+    """With options, now and then a page-granular table (``entry_page_size``): its rows' positions are ``C * E``."""
+    arguments = _draft_decode(d, k)
+    entry_page_size = d.integer(2, 5) if k.options and d.flag() else 1
+    arguments["entry_page_size"] = entry_page_size
+    return arguments
+
+
+BUILDERS["draft_decode"] = _draft_decode_with_entry_pages

@@ -1,5 +1,6 @@
 """The unified pool's read-table and draft options: ``create_translated_page_table(fill_value=...)``,
-``create_flashinfer_kv_indices(v2p=..., page_size=...)`` (the packed read stream).
+``create_flashinfer_kv_indices(v2p=..., page_size=...)`` (the packed read stream),
+``create_draft_decode_kv_indices(entry_page_size=...)`` (a page-granular source table).
 
 The reference against plain loops over exact integers (``test_mapped_page_tables.loop_translated``, then the
 fill), every backend under test against the reference into outputs in the middle of poisoned allocations, the
@@ -141,3 +142,63 @@ def test_packed_read_stream_argument_errors():
         with pytest.raises(error, match=name):
             kvdispatch.create_flashinfer_kv_indices(*common[:3], common[3].long(), out, **options)
     assert (out == POISON).all()
+
+
+@pytest.mark.parametrize("backend", [None, *BACKENDS])
+@pytest.mark.parametrize("entry_page_size", (2, 16, 7))
+@pytest.mark.parametrize("option", ("plain", "window", "v2p", "all"))
+def test_draft_decode_entry_pages(backend, entry_page_size, option):
+    """A page-granular table is the token-granular one it stands for (``row[q // E] * E + q % E``): ``backend``
+    None, the reference against ``test_draft_decode``'s loop over that expanded table; else the backend against
+    the reference, on bad data too."""
+    from test_draft_decode import check, loop_draft_decode, random_case, used_width
+
+    g = generator()
+    for page_size, bad in ((1, False), (16, True), (7, True)):
+        case = random_case(g, torch.int64, page_size, window=option in ("window", "all"),
+                           positions=option == "all", v2p=torch.int64 if option in ("v2p", "all") else None, bad=bad)
+        case["entry_page_size"] = entry_page_size
+        if backend is not None:
+            check(backend, case, torch.int64, torch.int32, loop=False)
+            continue
+        table = case["req_to_token"].long()
+        position = torch.arange(table.shape[1] * entry_page_size)
+        expanded = table.repeat_interleave(entry_page_size, 1) * entry_page_size + position % entry_page_size
+        steps, width = case["num_steps"], used_width(case)
+        out = torch.full((steps, width), POISON, dtype=torch.int64)
+        indptr = torch.full((steps, case["req_pool_indices"].shape[0] * case["topk"] + 1), POISON, dtype=torch.int32)
+        looped, looped_indptr = loop_draft_decode(dict(case, req_to_token=expanded), out, indptr)
+        options = {k: v for k, v in case.items() if k not in ("req_to_token", "req_pool_indices", "seq_lens")}
+        ops.draft_decode.reference(case["req_to_token"], case["req_pool_indices"], case["seq_lens"], indptr, out,
+                                   **options)
+        assert_same(out, looped, "reference out vs loop")
+        assert_same(indptr, looped_indptr, "reference kv_indptr vs loop")
+
+
+def test_debug_checks_name_the_request(monkeypatch):
+    """``KVDISPATCH_DEBUG``: a virtual page past ``v2p`` in the packed stream, a draft slot past a page-granular
+    row's positions; a fill changes nothing the checks see."""
+    import kvdispatch
+    from kvdispatch import _debug
+
+    monkeypatch.setattr(_debug, "ENABLED", True)
+    table = torch.arange(64, dtype=torch.int32).view(2, 32)
+    pool, lens = torch.tensor([0, 1]), torch.tensor([4, 20])
+    out = torch.full((40,), POISON, dtype=torch.int32)
+    with pytest.raises(ValueError, match=r"request 1: req_to_token\[1, 16\] = 48 is virtual page 3, outside v2p"):
+        kvdispatch.create_flashinfer_kv_indices(table, pool, lens, torch.tensor([0, 4]), out, v2p=torch.arange(3),
+                                                page_size=16, backend="torch")
+    assert (out == POISON).all()
+    kvdispatch.create_flashinfer_kv_indices(table, pool, lens, torch.tensor([0, 4]), out, v2p=torch.arange(4),
+                                            page_size=16, backend="torch")
+    draft_out = torch.full((2, 200), POISON, dtype=torch.int64)
+    indptr = torch.zeros((2, 3), dtype=torch.int32)
+    with pytest.raises(ValueError, match="request 1: draft slots up to position 64 .* 64 positions"):
+        kvdispatch.create_draft_decode_kv_indices(table[:, :4], pool, torch.tensor([4, 63]), indptr, draft_out,
+                                                  num_steps=2, topk=1, page_size=16, entry_page_size=16,
+                                                  backend="torch")
+    assert (draft_out == POISON).all()
+    page_out = torch.full((2, 3), POISON, dtype=torch.int32)
+    kvdispatch.create_translated_page_table(table, pool, lens, torch.arange(4), page_out, page_size=16, fill_value=0,
+                                            backend="torch")
+    assert page_out.tolist() == [[0, 0, 0], [2, 3, 0]]

@@ -298,7 +298,7 @@ BAD_VALUES = [
     ("generate_draft_decode_kv_indices", (2, BATCH + 1, 2), {}, ValueError, "req_pool_indices"),
     ("generate_draft_decode_kv_indices", None, dict(page_size=4.7), TypeError, "page_size"),
     ("generate_draft_decode_kv_indices", None, dict(row_stride=64.0), TypeError, "row_stride"),
-    ("generate_draft_decode_kv_indices", None, dict(ENTRY_PAGE_SIZE=16), NotImplementedError, "ENTRY_PAGE_SIZE"),
+    ("generate_draft_decode_kv_indices", None, dict(ENTRY_PAGE_SIZE=0), ValueError, "ENTRY_PAGE_SIZE"),
     ("generate_draft_decode_kv_indices", None, dict(kv_indptr_stride=0), ValueError, "kv_indptr_stride"),
     ("generate_draft_decode_kv_indices", None, dict(TRANSLATE=1, v2p=torch.zeros(4, dtype=torch.int32)), TypeError,
      "TRANSLATE"),

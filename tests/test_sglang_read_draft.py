@@ -114,3 +114,49 @@ def test_kv_read_table_packed_asserts_are_value_errors():
     assert (out == POISON).all()
     sglang.build_kv_read_table_packed(**common, out=out, indptr=indptr, max_tokens=0)
     assert (out == POISON).all()
+
+
+# -- kernels.ops.speculative.cache_locs: the page-granular source ---------------------------------------------
+
+def _next_power_of_2(n):
+    return 1 << max(n - 1, 0).bit_length()
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("topk, page_size", ((1, 16), (4, 16), (2, 24), (3, 1)))
+@pytest.mark.parametrize("engine", ("triton", "flashinfer_blocks", "window", "translated"))
+def test_draft_decode_from_the_read_table(backend, topk, page_size, engine, release, compat):  # noqa: F811
+    """The draft backends' launch over the unified pool's read table (``read_source`` once a table reader built
+    it): ``src.ids`` the plan's table of physical pages (rows of ``row_stride``), ``src.row_ids`` its rows,
+    ``ENTRY_PAGE_SIZE`` the page size; and (``translated``) a page-granular source read through ``v2p``."""
+    locs = release("kernels.ops.speculative.cache_locs",
+                   extract=("_translate_token_ids", "_load_token_ids", "generate_draft_decode_kv_indices"))
+    g = _generator()
+    steps, batch = 3, 3
+    owned = -(-(page_size - 1 + steps) // page_size) * page_size
+    positions_per_row = 40 + topk * owned + page_size
+    width = -(-positions_per_row // page_size)
+    pages = torch.randperm(4 * batch * width, generator=g)[: (batch + 1) * width].to(torch.int32)
+    table = torch.zeros((batch + 1, width + 3), dtype=torch.int32)[:, :width]  # rows of row_stride width + 3
+    table.copy_(pages.view(batch + 1, width))
+    table, rows = table.to(DEVICE), torch.arange(batch, dtype=torch.int64, device=DEVICE)
+    lens = torch.randint(1, width * page_size - topk * owned - page_size + 2, (batch,), generator=g).to(DEVICE)
+    positions = lens.repeat_interleave(topk)
+    out_width = compat.draft_kv_indices_buffer_width(batch, topk, width * page_size)
+    kv_indices = torch.full((steps, out_width), POISON, dtype=torch.int64, device=DEVICE)
+    kv_indptr = torch.zeros((steps, batch * topk + 1), dtype=torch.int32, device=DEVICE)
+    window, options, grid = (0, 0), {}, (steps, batch, topk)
+    if engine == "flashinfer_blocks":
+        grid, options = (steps * 2, batch, topk), dict(NUM_STEPS=steps)
+    elif engine == "window":
+        window = (5, 2)
+    elif engine == "translated":
+        v2p = torch.randint(-1, 500, (4 * batch * width + 1,), generator=g).to(DEVICE)
+        options = dict(v2p=v2p, TRANSLATE=True)
+    theirs, ours = _twins(kv_indices, kv_indptr)
+    for function, buffers in ((locs.generate_draft_decode_kv_indices, theirs),
+                              (compat.generate_draft_decode_kv_indices, ours)):
+        function[grid](rows, table, lens, buffers[0], buffers[1], positions, table.stride(0), out_width,
+                       kv_indptr.shape[1], _next_power_of_2(batch), _next_power_of_2(steps),
+                       _next_power_of_2(batch * topk), page_size, *window, ENTRY_PAGE_SIZE=page_size, **options)
+    _same(ours, theirs, engine)

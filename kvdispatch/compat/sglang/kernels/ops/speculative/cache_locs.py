@@ -33,8 +33,9 @@ def _generate_draft_decode_kv_indices(launch_grid, req_pool_indices, req_to_toke
     ``row_stride``, ``kv_indices_stride`` and ``kv_indptr_stride`` are checked against the tensors' row strides
     (flat contiguous buffers are read as rows of that many entries, ``_as_rows``); ``bs_upper``, ``iter_upper``
     and ``num_tokens_upper`` (SGLang's block sizes) are accepted and not needed: sums here are exact over the
-    whole batch. ``ENTRY_PAGE_SIZE`` other than 1 (a page-granular source table, the unified pool's read table)
-    raises ``NotImplementedError``. Returns ``kv_indices``.
+    whole batch. ``ENTRY_PAGE_SIZE`` above 1: a page-granular source table (the unified pool's read table),
+    position ``q`` reading ``entry * ENTRY_PAGE_SIZE + q % ENTRY_PAGE_SIZE`` of its entry ``q // ENTRY_PAGE_SIZE``
+    (``entry_page_size`` of the kvdispatch op). Returns ``kv_indices``.
     """
     if launch_grid is None:
         raise TypeError("generate_draft_decode_kv_indices takes its batch, branches and steps from the launch grid: "
@@ -53,17 +54,12 @@ def _generate_draft_decode_kv_indices(launch_grid, req_pool_indices, req_to_toke
     out = _as_rows(kv_indices, kv_indices_stride, "kv_indices", "kv_indices_stride")
     pool = _leading("req_pool_indices", req_pool_indices, batch)
     lens = _leading("paged_kernel_lens", paged_kernel_lens, batch)
-    if ENTRY_PAGE_SIZE != 1:
-        raise NotImplementedError(f"generate_draft_decode_kv_indices with ENTRY_PAGE_SIZE={ENTRY_PAGE_SIZE} (a "
-                                  "page-granular source table, such as the unified pool's read table) is not "
-                                  "supported by kvdispatch yet; pass the token-granular req_to_token with "
-                                  "ENTRY_PAGE_SIZE=1 (and v2p with TRANSLATE=True to translate its ids)")
     if topk == 0 or first == 0:
         return kv_indices  # no program launched
     _common._build_draft_decode(req_to_token, pool, lens, indptr, out, num_steps=NUM_STEPS or first, topk=topk,
                                 page_size=page_size, positions=positions, window_size=window_size,
                                 sink_size=sink_size, v2p=v2p if TRANSLATE else None, write_indptr_start=False,
-                                round_toward_zero=True)
+                                round_toward_zero=True, entry_page_size=ENTRY_PAGE_SIZE)
     return kv_indices
 
 
