@@ -182,6 +182,8 @@ def draft_options(cpu, dtype, device, g):
     yield dict(name="v2p", width=width, v2p=v2p)
     yield dict(name="window", width=width, window_size=5, sink_size=3, out_dtype=torch.int32)
     yield dict(name="entry-pages", width=width * 4, v2p=v2p, entry_page_size=16)  # a page-granular table
+    yield dict(name="step-window", width=width, positions=positions, step_window=7)
+    yield dict(name="step-window-wide", width=width // 3, v2p=v2p, entry_page_size=4, step_window=2**31 - 1)
 
 
 def storage_calls(device, g):
@@ -329,7 +331,7 @@ def run(device, backends, verbose, shard=(0, 1)):
         launch_and_check(what, launch, tuple(zip(outs, expected)))
 
     def draft_decode_case(what, data, cpu, page_size, width, positions=None, v2p=None, window_size=0, sink_size=0,
-                          out_dtype=torch.int64, entry_page_size=1):
+                          out_dtype=torch.int64, entry_page_size=1, step_window=0):
         if not selected():
             return
         steps, topk = 3, 2
@@ -337,7 +339,7 @@ def run(device, backends, verbose, shard=(0, 1)):
         indptr = torch.full((steps, BATCH * topk + 1), POISON, dtype=torch.int32, device=device)
         expected, expected_indptr = out.cpu().clone(), indptr.cpu().clone()
         options = dict(num_steps=steps, topk=topk, page_size=page_size, window_size=window_size, sink_size=sink_size,
-                       entry_page_size=entry_page_size)
+                       entry_page_size=entry_page_size, step_window=step_window)
         ops.draft_decode.reference(cpu["table"], cpu["pool"], cpu["lens"], expected_indptr, expected,
                                              positions=positions, v2p=v2p, **options)
         launch_and_check(what, lambda: kvdispatch.create_draft_decode_kv_indices(

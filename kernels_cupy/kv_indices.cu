@@ -561,7 +561,7 @@ extern "C" __global__ void kv_draft_decode(
     kv_i64 lens_stride, void* __restrict__ kv_indptr, kv_i64 indptr_stride, void* __restrict__ out,
     kv_i64 out_width, kv_i64 out_stride, kv_i64 num_steps, kv_i64 topk, kv_i64 cap, kv_i64 sink, kv_i64 limit,
     kv_i64 items, kv_i64 flags, kv_i64 page_size_arg, const void* __restrict__ positions, kv_i64 positions_stride,
-    const void* __restrict__ v2p, kv_i64 v2p_len, kv_i64 entry_page_size_arg) {
+    const void* __restrict__ v2p, kv_i64 v2p_len, kv_i64 entry_page_size_arg, kv_i64 step_window) {
     KV_GRID_WAIT();
     const kv_i64 page_size = kv_specialised_page_size(page_size_arg);
 #ifdef KV_ENTRY_PAGE_SIZE
@@ -601,6 +601,46 @@ extern "C" __global__ void kv_draft_decode(
     const kv_i64 remainder = KV_HAS(KV_ROUND_TOWARD_ZERO) && length < 0 && floor_remainder != 0
                                  ? floor_remainder - page_size : floor_remainder;
     const kv_i64 slot_start = length + branch * ((remainder + num_steps + page_size - 1) / page_size * page_size);
+    if (step_window > 0) {
+        // The per-step window over the prefix and the draft slots: step it keeps min(count + it, step_window)
+        // entries, the prefix's tail then the latest min(it, step_window) draft slots; the widths of the earlier
+        // segments are saturated sums, as min(n + it, V) = min(n, V - it) + min(it, V) for n, it >= 0.
+        for (kv_i64 it = 1; it <= num_steps; ++it) {
+            const kv_i64 chain = kv_min(it, step_window), room = kv_max(step_window - it, 0);
+            const kv_i64 before = kv_min(kv_counted_sum(seq_lens, lens_stride, request, room, limit,
+                                                        KV_HAS(KV_WIDE_LENS)) + request * chain, limit);
+            const kv_i64 keep = kv_min(count + it, step_window), tail = keep - chain;
+            const kv_i64 offset = kv_min(before * topk + branch * keep, limit);
+            const kv_i64 tail_end = row_readable ? kv_min(kv_min(tail, kv_max(out_width - offset, 0)),
+                                                          kv_max(cols - length + tail, 0)) : 0;
+            for (kv_i64 lo = first; lo < tail_end; lo += step) {
+                for (kv_i64 e = lo + threadIdx.x; e < kv_min(lo + items, tail_end); e += threads) {
+                    const kv_i64 q = length - tail + e;
+                    if (q < 0) continue;
+                    kv_store_index(out, (it - 1) * out_stride + offset + e, kv_draft_value(kv_draft_entry(row, q, entry_page_size),
+                                                                       page_size, v2p, v2p_len, translate, wide_v2p),
+                                   wide_out);
+                }
+            }
+            if (!leads) continue;
+            for (kv_i64 j = threadIdx.x; row_readable && j < chain; j += threads) {
+                const kv_i64 q = slot_start + it - chain + j, column = offset + tail + j;
+                if (q < 0 || q >= cols || column >= out_width) continue;
+                kv_store_index(out, (it - 1) * out_stride + column, kv_draft_value(kv_draft_entry(row, q, entry_page_size), page_size,
+                                                               v2p, v2p_len, translate, wide_v2p), wide_out);
+            }
+            if (threadIdx.x != 0) continue;
+            const kv_i64 end = KV_HAS(KV_POSITIONS)
+                                   ? kv_min(kv_counted_sum(positions, positions_stride, segment + 1, room, limit,
+                                                           KV_HAS(KV_WIDE_POSITIONS)) + (segment + 1) * chain, limit)
+                                   : kv_min(offset + keep, limit);
+            kv_store_index(kv_indptr, (it - 1) * indptr_stride + segment + 1, end, KV_HAS(KV_WIDE_INDPTR));
+            if (segment == 0 && KV_HAS(KV_INDPTR_START))
+                kv_store_index(kv_indptr, (it - 1) * indptr_stride, 0, KV_HAS(KV_WIDE_INDPTR));
+        }
+        KV_GRID_RELEASE();
+        return;
+    }
     const bool slots_read = leads && row_readable;
     const kv_i64 own_slot = slot_start + threadIdx.x;
     const bool own_slot_read = slots_read && threadIdx.x < num_steps && own_slot >= 0 && own_slot < cols;

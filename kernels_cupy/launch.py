@@ -248,7 +248,7 @@ def build_translated_page_table(req_to_token, req_pool_indices, seq_lens, v2p, o
 
 def draft_decode_call(req_to_token, req_pool_indices, seq_lens, kv_indptr, out, num_steps, topk, page_size=1,
                       positions=None, window_size=0, sink_size=0, v2p=None, write_indptr_start=True,
-                      round_toward_zero=False, entry_page_size=1) -> KernelCall | None:
+                      round_toward_zero=False, entry_page_size=1, step_window=0) -> KernelCall | None:
     """The ``kv_draft_decode`` launch for ``kvdispatch.ops.draft_decode.reference``'s arguments, or
     None when there is nothing to do."""
     if num_steps == 0:
@@ -268,19 +268,21 @@ def draft_decode_call(req_to_token, req_pool_indices, seq_lens, kv_indptr, out, 
         req_pool_indices, req_pool_indices.stride(0), seq_lens, seq_lens.stride(0), kv_indptr, kv_indptr.stride(0), out,
         width, out.stride(0), num_steps, topk, cap, min(sink_size, cap) if window_size > 0 else cap,
         grid.DRAFT_OFFSET_LIMIT, launch.items_per_program, flags, page_size, positions, _stride(positions), v2p,
-        0 if v2p is None else v2p.shape[0], entry_page_size)
+        0 if v2p is None else v2p.shape[0], entry_page_size, step_window)
     defines = (("KV_FLAGS", flags), ("KV_PAGE_SIZE", page_size), ("KV_ENTRY_PAGE_SIZE", entry_page_size))
     return _kernel_call(DRAFT_DECODE_KERNEL, defines, launch, args)
 
 
 def build_draft_decode_indices(req_to_token, req_pool_indices, seq_lens, kv_indptr, out, num_steps, topk,
                                page_size=1, positions=None, window_size=0, sink_size=0, v2p=None,
-                               write_indptr_start=True, round_toward_zero=False, entry_page_size=1, pdl=False):
+                               write_indptr_start=True, round_toward_zero=False, entry_page_size=1, step_window=0,
+                               pdl=False):
     """Every draft step's token CSR in one launch; semantics of ``kvdispatch.create_draft_decode_kv_indices``;
     ``pdl`` as for ``build_page_table``. Returns ``out``."""
     return _launched(draft_decode_call(req_to_token, req_pool_indices, seq_lens, kv_indptr, out, num_steps, topk,
                                        page_size, positions, window_size, sink_size, v2p, write_indptr_start,
-                                       round_toward_zero, entry_page_size), req_to_token.device, out, pdl)
+                                       round_toward_zero, entry_page_size, step_window), req_to_token.device, out,
+                     pdl)
 
 
 def _rounding(round_toward_zero: bool) -> int:

@@ -146,10 +146,10 @@ def create_translated_page_table(req_to_token, req_pool_indices, seq_lens, v2p, 
 def create_draft_decode_kv_indices(req_to_token, req_pool_indices, seq_lens, kv_indptr, out, *, num_steps, topk,
                                    page_size=1, positions=None, window_size=0, sink_size=0, v2p=None,
                                    write_indptr_start=True, round_toward_zero=False, entry_page_size=1,
-                                   specialised=False):
+                                   step_window=0, specialised=False):
     """``kvdispatch.create_draft_decode_kv_indices`` on CPU tensors, through the host build of the kernel."""
     args = (req_to_token, req_pool_indices, seq_lens, kv_indptr, out, num_steps, topk, page_size, positions,
-            window_size, sink_size, v2p, write_indptr_start, round_toward_zero, entry_page_size)
+            window_size, sink_size, v2p, write_indptr_start, round_toward_zero, entry_page_size, step_window)
     ops.draft_decode.check_arguments(*args)
     _require_cpu(req_to_token)
     run(draft_decode_call(*args), specialised)

@@ -391,10 +391,14 @@ BUILDERS["token_csr"] = _token_csr_with_v2p
 
 
 def _draft_decode_with_entry_pages(d: _Draw, k: Knobs):
-    """With options, now and then a page-granular table (``entry_page_size``): its rows' positions are ``C * E``."""
+    """With options, now and then a page-granular table (``entry_page_size``: its rows' positions are ``C * E``)
+    and the per-step window (``step_window``)."""
     arguments = _draft_decode(d, k)
     entry_page_size = d.integer(2, 5) if k.options and d.flag() else 1
     arguments["entry_page_size"] = entry_page_size
+    arguments["step_window"] = 0
+    if k.options and d.flag():  # the per-step window in place of the prefix window
+        arguments.update(window_size=0, sink_size=0, step_window=d.integer(1, 40))
     return arguments
 
 

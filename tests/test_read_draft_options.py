@@ -14,6 +14,7 @@ from conftest import BACKENDS, token_csr, translated_page_table
 from kvcases import POISON, assert_same
 from kvdispatch import ops
 from test_extremes import I32_MAX, I32_MIN, copy_to_device, guarded, middle
+from kvdispatch.grid import DRAFT_OFFSET_LIMIT as LIMIT
 from test_mapped_page_tables import (PAGE_SIZES, _cdiv, _row_pages, draw, generator, loop_translated, random_lookup,
                                      random_requests, random_table)
 
@@ -28,6 +29,7 @@ def loop_filled(table, pool, lens, v2p, out, page_size, max_pages, seq_len_delta
     return result
 
 
+@pytest.mark.representative("max_pages")
 @pytest.mark.parametrize("backend", [None, *BACKENDS])
 @pytest.mark.parametrize("page_size", PAGE_SIZES)
 @pytest.mark.parametrize("max_pages,seq_len_delta,fill_value", [(None, 0, 0), ("some", 3, -1), ("all", -2, I32_MAX),
@@ -90,6 +92,7 @@ def loop_packed(table, pool, lens, indptr, out, start, v2p, page_size):
     return result
 
 
+@pytest.mark.representative("lookup")
 @pytest.mark.parametrize("backend", [None, *BACKENDS])
 @pytest.mark.parametrize("page_size", PAGE_SIZES)
 @pytest.mark.parametrize("out_dtype", (torch.int32, torch.int64))
@@ -144,6 +147,7 @@ def test_packed_read_stream_argument_errors():
     assert (out == POISON).all()
 
 
+@pytest.mark.representative("option")
 @pytest.mark.parametrize("backend", [None, *BACKENDS])
 @pytest.mark.parametrize("entry_page_size", (2, 16, 7))
 @pytest.mark.parametrize("option", ("plain", "window", "v2p", "all"))
@@ -202,3 +206,84 @@ def test_debug_checks_name_the_request(monkeypatch):
     kvdispatch.create_translated_page_table(table, pool, lens, torch.arange(4), page_out, page_size=16, fill_value=0,
                                             backend="torch")
     assert page_out.tolist() == [[0, 0, 0], [2, 3, 0]]
+
+
+def loop_step_window(case, out, indptr):
+    """The step window as a plain loop over exact integers (SGLang's per-step window rail, bounded): fills CPU
+    copies of ``out`` and ``indptr`` and returns them."""
+    table = case["req_to_token"].tolist()
+    rows, cols = case["req_to_token"].shape
+    cols *= case["entry_page_size"]
+    pool, lens = case["req_pool_indices"].tolist(), case["seq_lens"].tolist()
+    steps, topk, page, window = case["num_steps"], case["topk"], case["page_size"], case["step_window"]
+    entry_page_size = case["entry_page_size"]
+    positions = None if case["positions"] is None else case["positions"].tolist()
+    out, indptr = out.clone(), indptr.clone()
+
+    def read(b, q):
+        value = table[pool[b]][q // entry_page_size] * entry_page_size + q % entry_page_size
+        return value if out.dtype == torch.int64 else (value + 2**31) % 2**32 - 2**31
+
+    for s in range(steps):
+        it, offset = s + 1, 0
+        if case["write_indptr_start"] and lens:
+            indptr[s, 0] = 0
+        for b, length in enumerate(lens):
+            remainder = length - page * int(length / page) if case["round_toward_zero"] else length % page
+            owned = -(-(remainder + steps) // page) * page
+            keep = min(max(length, 0) + it, window)
+            chain = min(it, window)
+            for k in range(topk):
+                entries = [length - (keep - chain) + i for i in range(keep - chain)]
+                entries += [length + k * owned + j for j in range(it - chain, it)]
+                for e, q in enumerate(entries):
+                    if offset + e < out.shape[1] and 0 <= pool[b] < rows and 0 <= q < cols:
+                        out[s, offset + e] = read(b, q)
+                offset += keep
+                z = b * topk + k
+                counted = offset if positions is None else sum(min(max(p, 0) + it, window) for p in positions[: z + 1])
+                indptr[s, z + 1] = min(counted, LIMIT)
+    return out, indptr
+
+
+@pytest.mark.representative("window")
+@pytest.mark.parametrize("backend", [None, *BACKENDS])
+@pytest.mark.parametrize("window", (1, 3, 30))
+@pytest.mark.parametrize("option", ("plain", "positions", "entry_pages", "v2p"))
+def test_draft_decode_step_window(backend, window, option):
+    """``backend`` None: the reference against the loop (without v2p); else the backend against the reference,
+    bad data included, into guarded outputs."""
+    from test_draft_decode import check, random_case
+
+    g = generator()
+    for page_size, bad in ((1, False), (16, True), (7, True)):
+        case = random_case(g, torch.int64, page_size, positions=option == "positions",
+                           v2p=torch.int64 if option == "v2p" else None, bad=bad)
+        case.update(entry_page_size=4 if option == "entry_pages" else 1, step_window=window)
+        if backend is not None:
+            check(backend, case, torch.int64, torch.int32, width=None, loop=False)
+            continue
+        if option == "v2p":
+            continue
+        steps, segments = case["num_steps"], case["req_pool_indices"].shape[0] * case["topk"]
+        out = torch.full((steps, segments * window + 2), POISON, dtype=torch.int64)
+        indptr = torch.full((steps, segments + 2), POISON, dtype=torch.int32)
+        looped, looped_indptr = loop_step_window(case, out, indptr)
+        options = {k: v for k, v in case.items() if k not in ("req_to_token", "req_pool_indices", "seq_lens")}
+        ops.draft_decode.reference(case["req_to_token"], case["req_pool_indices"], case["seq_lens"], indptr, out,
+                                   **options)
+        assert_same(out, looped, "reference out vs loop")
+        assert_same(indptr, looped_indptr, "reference kv_indptr vs loop")
+
+
+def test_draft_decode_step_window_argument_errors():
+    import kvdispatch
+
+    table = torch.zeros((2, 8), dtype=torch.int32)
+    out, indptr = torch.full((2, 8), POISON, dtype=torch.int64), torch.zeros((2, 2), dtype=torch.int32)
+    common = (table, torch.zeros(1, dtype=torch.int64), torch.ones(1, dtype=torch.int64), indptr, out)
+    for options, error in ((dict(step_window=-1), ValueError), (dict(step_window=2.0), TypeError),
+                           (dict(step_window=3, window_size=2), ValueError)):
+        with pytest.raises(error, match="step_window"):
+            kvdispatch.create_draft_decode_kv_indices(*common, num_steps=2, topk=1, **options)
+    assert (out == POISON).all()

@@ -81,6 +81,7 @@ SGLANG_FUNCTIONS["build_kv_read_table_packed"] = [
     ("req_to_token", REQUIRED), ("req_pool_indices", REQUIRED), ("seq_lens", REQUIRED), ("v2p", REQUIRED),
     ("indptr", REQUIRED), ("page_size", REQUIRED), ("max_tokens", REQUIRED), ("out", REQUIRED), ("kv_start_idx", None)]
 KEYWORD_ONLY.add("build_kv_read_table_packed")
+SGLANG_SPECULATIVE.add("generate_draft_decode_window_kv_indices")
 BUILDERS = [name for name in SGLANG_FUNCTIONS if name.startswith("create_")]
 INDEX_DTYPES = (torch.int32, torch.int64)
 

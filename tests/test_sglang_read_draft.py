@@ -22,6 +22,7 @@ def _v2p(pages, g):
     return torch.where(torch.rand(pages, generator=g) < 0.2, -1, torch.randperm(pages * 2, generator=g)[:pages])
 
 
+@pytest.mark.representative("through")
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("page_size", (1, 16, 24))
 @pytest.mark.parametrize("seq_len_delta", (0, 3))
@@ -63,6 +64,7 @@ def test_kv_read_table_zero_tail_refuses_bad_arguments_first():
     assert (out == POISON).all()
 
 
+@pytest.mark.representative("through")
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("page_size", (1, 16, 24))
 @pytest.mark.parametrize("out_dtype", (torch.int32, torch.int64))
@@ -118,10 +120,16 @@ def test_kv_read_table_packed_asserts_are_value_errors():
 
 # -- kernels.ops.speculative.cache_locs: the page-granular source ---------------------------------------------
 
+# The release's draft kernels and the helpers they call (one extraction per module: the fixture keeps it).
+DRAFT_KERNELS = ("_translate_token_ids", "_load_token_ids", "generate_draft_decode_kv_indices",
+                 "generate_draft_decode_window_kv_indices")
+
+
 def _next_power_of_2(n):
     return 1 << max(n - 1, 0).bit_length()
 
 
+@pytest.mark.representative("engine")
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("topk, page_size", ((1, 16), (4, 16), (2, 24), (3, 1)))
 @pytest.mark.parametrize("engine", ("triton", "flashinfer_blocks", "window", "translated"))
@@ -129,8 +137,7 @@ def test_draft_decode_from_the_read_table(backend, topk, page_size, engine, rele
     """The draft backends' launch over the unified pool's read table (``read_source`` once a table reader built
     it): ``src.ids`` the plan's table of physical pages (rows of ``row_stride``), ``src.row_ids`` its rows,
     ``ENTRY_PAGE_SIZE`` the page size; and (``translated``) a page-granular source read through ``v2p``."""
-    locs = release("kernels.ops.speculative.cache_locs",
-                   extract=("_translate_token_ids", "_load_token_ids", "generate_draft_decode_kv_indices"))
+    locs = release("kernels.ops.speculative.cache_locs", extract=DRAFT_KERNELS)
     g = _generator()
     steps, batch = 3, 3
     owned = -(-(page_size - 1 + steps) // page_size) * page_size
@@ -160,3 +167,59 @@ def test_draft_decode_from_the_read_table(backend, topk, page_size, engine, rele
                        kv_indptr.shape[1], _next_power_of_2(batch), _next_power_of_2(steps),
                        _next_power_of_2(batch * topk), page_size, *window, ENTRY_PAGE_SIZE=page_size, **options)
     _same(ours, theirs, engine)
+
+
+@pytest.mark.representative("source")
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("topk, page_size", ((1, 1), (4, 1), (4, 16), (2, 24)))
+@pytest.mark.parametrize("window", (1, 3, 40))
+@pytest.mark.parametrize("source", ("req_to_token", "translated", "read_table"))
+def test_draft_decode_window(backend, topk, page_size, window, source, release, compat):  # noqa: F811
+    """The Triton backend's window rail (``_fill_window_rail``): grid ``(steps, num_seqs, topk)``, an int64
+    ``[steps, >= bs * window]`` buffer, an int32 indptr zeroed once; its read source the plain ``req_to_token``,
+    ``req_to_token`` with ``v2p`` (``TRANSLATE``), or the unified pool's read table (``ENTRY_PAGE_SIZE``)."""
+    locs = release("kernels.ops.speculative.cache_locs", extract=DRAFT_KERNELS)
+    g = _generator()
+    steps, batch = 4, 3
+    owned = -(-(page_size - 1 + steps) // page_size) * page_size
+    cols = 48 + topk * owned + page_size
+    table, pool = _pool(batch + 2, cols, batch, g)
+    lens = torch.randint(0, cols - topk * owned - page_size + 2, (batch,), generator=g).to(DEVICE)
+    options, entry = {}, 1
+    if source == "translated":
+        pages = (batch + 2) * cols * 2 // page_size + 1
+        options = dict(v2p=torch.randint(-1, 500, (pages,), generator=g).to(DEVICE), TRANSLATE=True)
+    elif source == "read_table":
+        width = -(-cols // page_size)
+        table = torch.randperm(8 * batch * width, generator=g)[: batch * width].view(batch, width).to(torch.int32)
+        table, pool, entry = table.to(DEVICE), torch.arange(batch, device=DEVICE), page_size
+    positions = lens.repeat_interleave(topk)
+    out = torch.full((steps, batch * topk * window + 3), POISON, dtype=torch.int64, device=DEVICE)
+    indptr = torch.zeros((steps, batch * topk + 2), dtype=torch.int32, device=DEVICE)
+    theirs, ours = _twins(out, indptr)
+    for function, buffers in ((locs.generate_draft_decode_window_kv_indices, theirs),
+                              (compat.generate_draft_decode_window_kv_indices, ours)):
+        function[(steps, batch, topk)](pool, table, lens, buffers[0], buffers[1], positions, table.stride(0),
+                                       out.shape[1], indptr.shape[1], _next_power_of_2(batch),
+                                       _next_power_of_2(steps), _next_power_of_2(batch * topk), page_size, window,
+                                       ENTRY_PAGE_SIZE=entry, **options)
+    _same(ours, theirs, source)
+
+
+def test_draft_decode_window_arguments():
+    from kvdispatch.compat import sglang
+
+    table = torch.zeros((2, 8), dtype=torch.int32)
+    vec, out, indptr = torch.zeros(1, dtype=torch.int64), torch.full((2, 8), POISON, dtype=torch.int64), \
+        torch.zeros((2, 2), dtype=torch.int32)
+    args = (vec, table, vec + 1, out, indptr, vec + 1, 8, 8, 2, 1, 2, 1, 1)
+    with pytest.raises(TypeError, match="launch grid"):
+        sglang.generate_draft_decode_window_kv_indices(*args, 4)
+    for window, error in ((0, ValueError), (2.0, TypeError), (True, TypeError)):
+        with pytest.raises(error, match="window"):
+            sglang.generate_draft_decode_window_kv_indices[(2, 1, 1)](*args, window)
+    with pytest.raises(ValueError, match="TRANSLATE=True needs v2p"):
+        sglang.generate_draft_decode_window_kv_indices[(2, 1, 1)](*args, 4, TRANSLATE=True)
+    with pytest.raises(ValueError, match="row_stride=9 does not match"):
+        sglang.generate_draft_decode_window_kv_indices[(2, 1, 1)](*args[:6], 9, *args[7:], 4)
+    assert (out == POISON).all()

@@ -69,6 +69,11 @@ RELEASE = {
                                             "kv_indptr_stride, bs_upper, iter_upper, num_tokens_upper, page_size, "
                                             "window_size=0, sink_size=0, NUM_STEPS=0, ENTRY_PAGE_SIZE=1, v2p=None, "
                                             "TRANSLATE=False)",
+        "generate_draft_decode_window_kv_indices": "(req_pool_indices, req_to_token, paged_kernel_lens, "
+                                                   "window_kv_indices, window_kv_indptr, positions, row_stride, "
+                                                   "kv_indices_stride, kv_indptr_stride, bs_upper, iter_upper, "
+                                                   "num_tokens_upper, page_size, window, ENTRY_PAGE_SIZE=1, "
+                                                   "v2p=None, TRANSLATE=False)",
     },
     "srt.layers.dcp.layout": {
         "get_dcp_lens": "(lens, dcp_size, dcp_rank, start=None, interleave_size=1)",

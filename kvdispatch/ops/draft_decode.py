@@ -43,13 +43,16 @@ def _index_table(name, t, device, min_rows, min_cols):
                          f"(shape {tuple(t.shape)})")
 
 
-def _check_draft_positions(positions, topk, num_steps, cap, width):
+def _check_draft_positions(positions, topk, num_steps, cap, width, step_window=0):
     """``positions`` (int64 ``[B*K]`` on the host) non-negative, and the last step's ``kv_indptr`` they give,
-    ``sum(min(p[:z + 1], cap)) + (z + 1) * num_steps``, at or before ``width``."""
+    ``sum(min(p[:z + 1], cap)) + (z + 1) * num_steps`` (``sum(min(p[:z + 1] + num_steps, step_window))`` with a
+    step window), at or before ``width``."""
     z = _first_bad(positions < 0)
     if z is not None:
         raise ValueError(f"request {z // topk}: positions[{z}] = {int(positions[z])} (branch {z % topk}) is negative")
     ends = torch.cumsum(positions.clamp(max=cap), 0) + torch.arange(1, positions.shape[0] + 1) * num_steps
+    if step_window:
+        ends = torch.cumsum((positions + num_steps).clamp(max=step_window), 0)
     z = _first_bad(ends > width)
     if z is not None:
         raise ValueError(f"request {z // topk}: positions[{z}] = {int(positions[z])} (branch {z % topk}) puts "
@@ -112,7 +115,7 @@ def _draft_segments(req_to_token, req_pool_indices, lengths, counts, topk, steps
 
 def check_arguments(req_to_token, req_pool_indices, seq_lens, kv_indptr, out, num_steps, topk, page_size,
                     positions=None, window_size=0, sink_size=0, v2p=None, write_indptr_start=True,
-                    round_toward_zero=False, entry_page_size=1, memory=True):
+                    round_toward_zero=False, entry_page_size=1, step_window=0, memory=True):
     """Validate ``create_draft_decode_kv_indices`` arguments; returns the device (``memory``: as for
     ``check_page_table_args``)."""
     batch, device = _common(req_to_token, req_pool_indices, seq_lens, None)
@@ -122,6 +125,10 @@ def check_arguments(req_to_token, req_pool_indices, seq_lens, kv_indptr, out, nu
     _python_int("window_size", window_size, 0, _INT32_MAX)
     _python_int("sink_size", sink_size, 0, _INT32_MAX)
     _python_int("entry_page_size", entry_page_size, 1, MAX_PAGE_SIZE)
+    _python_int("step_window", step_window, 0, _INT32_MAX)
+    if step_window and window_size:
+        raise ValueError(f"step_window and window_size are two windows of the draft's reads: give one, got "
+                         f"step_window={step_window} and window_size={window_size}")
     for name, value in (("write_indptr_start", write_indptr_start), ("round_toward_zero", round_toward_zero)):
         if not isinstance(value, bool):
             raise TypeError(f"{name} must be a bool, got {type(value).__name__}")
@@ -145,14 +152,14 @@ def check_arguments(req_to_token, req_pool_indices, seq_lens, kv_indptr, out, nu
 
 
 def check_data(req_to_token, req_pool_indices, seq_lens, out, num_steps, topk, page_size, positions,
-               window_size, sink_size, v2p, round_toward_zero, entry_page_size=1):
+               window_size, sink_size, v2p, round_toward_zero, entry_page_size=1, step_window=0):
     """``create_draft_decode_kv_indices``: with ``num_steps > 0``, every pool index in ``[0, R)``; ``seq_lens >=
     0`` (0: an empty prefix); every draft slot read, up to ``start(b, topk - 1) + num_steps - 1``, before
     position ``C * entry_page_size`` (the prefix lies before it); the last step's segments end at or before
     ``out``'s width ``W``; with ``v2p``, every value read (prefix and draft slots) on a page inside ``v2p``'s
     ``[0, V)`` (a negative value is outside); with ``positions``, each of ``positions[:B*K]`` non-negative and
     the last step's ``kv_indptr`` they give at or before ``W`` (a position above the window's cap is SGLang's
-    rule, clamped as documented)."""
+    rule, clamped as documented). With ``step_window``, the segments' widths are its own."""
     batch = req_pool_indices.shape[0]
     if num_steps == 0 or batch == 0:
         return
@@ -170,21 +177,26 @@ def check_data(req_to_token, req_pool_indices, seq_lens, out, num_steps, topk, p
     cap = draft_prefix_cap(window_size, sink_size)
     counts = lengths.clamp(max=cap)
     ends = topk * (torch.cumsum(counts, 0) + torch.arange(1, batch + 1) * num_steps)  # the last step's
+    if step_window:
+        ends = topk * torch.cumsum((counts + num_steps).clamp(max=step_window), 0)
     width = out.shape[1]
     b = _first_bad(ends > width)
     if b is not None:
         raise ValueError(f"request {b}: its segments of step {num_steps - 1} end at column {int(ends[b])}, past "
                          f"out's {width} columns")
     if positions is not None:
-        _check_draft_positions(positions[: batch * topk].long().cpu(), topk, num_steps, cap, width)
-    if v2p is not None:
+        _check_draft_positions(positions[: batch * topk].long().cpu(), topk, num_steps, cap, width, step_window)
+    if v2p is not None and step_window:  # the first step reads the longest prefix tail, every step a draft slot
+        _check_draft_translation(req_to_token, req_pool_indices, lengths, counts.clamp(max=step_window - 1),
+                                 branch_span, topk, num_steps, page_size, 1, 0, v2p, entry_page_size)
+    elif v2p is not None:
         _check_draft_translation(req_to_token, req_pool_indices, lengths, counts, branch_span, topk, num_steps,
                                  page_size, window_size, sink_size, v2p, entry_page_size)
 
 
 def reference(req_to_token, req_pool_indices, seq_lens, kv_indptr, out, num_steps, topk,
               page_size=1, positions=None, window_size=0, sink_size=0, v2p=None,
-              write_indptr_start=True, round_toward_zero=False, entry_page_size=1, pdl=False):
+              write_indptr_start=True, round_toward_zero=False, entry_page_size=1, step_window=0, pdl=False):
     """Multi-step speculative draft decode indices; semantics of ``kvdispatch.create_draft_decode_kv_indices``.
 
     ``S = num_steps`` rows of token CSR at once, row ``s`` for ``it = s + 1`` draft tokens. With
@@ -213,6 +225,12 @@ def reference(req_to_token, req_pool_indices, seq_lens, kv_indptr, out, num_step
     which changes no position that can be read. Untouched: rows ``>= S`` of both outputs, the columns of
     ``kv_indptr`` past ``B*K`` (and column 0 without ``write_indptr_start``), everything with ``B == 0``.
 
+    With ``step_window`` ``V > 0`` (no ``window_size``), segment ``z`` of step ``s`` is the last ``keep = min(n_b
+    + it, V)`` entries of the ``n_b`` prefix tokens then the ``it`` draft slots: the prefix tail, positions
+    ``L_b - p + i`` for ``i < p = keep - min(it, V)``, then draft slots ``j`` from ``it - min(it, V)`` on; the
+    segments lie back to back (``offset(s, z)`` the ``keep`` of the segments before it) and ``kv_indptr[s, z]``
+    is that offset, or with ``positions`` ``sum(min(p[:z] + it, V))``.
+
     Memory and time O(S * (W + B*K)): each output column finds its segment by a sorted search.
     """
     batch = req_pool_indices.shape[0]
@@ -231,10 +249,16 @@ def reference(req_to_token, req_pool_indices, seq_lens, kv_indptr, out, num_step
     first_step_part = torch.addcmul((before * topk)[:, None], counts[:, None],
                                     torch.arange(1, topk + 1, device=device)).view(-1)  # [B*K]
     ends = torch.addcmul(first_step_part, segment_number, draft).clamp_(max=DRAFT_OFFSET_LIMIT)  # [S, B*K]
+    if step_window:  # exact: fewer than 2**31 widths of fewer than 2**31 entries
+        keep = (counts + draft).clamp_(max=step_window)  # [S, B]
+        ends = torch.cumsum(keep.repeat_interleave(topk, 1), 1).clamp_(max=DRAFT_OFFSET_LIMIT)
 
     indptr_rows = kv_indptr[:steps]
     if positions is None:
         indptr_values = ends
+    elif step_window:
+        counted = (positions[:segments].long().clamp(0, step_window) + draft).clamp_(max=step_window)
+        indptr_values = torch.cumsum(counted, 1).clamp_(max=DRAFT_OFFSET_LIMIT)
     else:
         counted = positions[:segments].long().clamp(0, cap)
         through = torch.cumsum(counted, 0).clamp_(max=DRAFT_OFFSET_LIMIT)  # exact, as `before`
@@ -254,12 +278,18 @@ def reference(req_to_token, req_pool_indices, seq_lens, kv_indptr, out, num_step
     owner = torch.searchsorted(ends, column.expand(steps, width).contiguous(), right=True)  # [S, W], in [0, B*K]
     # Segment z starts where z - 1 ends (segment 0 at 0); the row past the last segment starts at its end.
     entry = column - torch.nn.functional.pad(ends, (1, 0)).gather(1, owner)
-    if window_size > 0:
+    if step_window:
+        chain = draft.clamp(max=step_window)
+        tail = torch.nn.functional.pad((keep - chain).repeat_interleave(topk, 1), (0, 1)).gather(1, owner)
+        count, _, draft_shift, pool, window_shift = segment_table[:5, owner]
+        position = entry - tail + torch.where(entry < tail, window_shift + count, draft_shift + count + draft - chain)
+    elif window_size > 0:
         count, prefix_shift, draft_shift, pool, window_shift, sink = segment_table[:, owner]  # [S, W] each
         prefix_shift = torch.where(entry < sink, prefix_shift, window_shift)
     else:  # the last two rows are not read
         count, prefix_shift, draft_shift, pool = segment_table[:4, owner]
-    position = entry + torch.where(entry < count, prefix_shift, draft_shift)
+    if not step_window:
+        position = entry + torch.where(entry < count, prefix_shift, draft_shift)
     clamped = position.clamp(0, readable - 1)
     if entry_page_size == 1:
         values = req_to_token[pool, clamped]
@@ -278,7 +308,7 @@ def create_draft_decode_kv_indices(req_to_token: Tensor, req_pool_indices: Tenso
                                    out: Tensor, *, num_steps: int, topk: int, page_size: int = 1,
                                    positions: Tensor | None = None, window_size: int = 0, sink_size: int = 0,
                                    v2p: Tensor | None = None, write_indptr_start: bool = True,
-                                   round_toward_zero: bool = False, entry_page_size: int = 1,
+                                   round_toward_zero: bool = False, entry_page_size: int = 1, step_window: int = 0,
                                    backend: str | None = None, enable_pdl: bool | None = None) -> Tensor:
     """Build the token CSR of every step of a speculative multi-step draft decode (EAGLE with ``topk``
     branches per request) into ``out`` and ``kv_indptr``, all steps in one launch.
@@ -313,6 +343,11 @@ def create_draft_decode_kv_indices(req_to_token: Tensor, req_pool_indices: Tenso
         entry_page_size: int in ``[1, 4096]``: ``E`` tokens per table entry (a page-granular table, such as the
             unified pool's read table): position ``q`` reads ``row_b[q // E] * E + q % E`` (64-bit) in place of
             ``row_b[q]``, and a row has ``C * E`` positions. Then ``v2p``, when given, translates that value.
+        step_window: int in ``[0, 2**31 - 1]``; above 0 (without ``window_size``), a sliding window over what
+            each step reads, its draft slots included (SGLang's per-step window CSR): segment ``z`` of step
+            ``s`` is the last ``keep = min(n_b + it, step_window)`` entries of its prefix then its ``it`` draft
+            slots (the prefix's tail, then the latest ``min(it, step_window)`` draft slots), and ``kv_indptr``
+            holds the sums of those widths (with ``positions``: of ``min(p + it, step_window)``).
 
     Args:
         req_to_token: int32 ``[R, C]``, last dim contiguous, any row stride.

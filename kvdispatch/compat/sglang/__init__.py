@@ -76,5 +76,6 @@ __all__ = [
 
 # The unified pool's packed read stream and the draft decode's sliding-window CSR.
 from .kernels.ops.kvcache.kv_read_table import build_kv_read_table_packed  # noqa: E402
+from .kernels.ops.speculative.cache_locs import generate_draft_decode_window_kv_indices  # noqa: E402
 
-__all__ += ["build_kv_read_table_packed"]
+__all__ += ["build_kv_read_table_packed", "generate_draft_decode_window_kv_indices"]

@@ -64,3 +64,53 @@ def _generate_draft_decode_kv_indices(launch_grid, req_pool_indices, req_to_toke
 
 
 generate_draft_decode_kv_indices = _Launch(_generate_draft_decode_kv_indices, "generate_draft_decode_kv_indices")
+
+
+# -- the per-step sliding-window draft CSR ------------------------------------------------------------------
+
+def _generate_draft_decode_window_kv_indices(launch_grid, req_pool_indices, req_to_token, paged_kernel_lens,
+                                             window_kv_indices, window_kv_indptr, positions, row_stride,
+                                             kv_indices_stride, kv_indptr_stride, bs_upper, iter_upper,
+                                             num_tokens_upper, page_size, window, ENTRY_PAGE_SIZE=1, v2p=None,
+                                             TRANSLATE=False):
+    """The multi-step draft's per-step sliding-window read CSR: every step in one launch.
+
+    Launched as ``generate_draft_decode_window_kv_indices[(steps, num_seqs, topk)](...)``. For step ``s``
+    (``it = s + 1`` draft tokens), request ``b`` and branch ``k``, row ``s`` of ``window_kv_indices`` gets the
+    last ``min(paged_kernel_lens[b] + it, window)`` of what the step attends: the prefix's tail, then the
+    branch's draft slots (as ``generate_draft_decode_kv_indices`` places them), segments back to back;
+    ``window_kv_indptr[s, z]`` for ``z`` in ``1 .. num_seqs * topk`` is ``sum(min(positions[:z] + it,
+    window))``, column 0 left untouched (``kvdispatch.create_draft_decode_kv_indices`` with ``step_window``).
+    Where ``positions`` differ from the lengths repeated ``topk`` times, the entries still follow
+    ``paged_kernel_lens`` (SGLang places them by ``positions``). ``ENTRY_PAGE_SIZE``, ``v2p`` and ``TRANSLATE``,
+    the strides and the block sizes: as for ``generate_draft_decode_kv_indices``. ``window`` at least 1. A grid
+    with a 0 launches nothing. Returns ``window_kv_indices``.
+    """
+    if launch_grid is None:
+        raise TypeError("generate_draft_decode_window_kv_indices takes its batch, branches and steps from the "
+                        "launch grid: call it as generate_draft_decode_window_kv_indices[(steps, num_seqs, topk)](...)")
+    _check_int("ENTRY_PAGE_SIZE", ENTRY_PAGE_SIZE, 1, MAX_PAGE_SIZE)
+    _check_int("window", window, 1, 2**31 - 1)
+    check_flag("TRANSLATE", TRANSLATE)
+    if TRANSLATE and v2p is None:
+        raise ValueError("TRANSLATE=True needs v2p")
+    steps, batch, topk = launch_grid
+    _check_int("grid[0]", steps, 0, DRAFT_MAX_STEPS)
+    _check_int("grid[2]", topk, 0, DRAFT_MAX_TOPK)
+    _check_stride("row_stride", row_stride, req_to_token, "req_to_token")
+    indptr = _as_rows(window_kv_indptr, kv_indptr_stride, "window_kv_indptr", "kv_indptr_stride")
+    out = _as_rows(window_kv_indices, kv_indices_stride, "window_kv_indices", "kv_indices_stride")
+    pool = _leading("req_pool_indices", req_pool_indices, batch)
+    lens = _leading("paged_kernel_lens", paged_kernel_lens, batch)
+    if topk == 0 or steps == 0:
+        return window_kv_indices  # no program launched
+    _common._build_draft_decode(req_to_token, pool, lens, indptr, out, num_steps=steps, topk=topk,
+                                page_size=page_size, positions=positions, v2p=v2p if TRANSLATE else None,
+                                write_indptr_start=False, round_toward_zero=True, entry_page_size=ENTRY_PAGE_SIZE,
+                                step_window=window)
+    return window_kv_indices
+
+
+generate_draft_decode_window_kv_indices = _Launch(_generate_draft_decode_window_kv_indices,
+                                                  "generate_draft_decode_window_kv_indices")
+__all__ += ["generate_draft_decode_window_kv_indices"]
