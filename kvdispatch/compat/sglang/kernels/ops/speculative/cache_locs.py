@@ -40,20 +40,13 @@ def _generate_draft_decode_kv_indices(launch_grid, req_pool_indices, req_to_toke
     if launch_grid is None:
         raise TypeError("generate_draft_decode_kv_indices takes its batch, branches and steps from the launch grid: "
                         "call it as generate_draft_decode_kv_indices[(steps, num_seqs, topk)](...)")
-    _check_int("ENTRY_PAGE_SIZE", ENTRY_PAGE_SIZE, 1, MAX_PAGE_SIZE)
-    check_flag("TRANSLATE", TRANSLATE)
-    if TRANSLATE and v2p is None:
-        raise ValueError("TRANSLATE=True needs v2p")
     _check_int("NUM_STEPS", NUM_STEPS, 0, DRAFT_MAX_STEPS)
     first, batch, topk = launch_grid
     if not NUM_STEPS:
         _check_int("grid[0]", first, 0, DRAFT_MAX_STEPS)  # the steps
-    _check_int("grid[2]", topk, 0, DRAFT_MAX_TOPK)
-    _check_stride("row_stride", row_stride, req_to_token, "req_to_token")
-    indptr = _as_rows(kv_indptr, kv_indptr_stride, "kv_indptr", "kv_indptr_stride")
-    out = _as_rows(kv_indices, kv_indices_stride, "kv_indices", "kv_indices_stride")
-    pool = _leading("req_pool_indices", req_pool_indices, batch)
-    lens = _leading("paged_kernel_lens", paged_kernel_lens, batch)
+    pool, lens, indptr, out = _draft_rows(launch_grid, req_pool_indices, req_to_token, paged_kernel_lens, kv_indices,
+                                          kv_indptr, row_stride, kv_indices_stride, kv_indptr_stride, ENTRY_PAGE_SIZE,
+                                          v2p, TRANSLATE, "")
     if topk == 0 or first == 0:
         return kv_indices  # no program launched
     _common._build_draft_decode(req_to_token, pool, lens, indptr, out, num_steps=NUM_STEPS or first, topk=topk,
@@ -89,19 +82,12 @@ def _generate_draft_decode_window_kv_indices(launch_grid, req_pool_indices, req_
     if launch_grid is None:
         raise TypeError("generate_draft_decode_window_kv_indices takes its batch, branches and steps from the "
                         "launch grid: call it as generate_draft_decode_window_kv_indices[(steps, num_seqs, topk)](...)")
-    _check_int("ENTRY_PAGE_SIZE", ENTRY_PAGE_SIZE, 1, MAX_PAGE_SIZE)
     _check_int("window", window, 1, 2**31 - 1)
-    check_flag("TRANSLATE", TRANSLATE)
-    if TRANSLATE and v2p is None:
-        raise ValueError("TRANSLATE=True needs v2p")
     steps, batch, topk = launch_grid
     _check_int("grid[0]", steps, 0, DRAFT_MAX_STEPS)
-    _check_int("grid[2]", topk, 0, DRAFT_MAX_TOPK)
-    _check_stride("row_stride", row_stride, req_to_token, "req_to_token")
-    indptr = _as_rows(window_kv_indptr, kv_indptr_stride, "window_kv_indptr", "kv_indptr_stride")
-    out = _as_rows(window_kv_indices, kv_indices_stride, "window_kv_indices", "kv_indices_stride")
-    pool = _leading("req_pool_indices", req_pool_indices, batch)
-    lens = _leading("paged_kernel_lens", paged_kernel_lens, batch)
+    pool, lens, indptr, out = _draft_rows(launch_grid, req_pool_indices, req_to_token, paged_kernel_lens,
+                                          window_kv_indices, window_kv_indptr, row_stride, kv_indices_stride,
+                                          kv_indptr_stride, ENTRY_PAGE_SIZE, v2p, TRANSLATE, "window_")
     if topk == 0 or steps == 0:
         return window_kv_indices  # no program launched
     _common._build_draft_decode(req_to_token, pool, lens, indptr, out, num_steps=steps, topk=topk,
@@ -109,6 +95,22 @@ def _generate_draft_decode_window_kv_indices(launch_grid, req_pool_indices, req_
                                 write_indptr_start=False, round_toward_zero=True, entry_page_size=ENTRY_PAGE_SIZE,
                                 step_window=window)
     return window_kv_indices
+
+
+def _draft_rows(launch_grid, req_pool_indices, req_to_token, paged_kernel_lens, kv_indices, kv_indptr, row_stride,
+                kv_indices_stride, kv_indptr_stride, entry_page_size, v2p, translate, prefix):
+    """The draft builders' shared checks (grid, strides, ``ENTRY_PAGE_SIZE``, ``TRANSLATE``) and their tensors as
+    the op takes them: ``(pool, lens, indptr, out)``; ``prefix``: what SGLang's names of the outputs start with."""
+    _check_int("ENTRY_PAGE_SIZE", entry_page_size, 1, MAX_PAGE_SIZE)
+    check_flag("TRANSLATE", translate)
+    if translate and v2p is None:
+        raise ValueError("TRANSLATE=True needs v2p")
+    _check_int("grid[2]", launch_grid[2], 0, DRAFT_MAX_TOPK)
+    _check_stride("row_stride", row_stride, req_to_token, "req_to_token")
+    indptr = _as_rows(kv_indptr, kv_indptr_stride, f"{prefix}kv_indptr", "kv_indptr_stride")
+    out = _as_rows(kv_indices, kv_indices_stride, f"{prefix}kv_indices", "kv_indices_stride")
+    return (_leading("req_pool_indices", req_pool_indices, launch_grid[1]),
+            _leading("paged_kernel_lens", paged_kernel_lens, launch_grid[1]), indptr, out)
 
 
 generate_draft_decode_window_kv_indices = _Launch(_generate_draft_decode_window_kv_indices,
