@@ -135,6 +135,8 @@ def test_packed_read_stream_argument_errors():
     common = (table, torch.zeros(2, dtype=torch.int64), torch.ones(2, dtype=torch.int64), torch.zeros(3))
     out = torch.full((4,), POISON, dtype=torch.int32)
     for options, error, name in ((dict(v2p=torch.arange(4), page_size=0), ValueError, "page_size"),
+                                 (dict(page_size=0), ValueError, "page_size"), (dict(page_size=True), TypeError,
+                                                                                "page_size"),
                                  (dict(v2p=torch.arange(4), page_size=2.0), TypeError, "page_size"),
                                  (dict(v2p=torch.arange(4).float()), TypeError, "v2p"),
                                  (dict(v2p=torch.arange(8)[::2]), ValueError, "v2p"),

@@ -103,9 +103,11 @@ def check_arguments(req_to_token, req_pool_indices, seq_lens, kv_indptr, out, kv
             start = _NOTHING if kv_start_idx is None else _index_span(kv_start_idx, device, batch_shape)
             if (table and written and pool and lens and indptr and start
                     and _apart(written, (table, pool, lens, indptr, start))):
-                if entry_page_size is _ENTRY_PAGE_SIZE_DEFAULT and token_mapping is None and v2p is None:
+                if (entry_page_size is _ENTRY_PAGE_SIZE_DEFAULT and token_mapping is None and v2p is None
+                        and page_size is _ENTRY_PAGE_SIZE_DEFAULT):
                     return device
-                if _small_int(entry_page_size, 1, MAX_PAGE_SIZE) and v2p is None:
+                if _small_int(entry_page_size, 1, MAX_PAGE_SIZE) and v2p is None and _small_int(page_size, 1,
+                                                                                                 MAX_PAGE_SIZE):
                     if token_mapping is None:
                         return device
                     mapping = _mapping_span(token_mapping, device)

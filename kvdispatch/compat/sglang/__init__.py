@@ -12,7 +12,7 @@ kvdispatch.compat.sglang.kernels.ops.attention.kv_indices import X``); every nam
 * ``kernels.ops.attention.dcp_kernels``: one decode-context-parallel rank's token CSR and MLA block table;
 * ``kernels.ops.kvcache.kv_read_table``: the unified pool's read table (``build_kv_read_table``) and its packed
   token stream (``build_kv_read_table_packed``);
-* ``kernels.ops.speculative.cache_locs``: the multi-step draft decode indices;
+* ``kernels.ops.speculative.cache_locs``: the multi-step draft decode indices and their per-step window CSR;
 * ``srt.layers.dcp.layout``: ``get_dcp_lens``; ``srt.speculative.spec_utils``: the draft buffer sizing helpers.
 
 Builders SGLang calls as Triton kernels are called the same way, ``builder[grid](...)``, or directly. The row
