@@ -182,6 +182,9 @@ def draft_options(cpu, dtype, device, g):
     v2p[:3] = torch.tensor([I64_MIN, I64_MAX, -1])
     yield dict(name="v2p", width=width, v2p=v2p)
     yield dict(name="window", width=width, window_size=5, sink_size=3, out_dtype=torch.int32)
+    yield dict(name="entry-pages", width=width * 4, v2p=v2p, entry_page_size=16)  # a page-granular table
+    yield dict(name="step-window", width=width, positions=positions, step_window=7)
+    yield dict(name="step-window-wide", width=width // 3, v2p=v2p, entry_page_size=4, step_window=2**31 - 1)
 
 
 def storage_calls(device, g):
@@ -300,17 +303,19 @@ def run(device, backends, verbose, shard=(0, 1)):
             ((out, expected), (seq_out, expected_seq)))
 
     def token_csr_case(what, data, cpu, indptr, total, with_start, out_dtype=torch.int32, entry_page_size=1,
-                       token_mapping=None):
+                       token_mapping=None, v2p=None, page_size=1):
         if not selected():
             return
         flat = torch.full((total,), POISON, dtype=out_dtype, device=device)
         expected = flat.cpu().clone()
         start, start_cpu = (data["start"], cpu["start"]) if with_start else (None, None)
         ops.token_csr.reference(cpu["table"], cpu["pool"], cpu["lens"], indptr, expected, start_cpu,
-                                      entry_page_size, None if token_mapping is None else token_mapping.cpu())
+                                      entry_page_size, None if token_mapping is None else token_mapping.cpu(),
+                                      None if v2p is None else v2p.cpu(), page_size)
         launch_and_check(what, lambda: kvdispatch.create_flashinfer_kv_indices(
             data["table"], data["pool"], data["lens"], indptr.to(data["pool"].dtype).to(device), flat,
-            kv_start_idx=start, entry_page_size=entry_page_size, token_mapping=token_mapping, backend=backend),
+            kv_start_idx=start, entry_page_size=entry_page_size, token_mapping=token_mapping, v2p=v2p,
+            page_size=page_size, backend=backend),
             ((flat, expected),))
 
     def mapped_case(what, op, data, cpu, page_size, lookup, **options):
@@ -337,14 +342,15 @@ def run(device, backends, verbose, shard=(0, 1)):
         launch_and_check(what, launch, tuple(zip(outs, expected)))
 
     def draft_decode_case(what, data, cpu, page_size, width, positions=None, v2p=None, window_size=0, sink_size=0,
-                          out_dtype=torch.int64):
+                          out_dtype=torch.int64, entry_page_size=1, step_window=0):
         if not selected():
             return
         steps, topk = 3, 2
         out = torch.full((steps, width), POISON, dtype=out_dtype, device=device)
         indptr = torch.full((steps, BATCH * topk + 1), POISON, dtype=torch.int32, device=device)
         expected, expected_indptr = out.cpu().clone(), indptr.cpu().clone()
-        options = dict(num_steps=steps, topk=topk, page_size=page_size, window_size=window_size, sink_size=sink_size)
+        options = dict(num_steps=steps, topk=topk, page_size=page_size, window_size=window_size, sink_size=sink_size,
+                       entry_page_size=entry_page_size, step_window=step_window)
         ops.draft_decode.reference(cpu["table"], cpu["pool"], cpu["lens"], expected_indptr, expected,
                                              positions=positions, v2p=v2p, **options)
         launch_and_check(what, lambda: kvdispatch.create_draft_decode_kv_indices(
@@ -468,6 +474,16 @@ def run(device, backends, verbose, shard=(0, 1)):
                                        f"{spoil[0]} {layout} mapping={None if mapping is None else mapping.shape[0]} "
                                        f"out={str(out_dtype)[6:]}", data, cpu, indptr, total, True, out_dtype,
                                        entry_page_size, mapping)
+        for page_size, dtype in itertools.product(MAPPED_PAGE_SIZES, (torch.int32, torch.int64)):  # through v2p
+            lookups = hostile_mappings(page_size, device, g)[1:]
+            for spoil in hostile_requests(BATCH + 3, 5 * page_size + 7, dtype == torch.int64):
+                data, rows, cols = make(page_size, dtype, device, g, spoil)
+                cpu = {k: v.cpu() for k, v in data.items()}
+                for (layout, indptr, total), v2p, out_dtype in itertools.product(
+                        csr_layouts(data, cols, dtype, device, g), lookups, (torch.int32, torch.int64)):
+                    token_csr_case(f"{backend} token_csr v2p={v2p.shape[0]} page={page_size} {str(dtype)[6:]} "
+                                   f"{spoil[0]} {layout} out={str(out_dtype)[6:]}", data, cpu, indptr, total, True,
+                                   out_dtype, v2p=v2p, page_size=page_size)
         for page_size, dtype in itertools.product(MAPPED_PAGE_SIZES, (torch.int32, torch.int64)):
             lookups = hostile_mappings(page_size, device, g)
             for spoil in hostile_requests(BATCH + 3, 5 * page_size + 7, dtype == torch.int64):
@@ -489,6 +505,10 @@ def run(device, backends, verbose, shard=(0, 1)):
                                 f"v2p={v2p.shape[0]} multiplier={multiplier} delta={delta}", "translated", tables,
                                 cpu, page_size, v2p, multiplier=multiplier, max_pages=None if multiplier == 1 else 3,
                                 seq_len_delta=delta)
+                for v2p, delta in itertools.product(lookups[1:3], deltas):  # a fill: SGLang's zero tail
+                    mapped_case(f"{backend} translated_page_table page={page_size} {str(dtype)[6:]} {spoil[0]} "
+                                f"v2p={v2p.shape[0]} delta={delta} fill", "translated", tables, cpu, page_size, v2p,
+                                max_pages=4, seq_len_delta=delta, fill_value=0)
         for page_size, dtype in itertools.product(DRAFT_PAGE_SIZES, (torch.int32, torch.int64)):
             for spoil in hostile_requests(BATCH + 3, 5 * page_size + 7, dtype == torch.int64):
                 if spoil[3] is not None:

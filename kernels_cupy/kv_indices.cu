@@ -50,8 +50,8 @@ struct alignas(16) kv_vec4 {
 #define KV_ROUND_TOWARD_ZERO 2048  // page table: divide negative slots rounding toward zero (else floor)
 #define KV_POSITIONS 4096        // draft decode: positions is given (it drives kv_indptr)
 #define KV_WIDE_POSITIONS 8192   // draft decode: positions is int64
-#define KV_V2P 16384             // draft decode: v2p is given (every value is translated)
-#define KV_WIDE_V2P 32768        // draft decode: v2p is int64
+#define KV_V2P 16384             // draft decode, token CSR: v2p is given (every value is translated)
+#define KV_WIDE_V2P 32768        // draft decode, token CSR: v2p is int64
 #define KV_INDPTR_START 65536    // draft decode: write kv_indptr[s, 0] = 0
 
 // A launcher may compile one specialisation: -DKV_FLAGS=<flags> (and -DKV_PAGE_SIZE=<page size>,
@@ -242,6 +242,17 @@ __device__ inline kv_i64 kv_token_value(const int* __restrict__ row, kv_i64 q, k
     return v;
 }
 
+// The unified pool's token id at position q >= 0 of a row: the slot t opening q's page (P = page_size), its
+// virtual page v = t < 0 ? 0 : t / P and max(v2p[v], 0) * P + q % P (entry 0 for v >= v2p_len), the low 64 bits.
+__device__ inline kv_i64 kv_page_translated(const int* __restrict__ row, kv_i64 q, const void* __restrict__ v2p,
+                                            kv_i64 v2p_len, kv_i64 page_size, bool wide_v2p) {
+    const kv_i64 within = q % page_size;
+    const int slot = row[q - within];
+    const kv_i64 page = slot < 0 ? 0 : slot / page_size;
+    const kv_i64 entry = page < v2p_len ? kv_max(kv_load_index(v2p, page, wide_v2p), 0) : 0;
+    return (kv_i64)((kv_u64)entry * (kv_u64)page_size + (kv_u64)within);
+}
+
 // What a CSR kernel loads of its row b: pool index, length, start (0 without KV_START) and first target position
 // (index vectors may be strided views; strides in elements). The loads are independent: issued together.
 struct kv_csr_row {
@@ -277,15 +288,22 @@ __device__ inline bool kv_row_tokens(kv_i64 offset, kv_i64 count, kv_i64 out_len
 // Index vectors may be strided views (strides in elements).
 // Options (the parameters after `flags`): with E = entry_page_size above 1 a row has C * E positions and
 // position q writes kv_token_value; KV_MAPPING maps each value through token_mapping ([mapping_len],
-// contiguous); KV_WIDE_OUT writes an int64 out (else the value's low 32 bits into an int32 one).
+// contiguous); KV_WIDE_OUT writes an int64 out (else the value's low 32 bits into an int32 one); KV_V2P (E 1,
+// no mapping) writes the unified pool's translated id, kv_page_translated (P = page_size, KV_PAGE_SIZE when
+// specialised).
 extern "C" __global__ void kv_token_csr(
     const int* __restrict__ table, kv_i64 rows, kv_i64 cols, kv_i64 table_stride,
     const void* __restrict__ req_pool_indices, kv_i64 pool_stride, const void* __restrict__ seq_lens,
     kv_i64 lens_stride, const void* __restrict__ kv_start_idx, kv_i64 start_stride,
     const void* __restrict__ kv_indptr, kv_i64 indptr_stride, void* __restrict__ out, kv_i64 out_len,
     kv_i64 items, kv_i64 flags, kv_i64 entry_page_size_arg, const void* __restrict__ token_mapping,
-    kv_i64 mapping_len) {
+    kv_i64 mapping_len, const void* __restrict__ v2p, kv_i64 v2p_len, kv_i64 page_size_arg) {
     KV_GRID_WAIT();
+#ifdef KV_PAGE_SIZE
+    const kv_i64 page_size = KV_PAGE_SIZE;
+#else
+    const kv_i64 page_size = page_size_arg;
+#endif
 #ifdef KV_ENTRY_PAGE_SIZE
     const kv_i64 entry_page_size = KV_ENTRY_PAGE_SIZE;  // a compile-time entry page size: divisions fold
 #else
@@ -303,8 +321,8 @@ extern "C" __global__ void kv_token_csr(
     const kv_i64 count = readable ? kv_min(kv_max(length, 0), positions - start) : 0;
     kv_i64 row_lo, row_hi;
     if (!kv_row_tokens(offset, count, out_len, &row_lo, &row_hi)) return;
-    const bool mapped = KV_HAS(KV_MAPPING), wide_out = KV_HAS(KV_WIDE_OUT);
-    const bool copy = entry_page_size == 1 && !mapped && !wide_out;
+    const bool mapped = KV_HAS(KV_MAPPING), wide_out = KV_HAS(KV_WIDE_OUT), translated = KV_HAS(KV_V2P);
+    const bool copy = entry_page_size == 1 && !mapped && !wide_out && !translated;
     const int* row = table + pool * table_stride;
     for (kv_i64 lo = row_lo + first; lo < row_hi; lo += step) {  // the block of tokens [lo, hi)
         const kv_i64 hi = kv_min(lo + items, row_hi);
@@ -313,8 +331,10 @@ extern "C" __global__ void kv_token_csr(
             continue;
         }
         for (kv_i64 j = lo + threadIdx.x; j < hi; j += blockDim.x) {
-            const kv_i64 v = kv_token_value(row, start + j, entry_page_size, token_mapping, mapping_len, mapped,
-                                            KV_HAS(KV_WIDE_MAPPING));
+            const kv_i64 v = translated
+                ? kv_page_translated(row, start + j, v2p, v2p_len, page_size, KV_HAS(KV_WIDE_V2P))
+                : kv_token_value(row, start + j, entry_page_size, token_mapping, mapping_len, mapped,
+                                 KV_HAS(KV_WIDE_MAPPING));
             if (wide_out) ((kv_i64*)out)[offset + j] = v;
             else ((int*)out)[offset + j] = (int)(kv_u64)v;  // the low 32 bits, as Tensor.to(torch.int32)
         }
@@ -399,22 +419,28 @@ extern "C" __global__ void kv_mha_page_table(
 
 // t = table[pool_b, c * page_size]; v = t < 0 ? 0 : t / page_size; out[b, c] = min(max(v2p[v] * multiplier, 0),
 // 2**31 - 1), exact (0 for v >= v2p_len), for c < columns with c * page_size below min(seq_lens[b] +
-// seq_len_delta, cols). Everything else is left untouched.
+// seq_len_delta, cols); with KV_FILL, fill_value in the row's other columns below `columns`. Everything else
+// is left untouched.
 extern "C" __global__ void kv_translated_page_table(
     const int* __restrict__ table, const void* __restrict__ req_pool_indices, const void* __restrict__ seq_lens,
     const void* __restrict__ v2p, int* __restrict__ out, kv_i64 rows, kv_i64 cols, kv_i64 table_stride,
     kv_i64 columns, kv_i64 out_stride, kv_i64 v2p_len, kv_i64 multiplier, kv_i64 seq_len_delta, kv_i64 pool_stride,
-    kv_i64 lens_stride, kv_i64 items, kv_i64 page_size_arg, kv_i64 flags) {
+    kv_i64 lens_stride, kv_i64 items, kv_i64 page_size_arg, kv_i64 fill_value, kv_i64 flags) {
     KV_GRID_WAIT();
     const kv_i64 page_size = kv_specialised_page_size(page_size_arg), b = blockIdx.x;
     const kv_mapped_row r = kv_mapped_row_of(req_pool_indices, pool_stride, seq_lens, lens_stride, rows, cols,
                                              seq_len_delta, items, flags);
     const kv_i64 limit = r.limit, step = kv_row_programs(KV_HAS(KV_FOLDED_GRID)) * items;
     const kv_i64 bound = 0x80000000LL;  // 2**31: |physical| and |multiplier| at most this, the product exact
-    for (kv_i64 first = r.first; first < columns && first * page_size < limit; first += step) {
+    const bool fill = KV_HAS(KV_FILL);
+    for (kv_i64 first = r.first; first < columns && (fill || first * page_size < limit); first += step) {
         const kv_i64 last = kv_min(first + items, columns);
         const int* row = table + r.pool * table_stride;
-        for (kv_i64 c = first + threadIdx.x; c < last && c * page_size < limit; c += blockDim.x) {
+        for (kv_i64 c = first + threadIdx.x; c < last && (fill || c * page_size < limit); c += blockDim.x) {
+            if (c * page_size >= limit) {  // only with KV_FILL
+                out[b * out_stride + c] = (int)fill_value;
+                continue;
+            }
             const int token = row[c * page_size];
             const kv_i64 page = token < 0 ? 0 : token / page_size;
             kv_i64 physical = page < v2p_len ? kv_load_index(v2p, page, KV_HAS(KV_WIDE_MAPPING)) : 0;
@@ -484,7 +510,7 @@ __device__ inline kv_i64 kv_counted_sum(const void* __restrict__ values, kv_i64 
 
 // A table value as out stores it: with v2p, v2p[x / P] * P + x % P (the low 64 bits of the exact value) for
 // x >= 0 whose page lies inside v2p with a non-negative entry, else 0.
-__device__ inline kv_i64 kv_draft_value(int x, kv_i64 page_size, const void* __restrict__ v2p, kv_i64 v2p_len,
+__device__ inline kv_i64 kv_draft_value(kv_i64 x, kv_i64 page_size, const void* __restrict__ v2p, kv_i64 v2p_len,
                                         bool translate, bool wide_v2p) {
     if (!translate) return x;
     if (x < 0) return 0;
@@ -506,17 +532,26 @@ __device__ inline kv_i64 kv_segment_offset(kv_i64 base, kv_i64 segments_before, 
     return kv_min(base + segments_before * it + branch * (count + it), limit);
 }
 
+// The value at position q >= 0 of a table row: row[q], or with E = entry_page_size above 1 (a page-granular
+// table) row[q / E] * E + q % E in 64 bits.
+__device__ inline kv_i64 kv_draft_entry(const int* __restrict__ row, kv_i64 q, kv_i64 entry_page_size) {
+    if (entry_page_size == 1) return row[q];
+    const kv_i64 entry = q / entry_page_size;
+    return (kv_i64)row[entry] * entry_page_size + (q - entry * entry_page_size);
+}
+
 // One pass of a thread's prefix tokens i = i0 + k * threads (k < kv_draft_unroll) below `last`: token i reads
-// position q = i below the sink, i + shift past it (the window), if q < cols.
+// position q = i below the sink, i + shift past it (the window), if q < cols (the row's positions).
 __device__ inline void kv_draft_load_pass(const int* __restrict__ row, kv_i64 i0, kv_i64 threads, kv_i64 last,
                                           kv_i64 sink_tokens, kv_i64 shift, kv_i64 cols, kv_i64 page_size,
-                                          const void* __restrict__ v2p, kv_i64 v2p_len, bool translate,
-                                          bool wide_v2p, kv_i64* value, bool* present) {
+                                          kv_i64 entry_page_size, const void* __restrict__ v2p, kv_i64 v2p_len,
+                                          bool translate, bool wide_v2p, kv_i64* value, bool* present) {
 #pragma unroll
     for (int k = 0; k < kv_draft_unroll; ++k) {
         const kv_i64 i = i0 + k * threads, q = i < sink_tokens ? i : i + shift;
         present[k] = i < last && q < cols;
-        value[k] = present[k] ? kv_draft_value(row[q], page_size, v2p, v2p_len, translate, wide_v2p) : 0;
+        value[k] = present[k] ? kv_draft_value(kv_draft_entry(row, q, entry_page_size), page_size, v2p, v2p_len,
+                                               translate, wide_v2p) : 0;
     }
 }
 
@@ -526,9 +561,15 @@ extern "C" __global__ void kv_draft_decode(
     kv_i64 lens_stride, void* __restrict__ kv_indptr, kv_i64 indptr_stride, void* __restrict__ out,
     kv_i64 out_width, kv_i64 out_stride, kv_i64 num_steps, kv_i64 topk, kv_i64 cap, kv_i64 sink, kv_i64 limit,
     kv_i64 items, kv_i64 flags, kv_i64 page_size_arg, const void* __restrict__ positions, kv_i64 positions_stride,
-    const void* __restrict__ v2p, kv_i64 v2p_len) {
+    const void* __restrict__ v2p, kv_i64 v2p_len, kv_i64 entry_page_size_arg, kv_i64 step_window) {
     KV_GRID_WAIT();
     const kv_i64 page_size = kv_specialised_page_size(page_size_arg);
+#ifdef KV_ENTRY_PAGE_SIZE
+    const kv_i64 entry_page_size = KV_ENTRY_PAGE_SIZE;
+#else
+    const kv_i64 entry_page_size = entry_page_size_arg;
+#endif
+    cols *= entry_page_size;  // from here on, the row's positions (exact: no table has 2**51 columns)
     const kv_i64 segment = blockIdx.x;
     const kv_i64 request = segment / topk, branch = segment - request * topk;
     const kv_i64 first = kv_row_program(KV_HAS(KV_FOLDED_GRID)) * items;
@@ -554,17 +595,58 @@ extern "C" __global__ void kv_draft_decode(
     kv_i64 i0 = first + threadIdx.x;
     kv_i64 value[kv_draft_unroll];
     bool present[kv_draft_unroll];
-    kv_draft_load_pass(row, i0, threads, last, sink_tokens, shift, cols, page_size, v2p, v2p_len, translate,
-                       wide_v2p, value, present);
+    kv_draft_load_pass(row, i0, threads, last, sink_tokens, shift, cols, page_size, entry_page_size, v2p, v2p_len,
+                       translate, wide_v2p, value, present);
     const kv_i64 floor_remainder = (length % page_size + page_size) % page_size;
     const kv_i64 remainder = KV_HAS(KV_ROUND_TOWARD_ZERO) && length < 0 && floor_remainder != 0
                                  ? floor_remainder - page_size : floor_remainder;
     const kv_i64 slot_start = length + branch * ((remainder + num_steps + page_size - 1) / page_size * page_size);
+    if (step_window > 0) {
+        // The per-step window over the prefix and the draft slots: step it keeps min(count + it, step_window)
+        // entries, the prefix's tail then the latest min(it, step_window) draft slots; the widths of the earlier
+        // segments are saturated sums, as min(n + it, V) = min(n, V - it) + min(it, V) for n, it >= 0.
+        for (kv_i64 it = 1; it <= num_steps; ++it) {
+            const kv_i64 chain = kv_min(it, step_window), room = kv_max(step_window - it, 0);
+            const kv_i64 before = kv_min(kv_counted_sum(seq_lens, lens_stride, request, room, limit,
+                                                        KV_HAS(KV_WIDE_LENS)) + request * chain, limit);
+            const kv_i64 keep = kv_min(count + it, step_window), tail = keep - chain;
+            const kv_i64 offset = kv_min(before * topk + branch * keep, limit);
+            const kv_i64 tail_end = row_readable ? kv_min(kv_min(tail, kv_max(out_width - offset, 0)),
+                                                          kv_max(cols - length + tail, 0)) : 0;
+            for (kv_i64 lo = first; lo < tail_end; lo += step) {
+                for (kv_i64 e = lo + threadIdx.x; e < kv_min(lo + items, tail_end); e += threads) {
+                    const kv_i64 q = length - tail + e;
+                    if (q < 0) continue;
+                    kv_store_index(out, (it - 1) * out_stride + offset + e, kv_draft_value(kv_draft_entry(row, q, entry_page_size),
+                                                                       page_size, v2p, v2p_len, translate, wide_v2p),
+                                   wide_out);
+                }
+            }
+            if (!leads) continue;
+            for (kv_i64 j = threadIdx.x; row_readable && j < chain; j += threads) {
+                const kv_i64 q = slot_start + it - chain + j, column = offset + tail + j;
+                if (q < 0 || q >= cols || column >= out_width) continue;
+                kv_store_index(out, (it - 1) * out_stride + column, kv_draft_value(kv_draft_entry(row, q, entry_page_size), page_size,
+                                                               v2p, v2p_len, translate, wide_v2p), wide_out);
+            }
+            if (threadIdx.x != 0) continue;
+            const kv_i64 end = KV_HAS(KV_POSITIONS)
+                                   ? kv_min(kv_counted_sum(positions, positions_stride, segment + 1, room, limit,
+                                                           KV_HAS(KV_WIDE_POSITIONS)) + (segment + 1) * chain, limit)
+                                   : kv_min(offset + keep, limit);
+            kv_store_index(kv_indptr, (it - 1) * indptr_stride + segment + 1, end, KV_HAS(KV_WIDE_INDPTR));
+            if (segment == 0 && KV_HAS(KV_INDPTR_START))
+                kv_store_index(kv_indptr, (it - 1) * indptr_stride, 0, KV_HAS(KV_WIDE_INDPTR));
+        }
+        KV_GRID_RELEASE();
+        return;
+    }
     const bool slots_read = leads && row_readable;
     const kv_i64 own_slot = slot_start + threadIdx.x;
     const bool own_slot_read = slots_read && threadIdx.x < num_steps && own_slot >= 0 && own_slot < cols;
     const kv_i64 own_slot_value =
-        own_slot_read ? kv_draft_value(row[own_slot], page_size, v2p, v2p_len, translate, wide_v2p) : 0;
+        own_slot_read ? kv_draft_value(kv_draft_entry(row, own_slot, entry_page_size), page_size, v2p, v2p_len,
+                                       translate, wide_v2p) : 0;
 
     const kv_i64 base = kv_min(kv_counted_sum(seq_lens, lens_stride, request, cap, limit, KV_HAS(KV_WIDE_LENS)) * topk,
                                limit);
@@ -585,15 +667,16 @@ extern "C" __global__ void kv_draft_decode(
             i0 = block + threadIdx.x;
             last = kv_min(block + items, end);
         }
-        kv_draft_load_pass(row, i0, threads, last, sink_tokens, shift, cols, page_size, v2p, v2p_len, translate,
-                           wide_v2p, value, present);
+        kv_draft_load_pass(row, i0, threads, last, sink_tokens, shift, cols, page_size, entry_page_size, v2p,
+                           v2p_len, translate, wide_v2p, value, present);
     }
     if (!leads) return;
     for (kv_i64 j = threadIdx.x; slots_read && j < num_steps; j += threads) {
         const kv_i64 position = slot_start + j;
         if (position < 0 || position >= cols) continue;
         const kv_i64 v = j == threadIdx.x ? own_slot_value
-                                          : kv_draft_value(row[position], page_size, v2p, v2p_len, translate, wide_v2p);
+                                          : kv_draft_value(kv_draft_entry(row, position, entry_page_size), page_size,
+                                                           v2p, v2p_len, translate, wide_v2p);
         for (kv_i64 it = j + 1; it <= num_steps; ++it) {
             const kv_i64 column = kv_segment_offset(base, segments_before, branch, count, it, limit) + count + j;
             if (column < out_width) kv_store_index(out, (it - 1) * out_stride + column, v, wide_out);

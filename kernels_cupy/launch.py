@@ -131,7 +131,7 @@ def page_table_call(req_to_token, req_pool_indices, seq_lens, out, page_size, kv
 
 
 def token_csr_call(req_to_token, req_pool_indices, seq_lens, kv_indptr, out, kv_start_idx=None, entry_page_size=1,
-                   token_mapping=None) -> KernelCall | None:
+                   token_mapping=None, v2p=None, page_size=1) -> KernelCall | None:
     """The ``kv_token_csr`` launch for ``kvdispatch.ops.token_csr.reference``'s arguments, or None
     when there is nothing to do."""
     batch, total = req_pool_indices.shape[0], out.shape[0]
@@ -141,13 +141,16 @@ def token_csr_call(req_to_token, req_pool_indices, seq_lens, kv_indptr, out, kv_
     flags = (_wide(req_pool_indices, WIDE_POOL) | _wide(seq_lens, WIDE_LENS) | _wide(kv_start_idx, WIDE_START)
              | _wide(kv_indptr, WIDE_INDPTR) | (START if kv_start_idx is not None else 0) | _folded(launch)
              | _wide(out, WIDE_OUT) | (MAPPING if token_mapping is not None else 0)
-             | _wide(token_mapping, WIDE_MAPPING))
+             | _wide(token_mapping, WIDE_MAPPING) | (V2P | _wide(v2p, WIDE_V2P) if v2p is not None else 0))
     args = _table_args(req_to_token) + (
         req_pool_indices, req_pool_indices.stride(0), seq_lens, seq_lens.stride(0), kv_start_idx,
         _stride(kv_start_idx), kv_indptr, kv_indptr.stride(0), out, total, launch.items_per_program, flags,
-        entry_page_size, token_mapping, 0 if token_mapping is None else token_mapping.shape[0])
+        entry_page_size, token_mapping, 0 if token_mapping is None else token_mapping.shape[0], v2p,
+        0 if v2p is None else v2p.shape[0], page_size)
     defines = (("KV_FLAGS", flags),) if entry_page_size == 1 else (("KV_FLAGS", flags),
                                                                   ("KV_ENTRY_PAGE_SIZE", entry_page_size))
+    if v2p is not None:
+        defines += (("KV_PAGE_SIZE", page_size),)
     return _kernel_call(TOKEN_CSR_KERNEL, defines, launch, args)
 
 
@@ -176,7 +179,7 @@ def mha_page_table_call(req_to_token, req_pool_indices, seq_lens, page_table, pa
 
 
 def translated_page_table_call(req_to_token, req_pool_indices, seq_lens, v2p, out, page_size, multiplier=1,
-                               max_pages=None, seq_len_delta=0) -> KernelCall | None:
+                               max_pages=None, seq_len_delta=0, fill_value=None) -> KernelCall | None:
     """The ``kv_translated_page_table`` launch for ``kvdispatch.ops.translated_page_table.reference``'s
     arguments, or None when there is nothing to do."""
     columns = out.shape[1] if max_pages is None else min(max_pages, out.shape[1])
@@ -184,11 +187,11 @@ def translated_page_table_call(req_to_token, req_pool_indices, seq_lens, v2p, ou
     if launch.grid[0] == 0:
         return None
     flags = (_wide(req_pool_indices, WIDE_POOL) | _wide(seq_lens, WIDE_LENS) | _folded(launch)
-             | _wide(v2p, WIDE_MAPPING))
+             | _wide(v2p, WIDE_MAPPING) | (FILL if fill_value is not None else 0))
     rows, cols = req_to_token.shape
     args = (req_to_token, req_pool_indices, seq_lens, v2p, out, rows, cols, req_to_token.stride(0), columns,
             out.stride(0), v2p.shape[0], multiplier, seq_len_delta, req_pool_indices.stride(0), seq_lens.stride(0),
-            launch.items_per_program, page_size, flags)
+            launch.items_per_program, page_size, fill_value or 0, flags)
     defines = (("KV_PAGE_SIZE", page_size), ("KV_FLAGS", flags))
     return _kernel_call(TRANSLATED_PAGE_TABLE_KERNEL, defines, launch, args)
 
@@ -217,11 +220,11 @@ def build_page_table(req_to_token, req_pool_indices, seq_lens, out, page_size, k
 
 
 def build_token_indices(req_to_token, req_pool_indices, seq_lens, kv_indptr, out, kv_start_idx=None,
-                        entry_page_size=1, token_mapping=None, pdl=False):
+                        entry_page_size=1, token_mapping=None, v2p=None, page_size=1, pdl=False):
     """Token-level CSR indices; semantics of ``kvdispatch.create_flashinfer_kv_indices``; ``pdl`` as for
     ``build_page_table``. Returns ``out``."""
     return _launched(token_csr_call(req_to_token, req_pool_indices, seq_lens, kv_indptr, out, kv_start_idx,
-                                    entry_page_size, token_mapping), req_to_token.device, out, pdl)
+                                    entry_page_size, token_mapping, v2p, page_size), req_to_token.device, out, pdl)
 
 
 def build_mha_page_table(req_to_token, req_pool_indices, seq_lens, page_table, page_size, swa_page_table=None,
@@ -234,24 +237,26 @@ def build_mha_page_table(req_to_token, req_pool_indices, seq_lens, page_table, p
 
 
 def build_translated_page_table(req_to_token, req_pool_indices, seq_lens, v2p, out, page_size, multiplier=1,
-                                max_pages=None, seq_len_delta=0, pdl=False):
+                                max_pages=None, seq_len_delta=0, fill_value=None, pdl=False):
     """Translated page table; semantics of ``kvdispatch.create_translated_page_table``; ``pdl`` as for
     ``build_page_table``. Returns ``out``."""
     return _launched(translated_page_table_call(req_to_token, req_pool_indices, seq_lens, v2p, out, page_size,
-                                                multiplier, max_pages, seq_len_delta), req_to_token.device, out, pdl)
+                                                multiplier, max_pages, seq_len_delta, fill_value),
+                     req_to_token.device, out, pdl)
 
 
 
 def draft_decode_call(req_to_token, req_pool_indices, seq_lens, kv_indptr, out, num_steps, topk, page_size=1,
                       positions=None, window_size=0, sink_size=0, v2p=None, write_indptr_start=True,
-                      round_toward_zero=False) -> KernelCall | None:
+                      round_toward_zero=False, entry_page_size=1, step_window=0) -> KernelCall | None:
     """The ``kv_draft_decode`` launch for ``kvdispatch.ops.draft_decode.reference``'s arguments, or
     None when there is nothing to do."""
     if num_steps == 0:
         return None
     rows, cols = req_to_token.shape
     width = out.shape[1]
-    launch = _draft_decode_launch(req_pool_indices.shape[0] * topk, cols, width, budget=_budget(out))
+    launch = _draft_decode_launch(req_pool_indices.shape[0] * topk, cols * entry_page_size, width,
+                                  budget=_budget(out))
     if launch.grid[0] == 0:
         return None
     cap = draft_prefix_cap(window_size, sink_size)
@@ -263,19 +268,21 @@ def draft_decode_call(req_to_token, req_pool_indices, seq_lens, kv_indptr, out, 
         req_pool_indices, req_pool_indices.stride(0), seq_lens, seq_lens.stride(0), kv_indptr, kv_indptr.stride(0), out,
         width, out.stride(0), num_steps, topk, cap, min(sink_size, cap) if window_size > 0 else cap,
         grid.DRAFT_OFFSET_LIMIT, launch.items_per_program, flags, page_size, positions, _stride(positions), v2p,
-        0 if v2p is None else v2p.shape[0])
-    defines = (("KV_FLAGS", flags), ("KV_PAGE_SIZE", page_size))
+        0 if v2p is None else v2p.shape[0], entry_page_size, step_window)
+    defines = (("KV_FLAGS", flags), ("KV_PAGE_SIZE", page_size), ("KV_ENTRY_PAGE_SIZE", entry_page_size))
     return _kernel_call(DRAFT_DECODE_KERNEL, defines, launch, args)
 
 
 def build_draft_decode_indices(req_to_token, req_pool_indices, seq_lens, kv_indptr, out, num_steps, topk,
                                page_size=1, positions=None, window_size=0, sink_size=0, v2p=None,
-                               write_indptr_start=True, round_toward_zero=False, pdl=False):
+                               write_indptr_start=True, round_toward_zero=False, entry_page_size=1, step_window=0,
+                               pdl=False):
     """Every draft step's token CSR in one launch; semantics of ``kvdispatch.create_draft_decode_kv_indices``;
     ``pdl`` as for ``build_page_table``. Returns ``out``."""
     return _launched(draft_decode_call(req_to_token, req_pool_indices, seq_lens, kv_indptr, out, num_steps, topk,
                                        page_size, positions, window_size, sink_size, v2p, write_indptr_start,
-                                       round_toward_zero), req_to_token.device, out, pdl)
+                                       round_toward_zero, entry_page_size, step_window), req_to_token.device, out,
+                     pdl)
 
 
 def _rounding(round_toward_zero: bool) -> int:

@@ -31,11 +31,11 @@ from . import native
 PARAMETERS = ("table_ptr", "pool_ptr", "lens_ptr", "indptr_ptr", "out_ptr", "table_rows", "table_cols",
               "table_row_stride", "out_width", "out_row_stride", "indptr_row_stride", "pool_stride", "lens_stride",
               "num_steps", "topk", "cap", "sink", "write_indptr_start", "round_toward_zero", "positions_ptr",
-              "positions_stride", "v2p_ptr", "v2p_len")
+              "positions_stride", "v2p_ptr", "v2p_len", "step_window")
 POINTERS = tuple(name for name in PARAMETERS if name.endswith("_ptr"))
 RUNTIME_INTS = tuple(name for name in PARAMETERS if not name.endswith("_ptr"))
 CONSTEXPRS = ("TOKENS_PER_PROGRAM", "SUM_BLOCK", "SLOT_BLOCK", "PAGE_SIZE", "OFFSET_LIMIT", "HAS_POSITIONS",
-              "HAS_V2P", "FOLDED_GRID", "PDL")
+              "HAS_V2P", "FOLDED_GRID", "ENTRY_PAGE_SIZE", "HAS_STEP_WINDOW", "PDL")
 # Draft slots loaded per pass (a branch has num_steps of them).
 SLOT_BLOCK = 16
 # The page sizes compiled ahead of time (``crosscompile``); any other compiles at its first call.
@@ -47,10 +47,10 @@ def _draft_decode_kernel(
     table_row_stride: tl.int64, out_width: tl.int64, out_row_stride: tl.int64, indptr_row_stride: tl.int64,
     pool_stride: tl.int64, lens_stride: tl.int64, num_steps: tl.int32, topk: tl.int32, cap: tl.int64,
     sink: tl.int64, write_indptr_start: tl.int32, round_toward_zero: tl.int32, positions_ptr, positions_stride,
-    v2p_ptr, v2p_len,
+    v2p_ptr, v2p_len, step_window: tl.int64,
     TOKENS_PER_PROGRAM: tl.constexpr, SUM_BLOCK: tl.constexpr, SLOT_BLOCK: tl.constexpr, PAGE_SIZE: tl.constexpr,
     OFFSET_LIMIT: tl.constexpr, HAS_POSITIONS: tl.constexpr, HAS_V2P: tl.constexpr, FOLDED_GRID: tl.constexpr,
-    PDL: tl.constexpr,
+    ENTRY_PAGE_SIZE: tl.constexpr, HAS_STEP_WINDOW: tl.constexpr, PDL: tl.constexpr,
 ):
     """Segment ``z = program_id(0)`` of every step row; semantics of ``kvdispatch.reference.
     build_draft_decode_indices``. ``cap``: the most prefix tokens (``draft_prefix_cap``); ``sink``: the sink
@@ -58,7 +58,10 @@ def _draft_decode_kernel(
     copies its blocks of TOKENS_PER_PROGRAM prefix tokens ``p, p + T, ...`` (``T``: ``launch.programs_in_row``)
     up to the segment's prefix; program 0 writes the draft slots and ``kv_indptr`` once. ``positions_ptr`` /
     ``positions_stride`` and ``v2p_ptr`` / ``v2p_len`` are None without those options. PDL: launched with
-    programmatic dependent launch (``launch.wait_for_producer``)."""
+    programmatic dependent launch (``launch.wait_for_producer``). ENTRY_PAGE_SIZE above 1: a page-granular
+    table, position ``q`` reading ``row[q // E] * E + q % E`` (``table_cols`` is then the row's positions, ``C *
+    E``). HAS_STEP_WINDOW: the per-step sliding window over the prefix and the draft slots
+    (``_windowed_steps``; ``step_window`` is not read without it)."""
     _launch.wait_for_producer(PDL)
     segment = tl.program_id(0).to(tl.int64)
     request = segment // topk
@@ -88,16 +91,24 @@ def _draft_decode_kernel(
     remainder = tl.where((round_toward_zero != 0) & (length < 0) & (floor_remainder != 0),
                          floor_remainder - PAGE_SIZE, floor_remainder)
     slot_start = length + branch * ((remainder + num_steps + PAGE_SIZE - 1) // PAGE_SIZE * PAGE_SIZE)
+    if HAS_STEP_WINDOW:
+        _windowed_steps(first, leads, row_ptr, row_readable, length, count, slot_start, segment, request, branch,
+                        topk, num_steps, step_window, lens_ptr, lens_stride, positions_ptr, positions_stride,
+                        table_cols, v2p_ptr, v2p_len, out_ptr, out_row_stride, out_width, indptr_ptr,
+                        indptr_row_stride, write_indptr_start, TOKENS_PER_PROGRAM, SUM_BLOCK, SLOT_BLOCK, PAGE_SIZE,
+                        OFFSET_LIMIT, HAS_POSITIONS, HAS_V2P, FOLDED_GRID, ENTRY_PAGE_SIZE)
+        _launch.release_dependents(PDL)
+        return
     slot = tl.arange(0, SLOT_BLOCK).to(tl.int64)
     slots_read = tl.where(leads & row_readable, num_steps, 0)
     first_slots = _slot_mask(slot, slot_start, slots_read, table_cols)
-    first_values = _stored_values(tl.load(row_ptr + slot_start + slot, mask=first_slots), first_slots, v2p_ptr,
-                                  v2p_len, out_ptr, PAGE_SIZE, HAS_V2P)
+    first_values = _stored_values(_table_values(row_ptr, slot_start + slot, first_slots, ENTRY_PAGE_SIZE),
+                                  first_slots, v2p_ptr, v2p_len, out_ptr, PAGE_SIZE, HAS_V2P)
 
     if row_readable & (first < count):
         _copy_prefix(first, row_ptr, length, count, sink, table_cols, v2p_ptr, v2p_len, out_ptr, out_row_stride,
                      out_width, num_steps, base, segments_before, branch, TOKENS_PER_PROGRAM, PAGE_SIZE,
-                     OFFSET_LIMIT, HAS_V2P)
+                     OFFSET_LIMIT, HAS_V2P, ENTRY_PAGE_SIZE)
 
     if leads:
         _store_slots(out_ptr, first_values, first_slots, slot, 0, num_steps, base, segments_before, branch, count,
@@ -105,8 +116,8 @@ def _draft_decode_kernel(
         for first_slot in range(SLOT_BLOCK, slots_read, SLOT_BLOCK):  # more than SLOT_BLOCK steps
             later = first_slot + slot
             readable = _slot_mask(later, slot_start, slots_read, table_cols)
-            values = _stored_values(tl.load(row_ptr + slot_start + later, mask=readable), readable, v2p_ptr,
-                                    v2p_len, out_ptr, PAGE_SIZE, HAS_V2P)
+            values = _stored_values(_table_values(row_ptr, slot_start + later, readable, ENTRY_PAGE_SIZE), readable,
+                                    v2p_ptr, v2p_len, out_ptr, PAGE_SIZE, HAS_V2P)
             _store_slots(out_ptr, values, readable, later, first_slot, num_steps, base, segments_before, branch,
                          count, out_row_stride, out_width, OFFSET_LIMIT)
         indptr_dtype = indptr_ptr.dtype.element_ty
@@ -128,25 +139,94 @@ def _draft_decode_kernel(
     for later in range(first + stride, tl.where(row_readable, tokens_end, 0), stride):
         _copy_prefix(later, row_ptr, length, count, sink, table_cols, v2p_ptr, v2p_len, out_ptr, out_row_stride,
                      out_width, num_steps, base, segments_before, branch, TOKENS_PER_PROGRAM, PAGE_SIZE,
-                     OFFSET_LIMIT, HAS_V2P)
+                     OFFSET_LIMIT, HAS_V2P, ENTRY_PAGE_SIZE)
     _launch.release_dependents(PDL)
 
 
 @triton.jit
 def _copy_prefix(first, row_ptr, length, count, sink, table_cols, v2p_ptr, v2p_len, out_ptr, out_row_stride,
                  out_width, num_steps, base, segments_before, branch, TOKENS_PER_PROGRAM: tl.constexpr,
-                 PAGE_SIZE: tl.constexpr, OFFSET_LIMIT: tl.constexpr, HAS_V2P: tl.constexpr):
+                 PAGE_SIZE: tl.constexpr, OFFSET_LIMIT: tl.constexpr, HAS_V2P: tl.constexpr,
+                 ENTRY_PAGE_SIZE: tl.constexpr):
     """Prefix tokens ``[first, first + TOKENS_PER_PROGRAM)`` of a segment (below its ``count``), loaded once
     and stored into every step row after the offset of the segment in that step."""
     token = first + tl.arange(0, TOKENS_PER_PROGRAM)
     position = tl.where(token < tl.minimum(sink, count), token, length - count + token)
     copied = (token < count) & (position < table_cols)
-    values = tl.load(row_ptr + position, mask=copied)
+    values = _table_values(row_ptr, position, copied, ENTRY_PAGE_SIZE)
     values = _stored_values(values, copied, v2p_ptr, v2p_len, out_ptr, PAGE_SIZE, HAS_V2P)
     for step in range(num_steps):
         it = step + 1
         column = tl.minimum(base + segments_before * it + branch * (count + it), OFFSET_LIMIT) + token
         tl.store(out_ptr + step * out_row_stride + column, values, mask=copied & (column < out_width))
+
+
+@triton.jit
+def _windowed_steps(first, leads, row_ptr, row_readable, length, count, slot_start, segment, request, branch, topk,
+                    num_steps, window, lens_ptr, lens_stride, positions_ptr, positions_stride, table_cols, v2p_ptr,
+                    v2p_len, out_ptr, out_row_stride, out_width, indptr_ptr, indptr_row_stride, write_indptr_start,
+                    TOKENS_PER_PROGRAM: tl.constexpr, SUM_BLOCK: tl.constexpr, SLOT_BLOCK: tl.constexpr,
+                    PAGE_SIZE: tl.constexpr, OFFSET_LIMIT: tl.constexpr, HAS_POSITIONS: tl.constexpr,
+                    HAS_V2P: tl.constexpr, FOLDED_GRID: tl.constexpr, ENTRY_PAGE_SIZE: tl.constexpr):
+    """A segment with a step window ``window``, step by step: its ``keep = min(count + it, window)`` entries, the
+    prefix's last ``keep - min(it, window)`` tokens then the latest ``min(it, window)`` draft slots, after the
+    widths of the segments before it (``min(n + it, window) = min(n, window - it) + min(it, window)`` for ``n,
+    it >= 0``, so each sum is a saturated prefix sum). Program 0 also writes the draft slots and ``kv_indptr``."""
+    stride = _launch.programs_in_row(FOLDED_GRID).to(tl.int64) * TOKENS_PER_PROGRAM
+    token = tl.arange(0, TOKENS_PER_PROGRAM).to(tl.int64)
+    slot = tl.arange(0, SLOT_BLOCK).to(tl.int64)
+    indptr_dtype = indptr_ptr.dtype.element_ty
+    for step in range(num_steps):
+        it = step + 1
+        chain = tl.minimum(it, window).to(tl.int64)
+        room = tl.maximum(window - it, 0).to(tl.int64)
+        before = tl.minimum(_saturated_prefix_sum(lens_ptr, lens_stride, request, room, SUM_BLOCK, OFFSET_LIMIT)
+                            + request * chain, OFFSET_LIMIT)
+        keep = tl.minimum(count + it, window)
+        offset = tl.minimum(before * topk + branch * keep, OFFSET_LIMIT)
+        tail = keep - chain
+        row_out = out_ptr + step * out_row_stride
+        # The tail's entries e read position length - tail + e; they end where a position or a column would pass
+        # the table's or out's width.
+        tail_end = tl.minimum(tl.minimum(tail, tl.maximum(out_width - offset, 0)),
+                              tl.maximum(table_cols - length + tail, 0))
+        for block in range(first, tl.where(row_readable, tail_end, 0), stride):
+            entry = block + token
+            position = length - tail + entry
+            copied = (entry < tail_end) & (position >= 0)
+            values = _stored_values(_table_values(row_ptr, position, copied, ENTRY_PAGE_SIZE), copied, v2p_ptr,
+                                    v2p_len, out_ptr, PAGE_SIZE, HAS_V2P)
+            tl.store(row_out + offset + entry, values, mask=copied)
+        if leads:
+            for first_slot in range(0, tl.where(row_readable, chain, 0), SLOT_BLOCK):
+                later = first_slot + slot
+                position = slot_start + it - chain + later
+                readable = (later < chain) & (position >= 0) & (position < table_cols)
+                values = _stored_values(_table_values(row_ptr, position, readable, ENTRY_PAGE_SIZE), readable,
+                                        v2p_ptr, v2p_len, out_ptr, PAGE_SIZE, HAS_V2P)
+                column = offset + tail + later
+                tl.store(row_out + column, values, mask=readable & (column < out_width))
+            if HAS_POSITIONS:
+                end = tl.minimum(_saturated_prefix_sum(positions_ptr, positions_stride, segment + 1, room, SUM_BLOCK,
+                                                       OFFSET_LIMIT) + (segment + 1) * chain, OFFSET_LIMIT)
+            else:
+                end = tl.minimum(offset + keep, OFFSET_LIMIT)
+            tl.store(indptr_ptr + step * indptr_row_stride + segment + 1, end.to(indptr_dtype))
+            if (segment == 0) & (write_indptr_start != 0):
+                tl.store(indptr_ptr + step * indptr_row_stride, tl.zeros((), indptr_dtype))
+
+
+@triton.jit
+def _table_values(row_ptr, position, mask, ENTRY_PAGE_SIZE: tl.constexpr):
+    """The values at ``position`` of a table row, loaded under ``mask``: the entries, or with ENTRY_PAGE_SIZE
+    ``E`` above 1 ``row[q // E] * E + q % E`` (int64; ``q >= 0`` where loaded)."""
+    if ENTRY_PAGE_SIZE == 1:
+        values = tl.load(row_ptr + position, mask=mask)
+    else:
+        entry = position // ENTRY_PAGE_SIZE
+        values = (tl.load(row_ptr + entry, mask=mask).to(tl.int64) * ENTRY_PAGE_SIZE
+                  + (position - entry * ENTRY_PAGE_SIZE))
+    return values
 
 
 @triton.jit
@@ -200,21 +280,24 @@ _plans = _launch.plan_cache(on_clear=functools.partial(native.forget_plans, "dra
 
 
 def constexprs_for(page_size: int, has_positions: bool = False, has_v2p: bool = False,
-                   folded_grid: bool = False, pdl: bool = False) -> dict:
+                   folded_grid: bool = False, pdl: bool = False, entry_page_size: int = 1,
+                   has_step_window: bool = False) -> dict:
     """The constexpr arguments of one specialisation (tokens per program and sum block from ``kvdispatch.grid``)."""
     return dict(TOKENS_PER_PROGRAM=launch_grid.items_per_program(launch_grid.DRAFT_DECODE),
                 SUM_BLOCK=launch_grid.DRAFT_SUM_BLOCK, SLOT_BLOCK=SLOT_BLOCK, PAGE_SIZE=page_size,
                 OFFSET_LIMIT=launch_grid.DRAFT_OFFSET_LIMIT, HAS_POSITIONS=has_positions, HAS_V2P=has_v2p,
-                FOLDED_GRID=folded_grid, PDL=pdl)
+                FOLDED_GRID=folded_grid, ENTRY_PAGE_SIZE=entry_page_size, HAS_STEP_WINDOW=has_step_window, PDL=pdl)
 
 
 def plan_key_and_arguments(req_to_token, req_pool_indices, seq_lens, kv_indptr, out, num_steps, topk, page_size=1,
                            positions=None, window_size=0, sink_size=0, v2p=None, write_indptr_start=True,
-                           round_toward_zero=False, pdl=False):
+                           round_toward_zero=False, pdl=False, entry_page_size=1, step_window=0):
     """The launch-plan key of a call and the kernel's runtime arguments. Key: device index, segments,
-    min(C, W) (the geometry: ``kvdispatch.grid.draft_decode_launch``), the page size, the dtypes of the
-    pool, length, indptr, out, positions and v2p tensors (None: absent), and pdl."""
-    rows, cols = req_to_token.shape
+    min(C * entry_page_size, W) (the geometry: ``kvdispatch.grid.draft_decode_launch``), the page size, the
+    dtypes of the pool, length, indptr, out, positions and v2p tensors (None: absent), pdl and the entry page
+    size."""
+    rows, entries = req_to_token.shape
+    cols = entries * entry_page_size  # the row's positions
     width = out.shape[1]
     segments = req_pool_indices.shape[0] * topk
     cap = draft_prefix_cap(window_size, sink_size)
@@ -222,24 +305,26 @@ def plan_key_and_arguments(req_to_token, req_pool_indices, seq_lens, kv_indptr, 
     has_positions, has_v2p = positions is not None, v2p is not None
     key = (out.get_device(), segments, min(cols, width), page_size, req_pool_indices.dtype, seq_lens.dtype,
            kv_indptr.dtype, out.dtype, positions.dtype if has_positions else None, v2p.dtype if has_v2p else None,
-           pdl)
+           pdl, entry_page_size, step_window > 0)
     args = (req_to_token, req_pool_indices, seq_lens, kv_indptr, out, rows, cols, req_to_token.stride(0), width,
             out.stride(0), kv_indptr.stride(0), req_pool_indices.stride(0), seq_lens.stride(0), num_steps, topk,
             cap, sink, int(write_indptr_start), int(round_toward_zero), positions,
-            positions.stride(0) if has_positions else None, v2p, v2p.shape[0] if has_v2p else None)
+            positions.stride(0) if has_positions else None, v2p, v2p.shape[0] if has_v2p else None, step_window)
     return key, args
 
 
 def _build_plan(key, out, args):
     geometry = launch_grid.draft_decode_launch(key[1], key[2], key[2], budget=_launch.program_budget(out.device))
-    constexprs = constexprs_for(key[3], key[8] is not None, key[9] is not None, geometry.folded, key[10])
+    constexprs = constexprs_for(key[3], key[8] is not None, key[9] is not None, geometry.folded, key[10], key[11],
+                                key[12])
     return _launch.build_plan(_plans, launcher, key, args, out.device, geometry, (geometry.folded,) + key[3:],
                               constexprs)
 
 
 def build_draft_decode_indices(req_to_token, req_pool_indices, seq_lens, kv_indptr, out, num_steps, topk,
                                page_size=1, positions=None, window_size=0, sink_size=0, v2p=None,
-                               write_indptr_start=True, round_toward_zero=False, pdl=False):
+                               write_indptr_start=True, round_toward_zero=False, entry_page_size=1, step_window=0,
+                               pdl=False):
     """Write every draft step's token CSR into ``out`` and ``kv_indptr`` with one launch; semantics of
     ``kvdispatch.ops.draft_decode.reference``; ``pdl``: launch with programmatic dependent launch
     where the device supports it. Arguments arrive validated (the op's ``check_arguments``)."""
@@ -247,7 +332,7 @@ def build_draft_decode_indices(req_to_token, req_pool_indices, seq_lens, kv_indp
         return out
     key, args = plan_key_and_arguments(req_to_token, req_pool_indices, seq_lens, kv_indptr, out, num_steps, topk,
                                        page_size, positions, window_size, sink_size, v2p, write_indptr_start,
-                                       round_toward_zero, pdl)
+                                       round_toward_zero, pdl, entry_page_size, step_window)
     _launch.launch_through_plan(_plans, key, args, lambda: _build_plan(key, out, args))
     return out
 
@@ -262,6 +347,13 @@ def specializations(index_types=("i32", "i64"), page_sizes=SPECIALISED_PAGE_SIZE
             constexprs = constexprs_for(page_size, has_positions, has_v2p)
             yield _specialisation(index, out_type, constexprs)
     yield _specialisation("i32", "i64", constexprs_for(1, folded_grid=True))
+    # A page-granular source table (the unified pool's read table), entries of the page size.
+    for page_size, index, out_type in itertools.product(page_sizes[1:], index_types, ("i64", "i32")):
+        yield _specialisation(index, out_type, constexprs_for(page_size, True, entry_page_size=page_size))
+    # The per-step window rail: token-granular with v2p, and over the read table.
+    for page_size, index, out_type in itertools.product(page_sizes, index_types, ("i64", "i32")):
+        yield _specialisation(index, out_type, constexprs_for(page_size, True, page_size == 1, has_step_window=True,
+                                                              entry_page_size=page_size))
 
 
 def _specialisation(index, out_type, constexprs):

@@ -35,9 +35,9 @@ MHA_CONSTEXPRS = ("PAGE_SIZE", "PAGE_SHIFT", "PAGES_PER_PROGRAM", "HAS_SWA", "RO
 # (``translated_packed_words``) and the map's length; the full-width values and the options' values follow.
 TRANSLATED_PARAMETERS = ("table_ptr", "pool_ptr", "lens_ptr", "v2p_ptr", "out_ptr", "packed_table", "packed_out",
                          "v2p_len", "table_rows", "table_row_stride", "page_limit", "out_row_stride", "multiplier",
-                         "seq_len_delta", "pool_stride", "lens_stride")
+                         "seq_len_delta", "pool_stride", "lens_stride", "fill_value", "fill_width")
 TRANSLATED_CONSTEXPRS = ("PAGE_SIZE", "PAGE_SHIFT", "PAGES_PER_PROGRAM", "HAS_MULTIPLIER", "HAS_DELTA",
-                         "UNIT_STRIDES", "WIDE_INDEXING", "FOLDED_GRID", "PDL")
+                         "UNIT_STRIDES", "WIDE_INDEXING", "FOLDED_GRID", "HAS_FILL", "PDL")
 
 
 @triton.jit
@@ -127,9 +127,10 @@ def _translated_page_table_kernel(
     table_ptr, pool_ptr, lens_ptr, v2p_ptr, out_ptr, packed_table: tl.int64, packed_out: tl.int64,
     v2p_len: tl.int64, table_rows: tl.int64, table_row_stride: tl.int64, page_limit: tl.int64,
     out_row_stride: tl.int64, multiplier: tl.int64, seq_len_delta: tl.int64, pool_stride: tl.int64,
-    lens_stride: tl.int64, PAGE_SIZE: tl.constexpr, PAGE_SHIFT: tl.constexpr, PAGES_PER_PROGRAM: tl.constexpr,
-    HAS_MULTIPLIER: tl.constexpr, HAS_DELTA: tl.constexpr, UNIT_STRIDES: tl.constexpr, WIDE_INDEXING: tl.constexpr,
-    FOLDED_GRID: tl.constexpr, PDL: tl.constexpr,
+    lens_stride: tl.int64, fill_value: tl.int64, fill_width: tl.int64, PAGE_SIZE: tl.constexpr,
+    PAGE_SHIFT: tl.constexpr, PAGES_PER_PROGRAM: tl.constexpr, HAS_MULTIPLIER: tl.constexpr, HAS_DELTA: tl.constexpr,
+    UNIT_STRIDES: tl.constexpr, WIDE_INDEXING: tl.constexpr, FOLDED_GRID: tl.constexpr, HAS_FILL: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     """``t = table[pool[b], c * PAGE_SIZE]``, ``v = 0 if t < 0 else t // PAGE_SIZE``; ``out[b, c] =
     min(max(v2p[v] * multiplier, 0), 2**31 - 1)`` (0 for ``v >= v2p_len``) for the row's live columns: ``c <
@@ -139,7 +140,9 @@ def _translated_page_table_kernel(
     size, stride or the map's length is ``WIDE`` or more (``translated_packed_words``): the full-width
     parameters are read; otherwise ``packed_table`` (rows | row stride << 32) and ``packed_out`` (page limit |
     out row stride << 32) stand in for them. Program ``k`` of a row handles its blocks of PAGES_PER_PROGRAM
-    columns ``k, k + T, ...`` (``T``: ``launch.programs_in_row``) up to the row's live columns."""
+    columns ``k, k + T, ...`` (``T``: ``launch.programs_in_row``) up to the row's live columns; with HAS_FILL up
+    to ``fill_width`` (the columns a row may write), the columns past the live ones getting ``fill_value``
+    (``fill_value`` and ``fill_width`` are not read without it)."""
     _launch.wait_for_producer(PDL)
     if UNIT_STRIDES:
         pool_stride, lens_stride = 1, 1
@@ -175,21 +178,26 @@ def _translated_page_table_kernel(
     # An unreadable row's limit is 0, below every position (masks combine blocks only).
     live_length = tl.where(readable, length, 0)
     _translated_pages(first, row_ptr, length, live_length, page_limit, v2p_ptr, v2p_len, out_row, multiplier,
-                      PAGE_SIZE, PAGE_SHIFT, PAGES_PER_PROGRAM, HAS_MULTIPLIER)
+                      fill_value, fill_width, PAGE_SIZE, PAGE_SHIFT, PAGES_PER_PROGRAM, HAS_MULTIPLIER, HAS_FILL)
     step = _launch.programs_in_row(FOLDED_GRID) * PAGES_PER_PROGRAM
-    for later in range(first + step, _launch.pages_below(live_length, page_limit, PAGE_SIZE), step):
+    if HAS_FILL:
+        row_end = fill_width
+    else:
+        row_end = _launch.pages_below(live_length, page_limit, PAGE_SIZE)
+    for later in range(first + step, row_end, step):
         _translated_pages(later, row_ptr, length, live_length, page_limit, v2p_ptr, v2p_len, out_row, multiplier,
-                          PAGE_SIZE, PAGE_SHIFT, PAGES_PER_PROGRAM, HAS_MULTIPLIER)
+                          fill_value, fill_width, PAGE_SIZE, PAGE_SHIFT, PAGES_PER_PROGRAM, HAS_MULTIPLIER, HAS_FILL)
     _launch.release_dependents(PDL)
 
 
 @triton.jit
 def _translated_pages(first, row_ptr, length, live_length, page_limit, v2p_ptr, v2p_len, out_row, multiplier,
-                      PAGE_SIZE: tl.constexpr, PAGE_SHIFT: tl.constexpr, PAGES_PER_PROGRAM: tl.constexpr,
-                      HAS_MULTIPLIER: tl.constexpr):
+                      fill_value, fill_width, PAGE_SIZE: tl.constexpr, PAGE_SHIFT: tl.constexpr,
+                      PAGES_PER_PROGRAM: tl.constexpr, HAS_MULTIPLIER: tl.constexpr, HAS_FILL: tl.constexpr):
     """Columns ``[first, first + PAGES_PER_PROGRAM)`` of a translated row: read below ``page_limit`` and
     ``length`` positions (``row_ptr`` is a readable row, row 0 in place of an unreadable one), written below
-    ``live_length`` (0 on an unreadable row)."""
+    ``live_length`` (0 on an unreadable row); with HAS_FILL the other columns below ``fill_width`` get
+    ``fill_value``."""
     page = first + tl.arange(0, PAGES_PER_PROGRAM)
     position = page.to(tl.int64) * PAGE_SIZE
     read = (page < page_limit) & (position < length)
@@ -205,7 +213,10 @@ def _translated_pages(first, row_ptr, length, live_length, page_limit, v2p_ptr, 
         values = tl.maximum(physical, 0)
     else:
         values = tl.minimum(tl.maximum(physical, 0), 2**31 - 1).to(tl.int32)
-    tl.store(out_row + page, values, mask=live)
+    if HAS_FILL:
+        tl.store(out_row + page, tl.where(live, values, fill_value.to(tl.int32)), mask=page < fill_width)
+    else:
+        tl.store(out_row + page, values, mask=live)
 
 
 # Pointers first, then the runtime ints: (kernel, pointer parameters, runtime int parameters) per kernel, for
@@ -237,10 +248,11 @@ def mha_constexprs(page_size: int, has_swa: bool, round_toward_zero: bool, unit_
 
 
 def translated_constexprs(page_size: int, has_multiplier: bool, has_delta: bool, unit_strides: bool = True,
-                          folded_grid: bool = False, wide_indexing: bool = False, pdl: bool = False) -> dict:
+                          folded_grid: bool = False, wide_indexing: bool = False, pdl: bool = False,
+                          has_fill: bool = False) -> dict:
     """The constexpr arguments of one translated page-table specialisation."""
     return dict(_common_constexprs(page_size, unit_strides, folded_grid, pdl), HAS_MULTIPLIER=has_multiplier,
-                HAS_DELTA=has_delta, WIDE_INDEXING=wide_indexing)
+                HAS_DELTA=has_delta, WIDE_INDEXING=wide_indexing, HAS_FILL=has_fill)
 
 
 def translated_packed_words(rows: int, table_stride: int, page_limit: int, out_stride: int,
@@ -286,7 +298,7 @@ def build_mha_page_table(req_to_token, req_pool_indices, seq_lens, page_table, p
 
 
 def build_translated_page_table(req_to_token, req_pool_indices, seq_lens, v2p, out, page_size, multiplier=1,
-                                max_pages=None, seq_len_delta=0, pdl=False):
+                                max_pages=None, seq_len_delta=0, fill_value=None, pdl=False):
     """Write the translated page table in one launch; semantics of
     ``kvdispatch.ops.translated_page_table.reference`` (``pdl`` as for ``build_mha_page_table``). Arguments
     arrive validated."""
@@ -294,18 +306,19 @@ def build_translated_page_table(req_to_token, req_pool_indices, seq_lens, v2p, o
     columns = out.shape[1] if max_pages is None else min(max_pages, out.shape[1])
     pool_stride, lens_stride = req_pool_indices.stride(0), seq_lens.stride(0)
     unit_strides = pool_stride == 1 and lens_stride == 1
-    has_multiplier, has_delta = multiplier != 1, seq_len_delta != 0
+    has_multiplier, has_delta, has_fill = multiplier != 1, seq_len_delta != 0, fill_value is not None
     table_stride, out_stride = req_to_token.stride(0), out.stride(0)
     page_limit = min(columns, -(-cols // page_size)) if rows else 0  # the kernel may read row 0
     packed = translated_packed_words(rows, table_stride, page_limit, out_stride, v2p.shape[0])
     key = (out.get_device(), page_size, req_pool_indices.shape[0], columns, req_pool_indices.dtype, seq_lens.dtype,
-           v2p.dtype, has_multiplier, has_delta, unit_strides, packed is None, pdl)
+           v2p.dtype, has_multiplier, has_delta, unit_strides, packed is None, pdl, has_fill)
     packed_table, packed_out = packed or (0, 0)
     args = (req_to_token, req_pool_indices, seq_lens, v2p, out, packed_table, packed_out, v2p.shape[0], rows,
-            table_stride, page_limit, out_stride, multiplier, seq_len_delta, pool_stride, lens_stride)
+            table_stride, page_limit, out_stride, multiplier, seq_len_delta, pool_stride, lens_stride,
+            fill_value if has_fill else 0, columns)
     _launch_plan(_translated_plans, translated_launcher, key, out, args, columns,
                  lambda folded: translated_constexprs(page_size, has_multiplier, has_delta, unit_strides, folded,
-                                                      packed is None, pdl))
+                                                      packed is None, pdl, has_fill))
     return out
 
 
@@ -327,6 +340,11 @@ def specializations(page_sizes, index_types=("i32", "i64")):
             continue
         types = dict(pool_ptr=f"*{index}", lens_ptr=f"*{index}", v2p_ptr=f"*{lookup}")
         constexprs = translated_constexprs(page_size, multiplied, delta, unit, folded, wide)
+        yield "translated", _signature(TRANSLATED_PARAMETERS, types, constexprs), constexprs
+    # A fill (SGLang's zero tail), with and without a length delta, on the usual grid.
+    for page_size, delta, index, lookup in itertools.product(page_sizes, (False, True), index_types, ("i32", "i64")):
+        types = dict(pool_ptr=f"*{index}", lens_ptr=f"*{index}", v2p_ptr=f"*{lookup}")
+        constexprs = translated_constexprs(page_size, False, delta, has_fill=True)
         yield "translated", _signature(TRANSLATED_PARAMETERS, types, constexprs), constexprs
 
 

@@ -30,13 +30,13 @@ from .page_table import page_shift
 # read two and replayed 2-6% slower than a one-line copy (benchmarks/csr_layout.py).
 PARAMETERS = ("table_ptr", "pool_ptr", "lens_ptr", "indptr_ptr", "out_ptr", "packed_table", "packed_sizes",
               "start_ptr", "table_rows", "table_cols", "table_row_stride", "out_len", "pool_stride", "lens_stride",
-              "indptr_stride", "start_stride", "mapping_ptr", "mapping_len")
+              "indptr_stride", "start_stride", "mapping_ptr", "mapping_len", "v2p_ptr", "v2p_len")
 POINTERS = tuple(name for name in PARAMETERS if name.endswith("_ptr"))
 RUNTIME_INTS = tuple(name for name in PARAMETERS if not name.endswith("_ptr"))
 # Without a token mapping its two parameters are passed as None, which Triton compiles as constants (and
 # would with a type annotation too, hence none on ``mapping_len``): the compiled kernel then does not take them.
 CONSTEXPRS = ("TOKENS_PER_PROGRAM", "HAS_START", "UNIT_STRIDES", "WIDE_INDEXING", "FOLDED_GRID", "ENTRY_PAGE_SIZE",
-              "ENTRY_SHIFT", "HAS_MAPPING", "PDL")
+              "ENTRY_SHIFT", "HAS_MAPPING", "V2P_PAGE_SIZE", "PDL")
 # The entry page sizes compiled ahead of time (``crosscompile``); any other in [1, MAX_PAGE_SIZE] compiles
 # at its first call, as a page size of the page-table kernel does.
 SPECIALISED_ENTRY_PAGE_SIZES = (1, 16, 64)
@@ -47,10 +47,10 @@ def _token_csr_kernel(
     table_ptr, pool_ptr, lens_ptr, indptr_ptr, out_ptr, packed_table: tl.int64, packed_sizes: tl.int64, start_ptr,
     table_rows: tl.int64, table_cols: tl.int64, table_row_stride: tl.int64, out_len: tl.int64,
     pool_stride: tl.int64, lens_stride: tl.int64, indptr_stride: tl.int64, start_stride: tl.int64,
-    mapping_ptr, mapping_len,
+    mapping_ptr, mapping_len, v2p_ptr, v2p_len,
     TOKENS_PER_PROGRAM: tl.constexpr, HAS_START: tl.constexpr, UNIT_STRIDES: tl.constexpr,
     WIDE_INDEXING: tl.constexpr, FOLDED_GRID: tl.constexpr, ENTRY_PAGE_SIZE: tl.constexpr,
-    ENTRY_SHIFT: tl.constexpr, HAS_MAPPING: tl.constexpr, PDL: tl.constexpr,
+    ENTRY_SHIFT: tl.constexpr, HAS_MAPPING: tl.constexpr, V2P_PAGE_SIZE: tl.constexpr, PDL: tl.constexpr,
 ):
     """``out[indptr[b] + j] = table[pool[b], start[b] + j]`` for the program's tokens ``j`` below
     ``min(lens[b], C - start[b])`` whose target lies in ``[0, out_len)``; the others are masked. Program ``k``
@@ -61,7 +61,10 @@ def _token_csr_kernel(
     writes ``entry * E + q % E`` (64-bit), below ``min(lens[b], C * E - start[b])``; ENTRY_SHIFT is
     log2(E) for powers of two, else -1. HAS_MAPPING: the value ``v`` becomes ``mapping[v]`` for ``v`` in
     ``[0, mapping_len)``, else -1 (``mapping_ptr`` and ``mapping_len`` are None without it). The value is
-    stored in ``out``'s dtype (int32: its low 32 bits).
+    stored in ``out``'s dtype (int32: its low 32 bits). ``P = V2P_PAGE_SIZE`` above 0 (the unified pool's
+    translated stream; ENTRY_PAGE_SIZE 1, no mapping): position ``q`` reads the slot ``t`` at ``q - q % P`` and
+    writes ``max(v2p[v], 0) * P + q % P``, ``v = 0 if t < 0 else t // P``, entry 0 for ``v >= v2p_len``
+    (``v2p_ptr`` and ``v2p_len`` are None with ``V2P_PAGE_SIZE`` 0).
 
     UNIT_STRIDES: the index vectors are contiguous (their strides are not read). WIDE_INDEXING: some size
     or stride is ``WIDE`` or more (``packed_words``), so the full-width parameters are read; otherwise
@@ -92,23 +95,28 @@ def _token_csr_kernel(
     first = skip + _launch.program_in_row(FOLDED_GRID) * TOKENS_PER_PROGRAM
     if first < end:
         _copy_tokens(first, end, table_ptr, pool, table_row_stride, start, target_start, out_ptr, mapping_ptr,
-                     mapping_len, TOKENS_PER_PROGRAM, ENTRY_PAGE_SIZE, ENTRY_SHIFT, HAS_MAPPING)
+                     mapping_len, v2p_ptr, v2p_len, TOKENS_PER_PROGRAM, ENTRY_PAGE_SIZE, ENTRY_SHIFT, HAS_MAPPING,
+                     V2P_PAGE_SIZE)
     step = _launch.programs_in_row(FOLDED_GRID) * TOKENS_PER_PROGRAM
     for later in range(first + step, end, step):
         _copy_tokens(later, end, table_ptr, pool, table_row_stride, start, target_start, out_ptr, mapping_ptr,
-                     mapping_len, TOKENS_PER_PROGRAM, ENTRY_PAGE_SIZE, ENTRY_SHIFT, HAS_MAPPING)
+                     mapping_len, v2p_ptr, v2p_len, TOKENS_PER_PROGRAM, ENTRY_PAGE_SIZE, ENTRY_SHIFT, HAS_MAPPING,
+                     V2P_PAGE_SIZE)
     _launch.release_dependents(PDL)
 
 
 @triton.jit
 def _copy_tokens(first, end, table_ptr, pool, table_row_stride, start, target_start, out_ptr, mapping_ptr,
-                 mapping_len, TOKENS_PER_PROGRAM: tl.constexpr, ENTRY_PAGE_SIZE: tl.constexpr,
-                 ENTRY_SHIFT: tl.constexpr, HAS_MAPPING: tl.constexpr):
+                 mapping_len, v2p_ptr, v2p_len, TOKENS_PER_PROGRAM: tl.constexpr, ENTRY_PAGE_SIZE: tl.constexpr,
+                 ENTRY_SHIFT: tl.constexpr, HAS_MAPPING: tl.constexpr, V2P_PAGE_SIZE: tl.constexpr):
     """Tokens ``j`` in ``[first, min(first + TOKENS_PER_PROGRAM, end))`` of a row: ``out[target_start + j] =
     table[pool, start + j]`` (through the entries and the mapping when asked)."""
     token = first + tl.arange(0, TOKENS_PER_PROGRAM)
     copied = token < end
-    if ENTRY_PAGE_SIZE == 1:
+    if V2P_PAGE_SIZE > 0:
+        values = _page_translated(table_ptr + pool * table_row_stride, start + token, copied, v2p_ptr, v2p_len,
+                                  V2P_PAGE_SIZE)
+    elif ENTRY_PAGE_SIZE == 1:
         values = tl.load(table_ptr + pool * table_row_stride + start + token, mask=copied)
     else:
         values = _entry_values(table_ptr + pool * table_row_stride, start + token, copied, ENTRY_PAGE_SIZE,
@@ -156,6 +164,17 @@ def _entry_values(row_ptr, position, copied, ENTRY_PAGE_SIZE: tl.constexpr, ENTR
     return tl.load(row_ptr + entry, mask=copied).to(tl.int64) * ENTRY_PAGE_SIZE + within
 
 
+@triton.jit
+def _page_translated(row_ptr, position, copied, v2p_ptr, v2p_len, PAGE_SIZE: tl.constexpr):
+    """``max(v2p[v], 0) * P + q % P`` (int64) at the (non-negative) positions ``q``: ``v`` the virtual page of the
+    slot ``t`` opening the token's page, 0 for ``t < 0``; entry 0 past the map. Loaded under ``copied``."""
+    within = position % PAGE_SIZE
+    slots = tl.load(row_ptr + position - within, mask=copied, other=0)
+    pages = tl.where(slots < 0, 0, slots // PAGE_SIZE).to(tl.int64)
+    entries = tl.load(v2p_ptr + pages, mask=copied & (pages < v2p_len), other=0).to(tl.int64)
+    return tl.maximum(entries, 0) * PAGE_SIZE + within
+
+
 token_csr_kernel = triton.jit(_token_csr_kernel, do_not_specialize=RUNTIME_INTS,
                               do_not_specialize_on_alignment=POINTERS)
 launcher = _launch.register(_launch.KernelLauncher(token_csr_kernel, CONSTEXPRS))
@@ -164,12 +183,13 @@ _plans = _launch.plan_cache(on_clear=functools.partial(native.forget_plans, "tok
 
 def constexprs_for(has_start: bool, unit_strides: bool = True, wide_indexing: bool = False,
                    folded_grid: bool = False, entry_page_size: int = 1, has_mapping: bool = False,
-                   pdl: bool = False) -> dict:
-    """The constexpr arguments of one specialisation (tokens per program from ``kvdispatch.grid``)."""
+                   pdl: bool = False, v2p_page_size: int = 0) -> dict:
+    """The constexpr arguments of one specialisation (tokens per program from ``kvdispatch.grid``);
+    ``v2p_page_size``: the page size of a v2p translation, 0 for none."""
     return dict(TOKENS_PER_PROGRAM=launch_grid.items_per_program(launch_grid.TOKEN_CSR), HAS_START=has_start,
                 UNIT_STRIDES=unit_strides, WIDE_INDEXING=wide_indexing, FOLDED_GRID=folded_grid,
                 ENTRY_PAGE_SIZE=entry_page_size, ENTRY_SHIFT=page_shift(entry_page_size), HAS_MAPPING=has_mapping,
-                PDL=pdl)
+                V2P_PAGE_SIZE=v2p_page_size, PDL=pdl)
 
 
 def packed_words(rows: int, table_stride: int, cols: int, out_len: int) -> tuple[int, int] | None:
@@ -190,12 +210,12 @@ def _build_plan(key, out, args):
     has_start, unit_strides, wide_indexing = key[6] is not None, key[7], key[8]
     specialisation = (has_start, geometry.folded) + key[3:]
     constexprs = constexprs_for(has_start, unit_strides, wide_indexing, geometry.folded, entry_page_size,
-                                key[11] is not None, pdl=key[12])
+                                key[11] is not None, pdl=key[12], v2p_page_size=key[14])
     return _launch.build_plan(_plans, launcher, key, args, out.device, geometry, specialisation, constexprs)
 
 
 def build_token_indices(req_to_token, req_pool_indices, seq_lens, kv_indptr, out, kv_start_idx=None,
-                        entry_page_size=1, token_mapping=None, pdl=False):
+                        entry_page_size=1, token_mapping=None, v2p=None, page_size=1, pdl=False):
     """Write token-level CSR indices into ``out`` (int32/int64 ``[N]``); semantics of
     ``kvdispatch.ops.token_csr.reference``. Index vectors may be strided views. ``pdl``: launch with
     programmatic dependent launch where the device supports it.
@@ -204,18 +224,18 @@ def build_token_indices(req_to_token, req_pool_indices, seq_lens, kv_indptr, out
     Arguments arrive validated (the op's ``check_arguments``).
     """
     key, args = plan_key_and_arguments(req_to_token, req_pool_indices, seq_lens, kv_indptr, out, kv_start_idx,
-                                       entry_page_size, token_mapping, pdl)
+                                       entry_page_size, token_mapping, pdl, v2p, page_size)
     _launch.launch_through_plan(_plans, key, args, lambda: _build_plan(key, out, args))
     return out
 
 
 def plan_key_and_arguments(req_to_token, req_pool_indices, seq_lens, kv_indptr, out, kv_start_idx=None,
-                           entry_page_size=1, token_mapping=None, pdl=False):
+                           entry_page_size=1, token_mapping=None, pdl=False, v2p=None, page_size=1):
     """The launch-plan key of a call and the kernel's runtime arguments (tensors in the pointer slots). Key:
     device index, batch, min(C * entry_page_size, N) (the geometry depends on nothing else:
     ``kvdispatch.grid.token_csr_launch``), the dtypes of the pool, length, indptr and start vectors (None: no
     start), unit strides, wide indexing (no ``packed_words``), then the options: out's dtype, the entry page
-    size and the mapping's dtype (None: no mapping), and pdl."""
+    size and the mapping's dtype (None: no mapping), pdl, then v2p's dtype and page size (None and 0: no v2p)."""
     has_start = kv_start_idx is not None
     rows, cols = req_to_token.shape
     table_stride, out_len = req_to_token.stride(0), out.shape[0]
@@ -227,10 +247,12 @@ def plan_key_and_arguments(req_to_token, req_pool_indices, seq_lens, kv_indptr, 
     has_mapping = token_mapping is not None
     key = (out.get_device(), req_pool_indices.shape[0], min(cols * entry_page_size, out_len), req_pool_indices.dtype,
            seq_lens.dtype, kv_indptr.dtype, kv_start_idx.dtype if has_start else None, unit_strides, packed is None,
-           out.dtype, entry_page_size, token_mapping.dtype if has_mapping else None, pdl)
+           out.dtype, entry_page_size, token_mapping.dtype if has_mapping else None, pdl,
+           None if v2p is None else v2p.dtype, 0 if v2p is None else page_size)
     args = (req_to_token, req_pool_indices, seq_lens, kv_indptr, out, packed_table, packed_sizes,
             kv_start_idx if has_start else req_to_token, rows, cols, table_stride, out_len, pool_stride, lens_stride,
-            indptr_stride, start_stride, token_mapping, token_mapping.shape[0] if has_mapping else None)
+            indptr_stride, start_stride, token_mapping, token_mapping.shape[0] if has_mapping else None, v2p,
+            None if v2p is None else v2p.shape[0])
     return key, args
 
 
@@ -250,17 +272,26 @@ def specializations(index_types=("i32", "i64"), entry_page_sizes=SPECIALISED_ENT
         if out_type != "i32" or entry_page_size != 1 or has_mapping:
             constexprs = constexprs_for(has_start, entry_page_size=entry_page_size, has_mapping=has_mapping)
             yield _specialisation(index, out_type, index if has_mapping else None, constexprs)
+    # The unified pool's packed read stream: through an int64 v2p of pages of each entry page size above 1.
+    for out_type, page_size, has_start, index in itertools.product(("i32", "i64"), entry_page_sizes[1:],
+                                                                   (False, True), index_types):
+        yield _specialisation(index, out_type, None, constexprs_for(has_start, v2p_page_size=page_size), "i64")
 
 
-def _specialisation(index, out_type, mapping_type, constexprs):
+def _specialisation(index, out_type, mapping_type, constexprs, v2p_type=None):
     """``(signature, constexprs)`` of one specialisation: index vectors of dtype ``index``, ``out`` of
-    ``out_type``, a mapping of ``mapping_type`` (None: none, its parameters constant None)."""
+    ``out_type``, a mapping of ``mapping_type`` and a v2p of ``v2p_type`` (None: none, their parameters
+    constant None)."""
     types = dict(pool_ptr=f"*{index}", lens_ptr=f"*{index}", indptr_ptr=f"*{index}", out_ptr=f"*{out_type}",
                  start_ptr=f"*{index}" if constexprs["HAS_START"] else "*i32")
     if mapping_type is None:
         constexprs = dict(constexprs, mapping_ptr=None, mapping_len=None)
     else:  # its length is typed by value, as Triton types an unannotated int: i32 below 2**31
         types.update(mapping_ptr=f"*{mapping_type}", mapping_len="i32")
+    if v2p_type is None:
+        constexprs = dict(constexprs, v2p_ptr=None, v2p_len=None)
+    else:
+        types.update(v2p_ptr=f"*{v2p_type}", v2p_len="i32")
     signature = {name: types.get(name, "*i32" if name in POINTERS else "i64") for name in PARAMETERS}
     signature.update({name: "constexpr" for name in constexprs})
     return signature, constexprs

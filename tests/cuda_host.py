@@ -81,11 +81,11 @@ def build_page_table(req_to_token, req_pool_indices, seq_lens, out, page_size, k
 
 
 def build_token_indices(req_to_token, req_pool_indices, seq_lens, kv_indptr, out, kv_start_idx=None,
-                        entry_page_size=1, token_mapping=None, specialised=False):
+                        entry_page_size=1, token_mapping=None, v2p=None, page_size=1, specialised=False):
     """The CuPy backend's ``build_token_indices`` through the host build (as ``build_page_table``)."""
     _require_cpu(req_to_token)
     run(token_csr_call(req_to_token, req_pool_indices, seq_lens, kv_indptr, out, kv_start_idx, entry_page_size,
-                       token_mapping), specialised)
+                       token_mapping, v2p, page_size), specialised)
     return out
 
 
@@ -100,12 +100,12 @@ def create_flashmla_kv_indices(req_to_token, req_pool_indices, seq_lens, out, *,
 
 
 def create_flashinfer_kv_indices(req_to_token, req_pool_indices, seq_lens, kv_indptr, out, *, kv_start_idx=None,
-                                 entry_page_size=1, token_mapping=None, specialised=False):
+                                 entry_page_size=1, token_mapping=None, v2p=None, page_size=1, specialised=False):
     """``kvdispatch.create_flashinfer_kv_indices`` on CPU tensors, through the host build of the kernel."""
     ops.token_csr.check_arguments(req_to_token, req_pool_indices, seq_lens, kv_indptr, out, kv_start_idx,
-                                  entry_page_size, token_mapping)
+                                  entry_page_size, token_mapping, v2p, page_size)
     return build_token_indices(req_to_token, req_pool_indices, seq_lens, kv_indptr, out, kv_start_idx,
-                               entry_page_size, token_mapping, specialised)
+                               entry_page_size, token_mapping, v2p, page_size, specialised)
 
 
 def build_mha_page_table(req_to_token, req_pool_indices, seq_lens, page_table, page_size, swa_page_table=None,
@@ -118,11 +118,11 @@ def build_mha_page_table(req_to_token, req_pool_indices, seq_lens, page_table, p
 
 
 def build_translated_page_table(req_to_token, req_pool_indices, seq_lens, v2p, out, page_size, multiplier=1,
-                                max_pages=None, seq_len_delta=0, specialised=False):
+                                max_pages=None, seq_len_delta=0, fill_value=None, specialised=False):
     """The CuPy backend's ``build_translated_page_table`` through the host build (as ``build_page_table``)."""
     _require_cpu(req_to_token)
     run(translated_page_table_call(req_to_token, req_pool_indices, seq_lens, v2p, out, page_size, multiplier,
-                                   max_pages, seq_len_delta), specialised)
+                                   max_pages, seq_len_delta, fill_value), specialised)
     return out
 
 
@@ -136,20 +136,21 @@ def create_trtllm_mha_page_table(req_to_token, req_pool_indices, seq_lens, page_
 
 
 def create_translated_page_table(req_to_token, req_pool_indices, seq_lens, v2p, out, *, page_size, multiplier=1,
-                                 max_pages=None, seq_len_delta=0, specialised=False):
+                                 max_pages=None, seq_len_delta=0, fill_value=None, specialised=False):
     """``kvdispatch.create_translated_page_table`` on CPU tensors, through the host build of the kernel."""
     ops.translated_page_table.check_arguments(req_to_token, req_pool_indices, seq_lens, v2p, out, page_size, multiplier,
-                                     max_pages, seq_len_delta)
+                                     max_pages, seq_len_delta, fill_value)
     return build_translated_page_table(req_to_token, req_pool_indices, seq_lens, v2p, out, page_size, multiplier,
-                                       max_pages, seq_len_delta, specialised)
+                                       max_pages, seq_len_delta, fill_value, specialised)
 
 
 def create_draft_decode_kv_indices(req_to_token, req_pool_indices, seq_lens, kv_indptr, out, *, num_steps, topk,
                                    page_size=1, positions=None, window_size=0, sink_size=0, v2p=None,
-                                   write_indptr_start=True, round_toward_zero=False, specialised=False):
+                                   write_indptr_start=True, round_toward_zero=False, entry_page_size=1,
+                                   step_window=0, specialised=False):
     """``kvdispatch.create_draft_decode_kv_indices`` on CPU tensors, through the host build of the kernel."""
     args = (req_to_token, req_pool_indices, seq_lens, kv_indptr, out, num_steps, topk, page_size, positions,
-            window_size, sink_size, v2p, write_indptr_start, round_toward_zero)
+            window_size, sink_size, v2p, write_indptr_start, round_toward_zero, entry_page_size, step_window)
     ops.draft_decode.check_arguments(*args)
     _require_cpu(req_to_token)
     run(draft_decode_call(*args), specialised)

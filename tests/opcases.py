@@ -414,3 +414,52 @@ def build(key: str, seed: int, knobs: Knobs = Knobs(), *, device="cpu", hostile=
     parameters = dispatch.OPS[key].parameters
     assert tuple(arguments) == parameters, f"{key}: the builder's arguments are not the op's parameters"
     return OpCase(key, arguments, d.allocations)
+
+
+# -- the unified pool's read tables and the page-granular draft decode: options of existing ops --------------
+
+def _translated_page_table_with_fill(d: _Draw, k: Knobs):
+    arguments = _translated_page_table(d, k)
+    arguments["fill_value"] = d.integer(-5, 5) if k.options else None
+    return arguments
+
+
+BUILDERS["translated_page_table"] = _translated_page_table_with_fill
+
+
+def _token_csr_translated(d: _Draw, k: Knobs):
+    """The token CSR through ``v2p`` (the unified pool's packed read stream): a token-granular table, pages of
+    ``k.page_size``."""
+    rows, cols = k.batch + 2, k.pages * k.page_size + 3
+    table = d.table(rows, cols, -3, rows * cols)
+    pool, lens = d.requests(k.batch, rows, cols + 4)
+    pool, lens = d.vector(pool), d.vector(lens)
+    indptr, total = _csr_indptr(d, lens.cpu().long().clamp(0, cols), cols)
+    v2p = d.values(-1, 1 << 20, -(-rows * cols // k.page_size) + d.integer(-2, 3))  # some pages past it
+    return dict(req_to_token=table, req_pool_indices=pool, seq_lens=lens, kv_indptr=indptr,
+                out=d.output("out", (total,), d.dtype()), kv_start_idx=d.vector(d.values(0, cols + 3, k.batch)),
+                entry_page_size=1, token_mapping=None, v2p=d.vector(v2p, contiguous=True), page_size=k.page_size)
+
+
+def _token_csr_with_v2p(d: _Draw, k: Knobs):
+    if k.options and d.flag():
+        return _token_csr_translated(d, k)
+    return dict(_token_csr(d, k), v2p=None, page_size=1)
+
+
+BUILDERS["token_csr"] = _token_csr_with_v2p
+
+
+def _draft_decode_with_entry_pages(d: _Draw, k: Knobs):
+    """With options, now and then a page-granular table (``entry_page_size``: its rows' positions are ``C * E``)
+    and the per-step window (``step_window``)."""
+    arguments = _draft_decode(d, k)
+    entry_page_size = d.integer(2, 5) if k.options and d.flag() else 1
+    arguments["entry_page_size"] = entry_page_size
+    arguments["step_window"] = 0
+    if k.options and d.flag():  # the per-step window in place of the prefix window
+        arguments.update(window_size=0, sink_size=0, step_window=d.integer(1, 40))
+    return arguments
+
+
+BUILDERS["draft_decode"] = _draft_decode_with_entry_pages

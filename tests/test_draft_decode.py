@@ -507,8 +507,8 @@ def test_sglang_surface():
     args = (vec, table, vec + 1, out, indptr, vec + 1, 8, 8, 2, 1, 2, 1, 1)
     with pytest.raises(TypeError, match="launch grid"):
         sglang.generate_draft_decode_kv_indices(*args)
-    with pytest.raises(NotImplementedError, match="ENTRY_PAGE_SIZE"):
-        sglang.generate_draft_decode_kv_indices[(2, 1, 1)](*args, ENTRY_PAGE_SIZE=16)
+    with pytest.raises(ValueError, match="ENTRY_PAGE_SIZE"):
+        sglang.generate_draft_decode_kv_indices[(2, 1, 1)](*args, ENTRY_PAGE_SIZE=0)
     with pytest.raises(ValueError, match="row_stride=9 does not match"):
         sglang.generate_draft_decode_kv_indices[(2, 1, 1)](*args[:6], 9, *args[7:])
     with pytest.raises(ValueError, match="kv_indptr_stride=3 does not match"):

@@ -201,9 +201,12 @@ def random_args(op, seed):
                 d.pick((None, d.int(-100, 100))), d.pick((False, True))]
     if op == "token_csr":
         total = d.int(1, 900)
-        return [table, pool, lens, d.vector(-5, total, batch + 1),
+        args = [table, pool, lens, d.vector(-5, total, batch + 1),
                 torch.zeros(total, dtype=d.pick((torch.int32, torch.int64))), d.pick((None, d.vector(0, cols, batch))),
                 d.pick((1, 1, 16, 3)), d.pick((None, d.vector(-3, 2000, d.int(1, 40), strided=False)))]
+        translated = args[6] == 1 and args[7] is None and d.pick((False, True))  # v2p: the packed read stream
+        return args + ([d.vector(-1, 2000, d.int(1, 40), strided=False), d.pick((1, 16, 24))] if translated
+                       else [None, 1])
     if op == "draft_decode":
         steps, topk = d.int(1, 5), d.int(1, 4)
         segments = batch * topk
@@ -255,7 +258,8 @@ def random_args(op, seed):
                 *translations[0], *translations[1]]
     out = d.out(batch, d.int(1, 50))
     return [table, pool, lens, d.vector(-3, 1000, d.int(1, 40), strided=False), out, d.pick((1, 16, 64, 96)),
-            d.pick((1, 1, 3, -2)), d.pick((None, d.int(1, out.shape[1] + 1))), d.pick((0, 0, 5, -4))]
+            d.pick((1, 1, 3, -2)), d.pick((None, d.int(1, out.shape[1] + 1))), d.pick((0, 0, 5, -4)),
+            d.pick((None, None, 0, -3))]
 
 
 # Where an op has packed 32-bit words (Triton: WIDE_INDEXING past them), sizes and strides at the edge.
@@ -530,7 +534,8 @@ def _public_call(op, args, **options):
             fill_value=args[8], round_toward_zero=args[9], **options)
     if op == "token_csr":
         return kvdispatch.create_flashinfer_kv_indices(*args[:5], kv_start_idx=args[5], entry_page_size=args[6],
-                                                       token_mapping=args[7], **options)
+                                                       token_mapping=args[7], v2p=args[8], page_size=args[9],
+                                                       **options)
     return kvdispatch.create_dcp_page_table(*args[:4], page_size=args[4], dcp_size=args[5], dcp_rank=args[6],
                                             fill_value=args[7], round_toward_zero=args[8], **options)
 
@@ -607,8 +612,8 @@ def _with_options(op, seed, options):
     else:
         start, out_dtype, entry_page_size, mapping = options
         args[4] = args[4].to(out_dtype)
-        args[5:8] = [torch.zeros(batch, dtype=torch.int64) if start else None, entry_page_size,
-                     None if mapping is None else torch.arange(50, dtype=mapping)]
+        args[5:10] = [torch.zeros(batch, dtype=torch.int64) if start else None, entry_page_size,
+                      None if mapping is None else torch.arange(50, dtype=mapping), None, 1]
     return args
 
 
@@ -630,3 +635,21 @@ def test_every_option_registers_a_replayable_plan(stubs, op, options, launcher):
 def test_the_plan_layout_is_the_c_parsers(stubs):
     """``host_path.ReplayPlan`` names ``add_replay``'s arguments in the order host_path.c parses them."""
     assert host_path.ReplayPlan._fields == stubs.module.REPLAY_PLAN_FIELDS
+
+
+@pytest.mark.parametrize("launcher", LAUNCHERS)
+@pytest.mark.parametrize("start, out_dtype, page_size, v2p_dtype",
+                         list(itertools.product((False, True), (torch.int32, torch.int64), (1, 16),
+                                                (torch.int32, torch.int64))))
+def test_the_packed_read_stream_registers_a_replayable_plan(stubs, start, out_dtype, page_size, v2p_dtype, launcher):
+    """The token CSR through ``v2p`` (the unified pool's packed read stream), as the options above."""
+    args = random_args("token_csr", 950 + page_size)
+    batch = args[1].shape[0]
+    args[4] = args[4].to(out_dtype)
+    args[5:10] = [torch.zeros(batch, dtype=torch.int64) if start else None, 1, None,
+                  torch.arange(-1, 60, dtype=v2p_dtype), page_size]
+    approve(stubs, "token_csr", launcher)
+    assert python_path(stubs, "token_csr", launcher, args) is not None
+    assert stubs.module.replay_plan_count() == 1
+    launch, params = assert_replays_as_python(stubs, "token_csr", launcher, siblings(args))
+    assert launch["params"] == params

@@ -76,6 +76,12 @@ SGLANG_CONSTANTS = {"SPEC_KV_INDEX_BLOCKS_MIN_CONTEXT": 32768}
 KEYWORD_ONLY = {"build_kv_read_table"}
 # SGLang's speculative draft builder and its buffer sizing helpers (tests/test_draft_decode.py tests them).
 SGLANG_SPECULATIVE = {"generate_draft_decode_kv_indices", "draft_kv_indices_buffer_width", "draft_kv_indices_used_len"}
+# The unified pool's packed read stream (tests/test_sglang_read_draft.py tests it against the release).
+SGLANG_FUNCTIONS["build_kv_read_table_packed"] = [
+    ("req_to_token", REQUIRED), ("req_pool_indices", REQUIRED), ("seq_lens", REQUIRED), ("v2p", REQUIRED),
+    ("indptr", REQUIRED), ("page_size", REQUIRED), ("max_tokens", REQUIRED), ("out", REQUIRED), ("kv_start_idx", None)]
+KEYWORD_ONLY.add("build_kv_read_table_packed")
+SGLANG_SPECULATIVE.add("generate_draft_decode_window_kv_indices")
 BUILDERS = [name for name in SGLANG_FUNCTIONS if name.startswith("create_")]
 INDEX_DTYPES = (torch.int32, torch.int64)
 

@@ -6,7 +6,7 @@
   models with an int64 ``full_to_swa`` mapping into the sliding-window pool.
 * The unified pool's ``KVIndexTranslator``: ``build_kv_read_table`` with an int64 ``v2p`` holding -1 for freed
   pages, the draft tokens as ``seq_len_delta``; eager fresh zeros and a reused buffer whose stale tail must
-  survive (``zero_tail=False``; ``zero_tail=True`` is refused).
+  survive (``zero_tail=False``; ``zero_tail=True`` zeroes it up to ``max_pages``).
 
 Every backend in ``conftest.BACKENDS``; each result is checked against ``kvdispatch.reference`` run on a copy of
 the output as it was before the call, and against the pool's own bookkeeping.
@@ -262,6 +262,5 @@ def test_unified_pool_asserts_are_value_errors():
         with pytest.raises(ValueError):
             build(**dict(common, **bad))
     assert (out == 0).all()
-    with pytest.raises(NotImplementedError, match="zero_tail=True"):
-        build(**common, out=out.fill_(POISON), max_pages=4, zero_tail=True)
-    assert (out == POISON).all()
+    build(**common, out=out.fill_(POISON), max_pages=3, zero_tail=True)
+    assert (out[:, :3] == 0).all() and (out[:, 3] == POISON).all()

@@ -60,6 +60,8 @@ RELEASE = {
     "kernels.ops.kvcache.kv_read_table": {
         "build_kv_read_table": "(*, req_to_token, req_pool_indices, seq_lens, v2p, page_size, max_pages, out, "
                                "seq_len_delta=0, zero_tail=False)",
+        "build_kv_read_table_packed": "(*, req_to_token, req_pool_indices, seq_lens, v2p, indptr, page_size, "
+                                      "max_tokens, out, kv_start_idx=None)",
     },
     "kernels.ops.speculative.cache_locs": {
         "generate_draft_decode_kv_indices": "(req_pool_indices, req_to_token, paged_kernel_lens, kv_indices, "
@@ -76,6 +78,11 @@ RELEASE = {
                                                  "full_out=None, swa_out=None, page_size=1, positions_out=None, "
                                                  "anchor_src=None, anchor_out=None)",
         "fill_front_out_cache_loc_func": "(num_front, out_cache_loc, front_out_cache_loc)",
+        "generate_draft_decode_window_kv_indices": "(req_pool_indices, req_to_token, paged_kernel_lens, "
+                                                   "window_kv_indices, window_kv_indptr, positions, row_stride, "
+                                                   "kv_indices_stride, kv_indptr_stride, bs_upper, iter_upper, "
+                                                   "num_tokens_upper, page_size, window, ENTRY_PAGE_SIZE=1, "
+                                                   "v2p=None, TRANSLATE=False)",
     },
     "srt.layers.dcp.layout": {
         "get_dcp_lens": "(lens, dcp_size, dcp_rank, start=None, interleave_size=1)",

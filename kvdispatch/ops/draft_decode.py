@@ -43,13 +43,16 @@ def _index_table(name, t, device, min_rows, min_cols):
                          f"(shape {tuple(t.shape)})")
 
 
-def _check_draft_positions(positions, topk, num_steps, cap, width):
+def _check_draft_positions(positions, topk, num_steps, cap, width, step_window=0):
     """``positions`` (int64 ``[B*K]`` on the host) non-negative, and the last step's ``kv_indptr`` they give,
-    ``sum(min(p[:z + 1], cap)) + (z + 1) * num_steps``, at or before ``width``."""
+    ``sum(min(p[:z + 1], cap)) + (z + 1) * num_steps`` (``sum(min(p[:z + 1] + num_steps, step_window))`` with a
+    step window), at or before ``width``."""
     z = _first_bad(positions < 0)
     if z is not None:
         raise ValueError(f"request {z // topk}: positions[{z}] = {int(positions[z])} (branch {z % topk}) is negative")
     ends = torch.cumsum(positions.clamp(max=cap), 0) + torch.arange(1, positions.shape[0] + 1) * num_steps
+    if step_window:
+        ends = torch.cumsum((positions + num_steps).clamp(max=step_window), 0)
     z = _first_bad(ends > width)
     if z is not None:
         raise ValueError(f"request {z // topk}: positions[{z}] = {int(positions[z])} (branch {z % topk}) puts "
@@ -57,9 +60,9 @@ def _check_draft_positions(positions, topk, num_steps, cap, width):
 
 
 def _check_draft_translation(req_to_token, req_pool_indices, lengths, counts, branch_span, topk, num_steps, page_size,
-                             window_size, sink_size, v2p):
+                             window_size, sink_size, v2p, entry_page_size=1):
     """Every value the draft op reads (rows and lengths already checked) on a page inside ``v2p``."""
-    size, cols = v2p.shape[0], req_to_token.shape[1]
+    size, cols = v2p.shape[0], req_to_token.shape[1] * entry_page_size
     pool = req_pool_indices.long().cpu()
     position = torch.arange(cols)[None, :]
     sink = counts.clamp(max=sink_size) if window_size > 0 else counts
@@ -69,12 +72,15 @@ def _check_draft_translation(req_to_token, req_pool_indices, lengths, counts, br
     draft = (past >= 0) & (past.div(span, rounding_mode="floor") < topk) & (past.remainder(span) < num_steps)
     read = prefix | draft  # [B, C]
     values = _host_rows(req_to_token, pool)
+    if entry_page_size != 1:
+        values = values.repeat_interleave(entry_page_size, 1) * entry_page_size + position % entry_page_size
     pages = _lookup_pages(values, page_size)
     bad = _first_bad_entry(read & ((pages < 0) | (pages >= size)))
     if bad is not None:
         b, q = bad
-        raise ValueError(f"request {b}: req_to_token[{int(pool[b])}, {q}] = {int(values[b, q])} is on page "
-                         f"{int(pages[b, q])}, outside v2p's [0, {size})")
+        read_at = f"req_to_token[{int(pool[b])}, {q}]" if entry_page_size == 1 else f"position {q}"
+        raise ValueError(f"request {b}: {read_at} = {int(values[b, q])} is on page {int(pages[b, q])}, outside "
+                         f"v2p's [0, {size})")
 
 
 def _draft_segments(req_to_token, req_pool_indices, lengths, counts, topk, steps, page_size, window, sink_size,
@@ -109,7 +115,7 @@ def _draft_segments(req_to_token, req_pool_indices, lengths, counts, topk, steps
 
 def check_arguments(req_to_token, req_pool_indices, seq_lens, kv_indptr, out, num_steps, topk, page_size,
                     positions=None, window_size=0, sink_size=0, v2p=None, write_indptr_start=True,
-                    round_toward_zero=False, memory=True):
+                    round_toward_zero=False, entry_page_size=1, step_window=0, memory=True):
     """Validate ``create_draft_decode_kv_indices`` arguments; returns the device (``memory``: as for
     ``check_page_table_args``)."""
     batch, device = _common(req_to_token, req_pool_indices, seq_lens, None)
@@ -118,6 +124,11 @@ def check_arguments(req_to_token, req_pool_indices, seq_lens, kv_indptr, out, nu
     _python_int("page_size", page_size, 1, MAX_PAGE_SIZE)
     _python_int("window_size", window_size, 0, _INT32_MAX)
     _python_int("sink_size", sink_size, 0, _INT32_MAX)
+    _python_int("entry_page_size", entry_page_size, 1, MAX_PAGE_SIZE)
+    _python_int("step_window", step_window, 0, _INT32_MAX)
+    if step_window and window_size:
+        raise ValueError(f"step_window and window_size are two windows of the draft's reads: give one, got "
+                         f"step_window={step_window} and window_size={window_size}")
     for name, value in (("write_indptr_start", write_indptr_start), ("round_toward_zero", round_toward_zero)):
         if not isinstance(value, bool):
             raise TypeError(f"{name} must be a bool, got {type(value).__name__}")
@@ -141,19 +152,20 @@ def check_arguments(req_to_token, req_pool_indices, seq_lens, kv_indptr, out, nu
 
 
 def check_data(req_to_token, req_pool_indices, seq_lens, out, num_steps, topk, page_size, positions,
-               window_size, sink_size, v2p, round_toward_zero):
+               window_size, sink_size, v2p, round_toward_zero, entry_page_size=1, step_window=0):
     """``create_draft_decode_kv_indices``: with ``num_steps > 0``, every pool index in ``[0, R)``; ``seq_lens >=
-    0`` (0: an empty prefix); every draft slot read, up to ``start(b, topk - 1) + num_steps - 1``, before column
-    ``C`` (the prefix lies before it); the last step's segments end at or before ``out``'s width ``W``; with
-    ``v2p``, every value read (prefix and draft slots) on a page inside ``v2p``'s ``[0, V)`` (a negative value
-    is outside); with ``positions``, each of ``positions[:B*K]`` non-negative and the last step's
-    ``kv_indptr`` they give at or before ``W`` (a position above the window's cap is SGLang's rule, clamped as
-    documented)."""
+    0`` (0: an empty prefix); every draft slot read, up to ``start(b, topk - 1) + num_steps - 1``, before
+    position ``C * entry_page_size`` (the prefix lies before it); the last step's segments end at or before
+    ``out``'s width ``W``; with ``v2p``, every value read (prefix and draft slots) on a page inside ``v2p``'s
+    ``[0, V)`` (a negative value is outside); with ``positions``, each of ``positions[:B*K]`` non-negative and
+    the last step's ``kv_indptr`` they give at or before ``W`` (a position above the window's cap is SGLang's
+    rule, clamped as documented). With ``step_window``, the segments' widths are its own."""
     batch = req_pool_indices.shape[0]
     if num_steps == 0 or batch == 0:
         return
-    rows, cols = req_to_token.shape
-    lengths = _check_rows(req_to_token, req_pool_indices, seq_lens, None, 0, "seq_lens")
+    cols = req_to_token.shape[1] * entry_page_size
+    lengths = _check_rows(req_to_token, req_pool_indices, seq_lens, None, 0, "seq_lens",
+                          entry_page_size=entry_page_size)
     remainder = lengths.fmod(page_size) if round_toward_zero else lengths.remainder(page_size)
     branch_span = (remainder + num_steps + page_size - 1).div(page_size, rounding_mode="floor") * page_size
     draft_end = lengths + (topk - 1) * branch_span + num_steps  # past the last draft slot read
@@ -161,25 +173,30 @@ def check_data(req_to_token, req_pool_indices, seq_lens, out, num_steps, topk, p
     if b is not None:
         raise ValueError(f"request {b}: draft slots up to position {int(draft_end[b]) - 1} (seq_lens[{b}] = "
                          f"{int(lengths[b])}, {topk} branches of {num_steps} steps) run past the table's {cols} "
-                         f"columns")
+                         f"{'columns' if entry_page_size == 1 else 'positions'}")
     cap = draft_prefix_cap(window_size, sink_size)
     counts = lengths.clamp(max=cap)
     ends = topk * (torch.cumsum(counts, 0) + torch.arange(1, batch + 1) * num_steps)  # the last step's
+    if step_window:
+        ends = topk * torch.cumsum((counts + num_steps).clamp(max=step_window), 0)
     width = out.shape[1]
     b = _first_bad(ends > width)
     if b is not None:
         raise ValueError(f"request {b}: its segments of step {num_steps - 1} end at column {int(ends[b])}, past "
                          f"out's {width} columns")
     if positions is not None:
-        _check_draft_positions(positions[: batch * topk].long().cpu(), topk, num_steps, cap, width)
-    if v2p is not None:
+        _check_draft_positions(positions[: batch * topk].long().cpu(), topk, num_steps, cap, width, step_window)
+    if v2p is not None and step_window:  # the first step reads the longest prefix tail, every step a draft slot
+        _check_draft_translation(req_to_token, req_pool_indices, lengths, counts.clamp(max=step_window - 1),
+                                 branch_span, topk, num_steps, page_size, 1, 0, v2p, entry_page_size)
+    elif v2p is not None:
         _check_draft_translation(req_to_token, req_pool_indices, lengths, counts, branch_span, topk, num_steps,
-                                 page_size, window_size, sink_size, v2p)
+                                 page_size, window_size, sink_size, v2p, entry_page_size)
 
 
 def reference(req_to_token, req_pool_indices, seq_lens, kv_indptr, out, num_steps, topk,
               page_size=1, positions=None, window_size=0, sink_size=0, v2p=None,
-              write_indptr_start=True, round_toward_zero=False, pdl=False):
+              write_indptr_start=True, round_toward_zero=False, entry_page_size=1, step_window=0, pdl=False):
     """Multi-step speculative draft decode indices; semantics of ``kvdispatch.create_draft_decode_kv_indices``.
 
     ``S = num_steps`` rows of token CSR at once, row ``s`` for ``it = s + 1`` draft tokens. With
@@ -194,10 +211,11 @@ def reference(req_to_token, req_pool_indices, seq_lens, kv_indptr, out, num_step
       (``P = page_size``; ``mod`` floors, or truncates with ``round_toward_zero``; at ``P == 1`` or
       ``K == 1`` this is ``L_b + k * S``);
     * a position is read from row ``req_pool_indices[b]`` of ``req_to_token`` only when the row is in
-      ``[0, R)`` and the position in ``[0, C)``; other entries, and entries at columns ``>= W``, are left
-      untouched. The value read, ``x``, becomes with ``v2p`` (``[V]``): 0 when ``x < 0`` or ``x // P >= V``
-      or ``v2p[x // P] < 0``, else ``v2p[x // P] * P + x % P``; it is stored in ``out``'s dtype (the low
-      32 / 64 bits of the exact value).
+      ``[0, R)`` and the position in ``[0, C * E)`` (``E = entry_page_size``); other entries, and entries at
+      columns ``>= W``, are left untouched. The value read at position ``q`` is ``x = row[q]``, or with ``E``
+      above 1 ``row[q // E] * E + q % E`` (int64); it becomes with ``v2p`` (``[V]``): 0 when ``x < 0`` or
+      ``x // P >= V`` or ``v2p[x // P] < 0``, else ``v2p[x // P] * P + x % P``; it is stored in ``out``'s dtype
+      (the low 32 / 64 bits of the exact value).
 
     ``kv_indptr[s, z]`` for ``z`` in ``1 .. B*K``: the offset of segment ``z`` (``z = B*K``: the row's used
     length); with ``positions`` (``[>= B*K]``), ``sum(p[:z]) + z * it`` where ``p = min(max(positions, 0),
@@ -206,6 +224,12 @@ def reference(req_to_token, req_pool_indices, seq_lens, kv_indptr, out, num_step
     stored in ``kv_indptr``'s dtype as ``Tensor.to`` does. Lengths are clamped into ``[-BOUND, BOUND]`` first,
     which changes no position that can be read. Untouched: rows ``>= S`` of both outputs, the columns of
     ``kv_indptr`` past ``B*K`` (and column 0 without ``write_indptr_start``), everything with ``B == 0``.
+
+    With ``step_window`` ``V > 0`` (no ``window_size``), segment ``z`` of step ``s`` is the last ``keep = min(n_b
+    + it, V)`` entries of the ``n_b`` prefix tokens then the ``it`` draft slots: the prefix tail, positions
+    ``L_b - p + i`` for ``i < p = keep - min(it, V)``, then draft slots ``j`` from ``it - min(it, V)`` on; the
+    segments lie back to back (``offset(s, z)`` the ``keep`` of the segments before it) and ``kv_indptr[s, z]``
+    is that offset, or with ``positions`` ``sum(min(p[:z] + it, V))``.
 
     Memory and time O(S * (W + B*K)): each output column finds its segment by a sorted search.
     """
@@ -225,10 +249,16 @@ def reference(req_to_token, req_pool_indices, seq_lens, kv_indptr, out, num_step
     first_step_part = torch.addcmul((before * topk)[:, None], counts[:, None],
                                     torch.arange(1, topk + 1, device=device)).view(-1)  # [B*K]
     ends = torch.addcmul(first_step_part, segment_number, draft).clamp_(max=DRAFT_OFFSET_LIMIT)  # [S, B*K]
+    if step_window:  # exact: fewer than 2**31 widths of fewer than 2**31 entries
+        keep = (counts + draft).clamp_(max=step_window)  # [S, B]
+        ends = torch.cumsum(keep.repeat_interleave(topk, 1), 1).clamp_(max=DRAFT_OFFSET_LIMIT)
 
     indptr_rows = kv_indptr[:steps]
     if positions is None:
         indptr_values = ends
+    elif step_window:
+        counted = (positions[:segments].long().clamp(0, step_window) + draft).clamp_(max=step_window)
+        indptr_values = torch.cumsum(counted, 1).clamp_(max=DRAFT_OFFSET_LIMIT)
     else:
         counted = positions[:segments].long().clamp(0, cap)
         through = torch.cumsum(counted, 0).clamp_(max=DRAFT_OFFSET_LIMIT)  # exact, as `before`
@@ -241,20 +271,31 @@ def reference(req_to_token, req_pool_indices, seq_lens, kv_indptr, out, num_step
     width = out.shape[1]
     if width == 0 or rows == 0 or cols == 0:
         return out
+    readable = cols * entry_page_size
     segment_table = _draft_segments(req_to_token, req_pool_indices[:batch], lengths, counts, topk, steps, page_size,
                                     window_size > 0, sink_size, round_toward_zero)
     column = torch.arange(width, device=device)
     owner = torch.searchsorted(ends, column.expand(steps, width).contiguous(), right=True)  # [S, W], in [0, B*K]
     # Segment z starts where z - 1 ends (segment 0 at 0); the row past the last segment starts at its end.
     entry = column - torch.nn.functional.pad(ends, (1, 0)).gather(1, owner)
-    if window_size > 0:
+    if step_window:
+        chain = draft.clamp(max=step_window)
+        tail = torch.nn.functional.pad((keep - chain).repeat_interleave(topk, 1), (0, 1)).gather(1, owner)
+        count, _, draft_shift, pool, window_shift = segment_table[:5, owner]
+        position = entry - tail + torch.where(entry < tail, window_shift + count, draft_shift + count + draft - chain)
+    elif window_size > 0:
         count, prefix_shift, draft_shift, pool, window_shift, sink = segment_table[:, owner]  # [S, W] each
         prefix_shift = torch.where(entry < sink, prefix_shift, window_shift)
     else:  # the last two rows are not read
         count, prefix_shift, draft_shift, pool = segment_table[:4, owner]
-    position = entry + torch.where(entry < count, prefix_shift, draft_shift)
-    clamped = position.clamp(0, cols - 1)
-    values = req_to_token[pool, clamped]
+    if not step_window:
+        position = entry + torch.where(entry < count, prefix_shift, draft_shift)
+    clamped = position.clamp(0, readable - 1)
+    if entry_page_size == 1:
+        values = req_to_token[pool, clamped]
+    else:
+        entry = torch.div(clamped, entry_page_size, rounding_mode="floor")
+        values = torch.add(clamped - entry * entry_page_size, req_to_token[pool, entry], alpha=entry_page_size)
     if v2p is not None:
         values = _translated(values, v2p, page_size)
     _store(out[:steps], clamped == position, values)
@@ -267,8 +308,8 @@ def create_draft_decode_kv_indices(req_to_token: Tensor, req_pool_indices: Tenso
                                    out: Tensor, *, num_steps: int, topk: int, page_size: int = 1,
                                    positions: Tensor | None = None, window_size: int = 0, sink_size: int = 0,
                                    v2p: Tensor | None = None, write_indptr_start: bool = True,
-                                   round_toward_zero: bool = False, backend: str | None = None,
-                                   enable_pdl: bool | None = None) -> Tensor:
+                                   round_toward_zero: bool = False, entry_page_size: int = 1, step_window: int = 0,
+                                   backend: str | None = None, enable_pdl: bool | None = None) -> Tensor:
     """Build the token CSR of every step of a speculative multi-step draft decode (EAGLE with ``topk``
     branches per request) into ``out`` and ``kv_indptr``, all steps in one launch.
 
@@ -299,6 +340,14 @@ def create_draft_decode_kv_indices(req_to_token: Tensor, req_pool_indices: Tenso
         v2p: int32/int64 ``[V]``, contiguous: every value ``x`` read is written as
             ``v2p[x // P] * P + x % P``, or 0 when ``x < 0``, ``x // P >= V`` or ``v2p[x // P] < 0``.
         write_indptr_start: write ``kv_indptr[s, 0] = 0`` (SGLang's kernel leaves it untouched).
+        entry_page_size: int in ``[1, 4096]``: ``E`` tokens per table entry (a page-granular table, such as the
+            unified pool's read table): position ``q`` reads ``row_b[q // E] * E + q % E`` (64-bit) in place of
+            ``row_b[q]``, and a row has ``C * E`` positions. Then ``v2p``, when given, translates that value.
+        step_window: int in ``[0, 2**31 - 1]``; above 0 (without ``window_size``), a sliding window over what
+            each step reads, its draft slots included (SGLang's per-step window CSR): segment ``z`` of step
+            ``s`` is the last ``keep = min(n_b + it, step_window)`` entries of its prefix then its ``it`` draft
+            slots (the prefix's tail, then the latest ``min(it, step_window)`` draft slots), and ``kv_indptr``
+            holds the sums of those widths (with ``positions``: of ``min(p + it, step_window)``).
 
     Args:
         req_to_token: int32 ``[R, C]``, last dim contiguous, any row stride.

@@ -21,13 +21,13 @@ __all__ = ["create_translated_page_table"]
 
 
 def check_arguments(req_to_token, req_pool_indices, seq_lens, v2p, out, page_size, multiplier=1,
-                    max_pages=None, seq_len_delta=0, memory=True):
+                    max_pages=None, seq_len_delta=0, fill_value=None, memory=True):
     """Validate ``create_translated_page_table`` arguments; returns the device (``memory``: as for
     ``check_page_table_args``)."""
     try:  # hot path, as in check_page_table_args
         device, batch_shape = req_to_token.device, req_pool_indices.shape
         if (memory and len(batch_shape) == 1 and _small_int(page_size, 1, MAX_PAGE_SIZE) and _small_int(multiplier)
-                and _small_int(seq_len_delta)):
+                and _small_int(seq_len_delta) and (fill_value is None or _small_int(fill_value))):
             batch = batch_shape[0]
             table = _int32_span(req_to_token, device, 2)
             written = _int32_span(out, device, 2, batch, True)
@@ -48,6 +48,8 @@ def check_arguments(req_to_token, req_pool_indices, seq_lens, v2p, out, page_siz
     if max_pages is not None:
         _python_int("max_pages", max_pages, 0, out.shape[1])
     _python_int("seq_len_delta", seq_len_delta, _INT32_MIN, _INT32_MAX)
+    if fill_value is not None:
+        _python_int("fill_value", fill_value, _INT32_MIN, _INT32_MAX)
     if not memory:
         return device
     _check_rows_apart(out)
@@ -58,7 +60,7 @@ def check_arguments(req_to_token, req_pool_indices, seq_lens, v2p, out, page_siz
 
 
 def check_data(req_to_token, req_pool_indices, seq_lens, v2p, out, page_size, multiplier,
-               max_pages, seq_len_delta):
+               max_pages, seq_len_delta, fill_value=None):
     """``create_translated_page_table``: every pool index in ``[0, R)``; ``seq_lens + seq_len_delta >= 0``; a
     non-empty row ends at or before column ``C``; its ``ceil(L_b / page_size)`` pages fit the columns it may
     write (``max_pages``, else ``out``'s width); every virtual page a live column reads (``token //
@@ -90,19 +92,22 @@ def check_data(req_to_token, req_pool_indices, seq_lens, v2p, out, page_size, mu
 
 
 def reference(req_to_token, req_pool_indices, seq_lens, v2p, out, page_size, multiplier=1,
-              max_pages=None, seq_len_delta=0, pdl=False):
+              max_pages=None, seq_len_delta=0, fill_value=None, pdl=False):
     """The unified pool's translated page table; semantics of ``kvdispatch.create_translated_page_table``.
 
     Request ``b`` has ``pages_b = min(ceil(L_b / P), ceil(C / P))`` live columns (0 for a bad pool index or
     ``L_b = seq_lens[b] + seq_len_delta <= 0``; at most ``max_pages``, ``W`` when None). Column ``c`` reads ``t =
     req_to_token[pool_b, c * P]``, the virtual page ``v = 0 if t < 0 else t // P`` and writes ``out[b, c] =
     min(max(v2p[v] * multiplier, 0), 2**31 - 1)`` (exact: saturated, never wrapped), or 0 when ``v >= V =
-    len(v2p)``. Untouched: rows ``>= B`` and every column past a row's live ones.
+    len(v2p)``. With ``fill_value``, the columns ``[pages_b, max_pages)`` get it. Untouched: rows ``>= B``,
+    columns ``>= max_pages`` and, without ``fill_value``, every column past a row's live ones.
     """
     batch = req_pool_indices.shape[0]
     width = out.shape[1] if max_pages is None else min(max_pages, out.shape[1])
     if batch == 0 or width <= 0:
         return out
+    if fill_value is not None:
+        out[:batch, :width].fill_(fill_value)
     columns, live, tokens = _page_reads(req_to_token, req_pool_indices, seq_lens, width, page_size, seq_len_delta)
     if columns == 0:
         return out
@@ -127,7 +132,7 @@ def reference(req_to_token, req_pool_indices, seq_lens, v2p, out, page_size, mul
          reference=reference)
 def create_translated_page_table(req_to_token: Tensor, req_pool_indices: Tensor, seq_lens: Tensor, v2p: Tensor,
                                  out: Tensor, *, page_size: int, multiplier: int = 1, max_pages: int | None = None,
-                                 seq_len_delta: int = 0, backend: str | None = None,
+                                 seq_len_delta: int = 0, fill_value: int | None = None, backend: str | None = None,
                                  enable_pdl: bool | None = None) -> Tensor:
     """Build a page table translated through a virtual-to-physical page map (SGLang's unified pool) into ``out``.
 
@@ -151,12 +156,14 @@ def create_translated_page_table(req_to_token: Tensor, req_pool_indices: Tensor,
         multiplier: 32-bit int; physical pages are scaled by it (a sub-pool's blocks per page).
         max_pages: optional int in ``[0, W]``: the columns a row may write (None: ``W``).
         seq_len_delta: 32-bit int added to every length (draft tokens in whole-sequence verify).
+        fill_value: optional 32-bit int; when given, columns ``[pages_b, max_pages)`` of each row ``b < B`` are
+            set to it (a table allocated with ``torch.empty`` then holds no stale column).
         backend, enable_pdl: as for ``create_trtllm_mha_page_table``.
 
-    Left untouched: rows ``>= B``, columns ``>= max_pages`` and the columns past each row's live ones (a reused
-    buffer keeps its stale tail). Bad data never reads or writes out of bounds: a bad pool index or a length
-    ``<= 0`` gives an empty row, a row ends at its first column starting at or past ``C``. No host sync, no
-    device allocation on the GPU backends.
+    Left untouched: rows ``>= B``, columns ``>= max_pages`` and, without ``fill_value``, the columns past each
+    row's live ones (a reused buffer keeps its stale tail). Bad data never reads or writes out of bounds: a bad
+    pool index or a length ``<= 0`` gives an empty row, a row ends at its first column starting at or past
+    ``C``. No host sync, no device allocation on the GPU backends.
 
     Raises ``TypeError``/``ValueError`` naming the argument before anything is written, also where ``out``
     shares memory with an input or its rows share memory.

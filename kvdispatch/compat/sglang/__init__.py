@@ -10,8 +10,9 @@ kvdispatch.compat.sglang.kernels.ops.attention.kv_indices import X``); every nam
   the grid helpers (``spec_kv_index_token_blocks`` and ``SPEC_KV_INDEX_BLOCKS_MIN_CONTEXT`` among them);
 * ``kernels.ops.attention.trtllm_mha_page_table``: the TRT-LLM MHA page table with its SWA twin;
 * ``kernels.ops.attention.dcp_kernels``: one decode-context-parallel rank's token CSR and MLA block table;
-* ``kernels.ops.kvcache.kv_read_table``: the unified pool's read table (``build_kv_read_table``);
-* ``kernels.ops.speculative.cache_locs``: the multi-step draft decode indices;
+* ``kernels.ops.kvcache.kv_read_table``: the unified pool's read table (``build_kv_read_table``) and its packed
+  token stream (``build_kv_read_table_packed``);
+* ``kernels.ops.speculative.cache_locs``: the multi-step draft decode indices and their per-step window CSR;
 * ``srt.layers.dcp.layout``: ``get_dcp_lens``; ``srt.speculative.spec_utils``: the draft buffer sizing helpers.
 
 Builders SGLang calls as Triton kernels are called the same way, ``builder[grid](...)``, or directly. The row
@@ -27,8 +28,7 @@ strides and grid entries are Python ints (never bool or float) in range, flags a
 ``TypeError`` / ``ValueError`` naming the argument (errors from the forwarded call name the public function's
 parameters: ``out``, ``seq_lens``, ...). A grid is a Triton grid: one to three ints ``>= 0``, or a callable of
 the arguments by name giving one. SGLang's asserts are ValueErrors. Options kvdispatch does not implement raise
-``NotImplementedError`` naming them (``ENTRY_PAGE_SIZE > 1`` of the draft builder, ``HAS_V2P`` of the DCP block
-table, ``zero_tail`` of the read table).
+``NotImplementedError`` naming them (``HAS_V2P`` of the DCP block table).
 
 The one intended difference: where SGLang's kernels would step outside a request's row (a request longer than
 its table row, or needing more pages than its output row holds: SGLang reads the neighbouring row of
@@ -84,3 +84,9 @@ from .kernels.ops.speculative.cache_locs import (assign_draft_cache_locs_contigu
 
 __all__ += ["assign_draft_cache_locs_contiguous_func", "assign_extend_cache_locs_func",
             "assign_extend_cache_locs_uniform_func", "fill_front_out_cache_loc_func"]
+
+# The unified pool's packed read stream and the draft decode's sliding-window CSR.
+from .kernels.ops.kvcache.kv_read_table import build_kv_read_table_packed  # noqa: E402
+from .kernels.ops.speculative.cache_locs import generate_draft_decode_window_kv_indices  # noqa: E402
+
+__all__ += ["build_kv_read_table_packed", "generate_draft_decode_window_kv_indices"]
