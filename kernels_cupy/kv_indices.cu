@@ -709,3 +709,44 @@ extern "C" __global__ void kv_dcp_page_table(
     }
     KV_GRID_RELEASE();
 }
+
+// ---- Compacted CSR (kvdispatch/ops/compact_csr.py): request b reads row r_b = b * row_step of the source from
+// first_b = start_b + offset (start_b = source_indptr[b] with KV_START, else 0) every `step` positions, and writes
+// out[kv_indptr[b] + j] = source[r_b, first_b + j * step] for j < min(lens[b], ceil((C - first_b) / step),
+// max_count), skipping every j whose target falls outside [0, out_len). A source row >= R or a first position
+// outside [0, C) gives an empty row. KV_FILL: a request with lens[b] == 0 writes empty_fill at out[kv_indptr[b]]
+// (program 0, thread 0 of its row). KV_WIDE_OUT: out is int64.
+extern "C" __global__ void kv_compact_csr(
+    const int* __restrict__ source, kv_i64 rows, kv_i64 cols, kv_i64 source_stride,
+    const void* __restrict__ lens, kv_i64 lens_stride, const void* __restrict__ source_indptr, kv_i64 start_stride,
+    const void* __restrict__ kv_indptr, kv_i64 indptr_stride, void* __restrict__ out, kv_i64 out_len,
+    kv_i64 items, kv_i64 flags, kv_i64 row_step, kv_i64 offset, kv_i64 step, kv_i64 max_count, kv_i64 empty_fill) {
+    KV_GRID_WAIT();
+    const kv_i64 b = blockIdx.x;
+    const kv_i64 program = kv_row_program(KV_HAS(KV_FOLDED_GRID));
+    const kv_i64 stride = kv_row_programs(KV_HAS(KV_FOLDED_GRID)) * items;
+    const kv_i64 length = kv_load_index(lens, b * lens_stride, KV_HAS(KV_WIDE_LENS));
+    const kv_i64 target = kv_load_index(kv_indptr, b * indptr_stride, KV_HAS(KV_WIDE_INDPTR));
+    const kv_i64 bound = 1LL << 62;
+    const kv_i64 start = KV_HAS(KV_START) ? kv_load_index(source_indptr, b * start_stride, KV_HAS(KV_WIDE_START)) : 0;
+    const kv_i64 first = kv_min(kv_max(start, -bound), bound) + offset;
+    const kv_i64 source_row = b * row_step;
+    const bool wide_out = KV_HAS(KV_WIDE_OUT);
+    if (KV_HAS(KV_FILL) && program == 0 && threadIdx.x == 0 && length == 0 && target >= 0 && target < out_len) {
+        if (wide_out) ((kv_i64*)out)[target] = empty_fill;
+        else ((int*)out)[target] = (int)empty_fill;
+    }
+    const bool readable = source_row < rows && first >= 0 && first < cols;
+    const kv_i64 count = readable ? kv_min(kv_min(kv_max(length, 0), (cols - first + step - 1) / step), max_count) : 0;
+    kv_i64 row_lo, row_hi;
+    if (!kv_row_tokens(target, count, out_len, &row_lo, &row_hi)) return;
+    const int* row = source + source_row * source_stride + first;
+    for (kv_i64 lo = row_lo + program * items; lo < row_hi; lo += stride) {  // the block of entries [lo, hi)
+        const kv_i64 hi = kv_min(lo + items, row_hi);
+        for (kv_i64 j = lo + threadIdx.x; j < hi; j += blockDim.x) {
+            if (wide_out) ((kv_i64*)out)[target + j] = row[j * step];
+            else ((int*)out)[target + j] = row[j * step];
+        }
+    }
+    KV_GRID_RELEASE();
+}

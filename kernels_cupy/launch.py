@@ -348,3 +348,34 @@ def _launched(call: KernelCall | None, device, out, pdl=False):
         if launches is not None:  # a call that may register a replay plan (kvdispatch.host_path)
             launches.append(functools.partial(native.replay_launch, call, device.index))
     return out
+
+
+from .build import COMPACT_CSR_KERNEL  # noqa: E402
+
+_compact_csr_launch = functools.lru_cache(maxsize=4096)(grid.compact_csr_launch)
+_GEOMETRY_CACHES += (_compact_csr_launch,)
+
+
+def compact_csr_call(source, lens, kv_indptr, out, row_step=1, source_indptr=None, offset=0, step=1, empty_fill=None,
+                     max_count=None) -> KernelCall | None:
+    """The ``kv_compact_csr`` launch for ``kvdispatch.ops.compact_csr.reference``'s arguments, or None when there
+    is nothing to do."""
+    launch = _compact_csr_launch(lens.shape[0], source.shape[1], out.shape[0], step, budget=_budget(out))
+    if launch.grid[0] == 0:
+        return None
+    flags = (_wide(lens, WIDE_LENS) | _wide(kv_indptr, WIDE_INDPTR) | _wide(source_indptr, WIDE_START)
+             | (START if source_indptr is not None else 0) | (FILL if empty_fill is not None else 0)
+             | _folded(launch) | _wide(out, WIDE_OUT))
+    args = _table_args(source) + (
+        lens, lens.stride(0), source_indptr, _stride(source_indptr), kv_indptr, kv_indptr.stride(0), out,
+        out.shape[0], launch.items_per_program, flags, row_step, offset, step,
+        2**62 if max_count is None else max_count, empty_fill or 0)
+    return _kernel_call(COMPACT_CSR_KERNEL, (("KV_FLAGS", flags),), launch, args)
+
+
+def build_compact_kv_indices(source, lens, kv_indptr, out, row_step=1, source_indptr=None, offset=0, step=1,
+                             empty_fill=None, max_count=None, pdl=False):
+    """The compacted CSR; semantics of ``kvdispatch.create_compact_kv_indices``; ``pdl`` as for
+    ``build_page_table``. Returns ``out``."""
+    return _launched(compact_csr_call(source, lens, kv_indptr, out, row_step, source_indptr, offset, step, empty_fill,
+                                      max_count), source.device, out, pdl)

@@ -233,3 +233,16 @@ def dcp_page_table_launch(batch: int, width: int, page_size: int, *, budget: int
     ``page_table_launch``."""
     return _launch(batch, width, items_per_program(DCP_PAGE_TABLE, page_size), "the page-table width (out.shape[1])",
                    budget=budget)
+
+
+# Compacted CSR (``kvdispatch.create_compact_kv_indices``): a row copies every ``step``-th entry of a source row,
+# with the token CSR's tokens per program.
+COMPACT_CSR = "compact_csr"
+
+
+def compact_csr_launch(batch: int, source_width: int, out_len: int, step: int, *, budget: int | None = None) -> Launch:
+    """Geometry of the compacted-CSR kernel: a row writes at most ``min(ceil(source_width / step), out_len)``
+    entries, and at least one program per row (an empty request's placeholder entry); ``budget`` as for
+    ``page_table_launch``."""
+    return _launch(batch, max(min(-(-source_width // step), out_len), 1), _TOKENS_PER_PROGRAM,
+                   "min(ceil(source.shape[1] / step), out.shape[0])", budget=budget)

@@ -193,3 +193,23 @@ def kernel(key):
     if name not in globals():
         raise AttributeError(f"the host build has no {name}")
     return globals()[name]
+
+
+def build_compact_kv_indices(source, lens, kv_indptr, out, row_step=1, source_indptr=None, offset=0, step=1,
+                             empty_fill=None, max_count=None, specialised=False):
+    """The CuPy backend's ``build_compact_kv_indices`` through the host build (as ``build_page_table``)."""
+    from kernels_cupy.launch import compact_csr_call  # noqa: PLC0415
+
+    _require_cpu(source)
+    run(compact_csr_call(source, lens, kv_indptr, out, row_step, source_indptr, offset, step, empty_fill, max_count),
+        specialised)
+    return out
+
+
+def create_compact_kv_indices(source, lens, kv_indptr, out, *, row_step=1, source_indptr=None, offset=0, step=1,
+                              empty_fill=None, max_count=None, specialised=False):
+    """``kvdispatch.create_compact_kv_indices`` on CPU tensors, through the host build of the kernel."""
+    options = dict(row_step=row_step, source_indptr=source_indptr, offset=offset, step=step, empty_fill=empty_fill,
+                   max_count=max_count)
+    ops.compact_csr.check_arguments(source, lens, kv_indptr, out, **options)
+    return build_compact_kv_indices(source, lens, kv_indptr, out, **options, specialised=specialised)

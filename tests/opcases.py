@@ -354,3 +354,29 @@ def build(key: str, seed: int, knobs: Knobs = Knobs(), *, device="cpu", hostile=
     parameters = dispatch.OPS[key].parameters
     assert tuple(arguments) == parameters, f"{key}: the builder's arguments are not the op's parameters"
     return OpCase(key, arguments, d.allocations)
+
+
+def _compact_csr(d: _Draw, k: Knobs):
+    """A token table read every ``row_step`` rows, or (options) one DCP rank's share of a flat CSR: one row,
+    ``source_indptr`` its row starts, ``offset`` the rank, ``step`` the DCP size; zero lengths get a placeholder
+    now and then, and ``max_count`` cuts some rows."""
+    row_step = d.integer(0, 3)
+    rows, cols = k.batch * max(row_step, 1) + d.integer(-1, 2), k.pages * 8 + 3
+    step, offset, starts, max_count = 1, 0, None, None
+    if k.options:
+        step = d.integer(1, 5)
+        offset = d.integer(0, step)
+        rows, row_step = 1, 0
+        starts = d.values(-2, cols, k.batch)
+        max_count = d.integer(0, cols // step + 2) if d.flag() else None
+    source = d.table(max(rows, 1), cols, -3, 1 << 20)
+    lens = d.requests(k.batch, 1, -(-cols // step) + 3)[1]
+    lens, fill = d.vector(lens), (d.integer(-5, 5) if d.flag() else None)
+    room = lens.cpu().long().clamp(1, -(-cols // step))
+    indptr, total = _csr_indptr(d, room, -(-cols // step))
+    return dict(source=source, lens=lens, kv_indptr=indptr, out=d.output("out", (total,), d.dtype()),
+                row_step=row_step, source_indptr=None if starts is None else d.vector(starts), offset=offset,
+                step=step, empty_fill=fill, max_count=max_count)
+
+
+BUILDERS["compact_csr"] = _compact_csr

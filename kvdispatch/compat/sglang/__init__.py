@@ -73,3 +73,8 @@ __all__ = [
     "kv_indices_num_token_blocks",
     "spec_kv_index_token_blocks",
 ]
+
+from .kernels.ops.attention.dcp_kernels import (compact_dcp_verify_token_table_to_ragged,  # noqa: E402
+                                                update_kv_lens_and_indices)
+
+__all__ += ["compact_dcp_verify_token_table_to_ragged", "update_kv_lens_and_indices"]

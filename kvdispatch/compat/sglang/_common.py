@@ -156,3 +156,8 @@ def _leading(name, t, rows):
     if t.shape[0] < rows:
         raise ValueError(f"{name} must have at least {rows} entries (the rows launched), got {t.shape[0]}")
     return t if t.shape[0] == rows else t[:rows]
+
+
+from ...ops.compact_csr import create_compact_kv_indices as _build_compact_csr  # noqa: E402
+
+__all__ += ["_build_compact_csr"]

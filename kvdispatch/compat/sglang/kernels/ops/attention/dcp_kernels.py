@@ -102,3 +102,58 @@ def _create_mla_kv_page_table_for_dcp(launch_grid, req_to_token_ptr, req_pool_in
 create_triton_kv_indices_for_dcp_triton = _Launch(_create_triton_kv_indices_for_dcp,
                                                   "create_triton_kv_indices_for_dcp_triton")
 create_mla_kv_page_table_for_dcp = _Launch(_create_mla_kv_page_table_for_dcp, "create_mla_kv_page_table_for_dcp")
+
+
+def _compact_dcp_verify_token_table_to_ragged(launch_grid, token_table_ptr, local_kv_lens_ptr, kv_indptr_ptr,
+                                              kv_indices_ptr, table_stride, Q_LEN, BLOCK_SIZE):
+    """Aiter's DCP verify shard as ragged ids: row 0 of each request's ``Q_LEN`` rows of the token table.
+
+    For request ``b < B`` (``B = grid[0]``, or ``local_kv_lens_ptr.shape[0]`` called directly):
+    ``kv_indices_ptr[kv_indptr_ptr[b] + j] = token_table_ptr[b * Q_LEN, j]`` for ``j < local_kv_lens_ptr[b]``;
+    a request with ``local_kv_lens_ptr[b] == 0`` gets one 0 at ``kv_indptr_ptr[b]`` (a placeholder the caller
+    removes later). ``token_table_ptr``: an int32 ``[rows, table_stride]`` table (or a flat buffer read as rows of
+    ``table_stride``); a shard longer than a row ends at the row's end (SGLang asserts, then reads the next row).
+    ``Q_LEN`` and ``BLOCK_SIZE``: ints ``>= 1`` (``BLOCK_SIZE`` sizes SGLang's loop, not the result). Everything
+    else is left untouched. Forwards to ``kvdispatch.create_compact_kv_indices``. Returns ``kv_indices_ptr``.
+    """
+    _check_int("Q_LEN", Q_LEN, 1, _INT32_MAX)
+    _check_int("BLOCK_SIZE", BLOCK_SIZE, 1, _INT32_MAX)
+    table = _as_rows(token_table_ptr, table_stride, "token_table_ptr", "table_stride")
+    _tensor("local_kv_lens_ptr", local_kv_lens_ptr)
+    if launch_grid:
+        local_kv_lens_ptr = _leading("local_kv_lens_ptr", local_kv_lens_ptr, launch_grid[0])
+    _common._build_compact_csr(table, local_kv_lens_ptr, kv_indptr_ptr, kv_indices_ptr, row_step=Q_LEN, empty_fill=0)
+    return kv_indices_ptr
+
+
+def _update_kv_lens_and_indices(launch_grid, kv_lens, kv_lens_cumsum, kv_indices, local_kv_lens, local_kv_lens_cumsum,
+                                local_kv_indices, dcp_rank, dcp_world_size, BLOCK_SIZE):
+    """One DCP rank's share of a token CSR, compacted: for request ``b < B`` (``B = grid[0]``, or
+    ``local_kv_lens.shape[0]`` called directly), ``local_kv_indices[local_kv_lens_cumsum[b] + j] =
+    kv_indices[kv_lens_cumsum[b] + dcp_rank + j * dcp_world_size]`` for ``j < local_kv_lens[b]`` (at most
+    ``grid[1] * BLOCK_SIZE``, the entries SGLang's grid covers), the ids unchanged (still widened).
+    ``kv_lens`` is not read (nor by SGLang's kernel). ``kv_indices``: int32, 1-D, contiguous; a shard running
+    past its end ends there. ``dcp_world_size``: an int in ``[1, 1024]``, ``dcp_rank`` in ``[0,
+    dcp_world_size)``, ``BLOCK_SIZE`` an int ``>= 1``. Everything else is left untouched. Forwards to
+    ``kvdispatch.create_compact_kv_indices``. Returns ``local_kv_indices``.
+    """
+    _check_int("dcp_world_size", dcp_world_size, 1, MAX_DCP_SIZE)
+    _check_int("dcp_rank", dcp_rank, 0, dcp_world_size - 1)
+    _check_int("BLOCK_SIZE", BLOCK_SIZE, 1, _INT32_MAX)
+    _tensor("kv_lens", kv_lens)
+    _int32_tensor("kv_indices", kv_indices, 1)
+    _tensor("local_kv_lens", local_kv_lens)
+    max_count = None
+    if launch_grid:
+        local_kv_lens = _leading("local_kv_lens", local_kv_lens, launch_grid[0])
+        max_count = launch_grid[1] * BLOCK_SIZE
+    _common._build_compact_csr(kv_indices[None], local_kv_lens, local_kv_lens_cumsum, local_kv_indices, row_step=0,
+                               source_indptr=kv_lens_cumsum, offset=dcp_rank, step=dcp_world_size,
+                               max_count=max_count)
+    return local_kv_indices
+
+
+compact_dcp_verify_token_table_to_ragged = _Launch(_compact_dcp_verify_token_table_to_ragged,
+                                                   "compact_dcp_verify_token_table_to_ragged")
+update_kv_lens_and_indices = _Launch(_update_kv_lens_and_indices, "update_kv_lens_and_indices")
+__all__ += ["compact_dcp_verify_token_table_to_ragged", "update_kv_lens_and_indices"]
