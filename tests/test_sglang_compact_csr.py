@@ -11,7 +11,10 @@ import torch
 
 from conftest import BACKENDS, DEVICE, through
 from kvcases import POISON
-from test_sglang_against_release import ROOT, _generator, _same, _twins, release  # noqa: F401  (a fixture)
+import test_sglang_against_release as against
+from test_sglang_against_release import ROOT, _generator, _same, _twins
+
+release = against.release  # the fixture loading the release's modules
 
 pytestmark = pytest.mark.skipif(ROOT is None, reason="SGLang's source is not here (set SGLANG_SOURCE)")
 
