@@ -289,3 +289,27 @@ def producer(source, target, trigger: bool):
     NVIDIA sm_90+); without it, as PyTorch's kernels, it does not."""
     n = source.shape[0]
     _producer_kernel[(1,)](source, target, n, BLOCK=triton.next_power_of_2(n), TRIGGER=trigger, num_warps=4)
+
+
+# ``compact_grid_2d``: one DCP rank's share of a CSR compacted, after SGLang's ``update_kv_lens_and_indices``
+# (written for kvdispatch): a 2-D grid ``(batch, blocks)`` of ``COMPACT_BLOCK`` ids per program, the blocks sized
+# from the longest shard of a full-length row (the planner's ``max_local_len``).
+COMPACT_BLOCK = 128
+
+
+@triton.jit
+def _compact_grid_2d_kernel(source, starts, lengths, indptr, out, DCP_SIZE: tl.constexpr, DCP_RANK: tl.constexpr,
+                            BLOCK: tl.constexpr):
+    b = tl.program_id(0)
+    j = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    mask = j < tl.load(lengths + b)
+    ids = tl.load(source + tl.load(starts + b) + DCP_RANK + j * DCP_SIZE, mask=mask)
+    tl.store(out + tl.load(indptr + b) + j, ids, mask=mask)
+
+
+def compact_grid_2d(source, starts, local_lens, local_indptr, out, dcp_size, dcp_rank):
+    """The rank's share of the CSR ``source`` (``[1, N]``, rows from ``starts``) into ``out``."""
+    grid = (local_lens.shape[0], triton.cdiv(out.shape[0] // max(local_lens.shape[0], 1), COMPACT_BLOCK))
+    _compact_grid_2d_kernel[grid](source, starts, local_lens, local_indptr, out, DCP_SIZE=dcp_size,
+                                  DCP_RANK=dcp_rank, BLOCK=COMPACT_BLOCK)
+    return grid
