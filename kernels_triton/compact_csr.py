@@ -2,7 +2,7 @@
 ``kvdispatch.grid``.
 
 Program ``(b, k)`` of a row of ``T`` programs copies the blocks of entries ``j`` in ``skip_b + [i *
-TOKENS_PER_PROGRAM, (i + 1) * TOKENS_PER_PROGRAM)``, ``i = k, k + T, ...``, of request ``b``: every ``step``-th
+ENTRIES_PER_PROGRAM, (i + 1) * ENTRIES_PER_PROGRAM)``, ``i = k, k + T, ...``, of request ``b``: every ``step``-th
 entry of its source row from its first position (a strided gather), as the DCP token CSR copies its rank's
 tokens. Program 0 of a row writes an empty request's placeholder. Sizes, strides, the row step, offset and step
 are runtime ints: every shape shares one compilation per option set.
@@ -24,7 +24,7 @@ from . import native
 PARAMETERS = ("source_ptr", "lens_ptr", "indptr_ptr", "out_ptr", "start_ptr", "source_rows", "source_cols",
               "source_row_stride", "out_len", "row_step", "offset", "step", "max_count", "empty_fill", "lens_stride",
               "indptr_stride", "start_stride")
-CONSTEXPRS = ("TOKENS_PER_PROGRAM", "HAS_START", "HAS_FILL", "FOLDED_GRID", "PDL")
+CONSTEXPRS = ("ENTRIES_PER_PROGRAM", "HAS_START", "HAS_FILL", "FOLDED_GRID", "PDL")
 POINTERS = tuple(n for n in PARAMETERS if n.endswith("_ptr"))
 RUNTIME_INTS = tuple(n for n in PARAMETERS if not n.endswith("_ptr"))
 _BOUND = 2**62
@@ -35,7 +35,7 @@ def _compact_csr_kernel(
     source_row_stride: tl.int64, out_len: tl.int64, row_step: tl.int64, offset: tl.int64, step: tl.int64,
     max_count: tl.int64, empty_fill: tl.int64, lens_stride: tl.int64, indptr_stride: tl.int64,
     start_stride: tl.int64,
-    TOKENS_PER_PROGRAM: tl.constexpr, HAS_START: tl.constexpr, HAS_FILL: tl.constexpr, FOLDED_GRID: tl.constexpr,
+    ENTRIES_PER_PROGRAM: tl.constexpr, HAS_START: tl.constexpr, HAS_FILL: tl.constexpr, FOLDED_GRID: tl.constexpr,
     PDL: tl.constexpr,
 ):
     """``out[indptr[b] + j] = source[b * row_step, first_b + j * step]`` for the program's entries ``j`` below
@@ -47,11 +47,11 @@ def _compact_csr_kernel(
     row = tl.program_id(0).to(tl.int64)
     length = tl.load(lens_ptr + row * lens_stride).to(tl.int64)
     target_start = tl.load(indptr_ptr + row * indptr_stride).to(tl.int64)
-    target_start = tl.minimum(tl.maximum(target_start, -_BOUND), _BOUND)
+    target_start = tl.minimum(tl.maximum(target_start, -(2**62)), 2**62)
     first = offset.to(tl.int64)
     if HAS_START:
         start = tl.load(start_ptr + row * start_stride).to(tl.int64)
-        first += tl.minimum(tl.maximum(start, -_BOUND), _BOUND)
+        first += tl.minimum(tl.maximum(start, -(2**62)), 2**62)
     source_row = row * row_step
     readable = (source_row < source_rows) & (first >= 0) & (first < source_cols)
     first = tl.where(readable, first, 0)
@@ -64,11 +64,11 @@ def _compact_csr_kernel(
             tl.store(out_ptr + target_start, empty_fill.to(out_ptr.dtype.element_ty))
     skip = tl.maximum(-target_start, 0)
     end = tl.minimum(count, out_len - target_start)
-    first_entry = skip + program * TOKENS_PER_PROGRAM
+    first_entry = skip + program * ENTRIES_PER_PROGRAM
     row_ptr = source_ptr + source_row * source_row_stride + first
-    entries_step = _launch.programs_in_row(FOLDED_GRID) * TOKENS_PER_PROGRAM
+    entries_step = _launch.programs_in_row(FOLDED_GRID) * ENTRIES_PER_PROGRAM
     for block in range(first_entry, end, entries_step):
-        entry = block + tl.arange(0, TOKENS_PER_PROGRAM)
+        entry = block + tl.arange(0, ENTRIES_PER_PROGRAM)
         copied = entry < end
         values = tl.load(row_ptr + entry * step, mask=copied)
         tl.store(out_ptr + target_start + entry, values.to(out_ptr.dtype.element_ty), mask=copied)
@@ -83,7 +83,7 @@ _plans = _launch.plan_cache(on_clear=functools.partial(native.forget_plans, "com
 
 def constexprs(has_start: bool, has_fill: bool, folded_grid: bool = False, pdl: bool = False) -> dict:
     """The constexpr arguments of one specialisation."""
-    return dict(TOKENS_PER_PROGRAM=launch_grid.items_per_program(launch_grid.TOKEN_CSR), HAS_START=has_start,
+    return dict(ENTRIES_PER_PROGRAM=launch_grid.items_per_program(launch_grid.TOKEN_CSR), HAS_START=has_start,
                 HAS_FILL=has_fill, FOLDED_GRID=folded_grid, PDL=pdl)
 
 

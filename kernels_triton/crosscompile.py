@@ -319,3 +319,26 @@ def main(argv=None) -> int:
 
 if __name__ == "__main__":
     raise SystemExit(main())
+
+
+from . import compact_csr  # noqa: E402
+
+_specializations_before_compact_csr = specializations
+
+
+def _compact_csr_specializations(warp_size, index_types):
+    """The compacted CSR's specialisations (``kernels_triton.compact_csr``)."""
+    import triton  # noqa: PLC0415
+
+    kernel = compact_csr.compact_csr_kernel
+    jitted = triton.runtime.jit.JITFunction(getattr(kernel, "fn", kernel), do_not_specialize=compact_csr.RUNTIME_INTS,
+                                            do_not_specialize_on_alignment=compact_csr.POINTERS)
+    threads = launch_grid.compact_csr_launch(1, 1, 1, 1).threads
+    for signature, constexprs in compact_csr.specializations(index_types):
+        yield Specialization(jitted, signature, constexprs, max(1, threads // warp_size))
+
+
+def specializations(warp_size: int = 32, page_sizes=PAGE_SIZES, index_types=("i32", "i64")):  # noqa: F811
+    """Every kernel's specialisations (as described before), the compacted CSR's last."""
+    yield from _specializations_before_compact_csr(warp_size, page_sizes, index_types)
+    yield from _compact_csr_specializations(warp_size, index_types)
