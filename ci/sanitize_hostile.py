@@ -557,5 +557,79 @@ def main(argv=None) -> int:
     return 1 if mismatches or not cases else 0
 
 
+
+# The compacted CSR (``create_compact_kv_indices``): request lengths, source starts and output offsets at the
+# int32/int64 extremes (rows wholly outside ``out``, the first and last cut at its edges, none overlapping), source
+# rows past the table, every step, offset, placeholder and cap; and its storage cases.
+def compact_csr_hostile(device, backends, verbose, shard=(0, 1)):
+    g = torch.Generator().manual_seed(1)
+    cases = mismatches = ordinal = 0
+    rows, cols = 4, 5 * 16 + 7
+    batch = 7
+    source_cpu = torch.randint(I32_MIN, I32_MAX, (rows, cols), generator=g, dtype=torch.int64).to(torch.int32)
+    source_cpu[0, :3] = torch.tensor([I32_MIN, I32_MAX, -1], dtype=torch.int32)
+    source = source_cpu.to(device)
+    for backend, dtype, row_step, (offset, step), fill, cap, with_start in itertools.product(
+            backends, (torch.int32, torch.int64), (0, 1, 3), ((0, 1), (2, 3)), (None, -1), (None, 5), (False, True)):
+        ordinal += 1
+        if (ordinal - 1) % shard[1] != shard[0]:
+            continue
+        cases += 1
+        info = torch.iinfo(dtype)
+        window = -(-cols // step) + 1
+        total = batch * window
+        lens = torch.tensor([info.max, -1, 0, 3, info.min, cols + 5, 2 * cols], dtype=dtype)
+        starts = torch.tensor([info.min, -1, 0, cols - 1, cols, info.max, 2], dtype=dtype)
+        indptr = torch.arange(batch, dtype=torch.int64) * window
+        indptr[0], indptr[-1] = -2, total - 2
+        indptr[2], indptr[4] = info.max, info.min
+        indptr = indptr.to(dtype)
+        options = dict(row_step=row_step, source_indptr=starts.to(device) if with_start else None, offset=offset,
+                       step=step, empty_fill=fill, max_count=cap)
+        for out_dtype in (torch.int32, torch.int64):
+            out = torch.full((total,), POISON, dtype=out_dtype, device=device)
+            expected = out.cpu().clone()
+            ops.compact_csr.reference(source_cpu, lens, indptr, expected, **dict(options, source_indptr=(
+                starts if with_start else None)))
+            what = (f"{backend} compact_csr {str(dtype)[6:]} row_step={row_step} offset={offset} step={step} "
+                    f"fill={fill} cap={cap} start={with_start} out={str(out_dtype)[6:]}")
+            try:
+                kvdispatch.create_compact_kv_indices(source, lens.to(device), indptr.to(device), out, backend=backend,
+                                                     **options)
+                if not torch.equal(out.cpu(), expected):
+                    mismatches += 1
+                    print(f"MISMATCH {what}", flush=True)
+            except Exception:
+                mismatches += 1
+                print(f"ERROR {what}:\n{traceback.format_exc()}", flush=True)
+            if verbose:
+                print("ran", what, flush=True)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return cases, mismatches
+
+
+_storage_calls_before_compact_csr = storage_calls
+
+
+def storage_calls(device, g):  # noqa: F811
+    yield from _storage_calls_before_compact_csr(device, g)
+    lens = torch.randint(0, 9, (BATCH,), generator=g).to(device)
+    indptr = torch.cat([torch.zeros(1, dtype=torch.int64), torch.cumsum(lens.cpu().clamp(min=1), 0)]).to(device)
+    yield "create_compact_kv_indices", dict(
+        source=torch.randint(0, I32_MAX, (1, 200), generator=g, dtype=torch.int32).to(device), lens=lens,
+        kv_indptr=indptr, out=torch.full((int(indptr[-1]) + 3,), POISON, dtype=torch.int32, device=device), row_step=0,
+        source_indptr=torch.arange(BATCH, device=device) * 20, offset=1, step=2, empty_fill=0, max_count=6), ("out",)
+
+
+_run_before_compact_csr = run
+
+
+def run(device, backends, verbose, shard=(0, 1)):  # noqa: F811
+    cases, mismatches = _run_before_compact_csr(device, backends, verbose, shard)
+    more, bad = compact_csr_hostile(device, backends, verbose, shard)
+    return cases + more, mismatches + bad
+
+
 if __name__ == "__main__":
     sys.exit(main())
