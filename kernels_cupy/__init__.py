@@ -25,6 +25,7 @@ KERNELS = {
     "dcp_token_csr": ("launch", "build_dcp_token_indices"),
     "dcp_page_table": ("launch", "build_dcp_page_table"),
     "compact_csr": ("launch", "build_compact_kv_indices"),
+    "prefix_extend_csr": ("launch", "build_prefix_extend_kv_indices"),
 }
 # Public name -> the submodule defining it.
 _OWNERS = {name: module for module, name in KERNELS.values()} | {"on_deselected": "native", "on_selected": "native"}

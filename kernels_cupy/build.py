@@ -165,3 +165,5 @@ def wide_global_accesses(assembly: str, kernel: str) -> dict:
 
 COMPACT_CSR_KERNEL = "kv_compact_csr"
 KERNELS = KERNELS + (COMPACT_CSR_KERNEL,)
+PREFIX_EXTEND_CSR_KERNEL = "kv_prefix_extend_csr"
+KERNELS = KERNELS + (PREFIX_EXTEND_CSR_KERNEL,)

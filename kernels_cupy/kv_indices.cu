@@ -750,3 +750,42 @@ extern "C" __global__ void kv_compact_csr(
     }
     KV_GRID_RELEASE();
 }
+
+// ---- Token CSR over a gathered prefix+extend buffer (kvdispatch/ops/prefix_extend_csr.py): with P_b and E_b the
+// lengths clamped into [0, 2**61], request b writes out[kv_indptr[b] + j] for j < P_b + E_b whose target lies in
+// [0, out_len): prefix_starts[b] + j below P_b, extend_base + extend_starts[b] + j - P_b after, in the low 64 bits
+// (unsigned arithmetic: no signed overflow), then the low 32 bits into an int32 out (KV_WIDE_OUT: int64).
+// int64 vectors: prefix_lens KV_WIDE_LENS, prefix_starts KV_WIDE_START, extend_lens KV_WIDE_POOL, extend_starts
+// KV_WIDE_POSITIONS, kv_indptr KV_WIDE_INDPTR.
+extern "C" __global__ void kv_prefix_extend_csr(
+    const void* __restrict__ prefix_lens, kv_i64 prefix_lens_stride, const void* __restrict__ prefix_starts,
+    kv_i64 prefix_starts_stride, const void* __restrict__ extend_lens, kv_i64 extend_lens_stride,
+    const void* __restrict__ extend_starts, kv_i64 extend_starts_stride, const void* __restrict__ kv_indptr,
+    kv_i64 indptr_stride, void* __restrict__ out, kv_i64 out_len, kv_i64 items, kv_i64 flags, kv_i64 extend_base) {
+    KV_GRID_WAIT();
+    const kv_i64 b = blockIdx.x;
+    const kv_i64 program = kv_row_program(KV_HAS(KV_FOLDED_GRID));
+    const kv_i64 stride = kv_row_programs(KV_HAS(KV_FOLDED_GRID)) * items;
+    const bool wide_out = KV_HAS(KV_WIDE_OUT);
+    const kv_i64 bound = 1LL << 61;
+    const kv_i64 prefix = kv_min(kv_max(kv_load_index(prefix_lens, b * prefix_lens_stride, KV_HAS(KV_WIDE_LENS)), 0),
+                                 bound);
+    const kv_i64 extend = kv_min(kv_max(kv_load_index(extend_lens, b * extend_lens_stride, KV_HAS(KV_WIDE_POOL)), 0),
+                                 bound);
+    const kv_u64 prefix_start = (kv_u64)kv_load_index(prefix_starts, b * prefix_starts_stride, KV_HAS(KV_WIDE_START));
+    const kv_u64 extend_first = (kv_u64)extend_base - (kv_u64)prefix
+                                + (kv_u64)kv_load_index(extend_starts, b * extend_starts_stride,
+                                                        KV_HAS(KV_WIDE_POSITIONS));
+    const kv_i64 target = kv_load_index(kv_indptr, b * indptr_stride, KV_HAS(KV_WIDE_INDPTR));
+    kv_i64 row_lo, row_hi;
+    if (!kv_row_tokens(target, prefix + extend, out_len, &row_lo, &row_hi)) return;
+    for (kv_i64 lo = row_lo + program * items; lo < row_hi; lo += stride) {  // the block of entries [lo, hi)
+        const kv_i64 hi = kv_min(lo + items, row_hi);
+        for (kv_i64 j = lo + threadIdx.x; j < hi; j += blockDim.x) {
+            const kv_u64 value = (j < prefix ? prefix_start : extend_first) + (kv_u64)j;
+            if (wide_out) ((kv_i64*)out)[target + j] = (kv_i64)value;
+            else ((int*)out)[target + j] = (int)(unsigned)value;
+        }
+    }
+    KV_GRID_RELEASE();
+}

@@ -379,3 +379,33 @@ def build_compact_kv_indices(source, lens, kv_indptr, out, row_step=1, source_in
     ``build_page_table``. Returns ``out``."""
     return _launched(compact_csr_call(source, lens, kv_indptr, out, row_step, source_indptr, offset, step, empty_fill,
                                       max_count), source.device, out, pdl)
+
+
+from .build import PREFIX_EXTEND_CSR_KERNEL  # noqa: E402
+
+_prefix_extend_csr_launch = functools.lru_cache(maxsize=4096)(grid.prefix_extend_csr_launch)
+_GEOMETRY_CACHES += (_prefix_extend_csr_launch,)
+
+
+def prefix_extend_csr_call(prefix_lens, prefix_starts, extend_lens, extend_starts, kv_indptr, out,
+                           extend_base=0) -> KernelCall | None:
+    """The ``kv_prefix_extend_csr`` launch for ``kvdispatch.ops.prefix_extend_csr.reference``'s arguments, or None
+    when there is nothing to do."""
+    launch = _prefix_extend_csr_launch(prefix_lens.shape[0], out.shape[0], budget=_budget(out))
+    if launch.grid[0] == 0:
+        return None
+    flags = (_wide(prefix_lens, WIDE_LENS) | _wide(prefix_starts, WIDE_START) | _wide(extend_lens, WIDE_POOL)
+             | _wide(extend_starts, WIDE_POSITIONS) | _wide(kv_indptr, WIDE_INDPTR) | _folded(launch)
+             | _wide(out, WIDE_OUT))
+    args = (prefix_lens, prefix_lens.stride(0), prefix_starts, prefix_starts.stride(0), extend_lens,
+            extend_lens.stride(0), extend_starts, extend_starts.stride(0), kv_indptr, kv_indptr.stride(0), out,
+            out.shape[0], launch.items_per_program, flags, extend_base)
+    return _kernel_call(PREFIX_EXTEND_CSR_KERNEL, (("KV_FLAGS", flags),), launch, args)
+
+
+def build_prefix_extend_kv_indices(prefix_lens, prefix_starts, extend_lens, extend_starts, kv_indptr, out,
+                                   extend_base=0, pdl=False):
+    """The prefix+extend token CSR; semantics of ``kvdispatch.create_prefix_extend_kv_indices``; ``pdl`` as for
+    ``build_page_table``. Returns ``out``."""
+    return _launched(prefix_extend_csr_call(prefix_lens, prefix_starts, extend_lens, extend_starts, kv_indptr, out,
+                                            extend_base), out.device, out, pdl)

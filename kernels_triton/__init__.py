@@ -27,6 +27,7 @@ KERNELS = {
     "dcp_token_csr": ("dcp", "build_dcp_token_indices"),
     "dcp_page_table": ("dcp", "build_dcp_page_table"),
     "compact_csr": ("compact_csr", "build_compact_kv_indices"),
+    "prefix_extend_csr": ("prefix_extend_csr", "build_prefix_extend_kv_indices"),
 }
 # Public name -> the submodule defining it.
 _OWNERS = {name: module for module, name in KERNELS.values()} | {

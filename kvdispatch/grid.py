@@ -246,3 +246,14 @@ def compact_csr_launch(batch: int, source_width: int, out_len: int, step: int, *
     ``page_table_launch``."""
     return _launch(batch, max(min(-(-source_width // step), out_len), 1), _TOKENS_PER_PROGRAM,
                    "min(ceil(source.shape[1] / step), out.shape[0])", budget=budget)
+
+
+# The token CSR over a gathered prefix+extend buffer (``kvdispatch.create_prefix_extend_kv_indices``): its values
+# are positions, read from nothing, so a row's span is bounded by the output alone.
+PREFIX_EXTEND_CSR = "prefix_extend_csr"
+
+
+def prefix_extend_csr_launch(batch: int, out_len: int, *, budget: int | None = None) -> Launch:
+    """Geometry of the prefix+extend CSR kernel: a row writes at most ``out_len`` entries; ``budget`` as for
+    ``page_table_launch``."""
+    return _launch(batch, out_len, _TOKENS_PER_PROGRAM, "out.shape[0]", budget=budget)

@@ -213,3 +213,22 @@ def create_compact_kv_indices(source, lens, kv_indptr, out, *, row_step=1, sourc
                    max_count=max_count)
     ops.compact_csr.check_arguments(source, lens, kv_indptr, out, **options)
     return build_compact_kv_indices(source, lens, kv_indptr, out, **options, specialised=specialised)
+
+
+def build_prefix_extend_kv_indices(prefix_lens, prefix_starts, extend_lens, extend_starts, kv_indptr, out,
+                                   extend_base=0, specialised=False):
+    """The CuPy backend's ``build_prefix_extend_kv_indices`` through the host build (as ``build_page_table``)."""
+    from kernels_cupy.launch import prefix_extend_csr_call  # noqa: PLC0415
+
+    _require_cpu(out)
+    run(prefix_extend_csr_call(prefix_lens, prefix_starts, extend_lens, extend_starts, kv_indptr, out, extend_base),
+        specialised)
+    return out
+
+
+def create_prefix_extend_kv_indices(prefix_lens, prefix_starts, extend_lens, extend_starts, kv_indptr, out, *,
+                                    extend_base=0, specialised=False):
+    """``kvdispatch.create_prefix_extend_kv_indices`` on CPU tensors, through the host build of the kernel."""
+    arguments = (prefix_lens, prefix_starts, extend_lens, extend_starts, kv_indptr, out)
+    ops.prefix_extend_csr.check_arguments(*arguments, extend_base)
+    return build_prefix_extend_kv_indices(*arguments, extend_base, specialised)

@@ -380,3 +380,20 @@ def _compact_csr(d: _Draw, k: Knobs):
 
 
 BUILDERS["compact_csr"] = _compact_csr
+
+
+def _prefix_extend_csr(d: _Draw, k: Knobs):
+    """Prefix and extend runs of mixed lengths (some negative), starts anywhere; rows back to back with room for
+    both runs; with options an ``extend_base`` at the int64 edges now and then."""
+    most = k.pages * 8 + 3
+    prefix, extend = (d.requests(k.batch, 1, most)[1] for _ in range(2))
+    prefix, extend = d.vector(prefix), d.vector(extend)
+    room = prefix.cpu().long().clamp(min=0) + extend.cpu().long().clamp(min=0)
+    indptr, total = _csr_indptr(d, room, 2 * most)
+    base = (0, 2**63 - 5, -(2**63), 1 << 33)[d.integer(0, 4)] if k.options else d.integer(0, 1000)
+    return dict(prefix_lens=prefix, prefix_starts=d.vector(d.values(-5, 1 << 20, k.batch)), extend_lens=extend,
+                extend_starts=d.vector(d.values(-5, 1 << 20, k.batch)), kv_indptr=indptr,
+                out=d.output("out", (total,), d.dtype()), extend_base=base)
+
+
+BUILDERS["prefix_extend_csr"] = _prefix_extend_csr

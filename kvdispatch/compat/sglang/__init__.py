@@ -78,3 +78,7 @@ from .kernels.ops.attention.dcp_kernels import (compact_dcp_verify_token_table_t
                                                 update_kv_lens_and_indices)
 
 __all__ += ["compact_dcp_verify_token_table_to_ragged", "update_kv_lens_and_indices"]
+
+from .kernels.ops.attention.dcp_kernels import create_dcp_kv_indices  # noqa: E402
+
+__all__ += ["create_dcp_kv_indices"]

@@ -161,3 +161,7 @@ def _leading(name, t, rows):
 from ...ops.compact_csr import create_compact_kv_indices as _build_compact_csr  # noqa: E402
 
 __all__ += ["_build_compact_csr"]
+
+from ...ops.prefix_extend_csr import create_prefix_extend_kv_indices as _build_prefix_extend_csr  # noqa: E402
+
+__all__ += ["_build_prefix_extend_csr"]

@@ -4,7 +4,9 @@ rank's token CSR and MLA block table, forwarding to ``kvdispatch.create_dcp_kv_i
 (``grid[0]``, as SGLang's kernels do; the block table also its covered width, ``grid[1] * PAGES_PER_BLOCK``).
 
 SGLang's ``dcp_kernels.create_dcp_kv_indices`` (a CSR over the all-gathered prefix+extend buffer) is a different
-builder from kvdispatch's public ``create_dcp_kv_indices`` and is not mirrored.
+builder from kvdispatch's public ``create_dcp_kv_indices``: its drop-in here, under SGLang's name, forwards to
+``kvdispatch.create_prefix_extend_kv_indices``. ``compact_dcp_verify_token_table_to_ragged`` and
+``update_kv_lens_and_indices`` forward to ``kvdispatch.create_compact_kv_indices``.
 """
 
 from __future__ import annotations
@@ -157,3 +159,31 @@ compact_dcp_verify_token_table_to_ragged = _Launch(_compact_dcp_verify_token_tab
                                                    "compact_dcp_verify_token_table_to_ragged")
 update_kv_lens_and_indices = _Launch(_update_kv_lens_and_indices, "update_kv_lens_and_indices")
 __all__ += ["compact_dcp_verify_token_table_to_ragged", "update_kv_lens_and_indices"]
+
+
+def _create_dcp_kv_indices(launch_grid, kv_indptr, extend_lens_ptr, extend_cu_lens_ptr, extend_prefix_lens_ptr,
+                           extend_cu_prefix_lens_ptr, kv_indices_ptr, extend_prefix_lens_sum, dcp_world_size):
+    """The token CSR over the DCP prefill's all-gathered KV buffer (every request's prefix, then every request's
+    extend): for request ``b < B`` (``B = grid[0]``, or ``extend_lens_ptr.shape[0]`` called directly), with ``P_b
+    = extend_prefix_lens_ptr[b]``: ``kv_indices_ptr[kv_indptr[b] + j] = extend_cu_prefix_lens_ptr[b] + j`` for ``j
+    < P_b``, then ``kv_indices_ptr[kv_indptr[b] + P_b + j] = extend_prefix_lens_sum + extend_cu_lens_ptr[b] + j``
+    for ``j < extend_lens_ptr[b]`` (the low 32 bits into an int32 ``kv_indices_ptr``, as SGLang's int32 sums
+    wrap). ``extend_prefix_lens_sum``: an int; ``dcp_world_size``: an int in ``[1, 1024]``, not read (nor by
+    SGLang's kernel). Only ``kv_indptr[:B]`` is read; everything else is left untouched, nothing is written
+    outside ``kv_indices_ptr``. Forwards to ``kvdispatch.create_prefix_extend_kv_indices``. Returns
+    ``kv_indices_ptr``.
+    """
+    _check_int("dcp_world_size", dcp_world_size, 1, MAX_DCP_SIZE)
+    _check_int("extend_prefix_lens_sum", extend_prefix_lens_sum, -(2**63), 2**63 - 1)
+    vectors = (("extend_prefix_lens_ptr", extend_prefix_lens_ptr), ("extend_cu_prefix_lens_ptr",
+                                                                    extend_cu_prefix_lens_ptr),
+               ("extend_lens_ptr", extend_lens_ptr), ("extend_cu_lens_ptr", extend_cu_lens_ptr))
+    _tensor("extend_lens_ptr", extend_lens_ptr)
+    rows = launch_grid[0] if launch_grid else (extend_lens_ptr.shape[0] if extend_lens_ptr.dim() == 1 else 0)
+    _common._build_prefix_extend_csr(*(_leading(name, t, rows) for name, t in vectors), kv_indptr, kv_indices_ptr,
+                                     extend_base=extend_prefix_lens_sum)
+    return kv_indices_ptr
+
+
+create_dcp_kv_indices = _Launch(_create_dcp_kv_indices, "create_dcp_kv_indices")
+__all__ += ["create_dcp_kv_indices"]

@@ -1,8 +1,8 @@
-"""The compacted-CSR drop-ins of ``kvdispatch.compat.sglang.kernels.ops.attention.dcp_kernels``
-(``compact_dcp_verify_token_table_to_ragged``, ``update_kv_lens_and_indices``) against SGLang 0.5.23's own
-kernels under the Triton interpreter, on their call sites' argument patterns (Aiter's verify ragged ids,
-``srt/layers/attention/aiter_backend.py``; the DCP decode planner, ``srt/layers/dcp/planner.py``), every element
-of every buffer; skipped without ``SGLANG_SOURCE``."""
+"""The CSR drop-ins of ``kvdispatch.compat.sglang.kernels.ops.attention.dcp_kernels``
+(``compact_dcp_verify_token_table_to_ragged``, ``update_kv_lens_and_indices``, SGLang's ``create_dcp_kv_indices``)
+against SGLang 0.5.23's own kernels under the Triton interpreter, on their call sites' argument patterns (Aiter's
+verify ragged ids, ``srt/layers/attention/aiter_backend.py``; the DCP decode and prefill planners,
+``srt/layers/dcp/planner.py``), every element of every buffer; skipped without ``SGLANG_SOURCE``."""
 
 from __future__ import annotations
 
@@ -21,12 +21,14 @@ pytestmark = pytest.mark.skipif(ROOT is None, reason="SGLang's source is not her
 
 @pytest.fixture
 def compat(monkeypatch, backend):
-    """``kvdispatch.compat.sglang`` with the compacted CSR routed to ``backend``."""
+    """``kvdispatch.compat.sglang`` with the compacted and the prefix+extend CSR routed to ``backend``."""
     from kvdispatch.compat import sglang
     from kvdispatch.compat.sglang import _common
 
     monkeypatch.setattr(_common, "_build_compact_csr",
                         lambda *a, backend=None, **k: through(name, "create_compact_kv_indices", *a, **k))
+    monkeypatch.setattr(_common, "_build_prefix_extend_csr",
+                        lambda *a, backend=None, **k: through(name, "create_prefix_extend_kv_indices", *a, **k))
     name = backend
     return sglang
 
@@ -86,6 +88,30 @@ def test_update_kv_lens_and_indices(backend, dcp_size, plan, release, compat):
             function[(batch, blocks)](kv_lens, kv_indptr, kv_indices, local, local_indptr, buffer, dcp_rank=rank,
                                       dcp_world_size=dcp_size, BLOCK_SIZE=block)
         _same([ours], [theirs], f"rank {rank}")
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("dcp_size", (2, 8))
+def test_create_dcp_kv_indices(backend, dcp_size, release, compat):
+    """``plan_dcp_prefill_metadata``: every request's prefix (``dcp_size``-aligned, some empty) then its extend, in
+    the all-gathered buffer; ``kv_indptr`` from the sequence lengths, the cumulative lengths without their last
+    entry, the prefixes' total a Python int."""
+    dcp = release("kernels.ops.attention.dcp_kernels")
+    g = _generator()
+    batch = 5
+    prefix = torch.randint(0, 40, (batch,), generator=g, dtype=torch.int32) * dcp_size
+    prefix[2] = 0
+    extend = torch.randint(1, 700, (batch,), generator=g, dtype=torch.int32)
+    seq_lens = prefix + extend
+    cu_prefix, cu_extend = _cumsum(prefix)[:-1], _cumsum(extend)[:-1]
+    indptr = _cumsum(seq_lens)
+    (theirs,), (ours,) = _twins(torch.zeros(int(seq_lens.sum()), dtype=torch.int32, device=DEVICE))
+    prefix, extend = prefix.to(DEVICE), extend.to(DEVICE)
+    prefix_sum = sum(prefix.cpu().tolist())
+    for function, out in ((dcp.create_dcp_kv_indices, theirs), (compat.create_dcp_kv_indices, ours)):
+        function[(batch,)](indptr, extend, cu_extend, prefix, cu_prefix, out, prefix_sum, dcp_size)
+    _same([ours], [theirs], "prefix+extend ids")
+    assert compat.create_dcp_kv_indices is compat.kernels.ops.attention.dcp_kernels.create_dcp_kv_indices
 
 
 @pytest.mark.parametrize("backend", BACKENDS[:1])
