@@ -342,3 +342,22 @@ def specializations(warp_size: int = 32, page_sizes=PAGE_SIZES, index_types=("i3
     """Every kernel's specialisations (as described before), the compacted CSR's last."""
     yield from _specializations_before_compact_csr(warp_size, page_sizes, index_types)
     yield from _compact_csr_specializations(warp_size, index_types)
+
+
+from . import prefix_extend_csr  # noqa: E402
+
+_specializations_before_prefix_extend_csr = specializations
+
+
+def specializations(warp_size: int = 32, page_sizes=PAGE_SIZES, index_types=("i32", "i64")):  # noqa: F811
+    """Every kernel's specialisations (as described before), the prefix+extend CSR's last."""
+    import triton  # noqa: PLC0415
+
+    yield from _specializations_before_prefix_extend_csr(warp_size, page_sizes, index_types)
+    kernel = prefix_extend_csr.prefix_extend_csr_kernel
+    jitted = triton.runtime.jit.JITFunction(getattr(kernel, "fn", kernel),
+                                            do_not_specialize=prefix_extend_csr.RUNTIME_INTS,
+                                            do_not_specialize_on_alignment=prefix_extend_csr.POINTERS)
+    threads = launch_grid.prefix_extend_csr_launch(1, 1).threads
+    for signature, constexprs in prefix_extend_csr.specializations(index_types):
+        yield Specialization(jitted, signature, constexprs, max(1, threads // warp_size))

@@ -116,8 +116,10 @@ def test_debug_checks_name_the_request():
 _COMPILE_ALL = """
 import dataclasses, json
 from kernels_triton import crosscompile
-specs = [s for s in crosscompile.specializations() if s.kernel.__name__ == "_compact_csr_kernel"]
-pdl = [s for s in crosscompile.pdl_specializations() if s.kernel.__name__ == "_compact_csr_kernel"]
+import sys
+kernel = sys.argv[1]
+specs = [s for s in crosscompile.specializations() if s.kernel.__name__ == kernel]
+pdl = [s for s in crosscompile.pdl_specializations() if s.kernel.__name__ == kernel]
 rows = [dict(dataclasses.asdict(crosscompile.report(spec, target, crosscompile.compile_one(spec, target))),
              pdl=spec.constexprs["PDL"])
         for target in crosscompile.TARGETS for spec in specs + (pdl if target[0] == "cuda" else [])]
@@ -126,11 +128,12 @@ print(json.dumps(dict(specs=len(specs), pdl=len(pdl), rows=rows)))
 
 
 @pytest.mark.crosscompile
-def test_every_specialisation_compiles_for_every_target():
-    """Its specialisations (and its PDL one on NVIDIA) build for sm_90, sm_100, gfx942 and gfx950, without shared
-    memory, and take their runtime arguments then Triton's two scratch pointers, all 8 bytes wide (the compiled
-    host path's launch). Compiled in a process without ``TRITON_INTERPRET`` (Triton's code generator does not
-    work under it)."""
+@pytest.mark.parametrize("kernel, count", (("_compact_csr_kernel", 17), ("_prefix_extend_csr_kernel", 9)))
+def test_every_specialisation_compiles_for_every_target(kernel, count):
+    """The compacted CSR's and the prefix+extend CSR's specialisations (and their PDL ones on NVIDIA) build for
+    sm_90, sm_100, gfx942 and gfx950, without shared memory, and take their runtime arguments then Triton's two
+    scratch pointers, all 8 bytes wide (the compiled host path's launch). Compiled in a process without
+    ``TRITON_INTERPRET`` (Triton's code generator does not work under it)."""
     pytest.importorskip("triton")
     import json
     import os
@@ -138,11 +141,11 @@ def test_every_specialisation_compiles_for_every_target():
     import sys
 
     environment = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    done = subprocess.run([sys.executable, "-c", _COMPILE_ALL], capture_output=True, text=True, env=environment,
+    done = subprocess.run([sys.executable, "-c", _COMPILE_ALL, kernel], capture_output=True, text=True, env=environment,
                           timeout=600)
     assert done.returncode == 0, done.stderr
     result = json.loads(done.stdout.splitlines()[-1])
-    assert result["specs"] == 17 and result["pdl"] == 1 and len(result["rows"]) == 17 * 4 + 2
+    assert result["specs"] == count and result["pdl"] == 1 and len(result["rows"]) == count * 4 + 2
     for row in result["rows"]:
         assert row["binary_bytes"] > 0 and row["shared_bytes"] == 0, row
         if row["pdl"]:

@@ -313,3 +313,31 @@ def compact_grid_2d(source, starts, local_lens, local_indptr, out, dcp_size, dcp
     _compact_grid_2d_kernel[grid](source, starts, local_lens, local_indptr, out, DCP_SIZE=dcp_size,
                                   DCP_RANK=dcp_rank, BLOCK=COMPACT_BLOCK)
     return grid
+
+
+# ``prefix_extend_loop``: the token CSR over a gathered prefix+extend buffer, after SGLang's
+# ``dcp_kernels.create_dcp_kv_indices`` (written for kvdispatch): one program per request, its prefix then its
+# extend ``CSR_BLOCK`` ids per pass.
+@triton.jit
+def _prefix_extend_loop_kernel(prefix_lens, prefix_starts, extend_lens, extend_starts, indptr, out, base,
+                               BLOCK: tl.constexpr):
+    b = tl.program_id(0)
+    prefix = tl.load(prefix_lens + b)
+    start = tl.load(prefix_starts + b)
+    dst = out + tl.load(indptr + b)
+    for first in range(0, prefix, BLOCK):
+        j = first + tl.arange(0, BLOCK)
+        tl.store(dst + j, start + j, mask=j < prefix)
+    extend = tl.load(extend_lens + b)
+    start = base + tl.load(extend_starts + b)
+    for first in range(0, extend, BLOCK):
+        j = first + tl.arange(0, BLOCK)
+        tl.store(dst + prefix + j, start + j, mask=j < extend)
+
+
+def prefix_extend_loop(prefix_lens, prefix_starts, extend_lens, extend_starts, kv_indptr, out, extend_base):
+    """The prefix+extend CSR into ``out`` (int32 ``[N]``)."""
+    grid = (prefix_lens.shape[0],)
+    _prefix_extend_loop_kernel[grid](prefix_lens, prefix_starts, extend_lens, extend_starts, kv_indptr, out,
+                                     extend_base, BLOCK=CSR_BLOCK)
+    return grid
