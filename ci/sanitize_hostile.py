@@ -631,5 +631,74 @@ def run(device, backends, verbose, shard=(0, 1)):  # noqa: F811
     return cases + more, mismatches + bad
 
 
+
+# The prefix+extend CSR (``create_prefix_extend_kv_indices``): lengths, starts, output offsets and the extend base
+# at the int32/int64 extremes (rows wholly outside ``out``, the first and last cut at its edges, none overlapping);
+# and its storage case.
+def prefix_extend_hostile(device, backends, verbose, shard=(0, 1)):
+    g = torch.Generator().manual_seed(2)
+    cases = mismatches = ordinal = 0
+    window = 40
+    for backend, dtype, indptr_dtype, base in itertools.product(backends, (torch.int32, torch.int64),
+                                                                (torch.int32, torch.int64), (0, I64_MAX, I64_MIN)):
+        ordinal += 1
+        if (ordinal - 1) % shard[1] != shard[0]:
+            continue
+        cases += 1
+        info, wide = torch.iinfo(dtype), torch.iinfo(indptr_dtype)
+        # Only the rows outside out and the last (cut at out's end) are long: rows never overlap.
+        prefix = torch.tensor([7, -1, info.max, 7, info.min, 30, info.max], dtype=dtype)
+        extend = torch.tensor([5, 9, info.max, info.min, 2, 9, info.max], dtype=dtype)
+        starts = torch.randint(info.min, info.max, (2, 7), generator=g, dtype=torch.int64).to(dtype)
+        starts[:, 0] = info.max
+        indptr = torch.arange(7, dtype=torch.int64) * window
+        indptr[0], indptr[-1] = -2, 7 * window - 2
+        indptr[2], indptr[4] = wide.max, wide.min
+        indptr = indptr.to(indptr_dtype)
+        for out_dtype in (torch.int32, torch.int64):
+            out = torch.full((7 * window,), POISON, dtype=out_dtype, device=device)
+            expected = out.cpu().clone()
+            ops.prefix_extend_csr.reference(prefix, starts[0], extend, starts[1], indptr, expected, base)
+            what = (f"{backend} prefix_extend_csr {str(dtype)[6:]} indptr={str(indptr_dtype)[6:]} base={base} "
+                    f"out={str(out_dtype)[6:]}")
+            try:
+                kvdispatch.create_prefix_extend_kv_indices(*(t.to(device) for t in (prefix, starts[0], extend,
+                                                                                    starts[1], indptr)), out,
+                                                           extend_base=base, backend=backend)
+                if not torch.equal(out.cpu(), expected):
+                    mismatches += 1
+                    print(f"MISMATCH {what}", flush=True)
+            except Exception:
+                mismatches += 1
+                print(f"ERROR {what}:\n{traceback.format_exc()}", flush=True)
+            if verbose:
+                print("ran", what, flush=True)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return cases, mismatches
+
+
+_storage_calls_before_prefix_extend_csr = storage_calls
+
+
+def storage_calls(device, g):  # noqa: F811
+    yield from _storage_calls_before_prefix_extend_csr(device, g)
+    prefix, extend = (torch.randint(0, 9, (BATCH,), generator=g).to(device) for _ in range(2))
+    indptr = torch.cat([torch.zeros(1, dtype=torch.int64), torch.cumsum((prefix + extend).cpu(), 0)]).to(device)
+    yield "create_prefix_extend_kv_indices", dict(
+        prefix_lens=prefix, prefix_starts=torch.arange(BATCH, device=device) * 9, extend_lens=extend,
+        extend_starts=torch.arange(BATCH, device=device) * 7, kv_indptr=indptr,
+        out=torch.full((int(indptr[-1]) + 3,), POISON, dtype=torch.int32, device=device), extend_base=60), ("out",)
+
+
+_run_before_prefix_extend_csr = run
+
+
+def run(device, backends, verbose, shard=(0, 1)):  # noqa: F811
+    cases, mismatches = _run_before_prefix_extend_csr(device, backends, verbose, shard)
+    more, bad = prefix_extend_hostile(device, backends, verbose, shard)
+    return cases + more, mismatches + bad
+
+
 if __name__ == "__main__":
     sys.exit(main())
