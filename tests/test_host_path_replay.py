@@ -597,3 +597,46 @@ def test_every_option_registers_a_replayable_plan(stubs, op, options, launcher):
 def test_the_plan_layout_is_the_c_parsers(stubs):
     """``host_path.ReplayPlan`` names ``add_replay``'s arguments in the order host_path.c parses them."""
     assert host_path.ReplayPlan._fields == stubs.module.REPLAY_PLAN_FIELDS
+
+
+# The compacted CSR and the prefix+extend CSR.
+from kernels_triton import compact_csr, prefix_extend_csr  # noqa: E402
+
+TRITON.update(compact_csr=(compact_csr.build_compact_kv_indices, compact_csr.launcher),
+              prefix_extend_csr=(prefix_extend_csr.build_prefix_extend_kv_indices, prefix_extend_csr.launcher))
+CUPY.update(compact_csr=cupy_launch.build_compact_kv_indices,
+            prefix_extend_csr=cupy_launch.build_prefix_extend_kv_indices)
+CHECKS.update(compact_csr=ops.compact_csr.check_arguments, prefix_extend_csr=ops.prefix_extend_csr.check_arguments)
+_random_args_before_csr_ops = random_args
+_hostile_args_before_csr_ops = hostile_args
+
+
+def random_args(op, seed):  # noqa: F811
+    if op == "compact_csr":
+        d = Draw(seed)
+        rows, cols, batch, table, _, lens = d.common()
+        total = d.int(1, 900)
+        return [table, lens, d.vector(-5, total, batch + 1), torch.zeros(total, dtype=d.pick((torch.int32,
+                torch.int64))), d.pick((0, 1, 3)), d.pick((None, d.vector(-2, cols, batch))), d.int(0, 4),
+                d.pick((1, 2, 5)), d.pick((None, 0, -7)), d.pick((None, 0, 9, 2**62))]
+    if op == "prefix_extend_csr":
+        d = Draw(seed)
+        batch, total = d.int(1, 9), d.int(1, 900)
+        return [d.vector(-3, 300, batch), d.vector(-5, 2**20, batch), d.vector(-3, 300, batch),
+                d.vector(-5, 2**20, batch), d.vector(-5, total, batch + 1),
+                torch.zeros(total, dtype=d.pick((torch.int32, torch.int64))), d.pick((0, 5, 2**40, -(2**63)))]
+    return _random_args_before_csr_ops(op, seed)
+
+
+def hostile_args(op, seed, kind):  # noqa: F811
+    if op == "prefix_extend_csr":  # no table: its hostile calls are stride-0 vectors and an out of 2**31 entries
+        args = random_args(op, seed)
+        if kind == "pool stride 0":
+            args[1] = args[1][:1].expand(args[0].shape[0])
+        elif kind == "out past 2**31":
+            args[5] = args[5][:1].expand(2**31)
+        return args
+    args = _hostile_args_before_csr_ops(op, seed, kind)
+    if op == "compact_csr" and kind == "out past 2**31":
+        args[3] = args[3][:1].expand(2**31)
+    return args
