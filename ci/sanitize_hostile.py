@@ -558,6 +558,21 @@ def main(argv=None) -> int:
 
 
 
+def compared(what, launch, out, expected, verbose):
+    """Run ``launch()`` and compare ``out`` with ``expected``: 1 for a mismatch or an exception (printed), else 0."""
+    try:
+        launch()
+        if torch.equal(out.cpu(), expected):
+            return 0
+        print(f"MISMATCH {what}", flush=True)
+    except Exception:
+        print(f"ERROR {what}:\n{traceback.format_exc()}", flush=True)
+    finally:
+        if verbose:
+            print("ran", what, flush=True)
+    return 1
+
+
 # The compacted CSR (``create_compact_kv_indices``): request lengths, source starts and output offsets at the
 # int32/int64 extremes (rows wholly outside ``out``, the first and last cut at its edges, none overlapping), source
 # rows past the table, every step, offset, placeholder and cap; and its storage cases.
@@ -593,17 +608,8 @@ def compact_csr_hostile(device, backends, verbose, shard=(0, 1)):
                 starts if with_start else None)))
             what = (f"{backend} compact_csr {str(dtype)[6:]} row_step={row_step} offset={offset} step={step} "
                     f"fill={fill} cap={cap} start={with_start} out={str(out_dtype)[6:]}")
-            try:
-                kvdispatch.create_compact_kv_indices(source, lens.to(device), indptr.to(device), out, backend=backend,
-                                                     **options)
-                if not torch.equal(out.cpu(), expected):
-                    mismatches += 1
-                    print(f"MISMATCH {what}", flush=True)
-            except Exception:
-                mismatches += 1
-                print(f"ERROR {what}:\n{traceback.format_exc()}", flush=True)
-            if verbose:
-                print("ran", what, flush=True)
+            mismatches += compared(what, lambda: kvdispatch.create_compact_kv_indices(
+                source, lens.to(device), indptr.to(device), out, backend=backend, **options), out, expected, verbose)
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     return cases, mismatches
@@ -661,18 +667,9 @@ def prefix_extend_hostile(device, backends, verbose, shard=(0, 1)):
             ops.prefix_extend_csr.reference(prefix, starts[0], extend, starts[1], indptr, expected, base)
             what = (f"{backend} prefix_extend_csr {str(dtype)[6:]} indptr={str(indptr_dtype)[6:]} base={base} "
                     f"out={str(out_dtype)[6:]}")
-            try:
-                kvdispatch.create_prefix_extend_kv_indices(*(t.to(device) for t in (prefix, starts[0], extend,
-                                                                                    starts[1], indptr)), out,
-                                                           extend_base=base, backend=backend)
-                if not torch.equal(out.cpu(), expected):
-                    mismatches += 1
-                    print(f"MISMATCH {what}", flush=True)
-            except Exception:
-                mismatches += 1
-                print(f"ERROR {what}:\n{traceback.format_exc()}", flush=True)
-            if verbose:
-                print("ran", what, flush=True)
+            vectors = [t.to(device) for t in (prefix, starts[0], extend, starts[1], indptr)]
+            mismatches += compared(what, lambda: kvdispatch.create_prefix_extend_kv_indices(
+                *vectors, out, extend_base=base, backend=backend), out, expected, verbose)
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     return cases, mismatches

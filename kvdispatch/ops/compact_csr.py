@@ -11,7 +11,7 @@ import torch
 from torch import Tensor
 
 from .._debug import _check_csr_rows, _first_bad
-from .._validate import (_INDEX_DTYPES, _INT32_MAX, _check_apart, _index_vector, _int32_tensor, _python_int,
+from .._validate import (_INT32_MAX, _check_apart, _csr_out, _index_vector, _int32_tensor, _python_int,
                          _tensor)
 from ..reference import BOUND, _csr_reads, _store
 from ..op import declare
@@ -30,21 +30,13 @@ def check_arguments(source, lens, kv_indptr, out, row_step=1, source_indptr=None
     device = source.device
     _tensor("lens", lens)
     batch = lens.shape[0] if lens.dim() == 1 else -1
-    for name, t in (("lens", lens), ("kv_indptr", kv_indptr), ("source_indptr", source_indptr), ("out", out)):
+    for name, t in (("lens", lens), ("kv_indptr", kv_indptr), ("source_indptr", source_indptr)):
         if t is not None:
             _tensor(name, t)
             if t.device != device:
                 raise ValueError(f"{name} is on {t.device}, expected {device} (the device of source)")
-            if name != "out":
-                _index_vector(name, t, device, batch, at_least=name != "lens")
-    if out.dtype not in _INDEX_DTYPES:
-        raise TypeError(f"out must have dtype torch.int32 or torch.int64, got {out.dtype}")
-    if out.dim() != 1:
-        raise ValueError(f"out must be 1-D, got shape {tuple(out.shape)}")
-    if out.stride(0) != 1 and out.shape[0] > 1:
-        raise ValueError(f"out must be contiguous (stride 1), got strides {out.stride()}")
-    if out.device != device:
-        raise ValueError(f"out is on {out.device}, expected {device} (the device of source)")
+            _index_vector(name, t, device, batch, at_least=name != "lens")
+    _csr_out(out, device, "source")
     _python_int("row_step", row_step, 0, _INT32_MAX)
     _python_int("offset", offset, 0, _INT32_MAX)
     _python_int("step", step, 1, _INT32_MAX)

@@ -11,7 +11,7 @@ import torch
 from torch import Tensor
 
 from .._debug import _check_csr_rows, _first_bad
-from .._validate import _INDEX_DTYPES, _check_apart, _index_vector, _python_int, _tensor
+from .._validate import _check_apart, _csr_out, _index_vector, _python_int, _tensor
 from ..reference import _csr_reads, _store
 from ..op import declare
 
@@ -35,15 +35,7 @@ def check_arguments(prefix_lens, prefix_starts, extend_lens, extend_starts, kv_i
         if t.device != device:
             raise ValueError(f"{name} is on {t.device}, expected {device} (the device of prefix_lens)")
         _index_vector(name, t, device, batch, at_least=name == "kv_indptr")
-    _tensor("out", out)
-    if out.dtype not in _INDEX_DTYPES:
-        raise TypeError(f"out must have dtype torch.int32 or torch.int64, got {out.dtype}")
-    if out.dim() != 1:
-        raise ValueError(f"out must be 1-D, got shape {tuple(out.shape)}")
-    if out.stride(0) != 1 and out.shape[0] > 1:
-        raise ValueError(f"out must be contiguous (stride 1), got strides {out.stride()}")
-    if out.device != device:
-        raise ValueError(f"out is on {out.device}, expected {device} (the device of prefix_lens)")
+    _csr_out(out, device, "prefix_lens")
     _python_int("extend_base", extend_base, -(2**63), 2**63 - 1)
     if memory:
         _check_apart((("out", out),), vectors)
