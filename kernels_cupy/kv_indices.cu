@@ -678,12 +678,13 @@ extern "C" __global__ void kv_dcp_token_csr(
 // One rank's block table: with V = page_size * D, out[b, p] = table[pool_b, dcp_rank + p * V] / V (rounded
 // down, or toward zero with KV_ROUND_TOWARD_ZERO) for p < min(ceil(local_seq_lens[b] / page_size),
 // ceil((C - dcp_rank) / V), width); fill_value on the other columns below the width when KV_FILL is set.
-// Rows >= B (= gridDim.x) and unwritten columns are left untouched.
+// KV_V2P: each page q (0 for a negative slot) is written as max(v2p[q], 0) (its low 32 bits), 0 for q >= v2p_len
+// (KV_WIDE_V2P: v2p is int64). Rows >= B (= gridDim.x) and unwritten columns are left untouched.
 extern "C" __global__ void kv_dcp_page_table(
     const int* __restrict__ table, const void* __restrict__ req_pool_indices, const void* __restrict__ local_seq_lens,
     int* __restrict__ out, kv_i64 rows, kv_i64 cols, kv_i64 table_stride, kv_i64 out_stride, kv_i64 width,
     kv_i64 items, kv_i64 pool_stride, kv_i64 lens_stride, kv_i64 page_size_arg, kv_i64 dcp_size_arg,
-    kv_i64 dcp_rank, kv_i64 fill_value, kv_i64 flags) {
+    kv_i64 dcp_rank, kv_i64 fill_value, kv_i64 flags, const void* __restrict__ v2p, kv_i64 v2p_len) {
     KV_GRID_WAIT();
     const kv_i64 page_size = kv_specialised_page_size(page_size_arg);
     const kv_i64 dcp_size = kv_dcp_size(dcp_size_arg);
@@ -703,8 +704,16 @@ extern "C" __global__ void kv_dcp_page_table(
     for (kv_i64 first = program * items; first < end; first += step) {
         const kv_i64 last = kv_min(first + items, end);
         for (kv_i64 p = first + threadIdx.x; p < last; p += blockDim.x) {
-            if (p < pages) dst[p] = kv_page_div(src[p * virtual_page], (int)virtual_page, toward_zero);
-            else dst[p] = (int)fill_value;
+            if (p >= pages) {
+                dst[p] = (int)fill_value;
+            } else if (KV_HAS(KV_V2P)) {
+                const int slot = src[p * virtual_page];
+                const kv_i64 q = slot < 0 ? 0 : slot / virtual_page;
+                const kv_i64 physical = q < v2p_len ? kv_load_index(v2p, q, KV_HAS(KV_WIDE_V2P)) : 0;
+                dst[p] = (int)(unsigned)(kv_u64)kv_max(physical, 0);
+            } else {
+                dst[p] = kv_page_div(src[p * virtual_page], (int)virtual_page, toward_zero);
+            }
         }
     }
     KV_GRID_RELEASE();

@@ -301,7 +301,7 @@ def dcp_token_csr_call(req_to_token, req_pool_indices, local_seq_lens, kv_indptr
 
 
 def dcp_page_table_call(req_to_token, req_pool_indices, local_seq_lens, out, page_size, dcp_size, dcp_rank,
-                        fill_value=None, round_toward_zero=False) -> KernelCall | None:
+                        fill_value=None, round_toward_zero=False, v2p=None) -> KernelCall | None:
     """The ``kv_dcp_page_table`` launch for ``kvdispatch.ops.dcp_page_table.reference``'s arguments, or None
     when there is nothing to do."""
     batch, width = req_pool_indices.shape[0], out.shape[1]
@@ -309,11 +309,12 @@ def dcp_page_table_call(req_to_token, req_pool_indices, local_seq_lens, out, pag
     if launch.grid[0] == 0:
         return None
     flags = (_wide(req_pool_indices, WIDE_POOL) | _wide(local_seq_lens, WIDE_LENS) | _folded(launch)
-             | (FILL if fill_value is not None else 0) | _rounding(round_toward_zero))
+             | (FILL if fill_value is not None else 0) | _rounding(round_toward_zero)
+             | (V2P if v2p is not None else 0) | _wide(v2p, WIDE_V2P))
     rows, cols = req_to_token.shape
     args = (req_to_token, req_pool_indices, local_seq_lens, out, rows, cols, req_to_token.stride(0), out.stride(0),
             width, launch.items_per_program, req_pool_indices.stride(0), local_seq_lens.stride(0), page_size, dcp_size,
-            dcp_rank, fill_value or 0, flags)
+            dcp_rank, fill_value or 0, flags, v2p, 0 if v2p is None else v2p.shape[0])
     defines = (("KV_PAGE_SIZE", page_size), ("KV_DCP_SIZE", dcp_size), ("KV_FLAGS", flags))
     return _kernel_call(DCP_PAGE_TABLE_KERNEL, defines, launch, args)
 
@@ -327,11 +328,11 @@ def build_dcp_token_indices(req_to_token, req_pool_indices, local_seq_lens, kv_i
 
 
 def build_dcp_page_table(req_to_token, req_pool_indices, local_seq_lens, out, page_size, dcp_size, dcp_rank,
-                         fill_value=None, round_toward_zero=False, pdl=False):
+                         fill_value=None, round_toward_zero=False, v2p=None, pdl=False):
     """One DCP rank's block table; semantics of ``kvdispatch.create_dcp_page_table``; ``pdl`` as for
     ``build_page_table``. Returns ``out``."""
     return _launched(dcp_page_table_call(req_to_token, req_pool_indices, local_seq_lens, out, page_size, dcp_size,
-                                         dcp_rank, fill_value, round_toward_zero), req_to_token.device, out, pdl)
+                                         dcp_rank, fill_value, round_toward_zero, v2p), req_to_token.device, out, pdl)
 
 
 def _launched(call: KernelCall | None, device, out, pdl=False):

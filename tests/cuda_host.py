@@ -169,11 +169,11 @@ def create_dcp_kv_indices(req_to_token, req_pool_indices, local_seq_lens, kv_ind
 
 
 def create_dcp_page_table(req_to_token, req_pool_indices, local_seq_lens, out, *, page_size, dcp_size, dcp_rank,
-                          fill_value=None, round_toward_zero=False, specialised=False):
+                          fill_value=None, round_toward_zero=False, v2p=None, specialised=False):
     """``kvdispatch.create_dcp_page_table`` on CPU tensors, through the host build of the kernel."""
     arguments = (req_to_token, req_pool_indices, local_seq_lens, out)
     options = dict(page_size=page_size, dcp_size=dcp_size, dcp_rank=dcp_rank, fill_value=fill_value,
-                   round_toward_zero=round_toward_zero)
+                   round_toward_zero=round_toward_zero, v2p=v2p)
     return _checked_run(ops.dcp_page_table.check_arguments, dcp_page_table_call, arguments, options, specialised)
 
 

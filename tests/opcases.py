@@ -330,9 +330,12 @@ def _dcp_page_table(d: _Draw, k: Knobs):
     arguments = dict(req_to_token=table, req_pool_indices=d.vector(pool), local_seq_lens=d.vector(lens),
                      out=d.output("out", (k.batch + d.integer(0, 3), k.pages + d.integer(0, 3))),
                      page_size=k.page_size, dcp_size=dcp_size, dcp_rank=dcp_rank, fill_value=None,
-                     round_toward_zero=False)
+                     round_toward_zero=False, v2p=None)
     if k.options:
         arguments.update(fill_value=d.integer(-5, 5), round_toward_zero=d.flag())
+        if d.flag():  # the unified pool's pages, some past it and some freed
+            pages = d.values(-1, 1 << 16, (1 << 20) // virtual_page + d.integer(-3, 3))
+            arguments.update(v2p=d.vector(pages, contiguous=True))
     return arguments
 
 

@@ -499,7 +499,7 @@ def _public_call(op, args, **options):
         return kvdispatch.create_flashinfer_kv_indices(*args[:5], kv_start_idx=args[5], entry_page_size=args[6],
                                                        token_mapping=args[7], **options)
     return kvdispatch.create_dcp_page_table(*args[:4], page_size=args[4], dcp_size=args[5], dcp_rank=args[6],
-                                            fill_value=args[7], round_toward_zero=args[8], **options)
+                                            fill_value=args[7], round_toward_zero=args[8], v2p=args[9], **options)
 
 
 @pytest.mark.parametrize("op", ("page_table", "token_csr", "dcp_page_table"))
@@ -625,7 +625,11 @@ def random_args(op, seed):  # noqa: F811
         return [d.vector(-3, 300, batch), d.vector(-5, 2**20, batch), d.vector(-3, 300, batch),
                 d.vector(-5, 2**20, batch), d.vector(-5, total, batch + 1),
                 torch.zeros(total, dtype=d.pick((torch.int32, torch.int64))), d.pick((0, 5, 2**40, -(2**63)))]
-    return _random_args_before_csr_ops(op, seed)
+    args = _random_args_before_csr_ops(op, seed)
+    if op == "dcp_page_table":  # its v2p (the unified pool), or none
+        d = Draw(seed + 1)
+        args.append(d.pick((None, d.vector(-1, 1000, d.int(1, 40), strided=False))))
+    return args
 
 
 def hostile_args(op, seed, kind):  # noqa: F811

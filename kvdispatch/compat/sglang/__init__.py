@@ -27,8 +27,8 @@ strides and grid entries are Python ints (never bool or float) in range, flags a
 ``TypeError`` / ``ValueError`` naming the argument (errors from the forwarded call name the public function's
 parameters: ``out``, ``seq_lens``, ...). A grid is a Triton grid: one to three ints ``>= 0``, or a callable of
 the arguments by name giving one. SGLang's asserts are ValueErrors. Options kvdispatch does not implement raise
-``NotImplementedError`` naming them (``ENTRY_PAGE_SIZE > 1`` of the draft builder, ``HAS_V2P`` of the DCP block
-table, ``zero_tail`` of the read table).
+``NotImplementedError`` naming them (``ENTRY_PAGE_SIZE > 1`` of the draft builder, ``zero_tail`` of the read
+table).
 
 The one intended difference: where SGLang's kernels would step outside a request's row (a request longer than
 its table row, or needing more pages than its output row holds: SGLang reads the neighbouring row of

@@ -65,8 +65,9 @@ def _create_mla_kv_page_table_for_dcp(launch_grid, req_to_token_ptr, req_pool_in
     and the ``q_len - 1`` rows after). The buffer must hold every row the grid launches (a ValueError
     otherwise). ``req_to_token_stride`` is checked against ``req_to_token_ptr.stride(0)``.
     ``PHYSICAL_PAGE_SIZE``: an int in ``[1, 4096]``; ``DCP_SIZE`` in ``[1, 1024]``; ``DCP_RANK`` in ``[0,
-    DCP_SIZE)``; ``PAGES_PER_BLOCK`` an int ``>= 1``; ``HAS_V2P`` a bool. ``HAS_V2P=True`` (page ids translated
-    through the unified pool's ``v2p_ptr``) raises ``NotImplementedError``; without it ``v2p_ptr`` is not read.
+    DCP_SIZE)``; ``PAGES_PER_BLOCK`` an int ``>= 1``; ``HAS_V2P`` a bool. ``HAS_V2P=True`` (the unified pool):
+    each page ``q`` (0 for a negative slot) is written as ``max(v2p_ptr[q], 0)``, 0 (the padding page) for a page
+    past ``v2p_ptr`` (an int32/int64 contiguous vector); without it ``v2p_ptr`` is not read.
     Returns ``block_kv_indices_ptr``.
     """
     _check_stride("req_to_token_stride", req_to_token_stride, req_to_token_ptr, "req_to_token_ptr")
@@ -79,9 +80,7 @@ def _create_mla_kv_page_table_for_dcp(launch_grid, req_to_token_ptr, req_pool_in
                      any_stride=True)
     _int32_tensor("block_kv_indices_ptr", table, 2)
     if HAS_V2P:
-        raise NotImplementedError("create_mla_kv_page_table_for_dcp with HAS_V2P=True (page ids translated through "
-                                  "the unified pool's v2p_ptr) is not supported by kvdispatch yet; on a static pool "
-                                  "pass HAS_V2P=False")
+        _tensor("v2p_ptr", v2p_ptr)
     rows, width = table.shape
     if launch_grid:
         if launch_grid[0] > rows:
@@ -97,7 +96,7 @@ def _create_mla_kv_page_table_for_dcp(launch_grid, req_to_token_ptr, req_pool_in
     _common._build_dcp_page_table(req_to_token_ptr, _leading("req_pool_indices_ptr", req_pool_indices_ptr, rows),
                                   _leading("local_seq_lens_ptr", local_seq_lens_ptr, rows), table,
                                   page_size=PHYSICAL_PAGE_SIZE, dcp_size=DCP_SIZE, dcp_rank=DCP_RANK,
-                                  round_toward_zero=True)
+                                  round_toward_zero=True, v2p=v2p_ptr if HAS_V2P else None)
     return block_kv_indices_ptr
 
 
