@@ -697,5 +697,64 @@ def run(device, backends, verbose, shard=(0, 1)):  # noqa: F811
     return cases + more, mismatches + bad
 
 
+
+# The DCP block table through a v2p (``create_dcp_page_table(v2p=...)``): slots at the int32 extremes (negative ones
+# read page 0), v2p entries at the int64 extremes and freed, pages past v2p, an empty v2p; spoilt pool indices and
+# lengths; and its storage case.
+def dcp_table_v2p_hostile(device, backends, verbose, shard=(0, 1)):
+    g = torch.Generator().manual_seed(3)
+    cases = mismatches = ordinal = 0
+    rows, cols = BATCH + 3, 5 * 16 * 3 + 7
+    table = torch.randint(-5, 1 << 16, (rows, cols), generator=g, dtype=torch.int32)
+    table[0, :6] = torch.tensor([I32_MIN, I32_MAX, -1, I32_MAX, I32_MIN, 0], dtype=torch.int32)
+    for backend, dtype, (dcp_size, dcp_rank), page_size, v2p_size, fill in itertools.product(
+            backends, (torch.int32, torch.int64), DCP_RANKS, (1, 16), (0, 3, 1 << 12), (None, -1)):
+        ordinal += 1
+        if (ordinal - 1) % shard[1] != shard[0]:
+            continue
+        cases += 1
+        info = torch.iinfo(dtype)
+        pool = torch.tensor([0, rows - 1, -1, rows, info.max, info.min], dtype=dtype)
+        lens = torch.tensor([cols, 5, 3, 3, 3, 3], dtype=dtype)
+        lens[1] = info.max
+        v2p = torch.randint(-1, 1 << 20, (v2p_size,), generator=g, dtype=torch.int64)
+        v2p[: min(3, v2p_size)] = torch.tensor([I64_MAX, I64_MIN, -1])[: min(3, v2p_size)]
+        out = torch.full((BATCH, 7), POISON, dtype=torch.int32, device=device)
+        expected = out.cpu().clone()
+        ops.dcp_page_table.reference(table, pool, lens, expected, page_size, dcp_size, dcp_rank, fill, False, v2p)
+        what = (f"{backend} dcp_page_table v2p={v2p_size} page={page_size} dcp={dcp_size}/{dcp_rank} "
+                f"{str(dtype)[6:]} fill={fill}")
+        arguments = [t.to(device) for t in (table, pool, lens, v2p)]
+        mismatches += compared(what, lambda: kvdispatch.create_dcp_page_table(
+            *arguments[:3], out, page_size=page_size, dcp_size=dcp_size, dcp_rank=dcp_rank, fill_value=fill,
+            v2p=arguments[3], backend=backend), out, expected, verbose)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return cases, mismatches
+
+
+_storage_calls_before_dcp_table_v2p = storage_calls
+
+
+def storage_calls(device, g):  # noqa: F811
+    yield from _storage_calls_before_dcp_table_v2p(device, g)
+    rows, cols = BATCH + 3, 5 * 16 + 7
+    yield "create_dcp_page_table", dict(
+        req_to_token=torch.randint(0, 1 << 16, (rows, cols), generator=g, dtype=torch.int32).to(device),
+        req_pool_indices=torch.randint(0, rows, (BATCH,), generator=g).to(device),
+        local_seq_lens=torch.randint(1, cols // 4, (BATCH,), generator=g).to(device),
+        out=torch.full((BATCH, 7), POISON, dtype=torch.int32, device=device), page_size=16, dcp_size=2, dcp_rank=1,
+        v2p=torch.randint(-1, 1 << 20, (1 << 12,), generator=g).to(device)), ("out",)
+
+
+_run_before_dcp_table_v2p = run
+
+
+def run(device, backends, verbose, shard=(0, 1)):  # noqa: F811
+    cases, mismatches = _run_before_dcp_table_v2p(device, backends, verbose, shard)
+    more, bad = dcp_table_v2p_hostile(device, backends, verbose, shard)
+    return cases + more, mismatches + bad
+
+
 if __name__ == "__main__":
     sys.exit(main())
