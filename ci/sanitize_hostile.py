@@ -576,9 +576,9 @@ def compared(what, launch, out, expected, verbose):
 # The compacted CSR (``create_compact_kv_indices``): request lengths, source starts and output offsets at the
 # int32/int64 extremes (rows wholly outside ``out``, the first and last cut at its edges, none overlapping), source
 # rows past the table, every step, offset, placeholder and cap; and its storage cases.
-def compact_csr_hostile(device, backends, verbose, shard=(0, 1)):
+def compact_csr_hostile(device, backends):
+    """Yields ``(what, launch, out, expected)`` per case."""
     g = torch.Generator().manual_seed(1)
-    cases = mismatches = ordinal = 0
     rows, cols = 4, 5 * 16 + 7
     batch = 7
     source_cpu = torch.randint(I32_MIN, I32_MAX, (rows, cols), generator=g, dtype=torch.int64).to(torch.int32)
@@ -586,10 +586,6 @@ def compact_csr_hostile(device, backends, verbose, shard=(0, 1)):
     source = source_cpu.to(device)
     for backend, dtype, row_step, (offset, step), fill, cap, with_start in itertools.product(
             backends, (torch.int32, torch.int64), (0, 1, 3), ((0, 1), (2, 3)), (None, -1), (None, 5), (False, True)):
-        ordinal += 1
-        if (ordinal - 1) % shard[1] != shard[0]:
-            continue
-        cases += 1
         info = torch.iinfo(dtype)
         window = -(-cols // step) + 1
         total = batch * window
@@ -608,11 +604,8 @@ def compact_csr_hostile(device, backends, verbose, shard=(0, 1)):
                 starts if with_start else None)))
             what = (f"{backend} compact_csr {str(dtype)[6:]} row_step={row_step} offset={offset} step={step} "
                     f"fill={fill} cap={cap} start={with_start} out={str(out_dtype)[6:]}")
-            mismatches += compared(what, lambda: kvdispatch.create_compact_kv_indices(
-                source, lens.to(device), indptr.to(device), out, backend=backend, **options), out, expected, verbose)
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    return cases, mismatches
+            yield what, lambda: kvdispatch.create_compact_kv_indices(
+                source, lens.to(device), indptr.to(device), out, backend=backend, **options), out, expected
 
 
 _storage_calls_before_compact_csr = storage_calls
@@ -628,29 +621,17 @@ def storage_calls(device, g):  # noqa: F811
         source_indptr=torch.arange(BATCH, device=device) * 20, offset=1, step=2, empty_fill=0, max_count=6), ("out",)
 
 
-_run_before_compact_csr = run
-
-
-def run(device, backends, verbose, shard=(0, 1)):  # noqa: F811
-    cases, mismatches = _run_before_compact_csr(device, backends, verbose, shard)
-    more, bad = compact_csr_hostile(device, backends, verbose, shard)
-    return cases + more, mismatches + bad
-
 
 
 # The prefix+extend CSR (``create_prefix_extend_kv_indices``): lengths, starts, output offsets and the extend base
 # at the int32/int64 extremes (rows wholly outside ``out``, the first and last cut at its edges, none overlapping);
 # and its storage case.
-def prefix_extend_hostile(device, backends, verbose, shard=(0, 1)):
+def prefix_extend_hostile(device, backends):
+    """Yields ``(what, launch, out, expected)`` per case."""
     g = torch.Generator().manual_seed(2)
-    cases = mismatches = ordinal = 0
     window = 40
     for backend, dtype, indptr_dtype, base in itertools.product(backends, (torch.int32, torch.int64),
                                                                 (torch.int32, torch.int64), (0, I64_MAX, I64_MIN)):
-        ordinal += 1
-        if (ordinal - 1) % shard[1] != shard[0]:
-            continue
-        cases += 1
         info, wide = torch.iinfo(dtype), torch.iinfo(indptr_dtype)
         # Only the rows outside out and the last (cut at out's end) are long: rows never overlap.
         prefix = torch.tensor([7, -1, info.max, 7, info.min, 30, info.max], dtype=dtype)
@@ -668,11 +649,8 @@ def prefix_extend_hostile(device, backends, verbose, shard=(0, 1)):
             what = (f"{backend} prefix_extend_csr {str(dtype)[6:]} indptr={str(indptr_dtype)[6:]} base={base} "
                     f"out={str(out_dtype)[6:]}")
             vectors = [t.to(device) for t in (prefix, starts[0], extend, starts[1], indptr)]
-            mismatches += compared(what, lambda: kvdispatch.create_prefix_extend_kv_indices(
-                *vectors, out, extend_base=base, backend=backend), out, expected, verbose)
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    return cases, mismatches
+            yield what, lambda: kvdispatch.create_prefix_extend_kv_indices(
+                *vectors, out, extend_base=base, backend=backend), out, expected
 
 
 _storage_calls_before_prefix_extend_csr = storage_calls
@@ -688,31 +666,19 @@ def storage_calls(device, g):  # noqa: F811
         out=torch.full((int(indptr[-1]) + 3,), POISON, dtype=torch.int32, device=device), extend_base=60), ("out",)
 
 
-_run_before_prefix_extend_csr = run
-
-
-def run(device, backends, verbose, shard=(0, 1)):  # noqa: F811
-    cases, mismatches = _run_before_prefix_extend_csr(device, backends, verbose, shard)
-    more, bad = prefix_extend_hostile(device, backends, verbose, shard)
-    return cases + more, mismatches + bad
-
 
 
 # The DCP block table through a v2p (``create_dcp_page_table(v2p=...)``): slots at the int32 extremes (negative ones
 # read page 0), v2p entries at the int64 extremes and freed, pages past v2p, an empty v2p; spoilt pool indices and
 # lengths; and its storage case.
-def dcp_table_v2p_hostile(device, backends, verbose, shard=(0, 1)):
+def dcp_table_v2p_hostile(device, backends):
+    """Yields ``(what, launch, out, expected)`` per case."""
     g = torch.Generator().manual_seed(3)
-    cases = mismatches = ordinal = 0
     rows, cols = BATCH + 3, 5 * 16 * 3 + 7
     table = torch.randint(-5, 1 << 16, (rows, cols), generator=g, dtype=torch.int32)
     table[0, :6] = torch.tensor([I32_MIN, I32_MAX, -1, I32_MAX, I32_MIN, 0], dtype=torch.int32)
     for backend, dtype, (dcp_size, dcp_rank), page_size, v2p_size, fill in itertools.product(
             backends, (torch.int32, torch.int64), DCP_RANKS, (1, 16), (0, 3, 1 << 12), (None, -1)):
-        ordinal += 1
-        if (ordinal - 1) % shard[1] != shard[0]:
-            continue
-        cases += 1
         info = torch.iinfo(dtype)
         pool = torch.tensor([0, rows - 1, -1, rows, info.max, info.min], dtype=dtype)
         lens = torch.tensor([cols, 5, 3, 3, 3, 3], dtype=dtype)
@@ -725,12 +691,9 @@ def dcp_table_v2p_hostile(device, backends, verbose, shard=(0, 1)):
         what = (f"{backend} dcp_page_table v2p={v2p_size} page={page_size} dcp={dcp_size}/{dcp_rank} "
                 f"{str(dtype)[6:]} fill={fill}")
         arguments = [t.to(device) for t in (table, pool, lens, v2p)]
-        mismatches += compared(what, lambda: kvdispatch.create_dcp_page_table(
+        yield what, lambda: kvdispatch.create_dcp_page_table(
             *arguments[:3], out, page_size=page_size, dcp_size=dcp_size, dcp_rank=dcp_rank, fill_value=fill,
-            v2p=arguments[3], backend=backend), out, expected, verbose)
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    return cases, mismatches
+            v2p=arguments[3], backend=backend), out, expected
 
 
 _storage_calls_before_dcp_table_v2p = storage_calls
@@ -747,13 +710,21 @@ def storage_calls(device, g):  # noqa: F811
         v2p=torch.randint(-1, 1 << 20, (1 << 12,), generator=g).to(device)), ("out",)
 
 
-_run_before_dcp_table_v2p = run
+HOSTILE_CSR_OPS = (compact_csr_hostile, prefix_extend_hostile, dcp_table_v2p_hostile)
+_run_before_csr_ops = run
 
 
 def run(device, backends, verbose, shard=(0, 1)):  # noqa: F811
-    cases, mismatches = _run_before_dcp_table_v2p(device, backends, verbose, shard)
-    more, bad = dcp_table_v2p_hostile(device, backends, verbose, shard)
-    return cases + more, mismatches + bad
+    """``run``, then the cases of ``HOSTILE_CSR_OPS`` of ``shard``."""
+    cases, mismatches = _run_before_csr_ops(device, backends, verbose, shard)
+    for hostile in HOSTILE_CSR_OPS:
+        for ordinal, (what, launch, out, expected) in enumerate(hostile(device, backends)):
+            if ordinal % shard[1] == shard[0]:
+                cases += 1
+                mismatches += compared(what, launch, out, expected, verbose)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+    return cases, mismatches
 
 
 if __name__ == "__main__":

@@ -114,51 +114,6 @@ def test_create_dcp_kv_indices(backend, dcp_size, release, compat):
     assert compat.create_dcp_kv_indices is compat.kernels.ops.attention.dcp_kernels.create_dcp_kv_indices
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
-@pytest.mark.parametrize("engine", ("trtllm_mla", "aiter_verify"))
-def test_mla_page_table_through_v2p(backend, engine, release, compat, monkeypatch):
-    """``create_mla_kv_page_table_for_dcp`` with ``HAS_V2P=True`` (the unified pool): TRT-LLM MLA's ``-1`` block
-    table (``PAGES_PER_BLOCK = 4096 // page``) and Aiter's verify token table (page 1, rows ``q_len * num_cols``
-    apart); a int64 ``v2p`` of ``num_pages + 1`` entries with freed (-1) pages and ``-1`` slots in the table."""
-    from kvdispatch.compat.sglang import _common
-
-    monkeypatch.setattr(_common, "_build_dcp_page_table",
-                        lambda *a, backend=None, **k: through(backend_name, "create_dcp_page_table", *a, **k))
-    backend_name = backend
-    dcp = release("kernels.ops.attention.dcp_kernels")
-    g = _generator()
-    dcp_size, batch = 4, 3
-    page_size, q_len = (16, 1) if engine == "trtllm_mla" else (1, 3)
-    rows, cols = batch + 2, 6 * page_size * dcp_size
-    slots = torch.randperm(rows * cols, generator=g).view(rows, cols).to(torch.int32)
-    slots[1, 5 * page_size * dcp_size:] = -1
-    table = slots.to(DEVICE)
-    pool = torch.randperm(rows, generator=g)[:batch].to(DEVICE)
-    pages = rows * cols // (page_size * dcp_size) + 1
-    v2p = torch.randint(0, 1 << 20, (pages,), generator=g)
-    v2p[torch.randint(0, pages, (pages // 4,), generator=g)] = -1
-    v2p = v2p.to(DEVICE)
-    seq_lens = torch.randint(1, cols + 1, (batch,), generator=g)
-    for rank in range(dcp_size):
-        local = ((seq_lens - rank - 1).div(dcp_size, rounding_mode="floor") + 1).clamp(min=0).to(torch.int32)
-        local = local.to(DEVICE)
-        if engine == "trtllm_mla":
-            out = torch.full((batch, 8), -1, dtype=torch.int32, device=DEVICE)
-            per_block = 4096 // page_size
-            grid, stride = (batch, -(-8 * page_size // 4096)), out.stride(0)
-        else:
-            num_cols = 64
-            out = torch.full((batch * q_len, num_cols), POISON, dtype=torch.int32, device=DEVICE)
-            per_block = 16
-            grid, stride = (batch, -(-num_cols // per_block)), q_len * num_cols
-        (theirs,), (ours,) = _twins(out)
-        for function, buffer in ((dcp.create_mla_kv_page_table_for_dcp, theirs),
-                                 (compat.create_mla_kv_page_table_for_dcp, ours)):
-            function[grid](table, pool, local, buffer, v2p, table.stride(0), stride, PHYSICAL_PAGE_SIZE=page_size,
-                           DCP_SIZE=dcp_size, DCP_RANK=rank, PAGES_PER_BLOCK=per_block, HAS_V2P=True)
-        _same([ours], [theirs], f"rank {rank}")
-
-
 @pytest.mark.parametrize("backend", BACKENDS[:1])
 def test_argument_errors(backend, compat):
     table = torch.zeros((6, 8), dtype=torch.int32, device=DEVICE)
