@@ -70,6 +70,17 @@ SGLANG_FUNCTIONS = {
         ("DCP_RANK", REQUIRED), ("PAGES_PER_BLOCK", REQUIRED), ("HAS_V2P", REQUIRED)],
     "get_dcp_lens": [("lens", REQUIRED), ("dcp_size", REQUIRED), ("dcp_rank", REQUIRED), ("start", None),
                      ("interleave_size", 1)],
+    "compact_dcp_verify_token_table_to_ragged": [
+        ("token_table_ptr", REQUIRED), ("local_kv_lens_ptr", REQUIRED), ("kv_indptr_ptr", REQUIRED),
+        ("kv_indices_ptr", REQUIRED), ("table_stride", REQUIRED), ("Q_LEN", REQUIRED), ("BLOCK_SIZE", REQUIRED)],
+    "update_kv_lens_and_indices": [
+        ("kv_lens", REQUIRED), ("kv_lens_cumsum", REQUIRED), ("kv_indices", REQUIRED), ("local_kv_lens", REQUIRED),
+        ("local_kv_lens_cumsum", REQUIRED), ("local_kv_indices", REQUIRED), ("dcp_rank", REQUIRED),
+        ("dcp_world_size", REQUIRED), ("BLOCK_SIZE", REQUIRED)],
+    "create_dcp_kv_indices": [
+        ("kv_indptr", REQUIRED), ("extend_lens_ptr", REQUIRED), ("extend_cu_lens_ptr", REQUIRED),
+        ("extend_prefix_lens_ptr", REQUIRED), ("extend_cu_prefix_lens_ptr", REQUIRED), ("kv_indices_ptr", REQUIRED),
+        ("extend_prefix_lens_sum", REQUIRED), ("dcp_world_size", REQUIRED)],
 }
 SGLANG_CONSTANTS = {"SPEC_KV_INDEX_BLOCKS_MIN_CONTEXT": 32768}
 # Functions whose parameters are all keyword-only in SGLang.
