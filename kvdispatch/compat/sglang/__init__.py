@@ -9,7 +9,9 @@ kvdispatch.compat.sglang.kernels.ops.attention.kv_indices import X``); every nam
 * ``kernels.ops.attention.kv_indices``: the token CSR, chunked-prefix CSR and FlashMLA block-table builders and
   the grid helpers (``spec_kv_index_token_blocks`` and ``SPEC_KV_INDEX_BLOCKS_MIN_CONTEXT`` among them);
 * ``kernels.ops.attention.trtllm_mha_page_table``: the TRT-LLM MHA page table with its SWA twin;
-* ``kernels.ops.attention.dcp_kernels``: one decode-context-parallel rank's token CSR and MLA block table;
+* ``kernels.ops.attention.dcp_kernels``: one decode-context-parallel rank's token CSR and MLA block table (through
+  the unified pool's ``v2p`` too), Aiter's verify ragged ids, a rank's share of a decode CSR and the prefill's CSR
+  over the all-gathered prefix+extend buffer (SGLang's ``create_dcp_kv_indices``);
 * ``kernels.ops.kvcache.kv_read_table``: the unified pool's read table (``build_kv_read_table``);
 * ``kernels.ops.speculative.cache_locs``: the multi-step draft decode indices;
 * ``srt.layers.dcp.layout``: ``get_dcp_lens``; ``srt.speculative.spec_utils``: the draft buffer sizing helpers.
