@@ -238,6 +238,25 @@ def storage_calls(device, g):
     yield "create_cache_locs", dict(common("end_offset"), start_offset=start, out=poison(4 * batch, dtype=torch.int64),
                                     positions_out=poison(4 * batch), page_size=16, full_v2p=ints(-1, 2**10, (50,)),
                                     full_out=poison(4 * batch, dtype=torch.int64)), ("out", "positions_out", "full_out")
+    lens = torch.randint(0, 9, (BATCH,), generator=g).to(device)
+    indptr = torch.cat([torch.zeros(1, dtype=torch.int64), torch.cumsum(lens.cpu().clamp(min=1), 0)]).to(device)
+    yield "create_compact_kv_indices", dict(
+        source=torch.randint(0, I32_MAX, (1, 200), generator=g, dtype=torch.int32).to(device), lens=lens,
+        kv_indptr=indptr, out=torch.full((int(indptr[-1]) + 3,), POISON, dtype=torch.int32, device=device), row_step=0,
+        source_indptr=torch.arange(BATCH, device=device) * 20, offset=1, step=2, empty_fill=0, max_count=6), ("out",)
+    prefix, extend = (torch.randint(0, 9, (BATCH,), generator=g).to(device) for _ in range(2))
+    indptr = torch.cat([torch.zeros(1, dtype=torch.int64), torch.cumsum((prefix + extend).cpu(), 0)]).to(device)
+    yield "create_prefix_extend_kv_indices", dict(
+        prefix_lens=prefix, prefix_starts=torch.arange(BATCH, device=device) * 9, extend_lens=extend,
+        extend_starts=torch.arange(BATCH, device=device) * 7, kv_indptr=indptr,
+        out=torch.full((int(indptr[-1]) + 3,), POISON, dtype=torch.int32, device=device), extend_base=60), ("out",)
+    rows, cols = BATCH + 3, 5 * 16 + 7
+    yield "create_dcp_page_table", dict(
+        req_to_token=torch.randint(0, 1 << 16, (rows, cols), generator=g, dtype=torch.int32).to(device),
+        req_pool_indices=torch.randint(0, rows, (BATCH,), generator=g).to(device),
+        local_seq_lens=torch.randint(1, cols // 4, (BATCH,), generator=g).to(device),
+        out=torch.full((BATCH, 7), POISON, dtype=torch.int32, device=device), page_size=16, dcp_size=2, dcp_rank=1,
+        v2p=torch.randint(-1, 1 << 20, (1 << 12,), generator=g).to(device)), ("out",)
 
 
 def element_offset(t, shift):
@@ -599,6 +618,13 @@ def run(device, backends, verbose, shard=(0, 1)):
         if device.type == "cuda":
             torch.cuda.synchronize(device)  # surfaces a device-side fault here, under this backend's name
         print(f"backend {backend}: done", flush=True)
+    for hostile in HOSTILE_OPS:
+        for ordinal, (what, launch, out, expected) in enumerate(hostile(device, backends)):
+            if ordinal % shard[1] == shard[0]:
+                cases += 1
+                mismatches += compared(what, launch, out, expected, verbose)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
     return cases, mismatches
 
 
@@ -633,6 +659,118 @@ def main(argv=None) -> int:
     cases, mismatches = run(device, backends, args.verbose, (int(k) - 1, int(n)))
     print(f"{cases} cases, {mismatches} mismatches", flush=True)
     return 1 if mismatches or not cases else 0
+
+
+def compared(what, launch, out, expected, verbose):
+    """Run ``launch()`` and compare ``out`` with ``expected``: 1 for a mismatch or an exception (printed), else 0."""
+    try:
+        launch()
+        if torch.equal(out.cpu(), expected):
+            return 0
+        print(f"MISMATCH {what}", flush=True)
+    except Exception:
+        print(f"ERROR {what}:\n{traceback.format_exc()}", flush=True)
+    finally:
+        if verbose:
+            print("ran", what, flush=True)
+    return 1
+
+
+# The compacted CSR (``create_compact_kv_indices``): request lengths, source starts and output offsets at the
+# int32/int64 extremes (rows wholly outside ``out``, the first and last cut at its edges, none overlapping), source
+# rows past the table, every step, offset, placeholder and cap; and its storage cases.
+def compact_csr_hostile(device, backends):
+    """Yields ``(what, launch, out, expected)`` per case."""
+    g = torch.Generator().manual_seed(1)
+    rows, cols = 4, 5 * 16 + 7
+    batch = 7
+    source_cpu = torch.randint(I32_MIN, I32_MAX, (rows, cols), generator=g, dtype=torch.int64).to(torch.int32)
+    source_cpu[0, :3] = torch.tensor([I32_MIN, I32_MAX, -1], dtype=torch.int32)
+    source = source_cpu.to(device)
+    for backend, dtype, row_step, (offset, step), fill, cap, with_start in itertools.product(
+            backends, (torch.int32, torch.int64), (0, 1, 3), ((0, 1), (2, 3)), (None, -1), (None, 5), (False, True)):
+        info = torch.iinfo(dtype)
+        window = -(-cols // step) + 1
+        total = batch * window
+        lens = torch.tensor([info.max, -1, 0, 3, info.min, cols + 5, 2 * cols], dtype=dtype)
+        starts = torch.tensor([info.min, -1, 0, cols - 1, cols, info.max, 2], dtype=dtype)
+        indptr = torch.arange(batch, dtype=torch.int64) * window
+        indptr[0], indptr[-1] = -2, total - 2
+        indptr[2], indptr[4] = info.max, info.min
+        indptr = indptr.to(dtype)
+        options = dict(row_step=row_step, source_indptr=starts.to(device) if with_start else None, offset=offset,
+                       step=step, empty_fill=fill, max_count=cap)
+        for out_dtype in (torch.int32, torch.int64):
+            out = torch.full((total,), POISON, dtype=out_dtype, device=device)
+            expected = out.cpu().clone()
+            ops.compact_csr.reference(source_cpu, lens, indptr, expected, **dict(options, source_indptr=(
+                starts if with_start else None)))
+            what = (f"{backend} compact_csr {str(dtype)[6:]} row_step={row_step} offset={offset} step={step} "
+                    f"fill={fill} cap={cap} start={with_start} out={str(out_dtype)[6:]}")
+            yield what, lambda: kvdispatch.create_compact_kv_indices(
+                source, lens.to(device), indptr.to(device), out, backend=backend, **options), out, expected
+
+
+# The prefix+extend CSR (``create_prefix_extend_kv_indices``): lengths, starts, output offsets and the extend base
+# at the int32/int64 extremes (rows wholly outside ``out``, the first and last cut at its edges, none overlapping);
+# and its storage case.
+def prefix_extend_hostile(device, backends):
+    """Yields ``(what, launch, out, expected)`` per case."""
+    g = torch.Generator().manual_seed(2)
+    window = 40
+    for backend, dtype, indptr_dtype, base in itertools.product(backends, (torch.int32, torch.int64),
+                                                                (torch.int32, torch.int64), (0, I64_MAX, I64_MIN)):
+        info, wide = torch.iinfo(dtype), torch.iinfo(indptr_dtype)
+        # Only the rows outside out and the last (cut at out's end) are long: rows never overlap.
+        prefix = torch.tensor([7, -1, info.max, 7, info.min, 30, info.max], dtype=dtype)
+        extend = torch.tensor([5, 9, info.max, info.min, 2, 9, info.max], dtype=dtype)
+        starts = torch.randint(info.min, info.max, (2, 7), generator=g, dtype=torch.int64).to(dtype)
+        starts[:, 0] = info.max
+        indptr = torch.arange(7, dtype=torch.int64) * window
+        indptr[0], indptr[-1] = -2, 7 * window - 2
+        indptr[2], indptr[4] = wide.max, wide.min
+        indptr = indptr.to(indptr_dtype)
+        for out_dtype in (torch.int32, torch.int64):
+            out = torch.full((7 * window,), POISON, dtype=out_dtype, device=device)
+            expected = out.cpu().clone()
+            ops.prefix_extend_csr.reference(prefix, starts[0], extend, starts[1], indptr, expected, base)
+            what = (f"{backend} prefix_extend_csr {str(dtype)[6:]} indptr={str(indptr_dtype)[6:]} base={base} "
+                    f"out={str(out_dtype)[6:]}")
+            vectors = [t.to(device) for t in (prefix, starts[0], extend, starts[1], indptr)]
+            yield what, lambda: kvdispatch.create_prefix_extend_kv_indices(
+                *vectors, out, extend_base=base, backend=backend), out, expected
+
+
+# The DCP block table through a v2p (``create_dcp_page_table(v2p=...)``): slots at the int32 extremes (negative ones
+# read page 0), v2p entries at the int64 extremes and freed, pages past v2p, an empty v2p; spoilt pool indices and
+# lengths; and its storage case.
+def dcp_table_v2p_hostile(device, backends):
+    """Yields ``(what, launch, out, expected)`` per case."""
+    g = torch.Generator().manual_seed(3)
+    rows, cols = BATCH + 3, 5 * 16 * 3 + 7
+    table = torch.randint(-5, 1 << 16, (rows, cols), generator=g, dtype=torch.int32)
+    table[0, :6] = torch.tensor([I32_MIN, I32_MAX, -1, I32_MAX, I32_MIN, 0], dtype=torch.int32)
+    for backend, dtype, (dcp_size, dcp_rank), page_size, v2p_size, fill in itertools.product(
+            backends, (torch.int32, torch.int64), DCP_RANKS, (1, 16), (0, 3, 1 << 12), (None, -1)):
+        info = torch.iinfo(dtype)
+        pool = torch.tensor([0, rows - 1, -1, rows, info.max, info.min], dtype=dtype)
+        lens = torch.tensor([cols, 5, 3, 3, 3, 3], dtype=dtype)
+        lens[1] = info.max
+        v2p = torch.randint(-1, 1 << 20, (v2p_size,), generator=g, dtype=torch.int64)
+        v2p[: min(3, v2p_size)] = torch.tensor([I64_MAX, I64_MIN, -1])[: min(3, v2p_size)]
+        out = torch.full((BATCH, 7), POISON, dtype=torch.int32, device=device)
+        expected = out.cpu().clone()
+        ops.dcp_page_table.reference(table, pool, lens, expected, page_size, dcp_size, dcp_rank, fill, False, v2p)
+        what = (f"{backend} dcp_page_table v2p={v2p_size} page={page_size} dcp={dcp_size}/{dcp_rank} "
+                f"{str(dtype)[6:]} fill={fill}")
+        arguments = [t.to(device) for t in (table, pool, lens, v2p)]
+        yield what, lambda: kvdispatch.create_dcp_page_table(
+            *arguments[:3], out, page_size=page_size, dcp_size=dcp_size, dcp_rank=dcp_rank, fill_value=fill,
+            v2p=arguments[3], backend=backend), out, expected
+
+
+# Ops whose hostile cases are generators of (what, launch, out, expected), run after the others.
+HOSTILE_OPS = (compact_csr_hostile, prefix_extend_hostile, dcp_table_v2p_hostile)
 
 
 if __name__ == "__main__":

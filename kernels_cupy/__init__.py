@@ -26,6 +26,8 @@ KERNELS = {
     "dcp_page_table": ("launch", "build_dcp_page_table"),
     "decode_metadata": ("launch", "build_decode_metadata"),
     "cache_locs": ("launch", "build_cache_locs"),
+    "compact_csr": ("launch", "build_compact_kv_indices"),
+    "prefix_extend_csr": ("launch", "build_prefix_extend_kv_indices"),
 }
 # Public name -> the submodule defining it.
 _OWNERS = {name: module for module, name in KERNELS.values()} | {"on_deselected": "native", "on_selected": "native"}

@@ -165,3 +165,8 @@ def wide_global_accesses(assembly: str, kernel: str) -> dict:
     body = re.search(rf"^{kernel}:(.*?)^\s*\.size\s+{kernel},", assembly, re.S | re.M)
     text = body.group(1) if body else ""
     return {op: len(re.findall(rf"\b{op}\b", text)) for op in WIDE_GLOBAL_ACCESSES}
+
+COMPACT_CSR_KERNEL = "kv_compact_csr"
+KERNELS = KERNELS + (COMPACT_CSR_KERNEL,)
+PREFIX_EXTEND_CSR_KERNEL = "kv_prefix_extend_csr"
+KERNELS = KERNELS + (PREFIX_EXTEND_CSR_KERNEL,)

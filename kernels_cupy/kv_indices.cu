@@ -761,12 +761,13 @@ extern "C" __global__ void kv_dcp_token_csr(
 // One rank's block table: with V = page_size * D, out[b, p] = table[pool_b, dcp_rank + p * V] / V (rounded
 // down, or toward zero with KV_ROUND_TOWARD_ZERO) for p < min(ceil(local_seq_lens[b] / page_size),
 // ceil((C - dcp_rank) / V), width); fill_value on the other columns below the width when KV_FILL is set.
-// Rows >= B (= gridDim.x) and unwritten columns are left untouched.
+// KV_V2P: each page q (0 for a negative slot) is written as max(v2p[q], 0) (its low 32 bits), 0 for q >= v2p_len
+// (KV_WIDE_V2P: v2p is int64). Rows >= B (= gridDim.x) and unwritten columns are left untouched.
 extern "C" __global__ void kv_dcp_page_table(
     const int* __restrict__ table, const void* __restrict__ req_pool_indices, const void* __restrict__ local_seq_lens,
     int* __restrict__ out, kv_i64 rows, kv_i64 cols, kv_i64 table_stride, kv_i64 out_stride, kv_i64 width,
     kv_i64 items, kv_i64 pool_stride, kv_i64 lens_stride, kv_i64 page_size_arg, kv_i64 dcp_size_arg,
-    kv_i64 dcp_rank, kv_i64 fill_value, kv_i64 flags) {
+    kv_i64 dcp_rank, kv_i64 fill_value, kv_i64 flags, const void* __restrict__ v2p, kv_i64 v2p_len) {
     KV_GRID_WAIT();
     const kv_i64 page_size = kv_specialised_page_size(page_size_arg);
     const kv_i64 dcp_size = kv_dcp_size(dcp_size_arg);
@@ -786,8 +787,96 @@ extern "C" __global__ void kv_dcp_page_table(
     for (kv_i64 first = program * items; first < end; first += step) {
         const kv_i64 last = kv_min(first + items, end);
         for (kv_i64 p = first + threadIdx.x; p < last; p += blockDim.x) {
-            if (p < pages) dst[p] = kv_page_div(src[p * virtual_page], (int)virtual_page, toward_zero);
-            else dst[p] = (int)fill_value;
+            if (p >= pages) {
+                dst[p] = (int)fill_value;
+            } else if (KV_HAS(KV_V2P)) {
+                const int slot = src[p * virtual_page];
+                const kv_i64 q = slot < 0 ? 0 : slot / virtual_page;
+                const kv_i64 physical = q < v2p_len ? kv_load_index(v2p, q, KV_HAS(KV_WIDE_V2P)) : 0;
+                dst[p] = (int)(unsigned)(kv_u64)kv_max(physical, 0);
+            } else {
+                dst[p] = kv_page_div(src[p * virtual_page], (int)virtual_page, toward_zero);
+            }
+        }
+    }
+    KV_GRID_RELEASE();
+}
+
+// ---- Compacted CSR (kvdispatch/ops/compact_csr.py): request b reads row r_b = b * row_step of the source from
+// first_b = start_b + offset (start_b = source_indptr[b] with KV_START, else 0) every `step` positions, and writes
+// out[kv_indptr[b] + j] = source[r_b, first_b + j * step] for j < min(lens[b], ceil((C - first_b) / step),
+// max_count), skipping every j whose target falls outside [0, out_len). A source row >= R or a first position
+// outside [0, C) gives an empty row. KV_FILL: a request with lens[b] == 0 writes empty_fill at out[kv_indptr[b]]
+// (program 0, thread 0 of its row). KV_WIDE_OUT: out is int64.
+extern "C" __global__ void kv_compact_csr(
+    const int* __restrict__ source, kv_i64 rows, kv_i64 cols, kv_i64 source_stride,
+    const void* __restrict__ lens, kv_i64 lens_stride, const void* __restrict__ source_indptr, kv_i64 start_stride,
+    const void* __restrict__ kv_indptr, kv_i64 indptr_stride, void* __restrict__ out, kv_i64 out_len,
+    kv_i64 items, kv_i64 flags, kv_i64 row_step, kv_i64 offset, kv_i64 step, kv_i64 max_count, kv_i64 empty_fill) {
+    KV_GRID_WAIT();
+    const kv_i64 b = blockIdx.x;
+    const kv_i64 program = kv_row_program(KV_HAS(KV_FOLDED_GRID));
+    const kv_i64 stride = kv_row_programs(KV_HAS(KV_FOLDED_GRID)) * items;
+    const kv_i64 length = kv_load_index(lens, b * lens_stride, KV_HAS(KV_WIDE_LENS));
+    const kv_i64 target = kv_load_index(kv_indptr, b * indptr_stride, KV_HAS(KV_WIDE_INDPTR));
+    const kv_i64 bound = 1LL << 62;
+    const kv_i64 start = KV_HAS(KV_START) ? kv_load_index(source_indptr, b * start_stride, KV_HAS(KV_WIDE_START)) : 0;
+    const kv_i64 first = kv_min(kv_max(start, -bound), bound) + offset;
+    const kv_i64 source_row = b * row_step;
+    const bool wide_out = KV_HAS(KV_WIDE_OUT);
+    if (KV_HAS(KV_FILL) && program == 0 && threadIdx.x == 0 && length == 0 && target >= 0 && target < out_len) {
+        if (wide_out) ((kv_i64*)out)[target] = empty_fill;
+        else ((int*)out)[target] = (int)empty_fill;
+    }
+    const bool readable = source_row < rows && first >= 0 && first < cols;
+    const kv_i64 count = readable ? kv_min(kv_min(kv_max(length, 0), (cols - first + step - 1) / step), max_count) : 0;
+    kv_i64 row_lo, row_hi;
+    if (!kv_row_tokens(target, count, out_len, &row_lo, &row_hi)) return;
+    const int* row = source + source_row * source_stride + first;
+    for (kv_i64 lo = row_lo + program * items; lo < row_hi; lo += stride) {  // the block of entries [lo, hi)
+        const kv_i64 hi = kv_min(lo + items, row_hi);
+        for (kv_i64 j = lo + threadIdx.x; j < hi; j += blockDim.x) {
+            if (wide_out) ((kv_i64*)out)[target + j] = row[j * step];
+            else ((int*)out)[target + j] = row[j * step];
+        }
+    }
+    KV_GRID_RELEASE();
+}
+
+// ---- Token CSR over a gathered prefix+extend buffer (kvdispatch/ops/prefix_extend_csr.py): with P_b and E_b the
+// lengths clamped into [0, 2**61], request b writes out[kv_indptr[b] + j] for j < P_b + E_b whose target lies in
+// [0, out_len): prefix_starts[b] + j below P_b, extend_base + extend_starts[b] + j - P_b after, in the low 64 bits
+// (unsigned arithmetic: no signed overflow), then the low 32 bits into an int32 out (KV_WIDE_OUT: int64).
+// int64 vectors: prefix_lens KV_WIDE_LENS, prefix_starts KV_WIDE_START, extend_lens KV_WIDE_POOL, extend_starts
+// KV_WIDE_POSITIONS, kv_indptr KV_WIDE_INDPTR.
+extern "C" __global__ void kv_prefix_extend_csr(
+    const void* __restrict__ prefix_lens, kv_i64 prefix_lens_stride, const void* __restrict__ prefix_starts,
+    kv_i64 prefix_starts_stride, const void* __restrict__ extend_lens, kv_i64 extend_lens_stride,
+    const void* __restrict__ extend_starts, kv_i64 extend_starts_stride, const void* __restrict__ kv_indptr,
+    kv_i64 indptr_stride, void* __restrict__ out, kv_i64 out_len, kv_i64 items, kv_i64 flags, kv_i64 extend_base) {
+    KV_GRID_WAIT();
+    const kv_i64 b = blockIdx.x;
+    const kv_i64 program = kv_row_program(KV_HAS(KV_FOLDED_GRID));
+    const kv_i64 stride = kv_row_programs(KV_HAS(KV_FOLDED_GRID)) * items;
+    const bool wide_out = KV_HAS(KV_WIDE_OUT);
+    const kv_i64 bound = 1LL << 61;
+    const kv_i64 prefix = kv_min(kv_max(kv_load_index(prefix_lens, b * prefix_lens_stride, KV_HAS(KV_WIDE_LENS)), 0),
+                                 bound);
+    const kv_i64 extend = kv_min(kv_max(kv_load_index(extend_lens, b * extend_lens_stride, KV_HAS(KV_WIDE_POOL)), 0),
+                                 bound);
+    const kv_u64 prefix_start = (kv_u64)kv_load_index(prefix_starts, b * prefix_starts_stride, KV_HAS(KV_WIDE_START));
+    const kv_u64 extend_first = (kv_u64)extend_base - (kv_u64)prefix
+                                + (kv_u64)kv_load_index(extend_starts, b * extend_starts_stride,
+                                                        KV_HAS(KV_WIDE_POSITIONS));
+    const kv_i64 target = kv_load_index(kv_indptr, b * indptr_stride, KV_HAS(KV_WIDE_INDPTR));
+    kv_i64 row_lo, row_hi;
+    if (!kv_row_tokens(target, prefix + extend, out_len, &row_lo, &row_hi)) return;
+    for (kv_i64 lo = row_lo + program * items; lo < row_hi; lo += stride) {  // the block of entries [lo, hi)
+        const kv_i64 hi = kv_min(lo + items, row_hi);
+        for (kv_i64 j = lo + threadIdx.x; j < hi; j += blockDim.x) {
+            const kv_u64 value = (j < prefix ? prefix_start : extend_first) + (kv_u64)j;
+            if (wide_out) ((kv_i64*)out)[target + j] = (kv_i64)value;
+            else ((int*)out)[target + j] = (int)(unsigned)value;
         }
     }
     KV_GRID_RELEASE();

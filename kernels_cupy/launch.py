@@ -308,7 +308,7 @@ def dcp_token_csr_call(req_to_token, req_pool_indices, local_seq_lens, kv_indptr
 
 
 def dcp_page_table_call(req_to_token, req_pool_indices, local_seq_lens, out, page_size, dcp_size, dcp_rank,
-                        fill_value=None, round_toward_zero=False) -> KernelCall | None:
+                        fill_value=None, round_toward_zero=False, v2p=None) -> KernelCall | None:
     """The ``kv_dcp_page_table`` launch for ``kvdispatch.ops.dcp_page_table.reference``'s arguments, or None
     when there is nothing to do."""
     batch, width = req_pool_indices.shape[0], out.shape[1]
@@ -316,11 +316,12 @@ def dcp_page_table_call(req_to_token, req_pool_indices, local_seq_lens, out, pag
     if launch.grid[0] == 0:
         return None
     flags = (_wide(req_pool_indices, WIDE_POOL) | _wide(local_seq_lens, WIDE_LENS) | _folded(launch)
-             | (FILL if fill_value is not None else 0) | _rounding(round_toward_zero))
+             | (FILL if fill_value is not None else 0) | _rounding(round_toward_zero)
+             | (V2P if v2p is not None else 0) | _wide(v2p, WIDE_V2P))
     rows, cols = req_to_token.shape
     args = (req_to_token, req_pool_indices, local_seq_lens, out, rows, cols, req_to_token.stride(0), out.stride(0),
             width, launch.items_per_program, req_pool_indices.stride(0), local_seq_lens.stride(0), page_size, dcp_size,
-            dcp_rank, fill_value or 0, flags)
+            dcp_rank, fill_value or 0, flags, v2p, 0 if v2p is None else v2p.shape[0])
     defines = (("KV_PAGE_SIZE", page_size), ("KV_DCP_SIZE", dcp_size), ("KV_FLAGS", flags))
     return _kernel_call(DCP_PAGE_TABLE_KERNEL, defines, launch, args)
 
@@ -334,11 +335,11 @@ def build_dcp_token_indices(req_to_token, req_pool_indices, local_seq_lens, kv_i
 
 
 def build_dcp_page_table(req_to_token, req_pool_indices, local_seq_lens, out, page_size, dcp_size, dcp_rank,
-                         fill_value=None, round_toward_zero=False, pdl=False):
+                         fill_value=None, round_toward_zero=False, v2p=None, pdl=False):
     """One DCP rank's block table; semantics of ``kvdispatch.create_dcp_page_table``; ``pdl`` as for
     ``build_page_table``. Returns ``out``."""
     return _launched(dcp_page_table_call(req_to_token, req_pool_indices, local_seq_lens, out, page_size, dcp_size,
-                                         dcp_rank, fill_value, round_toward_zero), req_to_token.device, out, pdl)
+                                         dcp_rank, fill_value, round_toward_zero, v2p), req_to_token.device, out, pdl)
 
 
 def _launched(call: KernelCall | None, device, out, pdl=False):
@@ -455,3 +456,64 @@ def build_cache_locs(req_to_token, req_pool_indices, start_offset, out, end_offs
     return _launched(cache_locs_call(req_to_token, req_pool_indices, start_offset, out, end_offset, width,
                                      positions_out, page_size, full_v2p, full_out, swa_v2p, swa_out),
                      req_to_token.device, out, pdl)
+
+
+from .build import COMPACT_CSR_KERNEL  # noqa: E402
+
+_compact_csr_launch = functools.lru_cache(maxsize=4096)(grid.compact_csr_launch)
+_GEOMETRY_CACHES += (_compact_csr_launch,)
+
+
+def compact_csr_call(source, lens, kv_indptr, out, row_step=1, source_indptr=None, offset=0, step=1, empty_fill=None,
+                     max_count=None) -> KernelCall | None:
+    """The ``kv_compact_csr`` launch for ``kvdispatch.ops.compact_csr.reference``'s arguments, or None when there
+    is nothing to do."""
+    launch = _compact_csr_launch(lens.shape[0], source.shape[1], out.shape[0], step, budget=_budget(out))
+    if launch.grid[0] == 0:
+        return None
+    flags = (_wide(lens, WIDE_LENS) | _wide(kv_indptr, WIDE_INDPTR) | _wide(source_indptr, WIDE_START)
+             | (START if source_indptr is not None else 0) | (FILL if empty_fill is not None else 0)
+             | _folded(launch) | _wide(out, WIDE_OUT))
+    args = _table_args(source) + (
+        lens, lens.stride(0), source_indptr, _stride(source_indptr), kv_indptr, kv_indptr.stride(0), out,
+        out.shape[0], launch.items_per_program, flags, row_step, offset, step,
+        2**62 if max_count is None else max_count, empty_fill or 0)
+    return _kernel_call(COMPACT_CSR_KERNEL, (("KV_FLAGS", flags),), launch, args)
+
+
+def build_compact_kv_indices(source, lens, kv_indptr, out, row_step=1, source_indptr=None, offset=0, step=1,
+                             empty_fill=None, max_count=None, pdl=False):
+    """The compacted CSR; semantics of ``kvdispatch.create_compact_kv_indices``; ``pdl`` as for
+    ``build_page_table``. Returns ``out``."""
+    return _launched(compact_csr_call(source, lens, kv_indptr, out, row_step, source_indptr, offset, step, empty_fill,
+                                      max_count), source.device, out, pdl)
+
+
+from .build import PREFIX_EXTEND_CSR_KERNEL  # noqa: E402
+
+_prefix_extend_csr_launch = functools.lru_cache(maxsize=4096)(grid.prefix_extend_csr_launch)
+_GEOMETRY_CACHES += (_prefix_extend_csr_launch,)
+
+
+def prefix_extend_csr_call(prefix_lens, prefix_starts, extend_lens, extend_starts, kv_indptr, out,
+                           extend_base=0) -> KernelCall | None:
+    """The ``kv_prefix_extend_csr`` launch for ``kvdispatch.ops.prefix_extend_csr.reference``'s arguments, or None
+    when there is nothing to do."""
+    launch = _prefix_extend_csr_launch(prefix_lens.shape[0], out.shape[0], budget=_budget(out))
+    if launch.grid[0] == 0:
+        return None
+    flags = (_wide(prefix_lens, WIDE_LENS) | _wide(prefix_starts, WIDE_START) | _wide(extend_lens, WIDE_POOL)
+             | _wide(extend_starts, WIDE_POSITIONS) | _wide(kv_indptr, WIDE_INDPTR) | _folded(launch)
+             | _wide(out, WIDE_OUT))
+    args = (prefix_lens, prefix_lens.stride(0), prefix_starts, prefix_starts.stride(0), extend_lens,
+            extend_lens.stride(0), extend_starts, extend_starts.stride(0), kv_indptr, kv_indptr.stride(0), out,
+            out.shape[0], launch.items_per_program, flags, extend_base)
+    return _kernel_call(PREFIX_EXTEND_CSR_KERNEL, (("KV_FLAGS", flags),), launch, args)
+
+
+def build_prefix_extend_kv_indices(prefix_lens, prefix_starts, extend_lens, extend_starts, kv_indptr, out,
+                                   extend_base=0, pdl=False):
+    """The prefix+extend token CSR; semantics of ``kvdispatch.create_prefix_extend_kv_indices``; ``pdl`` as for
+    ``build_page_table``. Returns ``out``."""
+    return _launched(prefix_extend_csr_call(prefix_lens, prefix_starts, extend_lens, extend_starts, kv_indptr, out,
+                                            extend_base), out.device, out, pdl)

@@ -28,6 +28,8 @@ KERNELS = {
     "dcp_page_table": ("dcp", "build_dcp_page_table"),
     "decode_metadata": ("decode_metadata", "build_decode_metadata"),
     "cache_locs": ("cache_locs", "build_cache_locs"),
+    "compact_csr": ("compact_csr", "build_compact_kv_indices"),
+    "prefix_extend_csr": ("prefix_extend_csr", "build_prefix_extend_kv_indices"),
 }
 # Public name -> the submodule defining it.
 _OWNERS = {name: module for module, name in KERNELS.values()} | {

@@ -95,6 +95,8 @@ def specializations(warp_size: int = 32, page_sizes=PAGE_SIZES, index_types=("i3
     yield from _dcp_specializations(warp_size, index_types)
     yield from _decode_metadata_specializations(warp_size, page_sizes, index_types)
     yield from _cache_locs_specializations(warp_size, page_sizes, index_types)
+    yield from _compact_csr_specializations(warp_size, index_types)
+    yield from _prefix_extend_csr_specializations(warp_size, index_types)
 
 
 def pdl_specializations(warp_size: int = 32):
@@ -349,3 +351,32 @@ def _cache_locs_specializations(warp_size, page_sizes, index_types):
     threads = launch_grid.cache_locs_launch(1, 1, 1).threads
     for signature, constexprs in cache_locs.specializations(index_types, page_sizes):
         yield Specialization(jitted, signature, constexprs, max(1, threads // warp_size))
+
+
+
+def _compact_csr_specializations(warp_size, index_types):
+    """The compacted CSR's specialisations (``kernels_triton.compact_csr``)."""
+    from . import compact_csr  # noqa: PLC0415
+
+    threads = launch_grid.compact_csr_launch(1, 1, 1, 1).threads
+    jitted = _jit_kernel(compact_csr.compact_csr_kernel, compact_csr)
+    for signature, constexprs in compact_csr.specializations(index_types):
+        yield Specialization(jitted, signature, constexprs, max(1, threads // warp_size))
+
+
+def _prefix_extend_csr_specializations(warp_size, index_types):
+    """The prefix+extend CSR's specialisations (``kernels_triton.prefix_extend_csr``)."""
+    from . import prefix_extend_csr  # noqa: PLC0415
+
+    threads = launch_grid.prefix_extend_csr_launch(1, 1).threads
+    jitted = _jit_kernel(prefix_extend_csr.prefix_extend_csr_kernel, prefix_extend_csr)
+    for signature, constexprs in prefix_extend_csr.specializations(index_types):
+        yield Specialization(jitted, signature, constexprs, max(1, threads // warp_size))
+
+
+def _jit_kernel(kernel, module):
+    """A fresh ``JITFunction`` of ``kernel``'s function with ``module``'s specialisation rules."""
+    import triton  # noqa: PLC0415
+
+    return triton.runtime.jit.JITFunction(getattr(kernel, "fn", kernel), do_not_specialize=module.RUNTIME_INTS,
+                                          do_not_specialize_on_alignment=module.POINTERS)

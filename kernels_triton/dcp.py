@@ -40,9 +40,10 @@ CSR_CONSTEXPRS = ("TOKENS_PER_PROGRAM", "DCP_SIZE", "DCP_SHIFT", "HAS_START", "U
                   "FOLDED_GRID", "ROUND_TOWARD_ZERO", "PDL")
 TABLE_PARAMETERS = ("table_ptr", "pool_ptr", "lens_ptr", "out_ptr", "packed_table", "packed_out", "dcp_rank",
                     "fill_value", "out_width", "table_rows", "table_row_stride", "out_row_stride", "page_limit",
-                    "pool_stride", "lens_stride")
+                    "pool_stride", "lens_stride", "v2p_ptr", "v2p_len")
+# Without a v2p its pointer is passed as None (compiled as a constant) and its length as 0.
 TABLE_CONSTEXPRS = ("PAGE_SIZE", "VIRTUAL_PAGE", "VIRTUAL_SHIFT", "PAGES_PER_PROGRAM", "HAS_FILL", "UNIT_STRIDES",
-                    "WIDE_INDEXING", "FOLDED_GRID", "ROUND_TOWARD_ZERO", "PDL")
+                    "WIDE_INDEXING", "FOLDED_GRID", "ROUND_TOWARD_ZERO", "PDL", "HAS_V2P")
 # The ``kernel.fn`` parameters of both kernels are the names above; ``crosscompile`` reads these tuples.
 PARAMETERS = {"csr": CSR_PARAMETERS, "table": TABLE_PARAMETERS}
 POINTERS = {op: tuple(n for n in names if n.endswith("_ptr")) for op, names in PARAMETERS.items()}
@@ -112,10 +113,12 @@ def _copy_rank_tokens(first, end, row_ptr, target_ptr, TOKENS_PER_PROGRAM: tl.co
 def _dcp_page_table_kernel(
     table_ptr, pool_ptr, lens_ptr, out_ptr, packed_table: tl.int64, packed_out: tl.int64, dcp_rank: tl.int64,
     fill_value: tl.int64, out_width: tl.int64, table_rows: tl.int64, table_row_stride: tl.int64,
-    out_row_stride: tl.int64, page_limit: tl.int64, pool_stride: tl.int64, lens_stride: tl.int64,
+    out_row_stride: tl.int64, page_limit: tl.int64, pool_stride: tl.int64, lens_stride: tl.int64, v2p_ptr,
+    v2p_len: tl.int64,
     PAGE_SIZE: tl.constexpr, VIRTUAL_PAGE: tl.constexpr, VIRTUAL_SHIFT: tl.constexpr,
     PAGES_PER_PROGRAM: tl.constexpr, HAS_FILL: tl.constexpr, UNIT_STRIDES: tl.constexpr,
     WIDE_INDEXING: tl.constexpr, FOLDED_GRID: tl.constexpr, ROUND_TOWARD_ZERO: tl.constexpr, PDL: tl.constexpr,
+    HAS_V2P: tl.constexpr,
 ):
     """``out[b, p] = table[pool[b], dcp_rank + p * VIRTUAL_PAGE] // VIRTUAL_PAGE`` for the program's pages
     ``p < page_limit`` with ``p * PAGE_SIZE < lens[b]`` on a readable row (``0 <= pool[b] < table_rows``);
@@ -126,7 +129,8 @@ def _dcp_page_table_kernel(
     ``page_limit`` = min(width, pages whose source position lies inside a table row), from the host.
     WIDE_INDEXING: some size or stride is ``WIDE`` or more (``table_packed_words``): the full-width parameters
     are read; otherwise ``packed_table`` (rows | row stride << 32) and ``packed_out`` (page limit | out row
-    stride << 32) stand in for them.
+    stride << 32) stand in for them. HAS_V2P: each page ``q`` (0 for a negative slot) is written as
+    ``max(v2p[q], 0)``, 0 for ``q >= v2p_len``.
     """
     _launch.wait_for_producer(PDL)
     row = tl.program_id(0)
@@ -144,21 +148,22 @@ def _dcp_page_table_kernel(
     # Only dereferenced under a block's in-row mask, where the row is readable.
     row_ptr = table_ptr + pool * table_row_stride + dcp_rank
     out_row = out_ptr + row.to(tl.int64) * out_row_stride
-    _rank_pages(first, row_ptr, out_row, limit, page_limit, fill_value, out_width, PAGE_SIZE, VIRTUAL_PAGE,
-                VIRTUAL_SHIFT, PAGES_PER_PROGRAM, HAS_FILL, ROUND_TOWARD_ZERO)
+    _rank_pages(first, row_ptr, out_row, limit, page_limit, fill_value, out_width, v2p_ptr, v2p_len, PAGE_SIZE,
+                VIRTUAL_PAGE, VIRTUAL_SHIFT, PAGES_PER_PROGRAM, HAS_FILL, ROUND_TOWARD_ZERO, HAS_V2P)
     # The row's further blocks: with HAS_FILL every column below the width is written (a value or the fill).
     pages_end = out_width if HAS_FILL else _launch.pages_below(limit, page_limit, PAGE_SIZE)
     step = _launch.programs_in_row(FOLDED_GRID) * PAGES_PER_PROGRAM
     for later in range(first + step, pages_end, step):
-        _rank_pages(later, row_ptr, out_row, limit, page_limit, fill_value, out_width, PAGE_SIZE, VIRTUAL_PAGE,
-                    VIRTUAL_SHIFT, PAGES_PER_PROGRAM, HAS_FILL, ROUND_TOWARD_ZERO)
+        _rank_pages(later, row_ptr, out_row, limit, page_limit, fill_value, out_width, v2p_ptr, v2p_len, PAGE_SIZE,
+                    VIRTUAL_PAGE, VIRTUAL_SHIFT, PAGES_PER_PROGRAM, HAS_FILL, ROUND_TOWARD_ZERO, HAS_V2P)
     _launch.release_dependents(PDL)
 
 
 @triton.jit
-def _rank_pages(first, row_ptr, out_row, limit, page_limit, fill_value, out_width, PAGE_SIZE: tl.constexpr,
-                VIRTUAL_PAGE: tl.constexpr, VIRTUAL_SHIFT: tl.constexpr, PAGES_PER_PROGRAM: tl.constexpr,
-                HAS_FILL: tl.constexpr, ROUND_TOWARD_ZERO: tl.constexpr):
+def _rank_pages(first, row_ptr, out_row, limit, page_limit, fill_value, out_width, v2p_ptr, v2p_len,
+                PAGE_SIZE: tl.constexpr, VIRTUAL_PAGE: tl.constexpr, VIRTUAL_SHIFT: tl.constexpr,
+                PAGES_PER_PROGRAM: tl.constexpr, HAS_FILL: tl.constexpr, ROUND_TOWARD_ZERO: tl.constexpr,
+                HAS_V2P: tl.constexpr):
     """Pages ``[first, first + PAGES_PER_PROGRAM)`` of a rank's row: page ``p < page_limit`` with ``p *
     PAGE_SIZE < limit`` is ``row[p * VIRTUAL_PAGE] // VIRTUAL_PAGE``; with HAS_FILL the other columns below
     ``out_width`` get ``fill_value``."""
@@ -168,6 +173,10 @@ def _rank_pages(first, row_ptr, out_row, limit, page_limit, fill_value, out_widt
     in_row = (page < page_limit) & (position < limit)
     slots = tl.load(row_ptr + page * VIRTUAL_PAGE, mask=in_row, other=0)
     values = divide(slots, VIRTUAL_PAGE, VIRTUAL_SHIFT, ROUND_TOWARD_ZERO)
+    if HAS_V2P:
+        values = tl.where(slots < 0, 0, values)
+        physical = tl.load(v2p_ptr + values, mask=in_row & (values < v2p_len), other=0)
+        values = tl.maximum(physical, 0).to(tl.int32)
     if HAS_FILL:
         tl.store(out_row + page, tl.where(in_row, values, fill_value.to(tl.int32)), mask=page < out_width)
     else:
@@ -194,13 +203,13 @@ def csr_constexprs(dcp_size: int, has_start: bool, round_toward_zero: bool = Fal
 
 def table_constexprs(page_size: int, dcp_size: int, has_fill: bool, round_toward_zero: bool = False,
                      unit_strides: bool = True, wide_indexing: bool = False, folded_grid: bool = False,
-                     pdl: bool = False) -> dict:
+                     pdl: bool = False, has_v2p: bool = False) -> dict:
     """The constexpr arguments of one DCP page-table specialisation."""
     virtual_page = page_size * dcp_size
     return dict(PAGE_SIZE=page_size, VIRTUAL_PAGE=virtual_page, VIRTUAL_SHIFT=page_shift(virtual_page),
                 PAGES_PER_PROGRAM=launch_grid.items_per_program(launch_grid.DCP_PAGE_TABLE, page_size),
                 HAS_FILL=has_fill, UNIT_STRIDES=unit_strides, WIDE_INDEXING=wide_indexing, FOLDED_GRID=folded_grid,
-                ROUND_TOWARD_ZERO=round_toward_zero, PDL=pdl)
+                ROUND_TOWARD_ZERO=round_toward_zero, PDL=pdl, HAS_V2P=has_v2p)
 
 
 def table_packed_words(rows: int, table_stride: int, page_limit: int, out_stride: int) -> tuple[int, int] | None:
@@ -252,7 +261,7 @@ def build_dcp_token_indices(req_to_token, req_pool_indices, local_seq_lens, kv_i
 
 
 def build_dcp_page_table(req_to_token, req_pool_indices, local_seq_lens, out, page_size, dcp_size, dcp_rank,
-                         fill_value=None, round_toward_zero=False, pdl=False):
+                         fill_value=None, round_toward_zero=False, v2p=None, pdl=False):
     """Write one DCP rank's block table into ``out`` (int32 ``[>= B, W]``); semantics of
     ``kvdispatch.ops.dcp_page_table.reference`` (``pdl`` as for ``build_dcp_token_indices``). Untouched: rows
     ``>= B``; without ``fill_value``, the columns past each row's pages. Arguments arrive validated (the op's
@@ -266,16 +275,18 @@ def build_dcp_page_table(req_to_token, req_pool_indices, local_seq_lens, out, pa
     unit_strides = strides == (1, 1)
     packed = table_packed_words(rows, table_stride, page_limit, out_stride)
     batch = req_pool_indices.shape[0]
+    has_v2p = v2p is not None
     key = (out.get_device(), batch, width, page_size, dcp_size, req_pool_indices.dtype, local_seq_lens.dtype,
-           has_fill, unit_strides, packed is None, round_toward_zero, pdl)
+           has_fill, unit_strides, packed is None, round_toward_zero, pdl, v2p.dtype if has_v2p else None)
     args = (req_to_token, req_pool_indices, local_seq_lens, out, *(packed or (0, 0)), dcp_rank,
-            fill_value if has_fill else 0, width, rows, table_stride, out_stride, page_limit, *strides)
+            fill_value if has_fill else 0, width, rows, table_stride, out_stride, page_limit, *strides, v2p,
+            v2p.shape[0] if has_v2p else 0)
 
     def make_plan():
         geometry = launch_grid.dcp_page_table_launch(batch, width, page_size,
                                                      budget=_launch.program_budget(out.device))
         constexprs = table_constexprs(page_size, dcp_size, has_fill, round_toward_zero, unit_strides, packed is None,
-                                      geometry.folded, pdl)
+                                      geometry.folded, pdl, has_v2p)
         return geometry, key[3:] + (geometry.folded,), constexprs
 
     _run(_table_plans, table_launcher, key, args, make_plan)
@@ -311,12 +322,20 @@ def csr_specializations(index_types=("i32", "i64"), dcp_sizes=SPECIALISED_DCP_SI
 def table_specializations(index_types=("i32", "i64"), page_sizes=SPECIALISED_PAGE_SIZES,
                           dcp_sizes=SPECIALISED_DCP_SIZES):
     """``(signature, constexprs)`` of the DCP page-table kernel: per page size, DCP size, rounding (or a fill
-    value, rounding down) and index dtype on the usual grid; then the other flags once each."""
+    value, rounding down) and index dtype on the usual grid; then the other flags once each; then a v2p of either
+    dtype per page size."""
     combos = [(page, size, fill, rtz, index, True, False, False) for page, size, (fill, rtz), index in
               itertools.product(page_sizes, dcp_sizes, ((False, False), (False, True), (True, False)), index_types)]
     combos += [(page_sizes[-1], dcp_sizes[0], False, True, index_types[0], *flags)
                for flags in ((False, False, False), (True, True, False), (True, False, True))]
-    for page, size, fill, rtz, index, unit, wide, folded in combos:
-        constexprs = table_constexprs(page, size, fill, rtz, unit, wide, folded)
+    combos = [combo + (None,) for combo in combos] + [
+        (page, dcp_sizes[0], False, False, index_types[0], True, False, False, v2p)
+        for page, v2p in itertools.product(page_sizes, ("i32", "i64"))]
+    for page, size, fill, rtz, index, unit, wide, folded, v2p in combos:
+        constexprs = table_constexprs(page, size, fill, rtz, unit, wide, folded, has_v2p=v2p is not None)
         types = dict(pool_ptr=f"*{index}", lens_ptr=f"*{index}")
+        if v2p is None:
+            constexprs.update(v2p_ptr=None)
+        else:
+            types.update(v2p_ptr=f"*{v2p}")
         yield _signature(TABLE_PARAMETERS, constexprs, types), constexprs

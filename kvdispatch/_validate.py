@@ -290,3 +290,17 @@ def dcp_lengths_device(seq_lens, dcp_size, dcp_rank, kv_start_idx, out, lens_nam
     _check_apart((("out", out),), ((lens_name, seq_lens), (start_name, kv_start_idx)))
     _check_dcp(dcp_size, dcp_rank, False)
     return device
+
+
+def _csr_out(out, device, device_of):
+    """A CSR ``out``: a strided int32/int64 1-D tensor, contiguous, on ``device`` (the device of the argument
+    ``device_of``)."""
+    _tensor("out", out)
+    if out.dtype not in _INDEX_DTYPES:
+        raise TypeError(f"out must have dtype torch.int32 or torch.int64, got {out.dtype}")
+    if out.dim() != 1:
+        raise ValueError(f"out must be 1-D, got shape {tuple(out.shape)}")
+    if out.stride(0) != 1 and out.shape[0] > 1:
+        raise ValueError(f"out must be contiguous (stride 1), got strides {out.stride()}")
+    if out.device != device:
+        raise ValueError(f"out is on {out.device}, expected {device} (the device of {device_of})")

@@ -263,3 +263,27 @@ def cache_locs_launch(batch: int, table_width: int, out_len: int, *, budget: int
     length; ``budget`` as for ``page_table_launch``."""
     return _launch(batch, min(table_width, out_len), CACHE_LOCS_ENTRIES_PER_PROGRAM,
                    "min(req_to_token.shape[1], out.shape[0])", budget=budget)
+
+
+# Compacted CSR (``kvdispatch.create_compact_kv_indices``): a row copies every ``step``-th entry of a source row,
+# with the token CSR's tokens per program.
+COMPACT_CSR = "compact_csr"
+
+
+def compact_csr_launch(batch: int, source_width: int, out_len: int, step: int, *, budget: int | None = None) -> Launch:
+    """Geometry of the compacted-CSR kernel: a row writes at most ``min(ceil(source_width / step), out_len)``
+    entries, and at least one program per row (an empty request's placeholder entry); ``budget`` as for
+    ``page_table_launch``."""
+    return _launch(batch, max(min(-(-source_width // step), out_len), 1), _TOKENS_PER_PROGRAM,
+                   "min(ceil(source.shape[1] / step), out.shape[0])", budget=budget)
+
+
+# The token CSR over a gathered prefix+extend buffer (``kvdispatch.create_prefix_extend_kv_indices``): its values
+# are positions, read from nothing, so a row's span is bounded by the output alone.
+PREFIX_EXTEND_CSR = "prefix_extend_csr"
+
+
+def prefix_extend_csr_launch(batch: int, out_len: int, *, budget: int | None = None) -> Launch:
+    """Geometry of the prefix+extend CSR kernel: a row writes at most ``out_len`` entries; ``budget`` as for
+    ``page_table_launch``."""
+    return _launch(batch, out_len, _TOKENS_PER_PROGRAM, "out.shape[0]", budget=budget)

@@ -171,11 +171,11 @@ def create_dcp_kv_indices(req_to_token, req_pool_indices, local_seq_lens, kv_ind
 
 
 def create_dcp_page_table(req_to_token, req_pool_indices, local_seq_lens, out, *, page_size, dcp_size, dcp_rank,
-                          fill_value=None, round_toward_zero=False, specialised=False):
+                          fill_value=None, round_toward_zero=False, v2p=None, specialised=False):
     """``kvdispatch.create_dcp_page_table`` on CPU tensors, through the host build of the kernel."""
     arguments = (req_to_token, req_pool_indices, local_seq_lens, out)
     options = dict(page_size=page_size, dcp_size=dcp_size, dcp_rank=dcp_rank, fill_value=fill_value,
-                   round_toward_zero=round_toward_zero)
+                   round_toward_zero=round_toward_zero, v2p=v2p)
     return _checked_run(ops.dcp_page_table.check_arguments, dcp_page_table_call, arguments, options, specialised)
 
 
@@ -237,3 +237,42 @@ def create_cache_locs(req_to_token, req_pool_indices, start_offset, out, *, end_
                    full_v2p=full_v2p, full_out=full_out, swa_v2p=swa_v2p, swa_out=swa_out)
     ops.cache_locs.check_arguments(*arguments, **options)
     return build_cache_locs(*arguments, **options, specialised=specialised)
+
+
+def build_compact_kv_indices(source, lens, kv_indptr, out, row_step=1, source_indptr=None, offset=0, step=1,
+                             empty_fill=None, max_count=None, specialised=False):
+    """The CuPy backend's ``build_compact_kv_indices`` through the host build (as ``build_page_table``)."""
+    from kernels_cupy.launch import compact_csr_call  # noqa: PLC0415
+
+    _require_cpu(source)
+    run(compact_csr_call(source, lens, kv_indptr, out, row_step, source_indptr, offset, step, empty_fill, max_count),
+        specialised)
+    return out
+
+
+def create_compact_kv_indices(source, lens, kv_indptr, out, *, row_step=1, source_indptr=None, offset=0, step=1,
+                              empty_fill=None, max_count=None, specialised=False):
+    """``kvdispatch.create_compact_kv_indices`` on CPU tensors, through the host build of the kernel."""
+    options = dict(row_step=row_step, source_indptr=source_indptr, offset=offset, step=step, empty_fill=empty_fill,
+                   max_count=max_count)
+    ops.compact_csr.check_arguments(source, lens, kv_indptr, out, **options)
+    return build_compact_kv_indices(source, lens, kv_indptr, out, **options, specialised=specialised)
+
+
+def build_prefix_extend_kv_indices(prefix_lens, prefix_starts, extend_lens, extend_starts, kv_indptr, out,
+                                   extend_base=0, specialised=False):
+    """The CuPy backend's ``build_prefix_extend_kv_indices`` through the host build (as ``build_page_table``)."""
+    from kernels_cupy.launch import prefix_extend_csr_call  # noqa: PLC0415
+
+    _require_cpu(out)
+    run(prefix_extend_csr_call(prefix_lens, prefix_starts, extend_lens, extend_starts, kv_indptr, out, extend_base),
+        specialised)
+    return out
+
+
+def create_prefix_extend_kv_indices(prefix_lens, prefix_starts, extend_lens, extend_starts, kv_indptr, out, *,
+                                    extend_base=0, specialised=False):
+    """``kvdispatch.create_prefix_extend_kv_indices`` on CPU tensors, through the host build of the kernel."""
+    arguments = (prefix_lens, prefix_starts, extend_lens, extend_starts, kv_indptr, out)
+    ops.prefix_extend_csr.check_arguments(*arguments, extend_base)
+    return build_prefix_extend_kv_indices(*arguments, extend_base, specialised)

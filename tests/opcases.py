@@ -330,9 +330,12 @@ def _dcp_page_table(d: _Draw, k: Knobs):
     arguments = dict(req_to_token=table, req_pool_indices=d.vector(pool), local_seq_lens=d.vector(lens),
                      out=d.output("out", (k.batch + d.integer(0, 3), k.pages + d.integer(0, 3))),
                      page_size=k.page_size, dcp_size=dcp_size, dcp_rank=dcp_rank, fill_value=None,
-                     round_toward_zero=False)
+                     round_toward_zero=False, v2p=None)
     if k.options:
         arguments.update(fill_value=d.integer(-5, 5), round_toward_zero=d.flag())
+        if d.flag():  # the unified pool's pages, some past it and some freed
+            pages = d.values(-1, 1 << 16, (1 << 20) // virtual_page + d.integer(-3, 3))
+            arguments.update(v2p=d.vector(pages, contiguous=True))
     return arguments
 
 
@@ -463,3 +466,46 @@ def _draft_decode_with_entry_pages(d: _Draw, k: Knobs):
 
 
 BUILDERS["draft_decode"] = _draft_decode_with_entry_pages
+
+
+def _compact_csr(d: _Draw, k: Knobs):
+    """A token table read every ``row_step`` rows, or (options) one DCP rank's share of a flat CSR: one row,
+    ``source_indptr`` its row starts, ``offset`` the rank, ``step`` the DCP size; zero lengths get a placeholder
+    now and then, and ``max_count`` cuts some rows."""
+    row_step = d.integer(0, 3)
+    rows, cols = k.batch * max(row_step, 1) + d.integer(-1, 2), k.pages * 8 + 3
+    step, offset, starts, max_count = 1, 0, None, None
+    if k.options:
+        step = d.integer(1, 5)
+        offset = d.integer(0, step)
+        rows, row_step = 1, 0
+        starts = d.values(-2, cols, k.batch)
+        max_count = d.integer(0, cols // step + 2) if d.flag() else None
+    source = d.table(max(rows, 1), cols, -3, 1 << 20)
+    lens = d.requests(k.batch, 1, -(-cols // step) + 3)[1]
+    lens, fill = d.vector(lens), (d.integer(-5, 5) if d.flag() else None)
+    room = lens.cpu().long().clamp(1, -(-cols // step))
+    indptr, total = _csr_indptr(d, room, -(-cols // step))
+    return dict(source=source, lens=lens, kv_indptr=indptr, out=d.output("out", (total,), d.dtype()),
+                row_step=row_step, source_indptr=None if starts is None else d.vector(starts), offset=offset,
+                step=step, empty_fill=fill, max_count=max_count)
+
+
+BUILDERS["compact_csr"] = _compact_csr
+
+
+def _prefix_extend_csr(d: _Draw, k: Knobs):
+    """Prefix and extend runs of mixed lengths (some negative), starts anywhere; rows back to back with room for
+    both runs; with options an ``extend_base`` at the int64 edges now and then."""
+    most = k.pages * 8 + 3
+    prefix, extend = (d.requests(k.batch, 1, most)[1] for _ in range(2))
+    prefix, extend = d.vector(prefix), d.vector(extend)
+    room = prefix.cpu().long().clamp(min=0) + extend.cpu().long().clamp(min=0)
+    indptr, total = _csr_indptr(d, room, 2 * most)
+    base = (0, 2**63 - 5, -(2**63), 1 << 33)[d.integer(0, 4)] if k.options else d.integer(0, 1000)
+    return dict(prefix_lens=prefix, prefix_starts=d.vector(d.values(-5, 1 << 20, k.batch)), extend_lens=extend,
+                extend_starts=d.vector(d.values(-5, 1 << 20, k.batch)), kv_indptr=indptr,
+                out=d.output("out", (total,), d.dtype()), extend_base=base)
+
+
+BUILDERS["prefix_extend_csr"] = _prefix_extend_csr

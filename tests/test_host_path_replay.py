@@ -537,7 +537,7 @@ def _public_call(op, args, **options):
                                                        token_mapping=args[7], v2p=args[8], page_size=args[9],
                                                        **options)
     return kvdispatch.create_dcp_page_table(*args[:4], page_size=args[4], dcp_size=args[5], dcp_rank=args[6],
-                                            fill_value=args[7], round_toward_zero=args[8], **options)
+                                            fill_value=args[7], round_toward_zero=args[8], v2p=args[9], **options)
 
 
 @pytest.mark.parametrize("op", ("page_table", "token_csr", "dcp_page_table"))
@@ -653,3 +653,50 @@ def test_the_packed_read_stream_registers_a_replayable_plan(stubs, start, out_dt
     assert stubs.module.replay_plan_count() == 1
     launch, params = assert_replays_as_python(stubs, "token_csr", launcher, siblings(args))
     assert launch["params"] == params
+
+
+# The compacted CSR and the prefix+extend CSR.
+from kernels_triton import compact_csr, prefix_extend_csr  # noqa: E402
+
+TRITON.update(compact_csr=(compact_csr.build_compact_kv_indices, compact_csr.launcher),
+              prefix_extend_csr=(prefix_extend_csr.build_prefix_extend_kv_indices, prefix_extend_csr.launcher))
+CUPY.update(compact_csr=cupy_launch.build_compact_kv_indices,
+            prefix_extend_csr=cupy_launch.build_prefix_extend_kv_indices)
+CHECKS.update(compact_csr=ops.compact_csr.check_arguments, prefix_extend_csr=ops.prefix_extend_csr.check_arguments)
+_random_args_before_csr_ops = random_args
+_hostile_args_before_csr_ops = hostile_args
+
+
+def random_args(op, seed):  # noqa: F811
+    if op == "compact_csr":
+        d = Draw(seed)
+        rows, cols, batch, table, _, lens = d.common()
+        total = d.int(1, 900)
+        return [table, lens, d.vector(-5, total, batch + 1), torch.zeros(total, dtype=d.pick((torch.int32,
+                torch.int64))), d.pick((0, 1, 3)), d.pick((None, d.vector(-2, cols, batch))), d.int(0, 4),
+                d.pick((1, 2, 5)), d.pick((None, 0, -7)), d.pick((None, 0, 9, 2**62))]
+    if op == "prefix_extend_csr":
+        d = Draw(seed)
+        batch, total = d.int(1, 9), d.int(1, 900)
+        return [d.vector(-3, 300, batch), d.vector(-5, 2**20, batch), d.vector(-3, 300, batch),
+                d.vector(-5, 2**20, batch), d.vector(-5, total, batch + 1),
+                torch.zeros(total, dtype=d.pick((torch.int32, torch.int64))), d.pick((0, 5, 2**40, -(2**63)))]
+    args = _random_args_before_csr_ops(op, seed)
+    if op == "dcp_page_table":  # its v2p (the unified pool), or none
+        d = Draw(seed + 1)
+        args.append(d.pick((None, d.vector(-1, 1000, d.int(1, 40), strided=False))))
+    return args
+
+
+def hostile_args(op, seed, kind):  # noqa: F811
+    if op == "prefix_extend_csr":  # no table: its hostile calls are stride-0 vectors and an out of 2**31 entries
+        args = random_args(op, seed)
+        if kind == "pool stride 0":
+            args[1] = args[1][:1].expand(args[0].shape[0])
+        elif kind == "out past 2**31":
+            args[5] = args[5][:1].expand(2**31)
+        return args
+    args = _hostile_args_before_csr_ops(op, seed, kind)
+    if op == "compact_csr" and kind == "out past 2**31":
+        args[3] = args[3][:1].expand(2**31)
+    return args

@@ -231,15 +231,25 @@ def test_dcp_token_csr(backend, dcp_size, with_start, release, compat):
 
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("engine", ("trtllm_mla", "aiter_verify"))
-def test_dcp_page_table(backend, engine, release, compat):
+@pytest.mark.parametrize("has_v2p", (False, True))
+def test_dcp_page_table(backend, engine, has_v2p, release, compat):
     """TRT-LLM MLA: a ``-1`` block table, ``PAGES_PER_BLOCK = 4096 // page``; Aiter's verify token table: page 1,
-    16 columns per block, rows ``q_len * num_cols`` apart in a ``[bs * q_len, num_cols]`` buffer."""
+    16 columns per block, rows ``q_len * num_cols`` apart in a ``[bs * q_len, num_cols]`` buffer. ``has_v2p``: the
+    unified pool, an int64 ``v2p`` of every page plus one, a quarter of them freed (-1), and ``-1`` slots in the
+    table."""
     dcp = release("kernels.ops.attention.dcp_kernels")
     g = _generator()
     dcp_size, batch = 4, 3
     page_size, q_len = (16, 1) if engine == "trtllm_mla" else (1, 3)
     rows, cols = batch + 2, 6 * page_size * dcp_size
     table, pool = _pool(rows, cols, batch, g)
+    v2p = None
+    if has_v2p:
+        table[pool[0], -2 * page_size * dcp_size:] = -1
+        pages = 2 * rows * cols // (page_size * dcp_size) + 1
+        v2p = torch.randint(0, 1 << 20, (pages,), generator=g)
+        v2p[torch.randint(0, pages, (pages // 4,), generator=g)] = -1
+        v2p = v2p.to(DEVICE)
     seq_lens = torch.randint(1, cols + 1, (batch,), generator=g).to(DEVICE)
     for rank in range(dcp_size):
         local = compat.get_dcp_lens(seq_lens, dcp_size, rank).to(torch.int32)
@@ -255,8 +265,8 @@ def test_dcp_page_table(backend, engine, release, compat):
         (theirs,), (ours,) = _twins(out)
         for function, buffer in ((dcp.create_mla_kv_page_table_for_dcp, theirs),
                                  (compat.create_mla_kv_page_table_for_dcp, ours)):
-            function[grid](table, pool, local, buffer, None, table.stride(0), stride, PHYSICAL_PAGE_SIZE=page_size,
-                           DCP_SIZE=dcp_size, DCP_RANK=rank, PAGES_PER_BLOCK=per_block, HAS_V2P=False)
+            function[grid](table, pool, local, buffer, v2p, table.stride(0), stride, PHYSICAL_PAGE_SIZE=page_size,
+                           DCP_SIZE=dcp_size, DCP_RANK=rank, PAGES_PER_BLOCK=per_block, HAS_V2P=has_v2p)
         _same([ours], [theirs], f"rank {rank}")
 
 

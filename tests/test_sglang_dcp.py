@@ -163,9 +163,11 @@ def test_page_table_grid_decides_rows_and_pages(sglang, backend):
         sglang.create_mla_kv_page_table_for_dcp[(rows + 1, 3)](table, pool, torch.cat([local, local[:1]]), flat, None,
                                                                table.stride(0), width, page_size, dcp_size, rank, 16,
                                                                False)
-    with pytest.raises(NotImplementedError, match="HAS_V2P=True"):
-        sglang.create_mla_kv_page_table_for_dcp[(rows, 3)](table, pool, local, flat, torch.arange(8, device=DEVICE),
-                                                           table.stride(0), width, page_size, dcp_size, rank, 16, True)
+    identity = torch.arange(int(table.max()) // (page_size * dcp_size) + 1, device=DEVICE)  # HAS_V2P: pages as they are
+    flat.fill_(-1)
+    sglang.create_mla_kv_page_table_for_dcp[grid](table, pool, local, flat, identity, table.stride(0), width,
+                                                  page_size, dcp_size, rank, 16, True)
+    assert_same(flat.view(rows, width), expected[:rows], "an identity v2p")
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

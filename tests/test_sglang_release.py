@@ -56,6 +56,12 @@ RELEASE = {
                                             "block_kv_indices_ptr, v2p_ptr, req_to_token_stride, "
                                             "block_table_stride, PHYSICAL_PAGE_SIZE, DCP_SIZE, DCP_RANK, "
                                             "PAGES_PER_BLOCK, HAS_V2P)",
+        "compact_dcp_verify_token_table_to_ragged": "(token_table_ptr, local_kv_lens_ptr, kv_indptr_ptr, "
+                                                    "kv_indices_ptr, table_stride, Q_LEN, BLOCK_SIZE)",
+        "update_kv_lens_and_indices": "(kv_lens, kv_lens_cumsum, kv_indices, local_kv_lens, local_kv_lens_cumsum, "
+                                      "local_kv_indices, dcp_rank, dcp_world_size, BLOCK_SIZE)",
+        "create_dcp_kv_indices": "(kv_indptr, extend_lens_ptr, extend_cu_lens_ptr, extend_prefix_lens_ptr, "
+                                 "extend_cu_prefix_lens_ptr, kv_indices_ptr, extend_prefix_lens_sum, dcp_world_size)",
     },
     "kernels.ops.kvcache.kv_read_table": {
         "build_kv_read_table": "(*, req_to_token, req_pool_indices, seq_lens, v2p, page_size, max_pages, out, "

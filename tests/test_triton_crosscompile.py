@@ -111,7 +111,8 @@ def test_pdl_specialisations_compile_with_the_grid_dependency_instructions(pdl_r
 
 def test_pdl_specialisations_are_one_per_kernel_with_pdl_set():
     specs = list(crosscompile.pdl_specializations())
-    assert len({s.kernel.__name__ for s in specs}) == len(specs) == 9
+    assert len({s.kernel.__name__ for s in specs}) == len(specs) == len(
+        {s.kernel.__name__ for s in crosscompile.specializations()})
     assert all(s.constexprs["PDL"] is True and s.signature["PDL"] == "constexpr" for s in specs)
     assert all(s.constexprs["PDL"] is False for s in crosscompile.specializations())
 
@@ -258,8 +259,8 @@ def test_worker_environment(tmp_path, monkeypatch):
 
 
 def test_compile_command_compiles_a_handful(capsys, monkeypatch):
-    """``kvdispatch compile cuda:90:32 --pdl``: seven real compilations in two worker processes (from this
-    process, which runs under TRITON_INTERPRET when there is no GPU), a progress line for each, into the
+    """``kvdispatch compile cuda:90:32 --pdl``: one real compilation per kernel in two worker processes (from this
+    process, which runs under TRITON_INTERPRET when there is no GPU), progress lines, into the
     private cache, which goes with their files at the end."""
     removed = []
     real_rmtree = crosscompile.shutil.rmtree
@@ -272,8 +273,9 @@ def test_compile_command_compiles_a_handful(capsys, monkeypatch):
     assert cli.main(["compile", "cuda:90:32", "--pdl", "-j", "2"]) == 0
     lines = capsys.readouterr().out.splitlines()
     kernels = len(list(crosscompile.pdl_specializations()))
+    step = -(-kernels // 10)  # a progress line every tenth of the compilations, and at the last
     assert [re.fullmatch(r"cuda:90:32: (\d+)/(\d+) \(\d+ s\)", line).groups() for line in lines[1:-2]] == [
-        (str(done), str(kernels)) for done in range(1, kernels + 1)]
+        (str(done), str(kernels)) for done in range(1, kernels + 1) if done % step == 0 or done == kernels]
     assert re.fullmatch(rf"cuda:90:32: {kernels} specialisations compiled, binaries \d+\.\.\d+ bytes", lines[-2])
     assert len(removed) == 1 and removed[0] >= kernels  # the workers wrote to the private cache, removed with it
 

@@ -368,3 +368,55 @@ def extend_loop(req_to_token, req_pool_indices, start_offset, end_offset, out):
                                   req_to_token.stride(0), BS_UPPER=triton.next_power_of_2(batch),
                                   BLOCK=EXTEND_COPY_BLOCK)
     return (batch,)
+
+
+# ``compact_grid_2d``: one DCP rank's share of a CSR compacted, after SGLang's ``update_kv_lens_and_indices``
+# (written for kvdispatch): a 2-D grid ``(batch, blocks)`` of ``COMPACT_BLOCK`` ids per program, the blocks sized
+# from the longest shard of a full-length row (the planner's ``max_local_len``).
+COMPACT_BLOCK = 128
+
+
+@triton.jit
+def _compact_grid_2d_kernel(source, starts, lengths, indptr, out, DCP_SIZE: tl.constexpr, DCP_RANK: tl.constexpr,
+                            BLOCK: tl.constexpr):
+    b = tl.program_id(0)
+    j = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    mask = j < tl.load(lengths + b)
+    ids = tl.load(source + tl.load(starts + b) + DCP_RANK + j * DCP_SIZE, mask=mask)
+    tl.store(out + tl.load(indptr + b) + j, ids, mask=mask)
+
+
+def compact_grid_2d(source, starts, local_lens, local_indptr, out, dcp_size, dcp_rank):
+    """The rank's share of the CSR ``source`` (``[1, N]``, rows from ``starts``) into ``out``."""
+    grid = (local_lens.shape[0], triton.cdiv(out.shape[0] // max(local_lens.shape[0], 1), COMPACT_BLOCK))
+    _compact_grid_2d_kernel[grid](source, starts, local_lens, local_indptr, out, DCP_SIZE=dcp_size,
+                                  DCP_RANK=dcp_rank, BLOCK=COMPACT_BLOCK)
+    return grid
+
+
+# ``prefix_extend_loop``: the token CSR over a gathered prefix+extend buffer, after SGLang's
+# ``dcp_kernels.create_dcp_kv_indices`` (written for kvdispatch): one program per request, its prefix then its
+# extend ``CSR_BLOCK`` ids per pass.
+@triton.jit
+def _prefix_extend_loop_kernel(prefix_lens, prefix_starts, extend_lens, extend_starts, indptr, out, base,
+                               BLOCK: tl.constexpr):
+    b = tl.program_id(0)
+    prefix = tl.load(prefix_lens + b)
+    start = tl.load(prefix_starts + b)
+    dst = out + tl.load(indptr + b)
+    for first in range(0, prefix, BLOCK):
+        j = first + tl.arange(0, BLOCK)
+        tl.store(dst + j, start + j, mask=j < prefix)
+    extend = tl.load(extend_lens + b)
+    start = base + tl.load(extend_starts + b)
+    for first in range(0, extend, BLOCK):
+        j = first + tl.arange(0, BLOCK)
+        tl.store(dst + prefix + j, start + j, mask=j < extend)
+
+
+def prefix_extend_loop(prefix_lens, prefix_starts, extend_lens, extend_starts, kv_indptr, out, extend_base):
+    """The prefix+extend CSR into ``out`` (int32 ``[N]``)."""
+    grid = (prefix_lens.shape[0],)
+    _prefix_extend_loop_kernel[grid](prefix_lens, prefix_starts, extend_lens, extend_starts, kv_indptr, out,
+                                     extend_base, BLOCK=CSR_BLOCK)
+    return grid

@@ -7,11 +7,12 @@ the public function, the custom op and the dispatch entry.
 
 from __future__ import annotations
 
+import torch
 from torch import Tensor
 
-from .._debug import _check_pages_fit, _check_rows
-from .._validate import _check_dcp
-from ..reference import _page_reads, _store_pages
+from .._debug import _check_pages_fit, _check_rows, _first_bad_entry
+from .._validate import _check_apart, _check_dcp, _contiguous_vector
+from ..reference import _page_reads, _store, _store_pages
 from .page_table import check_arguments as page_table_check_arguments
 from ..op import declare
 
@@ -19,28 +20,44 @@ __all__ = ["create_dcp_page_table"]
 
 
 def check_arguments(req_to_token, req_pool_indices, local_seq_lens, out, page_size, dcp_size, dcp_rank,
-                    fill_value=None, round_toward_zero=False, memory=True):
-    """Validate ``create_dcp_page_table`` arguments (the page table's, then the DCP integers); returns the device
-    (``memory``: as for ``page_table_check_arguments``)."""
+                    fill_value=None, round_toward_zero=False, v2p=None, memory=True):
+    """Validate ``create_dcp_page_table`` arguments (the page table's, then the DCP integers and ``v2p``); returns
+    the device (``memory``: as for ``page_table_check_arguments``)."""
     device = page_table_check_arguments(req_to_token, req_pool_indices, local_seq_lens, out, page_size, None, 0, None,
                                    fill_value, round_toward_zero, memory, "local_seq_lens")
     _check_dcp(dcp_size, dcp_rank, round_toward_zero)
+    if v2p is not None:
+        _contiguous_vector("v2p", v2p, device)
+        if memory:
+            _check_apart((("out", out),), (("v2p", v2p),))
     return device
 
 
 def check_data(req_to_token, req_pool_indices, local_seq_lens, out, page_size, dcp_size, dcp_rank,
-               fill_value=None, round_toward_zero=False):
+               fill_value=None, round_toward_zero=False, v2p=None):
     """``create_dcp_page_table``: every pool index in ``[0, R)``; ``local_seq_lens >= 0``; the rank's last
     token of a non-empty row, at position ``dcp_rank + (L_b - 1) * dcp_size``, before column ``C``; its
-    ``ceil(L_b / page_size)`` local pages fit ``out``'s width. Takes the arguments of its validator;
-    ``fill_value`` and ``round_toward_zero`` are not read."""
+    ``ceil(L_b / page_size)`` local pages fit ``out``'s width; with ``v2p``, every page a row reads (0 for a
+    negative slot) inside ``v2p``. Takes the arguments of its validator; ``fill_value`` and
+    ``round_toward_zero`` are not read."""
     lengths = _check_rows(req_to_token, req_pool_indices, local_seq_lens, None, 0, "local_seq_lens", dcp_size,
                           dcp_rank)
     _check_pages_fit(lengths, page_size, out.shape[1], "out")
+    if v2p is not None:
+        virtual_page = page_size * dcp_size
+        pages = (lengths + page_size - 1).div(page_size, rounding_mode="floor")
+        rows = req_to_token[req_pool_indices.long()].cpu().long()[:, dcp_rank::virtual_page]
+        live = torch.arange(rows.shape[1])[None, :] < pages[:, None]
+        read = rows.clamp(min=0).div(virtual_page, rounding_mode="floor")
+        found = _first_bad_entry(live & (read >= v2p.shape[0]))
+        if found is not None:
+            b, p = found
+            raise ValueError(f"request {b}: page {p} (slot {int(rows[b, p])}) reads page {int(read[b, p])} of v2p, "
+                             f"outside its [0, {v2p.shape[0]})")
 
 
 def reference(req_to_token, req_pool_indices, local_seq_lens, out, page_size, dcp_size, dcp_rank,
-              fill_value=None, round_toward_zero=False, pdl=False):
+              fill_value=None, round_toward_zero=False, v2p=None, pdl=False):
     """Rank-local paged block table under decode context parallel; semantics of
     ``kvdispatch.create_dcp_page_table``.
 
@@ -48,8 +65,10 @@ def reference(req_to_token, req_pool_indices, local_seq_lens, out, page_size, dc
     ``pages_b = min(ceil(local_seq_lens[b] / page_size), ceil((C - dcp_rank) / V), W)`` pages (0 when the
     length is ``<= 0`` or the pool index lies outside ``[0, R)``):
     ``out[b, p] = req_to_token[req_pool_indices[b], dcp_rank + p * V] // V`` (floor division; truncation
-    with ``round_toward_zero``), then ``fill_value`` up to ``W`` when given. Untouched: rows ``>= B``;
-    without ``fill_value``, the columns past each row's pages.
+    with ``round_toward_zero``), then ``fill_value`` up to ``W`` when given. With ``v2p`` (the unified pool's
+    virtual-to-physical page table) the page ``q = slot // V`` (0 for a negative slot) is translated:
+    ``max(v2p[q], 0)`` for ``q`` inside ``v2p``, else 0, in its low 32 bits. Untouched: rows ``>= B``; without
+    ``fill_value``, the columns past each row's pages.
     """
     batch, width = req_pool_indices.shape[0], out.shape[1]
     if batch == 0 or width == 0:
@@ -57,14 +76,24 @@ def reference(req_to_token, req_pool_indices, local_seq_lens, out, page_size, dc
     virtual_page = page_size * dcp_size
     reads = _page_reads(req_to_token, req_pool_indices, local_seq_lens, width, page_size, first=dcp_rank,
                         step=virtual_page)
-    return _store_pages(out, batch, reads, virtual_page, fill_value, round_toward_zero)
+    if v2p is None:
+        return _store_pages(out, batch, reads, virtual_page, fill_value, round_toward_zero)
+    columns, live, slots = reads
+    if fill_value is not None:
+        out[:batch].fill_(fill_value)
+    if columns:
+        page = slots.clamp(min=0).div(virtual_page, rounding_mode="floor")
+        inside = page < v2p.shape[0]
+        physical = v2p[page.clamp(max=max(v2p.shape[0] - 1, 0))].long() if v2p.shape[0] else page
+        _store(out[:batch, :columns], live, torch.where(inside, physical.clamp(min=0), 0))
+    return out
 
 
 @declare("dcp_page_table", outputs=("out",), check=check_arguments, check_data=check_data,
          reference=reference)
 def create_dcp_page_table(req_to_token: Tensor, req_pool_indices: Tensor, local_seq_lens: Tensor, out: Tensor, *,
                           page_size: int, dcp_size: int, dcp_rank: int, fill_value: int | None = None,
-                          round_toward_zero: bool = False, backend: str | None = None,
+                          round_toward_zero: bool = False, v2p: Tensor | None = None, backend: str | None = None,
                           enable_pdl: bool | None = None) -> Tensor:
     """Build one decode-context-parallel rank's paged block table (MLA backends under DCP) into ``out``.
 
@@ -86,6 +115,9 @@ def create_dcp_page_table(req_to_token: Tensor, req_pool_indices: Tensor, local_
         dcp_size: int in ``[1, 1024]``; dcp_rank: int in ``[0, dcp_size)``.
         fill_value: optional int; when given, columns ``[pages_b, W)`` of each row are set to it.
         round_toward_zero: bool, as for ``create_dcp_kv_indices``.
+        v2p: optional int32/int64 ``[P]``, contiguous: the unified pool's virtual-to-physical page table. Each
+            page ``q = slot // V`` (0 for a negative slot) is written as ``max(v2p[q], 0)`` (0, the padding page,
+            for a freed entry or a page past ``P``), in its low 32 bits.
         backend, enable_pdl: as for ``create_flashmla_kv_indices``.
 
     Left untouched: rows ``>= B``; without ``fill_value``, every column past a row's pages. A pool index

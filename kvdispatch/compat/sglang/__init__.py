@@ -9,7 +9,9 @@ kvdispatch.compat.sglang.kernels.ops.attention.kv_indices import X``); every nam
 * ``kernels.ops.attention.kv_indices``: the token CSR, chunked-prefix CSR and FlashMLA block-table builders and
   the grid helpers (``spec_kv_index_token_blocks`` and ``SPEC_KV_INDEX_BLOCKS_MIN_CONTEXT`` among them);
 * ``kernels.ops.attention.trtllm_mha_page_table``: the TRT-LLM MHA page table with its SWA twin;
-* ``kernels.ops.attention.dcp_kernels``: one decode-context-parallel rank's token CSR and MLA block table;
+* ``kernels.ops.attention.dcp_kernels``: one decode-context-parallel rank's token CSR and MLA block table (through
+  the unified pool's ``v2p`` too), Aiter's verify ragged ids, a rank's share of a decode CSR and the prefill's CSR
+  over the all-gathered prefix+extend buffer (SGLang's ``create_dcp_kv_indices``);
 * ``kernels.ops.kvcache.kv_read_table``: the unified pool's read table (``build_kv_read_table``) and its packed
   token stream (``build_kv_read_table_packed``);
 * ``kernels.ops.speculative.cache_locs``: the multi-step draft decode indices and their per-step window CSR;
@@ -27,8 +29,7 @@ Arguments are checked as the public functions check theirs, before anything is w
 strides and grid entries are Python ints (never bool or float) in range, flags are bools; anything else is a
 ``TypeError`` / ``ValueError`` naming the argument (errors from the forwarded call name the public function's
 parameters: ``out``, ``seq_lens``, ...). A grid is a Triton grid: one to three ints ``>= 0``, or a callable of
-the arguments by name giving one. SGLang's asserts are ValueErrors. Options kvdispatch does not implement raise
-``NotImplementedError`` naming them (``HAS_V2P`` of the DCP block table).
+the arguments by name giving one. SGLang's asserts are ValueErrors.
 
 The one intended difference: where SGLang's kernels would step outside a request's row (a request longer than
 its table row, or needing more pages than its output row holds: SGLang reads the neighbouring row of
@@ -90,3 +91,12 @@ from .kernels.ops.kvcache.kv_read_table import build_kv_read_table_packed  # noq
 from .kernels.ops.speculative.cache_locs import generate_draft_decode_window_kv_indices  # noqa: E402
 
 __all__ += ["build_kv_read_table_packed", "generate_draft_decode_window_kv_indices"]
+
+from .kernels.ops.attention.dcp_kernels import (compact_dcp_verify_token_table_to_ragged,  # noqa: E402
+                                                update_kv_lens_and_indices)
+
+__all__ += ["compact_dcp_verify_token_table_to_ragged", "update_kv_lens_and_indices"]
+
+from .kernels.ops.attention.dcp_kernels import create_dcp_kv_indices  # noqa: E402
+
+__all__ += ["create_dcp_kv_indices"]

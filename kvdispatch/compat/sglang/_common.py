@@ -161,3 +161,12 @@ def _leading(name, t, rows):
 from ...ops.cache_locs import create_cache_locs as _build_cache_locs  # noqa: E402
 
 __all__ += ["_build_cache_locs"]
+
+
+from ...ops.compact_csr import create_compact_kv_indices as _build_compact_csr  # noqa: E402
+
+__all__ += ["_build_compact_csr"]
+
+from ...ops.prefix_extend_csr import create_prefix_extend_kv_indices as _build_prefix_extend_csr  # noqa: E402
+
+__all__ += ["_build_prefix_extend_csr"]
