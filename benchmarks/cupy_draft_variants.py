@@ -32,7 +32,7 @@ def compiled(source: str, defines: tuple, max_registers: int | None):
     options = build.rtc_options("nvidia") + build.define_flags(defines)
     if max_registers:
         options += (f"--maxrregcount={max_registers}",)
-    return cupy.RawModule(code=source, options=options).get_function(build.DRAFT_DECODE_KERNEL).kernel
+    return cupy.RawModule(code=source, options=options).get_function("kv_draft_decode").kernel
 
 
 def direct(function, call):

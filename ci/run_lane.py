@@ -139,9 +139,9 @@ def _check_page1_wide_accesses(arch, clang) -> bool:
     except Exception as exc:
         print(f"  {arch} page-1 ISA: FAILED to compile: {exc}")
         return False
-    found = build.wide_global_accesses(result.assembly, build.PAGE_TABLE_KERNEL)
+    found = build.wide_global_accesses(result.assembly, "kv_page_table")
     ok = all(found.values())
-    print(f"  {arch} page-1 ISA ({build.PAGE_TABLE_KERNEL}, {clang}): "
+    print(f"  {arch} page-1 ISA (kv_page_table, {clang}): "
           f"{', '.join(f'{op} x{count}' for op, count in found.items())}: {'ok' if ok else 'FAILED, missing'}",
           flush=True)
     return ok

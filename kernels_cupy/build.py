@@ -19,18 +19,8 @@ from pathlib import Path
 from typing import NamedTuple
 
 SOURCE_PATH = Path(__file__).with_name("kv_indices.cu")
-PAGE_TABLE_KERNEL = "kv_page_table"
-TOKEN_CSR_KERNEL = "kv_token_csr"
-MHA_PAGE_TABLE_KERNEL = "kv_mha_page_table"
-TRANSLATED_PAGE_TABLE_KERNEL = "kv_translated_page_table"
-DRAFT_DECODE_KERNEL = "kv_draft_decode"
-DCP_TOKEN_CSR_KERNEL = "kv_dcp_token_csr"
-DCP_PAGE_TABLE_KERNEL = "kv_dcp_page_table"
-DECODE_METADATA_KERNEL = "kv_decode_metadata"
-CACHE_LOCS_KERNEL = "kv_cache_locs"
-KERNELS = (PAGE_TABLE_KERNEL, TOKEN_CSR_KERNEL, MHA_PAGE_TABLE_KERNEL, TRANSLATED_PAGE_TABLE_KERNEL,
-           DRAFT_DECODE_KERNEL, DCP_TOKEN_CSR_KERNEL, DCP_PAGE_TABLE_KERNEL, DECODE_METADATA_KERNEL,
-           CACHE_LOCS_KERNEL)
+# Every kernel of the source, by its name there (the launchers name theirs in their ``KernelCall``).
+KERNELS = tuple(re.findall(r'^extern "C" __global__ void (\w+)\(', SOURCE_PATH.read_text(), re.M))
 STD_FLAG = "-std=c++14"
 # Architectures the offline HIP check tries; those the installed hipcc does not know are reported.
 HIP_ARCHS = ("gfx90a", "gfx940", "gfx942", "gfx950")
@@ -166,7 +156,3 @@ def wide_global_accesses(assembly: str, kernel: str) -> dict:
     text = body.group(1) if body else ""
     return {op: len(re.findall(rf"\b{op}\b", text)) for op in WIDE_GLOBAL_ACCESSES}
 
-COMPACT_CSR_KERNEL = "kv_compact_csr"
-KERNELS = KERNELS + (COMPACT_CSR_KERNEL,)
-PREFIX_EXTEND_CSR_KERNEL = "kv_prefix_extend_csr"
-KERNELS = KERNELS + (PREFIX_EXTEND_CSR_KERNEL,)

@@ -28,8 +28,7 @@ from kvdispatch import devices, grid, host_path
 from kvdispatch.reference import draft_prefix_cap
 
 from . import native
-from .build import (DCP_PAGE_TABLE_KERNEL, DCP_TOKEN_CSR_KERNEL, DRAFT_DECODE_KERNEL, MHA_PAGE_TABLE_KERNEL,
-                    PAGE_TABLE_KERNEL, TOKEN_CSR_KERNEL, TRANSLATED_PAGE_TABLE_KERNEL, KernelCall)
+from .build import KernelCall
 
 # Flag bits; the same values as the KV_* macros in kv_indices.cu (tests/test_shared_constants.py).
 WIDE_POOL, WIDE_LENS, WIDE_START, WIDE_INDPTR, FILL, START, LENS_OUT, FOLDED_GRID = 1, 2, 4, 8, 16, 32, 64, 128
@@ -127,7 +126,7 @@ def page_table_call(req_to_token, req_pool_indices, seq_lens, out, page_size, kv
             launch.items_per_program, seqlen_offset, req_pool_indices.stride(0), seq_lens.stride(0), page_size,
             kv_start_idx, _stride(kv_start_idx), seq_lens_out, fill_value or 0, flags)
     defines = (("KV_PAGE_SIZE", page_size), ("KV_FLAGS", flags))
-    return _kernel_call(PAGE_TABLE_KERNEL, defines, launch, args)
+    return _kernel_call("kv_page_table", defines, launch, args)
 
 
 def token_csr_call(req_to_token, req_pool_indices, seq_lens, kv_indptr, out, kv_start_idx=None, entry_page_size=1,
@@ -151,7 +150,7 @@ def token_csr_call(req_to_token, req_pool_indices, seq_lens, kv_indptr, out, kv_
                                                                   ("KV_ENTRY_PAGE_SIZE", entry_page_size))
     if v2p is not None:
         defines += (("KV_PAGE_SIZE", page_size),)
-    return _kernel_call(TOKEN_CSR_KERNEL, defines, launch, args)
+    return _kernel_call("kv_token_csr", defines, launch, args)
 
 
 def mha_page_table_call(req_to_token, req_pool_indices, seq_lens, page_table, page_size, swa_page_table=None,
@@ -175,7 +174,7 @@ def mha_page_table_call(req_to_token, req_pool_indices, seq_lens, page_table, pa
             full_to_swa.shape[0] if swa else 0, req_pool_indices.stride(0), seq_lens.stride(0),
             launch.items_per_program, page_size, flags)
     defines = (("KV_PAGE_SIZE", page_size), ("KV_FLAGS", flags))
-    return _kernel_call(MHA_PAGE_TABLE_KERNEL, defines, launch, args)
+    return _kernel_call("kv_mha_page_table", defines, launch, args)
 
 
 def translated_page_table_call(req_to_token, req_pool_indices, seq_lens, v2p, out, page_size, multiplier=1,
@@ -193,7 +192,7 @@ def translated_page_table_call(req_to_token, req_pool_indices, seq_lens, v2p, ou
             out.stride(0), v2p.shape[0], multiplier, seq_len_delta, req_pool_indices.stride(0), seq_lens.stride(0),
             launch.items_per_program, page_size, fill_value or 0, flags)
     defines = (("KV_PAGE_SIZE", page_size), ("KV_FLAGS", flags))
-    return _kernel_call(TRANSLATED_PAGE_TABLE_KERNEL, defines, launch, args)
+    return _kernel_call("kv_translated_page_table", defines, launch, args)
 
 
 _runtime_module = None
@@ -270,7 +269,7 @@ def draft_decode_call(req_to_token, req_pool_indices, seq_lens, kv_indptr, out, 
         grid.DRAFT_OFFSET_LIMIT, launch.items_per_program, flags, page_size, positions, _stride(positions), v2p,
         0 if v2p is None else v2p.shape[0], entry_page_size, step_window)
     defines = (("KV_FLAGS", flags), ("KV_PAGE_SIZE", page_size), ("KV_ENTRY_PAGE_SIZE", entry_page_size))
-    return _kernel_call(DRAFT_DECODE_KERNEL, defines, launch, args)
+    return _kernel_call("kv_draft_decode", defines, launch, args)
 
 
 def build_draft_decode_indices(req_to_token, req_pool_indices, seq_lens, kv_indptr, out, num_steps, topk,
@@ -304,7 +303,7 @@ def dcp_token_csr_call(req_to_token, req_pool_indices, local_seq_lens, kv_indptr
         req_pool_indices, req_pool_indices.stride(0), local_seq_lens, local_seq_lens.stride(0), kv_start_idx,
         _stride(kv_start_idx), kv_indptr, kv_indptr.stride(0), out, total, launch.items_per_program, flags, dcp_size,
         dcp_rank)
-    return _kernel_call(DCP_TOKEN_CSR_KERNEL, (("KV_FLAGS", flags), ("KV_DCP_SIZE", dcp_size)), launch, args)
+    return _kernel_call("kv_dcp_token_csr", (("KV_FLAGS", flags), ("KV_DCP_SIZE", dcp_size)), launch, args)
 
 
 def dcp_page_table_call(req_to_token, req_pool_indices, local_seq_lens, out, page_size, dcp_size, dcp_rank,
@@ -323,7 +322,7 @@ def dcp_page_table_call(req_to_token, req_pool_indices, local_seq_lens, out, pag
             width, launch.items_per_program, req_pool_indices.stride(0), local_seq_lens.stride(0), page_size, dcp_size,
             dcp_rank, fill_value or 0, flags, v2p, 0 if v2p is None else v2p.shape[0])
     defines = (("KV_PAGE_SIZE", page_size), ("KV_DCP_SIZE", dcp_size), ("KV_FLAGS", flags))
-    return _kernel_call(DCP_PAGE_TABLE_KERNEL, defines, launch, args)
+    return _kernel_call("kv_dcp_page_table", defines, launch, args)
 
 
 def build_dcp_token_indices(req_to_token, req_pool_indices, local_seq_lens, kv_indptr, out, dcp_size, dcp_rank,
@@ -359,7 +358,6 @@ def _launched(call: KernelCall | None, device, out, pdl=False):
 
 
 # -- one decode step's metadata (kvdispatch.update_decode_metadata) --
-from .build import DECODE_METADATA_KERNEL  # noqa: E402
 DM_K_LEADING, DM_Q_CUMSUM, DM_Q_STRIDED, DM_Q_LEADING, DM_TABLE = (1 << 40, 1 << 41, 1 << 42, 1 << 43, 1 << 44)
 DM_FULL_V2P, DM_SWA_SLOTS, DM_SWA_PAGES, DM_ZERO_TAIL, DM_SWA_LOC = (1 << 45, 1 << 46, 1 << 47, 1 << 48, 1 << 49)
 DM_WIDE_QLENS, DM_WIDE_LOC, DM_WIDE_SWA_LOC, DM_WIDE_FULL_V2P, DM_WIDE_SWA_V2P = (1 << 50, 1 << 51, 1 << 52, 1 << 53,
@@ -399,7 +397,7 @@ def decode_metadata_call(req_to_token, req_pool_indices, seq_lens, cache_seqlens
             req_pool_indices.stride(0), seq_lens.stride(0), cache_seqlens.stride(0), cu_seqlens_k.stride(0),
             _stride(cu_seqlens_q), _stride(qlens), _stride(out_cache_loc), _stride(swa_out_cache_loc),
             launch.items_per_program, page_size, flags)
-    return _kernel_call(DECODE_METADATA_KERNEL, (("KV_PAGE_SIZE", page_size), ("KV_FLAGS", flags)), launch, args)
+    return _kernel_call("kv_decode_metadata", (("KV_PAGE_SIZE", page_size), ("KV_FLAGS", flags)), launch, args)
 
 
 def build_decode_metadata(req_to_token, req_pool_indices, seq_lens, cache_seqlens, cu_seqlens_k, page_size,
@@ -414,7 +412,6 @@ def build_decode_metadata(req_to_token, req_pool_indices, seq_lens, cache_seqlen
     return _launched(call, cache_seqlens.device, cache_seqlens, pdl)
 # Per-request slices gathered into cache locations (kvdispatch.create_cache_locs): the kernel's own `layout`
 # bits (the KV_CACHE_LOCS_* values of kv_indices.cu) say which slices and the dtypes the flags do not.
-from .build import CACHE_LOCS_KERNEL  # noqa: E402
 
 CACHE_LOCS_PACKED, CACHE_LOCS_WIDE_TABLE, CACHE_LOCS_WIDE_START, CACHE_LOCS_WIDE_END = 1, 2, 4, 8
 CACHE_LOCS_WIDE_FULL_OUT, CACHE_LOCS_WIDE_SWA_OUT = 16, 32
@@ -445,7 +442,7 @@ def cache_locs_call(req_to_token, req_pool_indices, start_offset, out, end_offse
             0 if swa_v2p is None else swa_v2p.shape[0], launch.items_per_program, grid.CACHE_LOCS_OFFSET_LIMIT,
             page_size, layout, flags)
     defines = (("KV_FLAGS", flags), ("KV_PAGE_SIZE", page_size))
-    return _kernel_call(CACHE_LOCS_KERNEL, defines, launch, args)
+    return _kernel_call("kv_cache_locs", defines, launch, args)
 
 
 def build_cache_locs(req_to_token, req_pool_indices, start_offset, out, end_offset=None, width=None,
@@ -458,7 +455,6 @@ def build_cache_locs(req_to_token, req_pool_indices, start_offset, out, end_offs
                      req_to_token.device, out, pdl)
 
 
-from .build import COMPACT_CSR_KERNEL  # noqa: E402
 
 _compact_csr_launch = functools.lru_cache(maxsize=4096)(grid.compact_csr_launch)
 _GEOMETRY_CACHES += (_compact_csr_launch,)
@@ -478,7 +474,7 @@ def compact_csr_call(source, lens, kv_indptr, out, row_step=1, source_indptr=Non
         lens, lens.stride(0), source_indptr, _stride(source_indptr), kv_indptr, kv_indptr.stride(0), out,
         out.shape[0], launch.items_per_program, flags, row_step, offset, step,
         2**62 if max_count is None else max_count, empty_fill or 0)
-    return _kernel_call(COMPACT_CSR_KERNEL, (("KV_FLAGS", flags),), launch, args)
+    return _kernel_call("kv_compact_csr", (("KV_FLAGS", flags),), launch, args)
 
 
 def build_compact_kv_indices(source, lens, kv_indptr, out, row_step=1, source_indptr=None, offset=0, step=1,
@@ -489,7 +485,6 @@ def build_compact_kv_indices(source, lens, kv_indptr, out, row_step=1, source_in
                                       max_count), source.device, out, pdl)
 
 
-from .build import PREFIX_EXTEND_CSR_KERNEL  # noqa: E402
 
 _prefix_extend_csr_launch = functools.lru_cache(maxsize=4096)(grid.prefix_extend_csr_launch)
 _GEOMETRY_CACHES += (_prefix_extend_csr_launch,)
@@ -508,7 +503,7 @@ def prefix_extend_csr_call(prefix_lens, prefix_starts, extend_lens, extend_start
     args = (prefix_lens, prefix_lens.stride(0), prefix_starts, prefix_starts.stride(0), extend_lens,
             extend_lens.stride(0), extend_starts, extend_starts.stride(0), kv_indptr, kv_indptr.stride(0), out,
             out.shape[0], launch.items_per_program, flags, extend_base)
-    return _kernel_call(PREFIX_EXTEND_CSR_KERNEL, (("KV_FLAGS", flags),), launch, args)
+    return _kernel_call("kv_prefix_extend_csr", (("KV_FLAGS", flags),), launch, args)
 
 
 def build_prefix_extend_kv_indices(prefix_lens, prefix_starts, extend_lens, extend_starts, kv_indptr, out,

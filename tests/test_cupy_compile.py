@@ -81,9 +81,9 @@ def test_clang_hip_page1_copy_is_wide():
     """The page-1 copy's 16-byte chunks compile to 16-byte global accesses on gfx942; a gather
     specialisation (page size 64, no fill) has none, so the check tells the two paths apart."""
     copy = _compile_or_skip(build.compile_hip_clang, "gfx942", SPECIALISATIONS[2])
-    assert all(build.wide_global_accesses(copy.assembly, build.PAGE_TABLE_KERNEL).values())
+    assert all(build.wide_global_accesses(copy.assembly, "kv_page_table").values())
     gather = _compile_or_skip(build.compile_hip_clang, "gfx942", (("KV_PAGE_SIZE", 64), ("KV_FLAGS", 0)))
-    assert not any(build.wide_global_accesses(gather.assembly, build.PAGE_TABLE_KERNEL).values())
+    assert not any(build.wide_global_accesses(gather.assembly, "kv_page_table").values())
 
 
 # The one block of inline assembly: programmatic dependent launch, compiled only with -DKV_PDL for NVIDIA sm_90+.

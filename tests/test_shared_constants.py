@@ -72,3 +72,14 @@ def test_specialised_page_sizes_have_one_source():
     assert default is page_table.SPECIALISED_PAGE_SIZES
     assert crosscompile.PAGE_SIZES is page_table.SPECIALISED_PAGE_SIZES
     assert all(1 <= size <= grid.MAX_PAGE_SIZE for size in page_table.SPECIALISED_PAGE_SIZES)
+
+
+def test_every_cuda_launch_names_a_kernel_of_the_source():
+    """The CuPy launchers name their kernels as ``kv_indices.cu`` does; ``build.KERNELS`` is read from it."""
+    import re  # noqa: PLC0415
+    from pathlib import Path  # noqa: PLC0415
+
+    from kernels_cupy import build  # noqa: PLC0415
+
+    launched = set(re.findall(r'_kernel_call\("(\w+)"', Path(build.__file__).with_name("launch.py").read_text()))
+    assert launched == set(build.KERNELS) and len(build.KERNELS) == len(set(build.KERNELS))

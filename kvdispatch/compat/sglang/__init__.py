@@ -41,62 +41,16 @@ kernels do), with lengths and start positions exact integers where SGLang's kern
 
 from __future__ import annotations
 
-from .kernels.ops.attention.dcp_kernels import create_mla_kv_page_table_for_dcp, create_triton_kv_indices_for_dcp_triton
-from .kernels.ops.attention.kv_indices import (SPEC_KV_INDEX_BLOCKS_MIN_CONTEXT, create_chunked_prefix_cache_kv_indices,
-                                               create_flashinfer_kv_indices_triton, create_flashmla_kv_indices_triton,
-                                               get_num_kv_index_blocks_flashmla, get_num_page_per_block_flashmla,
-                                               kv_indices_num_token_blocks, spec_kv_index_token_blocks)
-from .kernels.ops.attention.trtllm_mha_page_table import (build_trtllm_mha_page_table,
-                                                          create_trtllm_mha_kv_indices_triton,
-                                                          get_num_mha_kv_index_blocks)
-from .kernels.ops.kvcache.kv_read_table import build_kv_read_table
-from .kernels.ops.speculative.cache_locs import generate_draft_decode_kv_indices
-from .srt.layers.dcp.layout import get_dcp_lens
-from .srt.speculative.spec_utils import draft_kv_indices_buffer_width, draft_kv_indices_used_len
+import importlib
+import pkgutil
 
-__all__ = [
-    "SPEC_KV_INDEX_BLOCKS_MIN_CONTEXT",
-    "build_kv_read_table",
-    "build_trtllm_mha_page_table",
-    "create_chunked_prefix_cache_kv_indices",
-    "create_flashinfer_kv_indices_triton",
-    "create_flashmla_kv_indices_triton",
-    "create_mla_kv_page_table_for_dcp",
-    "create_triton_kv_indices_for_dcp_triton",
-    "create_trtllm_mha_kv_indices_triton",
-    "draft_kv_indices_buffer_width",
-    "draft_kv_indices_used_len",
-    "generate_draft_decode_kv_indices",
-    "get_dcp_lens",
-    "get_num_kv_index_blocks_flashmla",
-    "get_num_mha_kv_index_blocks",
-    "get_num_page_per_block_flashmla",
-    "kv_indices_num_token_blocks",
-    "spec_kv_index_token_blocks",
-]
-
-from .kernels.ops.attention.metadata import draft_extend_set_metadata, normal_decode_set_metadata  # noqa: E402
-from .kernels.ops.attention.trtllm_mha_graph_metadata import update_trtllm_mha_graph_metadata  # noqa: E402
-
-__all__ += ["draft_extend_set_metadata", "normal_decode_set_metadata", "update_trtllm_mha_graph_metadata"]
-from .kernels.ops.speculative.cache_locs import (assign_draft_cache_locs_contiguous_func,  # noqa: E402
-                                                 assign_extend_cache_locs_func, assign_extend_cache_locs_uniform_func,
-                                                 fill_front_out_cache_loc_func)
-
-__all__ += ["assign_draft_cache_locs_contiguous_func", "assign_extend_cache_locs_func",
-            "assign_extend_cache_locs_uniform_func", "fill_front_out_cache_loc_func"]
-
-# The unified pool's packed read stream and the draft decode's sliding-window CSR.
-from .kernels.ops.kvcache.kv_read_table import build_kv_read_table_packed  # noqa: E402
-from .kernels.ops.speculative.cache_locs import generate_draft_decode_window_kv_indices  # noqa: E402
-
-__all__ += ["build_kv_read_table_packed", "generate_draft_decode_window_kv_indices"]
-
-from .kernels.ops.attention.dcp_kernels import (compact_dcp_verify_token_table_to_ragged,  # noqa: E402
-                                                update_kv_lens_and_indices)
-
-__all__ += ["compact_dcp_verify_token_table_to_ragged", "update_kv_lens_and_indices"]
-
-from .kernels.ops.attention.dcp_kernels import create_dcp_kv_indices  # noqa: E402
-
-__all__ += ["create_dcp_kv_indices"]
+# The flat namespace: every name of every mirrored module (each module's ``__all__``), found by walking this
+# package, so that a new mirrored module or name needs no line here.
+__all__ = []
+for _module in pkgutil.walk_packages(__path__, __name__ + "."):
+    if not _module.ispkg and not _module.name.rpartition(".")[2].startswith("_"):
+        _mirrored = importlib.import_module(_module.name)
+        globals().update({name: getattr(_mirrored, name) for name in _mirrored.__all__})
+        __all__ += _mirrored.__all__
+__all__.sort()
+del _module, _mirrored
