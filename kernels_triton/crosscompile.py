@@ -335,10 +335,6 @@ def _decode_metadata_specializations(warp_size, page_sizes, index_types):
         yield Specialization(kernel, signature, constexprs, max(1, threads // warp_size))
 
 
-if __name__ == "__main__":
-    raise SystemExit(main())
-
-
 def _cache_locs_specializations(warp_size, page_sizes, index_types):
     """The cache-locations kernel's specialisations (``kernels_triton.cache_locs``)."""
     import triton  # noqa: PLC0415
@@ -351,7 +347,6 @@ def _cache_locs_specializations(warp_size, page_sizes, index_types):
     threads = launch_grid.cache_locs_launch(1, 1, 1).threads
     for signature, constexprs in cache_locs.specializations(index_types, page_sizes):
         yield Specialization(jitted, signature, constexprs, max(1, threads // warp_size))
-
 
 
 def _compact_csr_specializations(warp_size, index_types):
@@ -380,3 +375,7 @@ def _jit_kernel(kernel, module):
 
     return triton.runtime.jit.JITFunction(getattr(kernel, "fn", kernel), do_not_specialize=module.RUNTIME_INTS,
                                           do_not_specialize_on_alignment=module.POINTERS)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
