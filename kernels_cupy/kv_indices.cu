@@ -365,6 +365,7 @@ __device__ inline kv_i64 kv_specialised_page_size(kv_i64 page_size_arg) {
 #endif
 }
 
+// Row b's length is seq_lens[b] + seqlen_offset.
 // slot = table[pool_b, p * page_size]; page_table[b, p] = slot / page_size (p < width) and, with KV_MAPPING,
 // swa[b, p] = mapping[clamp(slot, 0, mapping_len - 1)] / page_size, its low 32 bits (p < swa_width;
 // the launcher sets KV_MAPPING only when mapping_len > 0). Everything else is left untouched.
@@ -372,12 +373,12 @@ extern "C" __global__ void kv_mha_page_table(
     const int* __restrict__ table, const void* __restrict__ req_pool_indices, const void* __restrict__ seq_lens,
     int* __restrict__ page_table, int* __restrict__ swa_page_table, const void* __restrict__ full_to_swa,
     kv_i64 rows, kv_i64 cols, kv_i64 table_stride, kv_i64 width, kv_i64 page_table_stride, kv_i64 swa_width,
-    kv_i64 swa_stride, kv_i64 mapping_len, kv_i64 pool_stride, kv_i64 lens_stride, kv_i64 items,
-    kv_i64 page_size_arg, kv_i64 flags) {
+    kv_i64 swa_stride, kv_i64 mapping_len, kv_i64 pool_stride, kv_i64 lens_stride, kv_i64 seqlen_offset,
+    kv_i64 items, kv_i64 page_size_arg, kv_i64 flags) {
     KV_GRID_WAIT();
     const kv_i64 page_size = kv_specialised_page_size(page_size_arg), b = blockIdx.x;
-    const kv_mapped_row r = kv_mapped_row_of(req_pool_indices, pool_stride, seq_lens, lens_stride, rows, cols, 0,
-                                             items, flags);
+    const kv_mapped_row r = kv_mapped_row_of(req_pool_indices, pool_stride, seq_lens, lens_stride, rows, cols,
+                                             seqlen_offset, items, flags);
     const kv_i64 limit = r.limit, step = kv_row_programs(KV_HAS(KV_FOLDED_GRID)) * items;
     const bool swa = KV_HAS(KV_MAPPING), toward_zero = KV_HAS(KV_ROUND_TOWARD_ZERO);
     const kv_i64 end = swa ? kv_max(width, swa_width) : width;

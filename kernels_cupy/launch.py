@@ -152,7 +152,7 @@ def token_csr_call(req_to_token, req_pool_indices, seq_lens, kv_indptr, out, kv_
 
 
 def mha_page_table_call(req_to_token, req_pool_indices, seq_lens, page_table, page_size, swa_page_table=None,
-                        full_to_swa=None, round_toward_zero=False) -> KernelCall | None:
+                        full_to_swa=None, round_toward_zero=False, seqlen_offset=0) -> KernelCall | None:
     """The ``kv_mha_page_table`` launch for ``kvdispatch.ops.mha_page_table.reference``'s arguments, or None
     when there is nothing to do. An empty ``full_to_swa`` leaves the SWA table out (nothing to read)."""
     width = page_table.shape[1]
@@ -169,7 +169,7 @@ def mha_page_table_call(req_to_token, req_pool_indices, seq_lens, page_table, pa
     args = (req_to_token, req_pool_indices, seq_lens, page_table, swa_page_table if swa else None,
             full_to_swa if swa else None, rows, cols, req_to_token.stride(0),
             width, page_table.stride(0), swa_width, _stride(swa_page_table) if swa else 0,
-            full_to_swa.shape[0] if swa else 0, req_pool_indices.stride(0), seq_lens.stride(0),
+            full_to_swa.shape[0] if swa else 0, req_pool_indices.stride(0), seq_lens.stride(0), seqlen_offset,
             launch.items_per_program, page_size, flags)
     defines = (("KV_PAGE_SIZE", page_size), ("KV_FLAGS", flags))
     return _kernel_call(MHA_PAGE_TABLE_KERNEL, defines, launch, args)
@@ -225,11 +225,11 @@ def build_token_indices(req_to_token, req_pool_indices, seq_lens, kv_indptr, out
 
 
 def build_mha_page_table(req_to_token, req_pool_indices, seq_lens, page_table, page_size, swa_page_table=None,
-                         full_to_swa=None, round_toward_zero=False, pdl=False):
+                         full_to_swa=None, round_toward_zero=False, seqlen_offset=0, pdl=False):
     """TRT-LLM MHA page table; semantics of ``kvdispatch.create_trtllm_mha_page_table``; ``pdl`` as for
     ``build_page_table``. Returns ``page_table``."""
     return _launched(mha_page_table_call(req_to_token, req_pool_indices, seq_lens, page_table, page_size,
-                                         swa_page_table, full_to_swa, round_toward_zero),
+                                         swa_page_table, full_to_swa, round_toward_zero, seqlen_offset),
                      req_to_token.device, page_table, pdl)
 
 

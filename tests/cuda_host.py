@@ -108,11 +108,11 @@ def create_flashinfer_kv_indices(req_to_token, req_pool_indices, seq_lens, kv_in
 
 
 def build_mha_page_table(req_to_token, req_pool_indices, seq_lens, page_table, page_size, swa_page_table=None,
-                         full_to_swa=None, round_toward_zero=False, specialised=False):
+                         full_to_swa=None, round_toward_zero=False, seqlen_offset=0, specialised=False):
     """The CuPy backend's ``build_mha_page_table`` through the host build (as ``build_page_table``)."""
     _require_cpu(req_to_token)
     run(mha_page_table_call(req_to_token, req_pool_indices, seq_lens, page_table, page_size, swa_page_table,
-                            full_to_swa, round_toward_zero), specialised)
+                            full_to_swa, round_toward_zero, seqlen_offset), specialised)
     return page_table
 
 
@@ -126,12 +126,13 @@ def build_translated_page_table(req_to_token, req_pool_indices, seq_lens, v2p, o
 
 
 def create_trtllm_mha_page_table(req_to_token, req_pool_indices, seq_lens, page_table, *, page_size,
-                                 swa_page_table=None, full_to_swa=None, round_toward_zero=False, specialised=False):
+                                 swa_page_table=None, full_to_swa=None, round_toward_zero=False, seqlen_offset=0,
+                                 specialised=False):
     """``kvdispatch.create_trtllm_mha_page_table`` on CPU tensors, through the host build of the kernel."""
     ops.mha_page_table.check_arguments(req_to_token, req_pool_indices, seq_lens, page_table, page_size, swa_page_table,
-                              full_to_swa, round_toward_zero)
+                              full_to_swa, round_toward_zero, seqlen_offset)
     return build_mha_page_table(req_to_token, req_pool_indices, seq_lens, page_table, page_size, swa_page_table,
-                                full_to_swa, round_toward_zero, specialised)
+                                full_to_swa, round_toward_zero, seqlen_offset, specialised)
 
 
 def create_translated_page_table(req_to_token, req_pool_indices, seq_lens, v2p, out, *, page_size, multiplier=1,

@@ -256,11 +256,12 @@ def _mha_page_table(d: _Draw, k: Knobs):
     out_rows = k.batch + d.integer(0, 3)
     arguments = dict(req_to_token=table, req_pool_indices=d.vector(pool), seq_lens=d.vector(lens),
                      page_table=d.output("page_table", (out_rows, k.pages + d.integer(0, 3))), page_size=k.page_size,
-                     swa_page_table=None, full_to_swa=None, round_toward_zero=False)
+                     swa_page_table=None, full_to_swa=None, round_toward_zero=False, seqlen_offset=0)
     if k.options:
         mapping = d.values(-5, 1 << 20, rows * cols + d.integer(-10, 10))
         arguments.update(swa_page_table=d.output("swa_page_table", (out_rows, k.pages + d.integer(-1, 3))),
-                         full_to_swa=d.vector(mapping, contiguous=True), round_toward_zero=d.flag())
+                         full_to_swa=d.vector(mapping, contiguous=True), round_toward_zero=d.flag(),
+                         seqlen_offset=d.integer(-3, 2 * k.page_size + 1))
     return arguments
 
 

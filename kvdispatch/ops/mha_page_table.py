@@ -10,8 +10,8 @@ from __future__ import annotations
 from torch import Tensor
 
 from .._debug import _check_pages_fit, _check_rows, _first_bad_entry, _first_slots
-from .._validate import (_apart, _check_apart, _check_rows_apart, _common, _contiguous_vector, _index_span, _int32_span,
-                         _mapping_span, _python_int, _small_int, _table_output)
+from .._validate import (_INT32_MAX, _INT32_MIN, _apart, _check_apart, _check_rows_apart, _common, _contiguous_vector,
+                         _index_span, _int32_span, _mapping_span, _python_int, _small_int, _table_output)
 from ..grid import MAX_PAGE_SIZE
 from ..reference import INT32_MAX, _divide, _page_reads, _store
 from ..op import declare
@@ -20,13 +20,13 @@ __all__ = ["create_trtllm_mha_page_table"]
 
 
 def check_arguments(req_to_token, req_pool_indices, seq_lens, page_table, page_size, swa_page_table=None,
-                    full_to_swa=None, round_toward_zero=False, memory=True):
+                    full_to_swa=None, round_toward_zero=False, seqlen_offset=0, memory=True):
     """Validate ``create_trtllm_mha_page_table`` arguments; returns the device (``memory``: as for
     ``check_page_table_args``)."""
     try:  # hot path, as in check_page_table_args
         device, batch_shape = req_to_token.device, req_pool_indices.shape
         if (memory and len(batch_shape) == 1 and _small_int(page_size, 1, MAX_PAGE_SIZE)
-                and (round_toward_zero is False or round_toward_zero is True)
+                and (round_toward_zero is False or round_toward_zero is True) and _small_int(seqlen_offset)
                 and (swa_page_table is None) == (full_to_swa is None)):
             batch = batch_shape[0]
             table = _int32_span(req_to_token, device, 2)
@@ -51,6 +51,7 @@ def check_arguments(req_to_token, req_pool_indices, seq_lens, page_table, page_s
     _python_int("page_size", page_size, 1, MAX_PAGE_SIZE)
     if not isinstance(round_toward_zero, bool):
         raise TypeError(f"round_toward_zero must be a bool, got {type(round_toward_zero).__name__}")
+    _python_int("seqlen_offset", seqlen_offset, _INT32_MIN, _INT32_MAX)
     if (swa_page_table is None) != (full_to_swa is None):
         given, missing = ("swa_page_table", "full_to_swa") if full_to_swa is None else ("full_to_swa",
                                                                                        "swa_page_table")
@@ -70,12 +71,13 @@ def check_arguments(req_to_token, req_pool_indices, seq_lens, page_table, page_s
 
 
 def check_data(req_to_token, req_pool_indices, seq_lens, page_table, page_size, swa_page_table,
-               full_to_swa):
-    """``create_trtllm_mha_page_table``: every pool index in ``[0, R)``; ``seq_lens >= 0``; a non-empty row
-    ends at or before column ``C``; its ``ceil(L_b / page_size)`` pages fit the width of ``page_table`` and
-    of ``swa_page_table``; with the SWA table, every slot it maps (the first slot of each page) inside
+               full_to_swa, seqlen_offset):
+    """``create_trtllm_mha_page_table``: every pool index in ``[0, R)``; ``seq_lens + seqlen_offset >= 0``; a
+    non-empty row ends at or before column ``C``; its ``ceil(L_b / page_size)`` pages fit the width of
+    ``page_table`` and of ``swa_page_table``; with the SWA table, every slot it maps (the first slot of each page) inside
     ``full_to_swa``'s ``[0, M)``, where the kernels would clamp it (or, ``M == 0``, write nothing)."""
-    lengths = _check_rows(req_to_token, req_pool_indices, seq_lens, None, 0, "seq_lens")
+    lengths = _check_rows(req_to_token, req_pool_indices, seq_lens, None, seqlen_offset,
+                          "seq_lens + seqlen_offset" if seqlen_offset else "seq_lens")
     _check_pages_fit(lengths, page_size, page_table.shape[1], "page_table")
     if swa_page_table is None:
         return
@@ -92,11 +94,11 @@ def check_data(req_to_token, req_pool_indices, seq_lens, page_table, page_size, 
 
 
 def reference(req_to_token, req_pool_indices, seq_lens, page_table, page_size, swa_page_table=None,
-              full_to_swa=None, round_toward_zero=False, pdl=False):
+              full_to_swa=None, round_toward_zero=False, seqlen_offset=0, pdl=False):
     """The TRT-LLM MHA page table, with its SWA twin; semantics of ``kvdispatch.create_trtllm_mha_page_table``.
 
     Request ``b`` has ``pages_b = min(ceil(L_b / P), ceil(C / P))`` pages (0 for a bad pool index or a length
-    ``L_b = seq_lens[b] <= 0``), each read at its first slot ``s = req_to_token[pool_b, p * P]``.
+    ``L_b = seq_lens[b] + seqlen_offset <= 0``), each read at its first slot ``s = req_to_token[pool_b, p * P]``.
     ``page_table[b, p] = s // P`` for ``p < min(pages_b, W)``; with SWA (``full_to_swa`` int32/int64 ``[M]``,
     ``M > 0``) ``swa_page_table[b, p] = full_to_swa[clamp(s, 0, M - 1)] // P`` for ``p < min(pages_b, W2)``, its
     low 32 bits. ``//`` floors, or truncates with ``round_toward_zero``. Untouched: rows ``>= B``, the columns
@@ -108,7 +110,7 @@ def reference(req_to_token, req_pool_indices, seq_lens, page_table, page_size, s
     span = max(width, swa_page_table.shape[1] if swa else 0)
     if batch == 0 or span == 0:
         return page_table
-    columns, live, slots = _page_reads(req_to_token, req_pool_indices, seq_lens, span, page_size)
+    columns, live, slots = _page_reads(req_to_token, req_pool_indices, seq_lens, span, page_size, seqlen_offset)
     kept = min(width, columns)
     if kept:
         _store(page_table[:batch, :kept], live[:, :kept], _divide(slots[:, :kept], page_size, round_toward_zero))
@@ -125,10 +127,11 @@ def reference(req_to_token, req_pool_indices, seq_lens, page_table, page_size, s
 def create_trtllm_mha_page_table(req_to_token: Tensor, req_pool_indices: Tensor, seq_lens: Tensor, page_table: Tensor,
                                  *, page_size: int, swa_page_table: Tensor | None = None,
                                  full_to_swa: Tensor | None = None, round_toward_zero: bool = False,
-                                 backend: str | None = None, enable_pdl: bool | None = None) -> Tensor:
+                                 seqlen_offset: int = 0, backend: str | None = None,
+                                 enable_pdl: bool | None = None) -> Tensor:
     """Build the TRT-LLM MHA page table (and its sliding-window twin) into ``page_table``.
 
-    For request ``b < B`` and page ``p < ceil(L_b / page_size)``, with ``L_b = seq_lens[b]``::
+    For request ``b < B`` and page ``p < ceil(L_b / page_size)``, with ``L_b = seq_lens[b] + seqlen_offset``::
 
         slot = req_to_token[req_pool_indices[b], p * page_size]
         page_table[b, p] = slot // page_size                                   # p < W
@@ -146,6 +149,7 @@ def create_trtllm_mha_page_table(req_to_token: Tensor, req_pool_indices: Tensor,
         swa_page_table: optional int32 ``[>= B, W2]`` (last dim contiguous, any row stride), given together
             with ``full_to_swa``: int32/int64 ``[M]``, contiguous, the full pool's slot -> SWA pool's slot.
         round_toward_zero: bool; divide negative values rounding toward zero.
+        seqlen_offset: int in ``[-2**31, 2**31)`` added to every length (the draft tokens of target-verify).
         backend: ``"triton"``, ``"cupy"``, ``"torch"``, ``"auto"`` or None (auto, or ``KVDISPATCH_BACKEND``).
         enable_pdl: programmatic dependent launch, as for ``create_flashmla_kv_indices``.
 

@@ -73,3 +73,8 @@ __all__ = [
     "kv_indices_num_token_blocks",
     "spec_kv_index_token_blocks",
 ]
+
+# kernels.ops.attention.aiter_unified_page_table: the Aiter backend's unified-attention block tables.
+from .kernels.ops.attention.aiter_unified_page_table import scatter_req_to_token_to_page_table_kernel  # noqa: E402
+
+__all__ += ["scatter_req_to_token_to_page_table_kernel"]

@@ -1,0 +1,82 @@
+"""The Aiter backend's unified-attention block tables (``kernels.ops.attention.aiter_unified_page_table``) through
+``kvdispatch.compat.sglang`` against SGLang 0.5.23's own kernels (run in Triton's interpreter on CPU), on the
+patterns of ``srt/layers/attention/aiter_backend.py``: target-verify (``DRAFT_NUM`` draft tokens, a fresh zeroed
+table or a graph's persistent buffer with more rows than the batch), extend (``DRAFT_NUM=0``, rows sized to the
+batch's longest request) and the ragged CSR of a speculative step; each with and without the SWA twin (an int64
+``full_to_swa_index_mapping``). Every element of every buffer must be equal, the untouched ones included.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from conftest import BACKENDS, DEVICE
+from kvcases import POISON
+from test_sglang_against_release import ROOT, _generator, _pool, _same, _twins
+from test_sglang_against_release import release as release  # noqa: F401  (the fixture)
+
+pytestmark = pytest.mark.skipif(ROOT is None, reason="SGLang's source is not here (set SGLANG_SOURCE)")
+
+BLOCK_SIZE = 1024  # what every call site passes
+
+
+def _mapping(slots, g):
+    return torch.randint(0, slots, (slots,), generator=g).to(DEVICE)  # int64, as ``.long()`` gives it
+
+
+def _tables(rows, width, swa, fill):
+    tables = [torch.full((rows, width), fill, dtype=torch.int32, device=DEVICE)]
+    if swa:
+        tables.append(torch.full((rows, width), fill, dtype=torch.int32, device=DEVICE))
+    return tables
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("page_size", (1, 16, 64))
+@pytest.mark.parametrize("pattern", ("verify", "verify_graph", "extend"))
+@pytest.mark.parametrize("swa", (False, True))
+def test_scatter_req_to_token_to_page_table(backend, page_size, pattern, swa, release, compat):
+    kernels = release("kernels.ops.attention.aiter_unified_page_table")
+    g = _generator()
+    rows, max_context_len, batch = 6, 160, 4
+    draft_num = 0 if pattern == "extend" else 4
+    table, pool = _pool(rows, max_context_len, batch, g)
+    lens_dtype = torch.int32 if pattern == "verify_graph" else torch.int64
+    lens = torch.randint(0, max_context_len - draft_num + 1, (batch,), generator=g).to(lens_dtype).to(DEVICE)
+    if pattern == "extend":
+        max_blocks = max(-(-int(lens.max()) // page_size), 1)
+    else:
+        max_blocks = -(-max_context_len // page_size)
+    out_rows = batch + 2 if pattern == "verify_graph" else batch
+    fill = POISON if pattern == "verify_graph" else 0
+    mapping = _mapping(rows * max_context_len * 2, g) if swa else None
+    theirs, ours = _twins(*_tables(out_rows, max_blocks, swa, fill))
+    grid = (batch, -(-max(max_blocks, 1) // BLOCK_SIZE))
+    for kernel, buffers in ((kernels.scatter_req_to_token_to_page_table_kernel, theirs),
+                            (compat.scatter_req_to_token_to_page_table_kernel, ours)):
+        kernel[grid](table, pool, lens, buffers[0], table.stride(0), buffers[0].stride(0),
+                     buffers[1] if swa else None, mapping, DRAFT_NUM=draft_num, PAGE_SIZE=page_size,
+                     BLOCK_SIZE=BLOCK_SIZE, HAS_SWA=swa)
+    _same(ours, theirs, "page tables")
+
+
+def test_scatter_req_to_token_argument_errors():
+    from kvdispatch.compat.sglang import scatter_req_to_token_to_page_table_kernel as kernel
+
+    table = torch.zeros(2, 8, dtype=torch.int32)
+    pool, lens, out = torch.zeros(2, dtype=torch.int64), torch.ones(2, dtype=torch.int64), torch.zeros(
+        2, 8, dtype=torch.int32)
+    arguments = (table, pool, lens, out, 8, 8, None, None)
+    with pytest.raises(TypeError, match=r"\[grid\]"):
+        kernel(*arguments, DRAFT_NUM=0, PAGE_SIZE=1, BLOCK_SIZE=8, HAS_SWA=False)
+    with pytest.raises(ValueError, match="DRAFT_NUM"):
+        kernel[(2, 1)](*arguments, DRAFT_NUM=-1, PAGE_SIZE=1, BLOCK_SIZE=8, HAS_SWA=False)
+    with pytest.raises(ValueError, match="HAS_SWA needs"):
+        kernel[(2, 1)](*arguments, DRAFT_NUM=0, PAGE_SIZE=1, BLOCK_SIZE=8, HAS_SWA=True)
+    with pytest.raises(ValueError, match="req_to_token_stride"):
+        kernel[(2, 1)](table, pool, lens, out, 9, 8, None, None, DRAFT_NUM=0, PAGE_SIZE=1, BLOCK_SIZE=8,
+                       HAS_SWA=False)
+    with pytest.raises(TypeError, match="HAS_SWA"):
+        kernel[(2, 1)](*arguments, DRAFT_NUM=0, PAGE_SIZE=1, BLOCK_SIZE=8, HAS_SWA=1)
+    assert int(out.abs().sum()) == 0
