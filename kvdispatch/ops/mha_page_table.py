@@ -74,8 +74,8 @@ def check_data(req_to_token, req_pool_indices, seq_lens, page_table, page_size, 
                full_to_swa, seqlen_offset):
     """``create_trtllm_mha_page_table``: every pool index in ``[0, R)``; ``seq_lens + seqlen_offset >= 0``; a
     non-empty row ends at or before column ``C``; its ``ceil(L_b / page_size)`` pages fit the width of
-    ``page_table`` and of ``swa_page_table``; with the SWA table, every slot it maps (the first slot of each page) inside
-    ``full_to_swa``'s ``[0, M)``, where the kernels would clamp it (or, ``M == 0``, write nothing)."""
+    ``page_table`` and of ``swa_page_table``; with the SWA table, every slot it maps (the first slot of each
+    page) inside ``full_to_swa``'s ``[0, M)``, where the kernels would clamp it (or, ``M == 0``, write nothing)."""
     lengths = _check_rows(req_to_token, req_pool_indices, seq_lens, None, seqlen_offset,
                           "seq_lens + seqlen_offset" if seqlen_offset else "seq_lens")
     _check_pages_fit(lengths, page_size, page_table.shape[1], "page_table")
