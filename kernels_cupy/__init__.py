@@ -24,6 +24,7 @@ KERNELS = {
     "draft_decode": ("launch", "build_draft_decode_indices"),
     "dcp_token_csr": ("launch", "build_dcp_token_indices"),
     "dcp_page_table": ("launch", "build_dcp_page_table"),
+    "ragged_page_table": ("launch", "build_ragged_page_table"),
 }
 # Public name -> the submodule defining it.
 _OWNERS = {name: module for module, name in KERNELS.values()} | {"on_deselected": "native", "on_selected": "native"}

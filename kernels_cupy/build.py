@@ -28,6 +28,8 @@ DCP_TOKEN_CSR_KERNEL = "kv_dcp_token_csr"
 DCP_PAGE_TABLE_KERNEL = "kv_dcp_page_table"
 KERNELS = (PAGE_TABLE_KERNEL, TOKEN_CSR_KERNEL, MHA_PAGE_TABLE_KERNEL, TRANSLATED_PAGE_TABLE_KERNEL,
            DRAFT_DECODE_KERNEL, DCP_TOKEN_CSR_KERNEL, DCP_PAGE_TABLE_KERNEL)
+RAGGED_PAGE_TABLE_KERNEL = "kv_ragged_page_table"
+KERNELS += (RAGGED_PAGE_TABLE_KERNEL,)
 STD_FLAG = "-std=c++14"
 # Architectures the offline HIP check tries; those the installed hipcc does not know are reported.
 HIP_ARCHS = ("gfx90a", "gfx940", "gfx942", "gfx950")

@@ -710,3 +710,45 @@ extern "C" __global__ void kv_dcp_page_table(
     }
     KV_GRID_RELEASE();
 }
+
+// ---- The block table of a ragged token CSR (semantics: kvdispatch/ops/ragged_page_table.py,
+// build_ragged_page_table) ----
+//
+// On the mapped tables' grid (kvdispatch.grid.mapped_page_table_launch): row b's tokens are kv_indices[s,
+// min(e, total)) for s = kv_indptr[b], e = kv_indptr[b + 1] (none when s lies outside [0, total)); page p is
+// there when p * page_size lies below that count, and its first token is written as kv_mha_page_table writes a
+// slot: page_table[b, p] = slot / page_size (p < width), with KV_MAPPING swa[b, p] = mapping[clamp(slot, 0,
+// mapping_len - 1)] / page_size (p < swa_width), both their low 32 bits. Everything else is left untouched.
+// Flags: KV_WIDE_TOKENS, KV_WIDE_INDPTR, KV_MAPPING, KV_WIDE_MAPPING, KV_ROUND_TOWARD_ZERO, KV_FOLDED_GRID.
+#define KV_WIDE_TOKENS KV_WIDE_POOL  // kv_indices is int64 (this kernel reads no pool indices)
+
+extern "C" __global__ void kv_ragged_page_table(
+    const void* __restrict__ kv_indices, const void* __restrict__ kv_indptr, int* __restrict__ page_table,
+    int* __restrict__ swa_page_table, const void* __restrict__ full_to_swa, kv_i64 total, kv_i64 width,
+    kv_i64 page_table_stride, kv_i64 swa_width, kv_i64 swa_stride, kv_i64 mapping_len, kv_i64 indptr_stride,
+    kv_i64 items, kv_i64 page_size_arg, kv_i64 flags) {
+    KV_GRID_WAIT();
+    const kv_i64 page_size = kv_specialised_page_size(page_size_arg), b = blockIdx.x;
+    const kv_i64 start = kv_load_index(kv_indptr, b * indptr_stride, KV_HAS(KV_WIDE_INDPTR));
+    const kv_i64 end = kv_load_index(kv_indptr, (b + 1) * indptr_stride, KV_HAS(KV_WIDE_INDPTR));
+    const bool readable = start >= 0 && start < total;
+    const kv_i64 begin = readable ? start : 0;
+    const kv_i64 limit = readable ? kv_min(kv_max(end, -1), total) - begin : 0;  // both in [-1, total]: exact
+    const kv_i64 step = kv_row_programs(KV_HAS(KV_FOLDED_GRID)) * items;
+    const bool swa = KV_HAS(KV_MAPPING), toward_zero = KV_HAS(KV_ROUND_TOWARD_ZERO);
+    const kv_i64 pages_end = swa ? kv_max(width, swa_width) : width;
+    for (kv_i64 first = kv_row_program(KV_HAS(KV_FOLDED_GRID)) * items;
+         first < pages_end && first * page_size < limit; first += step) {
+        const kv_i64 last = kv_min(first + items, pages_end);
+        for (kv_i64 p = first + threadIdx.x; p < last && p * page_size < limit; p += blockDim.x) {
+            const kv_i64 slot = kv_load_index(kv_indices, begin + p * page_size, KV_HAS(KV_WIDE_TOKENS));
+            if (p < width) page_table[b * page_table_stride + p] = (int)(kv_u64)kv_div64(slot, page_size, toward_zero);
+            if (swa && p < swa_width) {
+                const kv_i64 index = kv_min(kv_max(slot, 0), mapping_len - 1);
+                const kv_i64 mapped = kv_load_index(full_to_swa, index, KV_HAS(KV_WIDE_MAPPING));
+                swa_page_table[b * swa_stride + p] = (int)(kv_u64)kv_div64(mapped, page_size, toward_zero);
+            }
+        }
+    }
+    KV_GRID_RELEASE();
+}

@@ -348,3 +348,39 @@ def _launched(call: KernelCall | None, device, out, pdl=False):
         if launches is not None:  # a call that may register a replay plan (kvdispatch.host_path)
             launches.append(functools.partial(native.replay_launch, call, device.index))
     return out
+
+
+# -- the block table of a ragged token CSR (kvdispatch.create_ragged_page_table) --------------------------------
+
+from .build import RAGGED_PAGE_TABLE_KERNEL  # noqa: E402
+
+WIDE_TOKENS = WIDE_POOL  # kv_indices is int64: the macro KV_WIDE_TOKENS (the kernel reads no pool indices)
+
+
+def ragged_page_table_call(kv_indices, kv_indptr, page_table, page_size, swa_page_table=None, full_to_swa=None,
+                           round_toward_zero=False) -> KernelCall | None:
+    """The ``kv_ragged_page_table`` launch for ``kvdispatch.ops.ragged_page_table.reference``'s arguments, or
+    None when there is nothing to do. An empty ``full_to_swa`` leaves the SWA table out (nothing to read)."""
+    width = page_table.shape[1]
+    swa = swa_page_table is not None and full_to_swa.shape[0] > 0
+    swa_width = swa_page_table.shape[1] if swa else 0
+    launch = _mapped_page_table_launch(kv_indptr.shape[0] - 1, max(width, swa_width), page_size,
+                                       budget=_budget(page_table))
+    if launch.grid[0] == 0:
+        return None
+    flags = (_wide(kv_indices, WIDE_TOKENS) | _wide(kv_indptr, WIDE_INDPTR) | _folded(launch)
+             | (MAPPING | _wide(full_to_swa, WIDE_MAPPING) if swa else 0)
+             | (ROUND_TOWARD_ZERO if round_toward_zero else 0))
+    args = (kv_indices, kv_indptr, page_table, swa_page_table if swa else None, full_to_swa if swa else None,
+            kv_indices.shape[0], width, page_table.stride(0), swa_width, swa_page_table.stride(0) if swa else 0,
+            full_to_swa.shape[0] if swa else 0, kv_indptr.stride(0), launch.items_per_program, page_size, flags)
+    defines = (("KV_PAGE_SIZE", page_size), ("KV_FLAGS", flags))
+    return _kernel_call(RAGGED_PAGE_TABLE_KERNEL, defines, launch, args)
+
+
+def build_ragged_page_table(kv_indices, kv_indptr, page_table, page_size, swa_page_table=None, full_to_swa=None,
+                            round_toward_zero=False, pdl=False):
+    """Block table of a ragged token CSR; semantics of ``kvdispatch.create_ragged_page_table``; ``pdl`` as for
+    ``build_page_table``. Returns ``page_table``."""
+    return _launched(ragged_page_table_call(kv_indices, kv_indptr, page_table, page_size, swa_page_table,
+                                            full_to_swa, round_toward_zero), kv_indices.device, page_table, pdl)

@@ -26,6 +26,7 @@ KERNELS = {
     "draft_decode": ("draft_decode", "build_draft_decode_indices"),
     "dcp_token_csr": ("dcp", "build_dcp_token_indices"),
     "dcp_page_table": ("dcp", "build_dcp_page_table"),
+    "ragged_page_table": ("ragged_page_table", "build_ragged_page_table"),
 }
 # Public name -> the submodule defining it.
 _OWNERS = {name: module for module, name in KERNELS.values()} | {

@@ -194,3 +194,25 @@ def kernel(key):
     if name not in globals():
         raise AttributeError(f"the host build has no {name}")
     return globals()[name]
+
+
+# -- the block table of a ragged token CSR ----------------------------------------------------------------
+
+def build_ragged_page_table(kv_indices, kv_indptr, page_table, page_size, swa_page_table=None, full_to_swa=None,
+                            round_toward_zero=False, specialised=False):
+    """The CuPy backend's ``build_ragged_page_table`` through the host build (as ``build_page_table``)."""
+    from kernels_cupy.launch import ragged_page_table_call  # noqa: PLC0415
+
+    _require_cpu(kv_indices)
+    run(ragged_page_table_call(kv_indices, kv_indptr, page_table, page_size, swa_page_table, full_to_swa,
+                               round_toward_zero), specialised)
+    return page_table
+
+
+def create_ragged_page_table(kv_indices, kv_indptr, page_table, *, page_size, swa_page_table=None, full_to_swa=None,
+                             round_toward_zero=False, specialised=False):
+    """``kvdispatch.create_ragged_page_table`` on CPU tensors, through the host build of the kernel."""
+    ops.ragged_page_table.check_arguments(kv_indices, kv_indptr, page_table, page_size, swa_page_table, full_to_swa,
+                                          round_toward_zero)
+    return build_ragged_page_table(kv_indices, kv_indptr, page_table, page_size, swa_page_table, full_to_swa,
+                                   round_toward_zero, specialised)

@@ -348,6 +348,25 @@ BUILDERS = {
 }
 
 
+def _ragged_page_table(d: _Draw, k: Knobs):
+    lengths = d.values(-3, (k.pages + 2) * k.page_size, k.batch)  # some empty, some past the table's width
+    bounds = torch.cat([torch.zeros(1, dtype=torch.int64), torch.cumsum(lengths, 0)]) + d.integer(-2, 4)
+    total = max(0, int(bounds.max()) - d.integer(0, 2 * k.page_size))  # the last rows may run past the end
+    out_rows = k.batch + d.integer(0, 3)
+    arguments = dict(kv_indices=d.vector(d.values(-2 * k.page_size, 1 << 12, total), contiguous=True),
+                     kv_indptr=d.vector(bounds),
+                     page_table=d.output("page_table", (out_rows, k.pages + d.integer(0, 3))), page_size=k.page_size,
+                     swa_page_table=None, full_to_swa=None, round_toward_zero=False)
+    if k.options:
+        mapping = d.values(-5, 1 << 20, (1 << 12) + d.integer(-10, 10))
+        arguments.update(swa_page_table=d.output("swa_page_table", (out_rows, k.pages + d.integer(-1, 3))),
+                         full_to_swa=d.vector(mapping, contiguous=True), round_toward_zero=d.flag())
+    return arguments
+
+
+BUILDERS["ragged_page_table"] = _ragged_page_table
+
+
 def build(key: str, seed: int, knobs: Knobs = Knobs(), *, device="cpu", hostile=False, data_seed=None) -> OpCase:
     """A fresh case of op ``key`` (the module docstring); KeyError for an op without a builder."""
     d = _Draw(seed, data_seed, torch.device(device), hostile)

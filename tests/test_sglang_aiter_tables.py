@@ -11,14 +11,25 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conftest import BACKENDS, DEVICE
+from conftest import BACKENDS, DEVICE, through
 from kvcases import POISON
-from test_sglang_against_release import ROOT, _generator, _pool, _same, _twins
+from test_sglang_against_release import ROOT, _cumsum, _generator, _pool, _same, _twins
 from test_sglang_against_release import release as release  # noqa: F401  (the fixture)
 
 pytestmark = pytest.mark.skipif(ROOT is None, reason="SGLang's source is not here (set SGLANG_SOURCE)")
 
 BLOCK_SIZE = 1024  # what every call site passes
+
+
+@pytest.fixture
+def aiter(compat, monkeypatch, backend):
+    """``compat`` with the ragged builder routed to ``backend`` too."""
+    from kvdispatch.compat.sglang import _common
+
+    name = backend
+    monkeypatch.setattr(_common, "_build_ragged_page_table",
+                        lambda *a, backend=None, **k: through(name, "create_ragged_page_table", *a, **k))
+    return compat
 
 
 def _mapping(slots, g):
@@ -36,7 +47,7 @@ def _tables(rows, width, swa, fill):
 @pytest.mark.parametrize("page_size", (1, 16, 64))
 @pytest.mark.parametrize("pattern", ("verify", "verify_graph", "extend"))
 @pytest.mark.parametrize("swa", (False, True))
-def test_scatter_req_to_token_to_page_table(backend, page_size, pattern, swa, release, compat):
+def test_scatter_req_to_token_to_page_table(backend, page_size, pattern, swa, release, aiter):
     kernels = release("kernels.ops.attention.aiter_unified_page_table")
     g = _generator()
     rows, max_context_len, batch = 6, 160, 4
@@ -54,11 +65,58 @@ def test_scatter_req_to_token_to_page_table(backend, page_size, pattern, swa, re
     theirs, ours = _twins(*_tables(out_rows, max_blocks, swa, fill))
     grid = (batch, -(-max(max_blocks, 1) // BLOCK_SIZE))
     for kernel, buffers in ((kernels.scatter_req_to_token_to_page_table_kernel, theirs),
-                            (compat.scatter_req_to_token_to_page_table_kernel, ours)):
+                            (aiter.scatter_req_to_token_to_page_table_kernel, ours)):
         kernel[grid](table, pool, lens, buffers[0], table.stride(0), buffers[0].stride(0),
                      buffers[1] if swa else None, mapping, DRAFT_NUM=draft_num, PAGE_SIZE=page_size,
                      BLOCK_SIZE=BLOCK_SIZE, HAS_SWA=swa)
     _same(ours, theirs, "page tables")
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("page_size", (1, 16, 64))
+@pytest.mark.parametrize("pattern", ("eager", "graph"))
+@pytest.mark.parametrize("swa", (False, True))
+@pytest.mark.parametrize("token_dtype", (torch.int32, torch.int64))
+def test_scatter_ragged_to_page_table(backend, page_size, pattern, swa, token_dtype, release, aiter):
+    kernels = release("kernels.ops.attention.aiter_unified_page_table")
+    g = _generator()
+    max_context_len, batch = 160, 4
+    max_blocks = -(-max_context_len // page_size)
+    lens = torch.randint(0, max_context_len + 1, (batch,), generator=g)
+    lens[1] = 0
+    bounds = _cumsum(lens)
+    if pattern == "graph":  # the captured indptr buffer is sized for a larger batch
+        bounds = torch.cat([bounds, torch.full((3,), int(bounds[-1]), dtype=torch.int32, device=DEVICE)])
+    total = int(lens.sum()) + 7
+    slots = torch.randperm(total * 4, generator=g)[:total].to(token_dtype).to(DEVICE)
+    out_rows = batch + 2 if pattern == "graph" else batch
+    fill = POISON if pattern == "graph" else 0
+    mapping = _mapping(total * 4, g) if swa else None
+    theirs, ours = _twins(*_tables(out_rows, max_blocks, swa, fill))
+    grid = (batch, -(-max(max_blocks, 1) // BLOCK_SIZE))
+    for kernel, buffers in ((kernels.scatter_ragged_to_page_table_kernel, theirs),
+                            (aiter.scatter_ragged_to_page_table_kernel, ours)):
+        kernel[grid](slots, bounds, buffers[0], buffers[0].stride(0), buffers[1] if swa else None, mapping,
+                     PAGE_SIZE=page_size, BLOCK_SIZE=BLOCK_SIZE, HAS_SWA=swa)
+    _same(ours, theirs, "page tables")
+
+
+def test_scatter_ragged_argument_errors():
+    from kvdispatch.compat.sglang import scatter_ragged_to_page_table_kernel as kernel
+
+    slots, bounds, out = torch.arange(8, dtype=torch.int32), torch.tensor([0, 4, 8], dtype=torch.int32), torch.zeros(
+        2, 8, dtype=torch.int32)
+    with pytest.raises(TypeError, match=r"\[grid\]"):
+        kernel(slots, bounds, out, 8, None, None, PAGE_SIZE=1, BLOCK_SIZE=8, HAS_SWA=False)
+    with pytest.raises(ValueError, match="kv_indptr_ptr must have at least 4"):
+        kernel[(3, 1)](slots, bounds, out, 8, None, None, PAGE_SIZE=1, BLOCK_SIZE=8, HAS_SWA=False)
+    with pytest.raises(ValueError, match="dest_stride"):
+        kernel[(2, 1)](slots, bounds, out, 9, None, None, PAGE_SIZE=1, BLOCK_SIZE=8, HAS_SWA=False)
+    with pytest.raises(ValueError, match="PAGE_SIZE"):
+        kernel[(2, 1)](slots, bounds, out, 8, None, None, PAGE_SIZE=0, BLOCK_SIZE=8, HAS_SWA=False)
+    with pytest.raises(TypeError, match="kv_indices must have dtype"):
+        kernel[(2, 1)](slots.float(), bounds, out, 8, None, None, PAGE_SIZE=1, BLOCK_SIZE=8, HAS_SWA=False)
+    assert int(out.abs().sum()) == 0
 
 
 def test_scatter_req_to_token_argument_errors():

@@ -75,6 +75,7 @@ __all__ = [
 ]
 
 # kernels.ops.attention.aiter_unified_page_table: the Aiter backend's unified-attention block tables.
-from .kernels.ops.attention.aiter_unified_page_table import scatter_req_to_token_to_page_table_kernel  # noqa: E402
+from .kernels.ops.attention.aiter_unified_page_table import (  # noqa: E402
+    scatter_ragged_to_page_table_kernel, scatter_req_to_token_to_page_table_kernel)
 
-__all__ += ["scatter_req_to_token_to_page_table_kernel"]
+__all__ += ["scatter_ragged_to_page_table_kernel", "scatter_req_to_token_to_page_table_kernel"]

@@ -156,3 +156,9 @@ def _leading(name, t, rows):
     if t.shape[0] < rows:
         raise ValueError(f"{name} must have at least {rows} entries (the rows launched), got {t.shape[0]}")
     return t if t.shape[0] == rows else t[:rows]
+
+
+# The block table of a ragged token CSR (aiter_unified_page_table), looked up here at call time as the others.
+from ...ops.ragged_page_table import create_ragged_page_table as _build_ragged_page_table  # noqa: E402
+
+__all__ += ["_build_ragged_page_table"]
