@@ -557,5 +557,101 @@ def main(argv=None) -> int:
     return 1 if mismatches or not cases else 0
 
 
+# -- the ragged CSR's block table and the MHA table's seqlen_offset ------------------------------------------
+# create_ragged_page_table: kv_indptr rows starting past kv_indices, at its last entry, negative, at the int32 and
+# int64 extremes, decreasing (negative lengths), ending past the end; kv_indices entries negative and at the
+# extremes; the lookups of hostile_mappings; page sizes 1, 64, 7. create_trtllm_mha_page_table with seqlen_offset
+# at the int32 extremes on the spoilt lengths.
+
+def ragged_bounds(total, wide):
+    """(name, kv_indptr values [BATCH + 1]) per case: consecutive valid rows, one spoilt bound among them."""
+    lengths = [3, 40, 0, 17, 9, 22]
+    bounds = [0]
+    for n in lengths:
+        bounds.append(bounds[-1] + n)
+    scale = max(1, total // (bounds[-1] + 1))
+    bounds = [b * scale for b in bounds]
+    extremes = [("start-past-end", total + 3), ("start-at-end", total), ("start-last-entry", total - 1),
+                ("negative", -2), ("int32-max", I32_MAX), ("int32-min", I32_MIN)]
+    if wide:
+        extremes += [("int64-max", I64_MAX), ("int64-min", I64_MIN), ("2**62", 2**62)]
+    yield "valid", bounds
+    for name, value in extremes:
+        for b in (0, 3, BATCH):  # the first start, a middle bound (an end and a start), the last end
+            spoilt = list(bounds)
+            spoilt[b] = value
+            yield f"{name}@{b}", spoilt
+
+
+_run_before_ragged = run
+
+
+def run(device, backends, verbose, shard=(0, 1)):
+    """``run``'s cases, then the ragged page table's and the MHA table's seqlen_offset ones (the same shards)."""
+    cases, mismatches = _run_before_ragged(device, backends, verbose, shard)
+    g = torch.Generator().manual_seed(1)
+    ordinal = 0
+
+    def case(what, launch, reference, outs):
+        nonlocal ordinal, cases, mismatches
+        ordinal += 1
+        if (ordinal - 1) % shard[1] != shard[0]:
+            return
+        cases += 1
+        expected = [out.cpu().clone() for out in outs]
+        reference(expected)
+        try:
+            launch()
+            for i, (got, want) in enumerate(zip(outs, expected)):
+                if not torch.equal(got.cpu(), want):
+                    mismatches += 1
+                    print(f"MISMATCH {what} output {i}", flush=True)
+        except Exception:
+            mismatches += 1
+            print(f"ERROR {what}:\n{traceback.format_exc()}", flush=True)
+        if verbose:
+            print("ran", what, flush=True)
+
+    for backend in backends:
+        for page_size, dtype in itertools.product(MAPPED_PAGE_SIZES, (torch.int32, torch.int64)):
+            total = 5 * page_size + 7
+            slots = torch.randint(0, I32_MAX, (total,), generator=g, dtype=torch.int64)
+            slots[::7] = torch.tensor([-1, I32_MIN, I32_MAX] + ([I64_MIN, I64_MAX] if dtype == torch.int64 else []))[
+                torch.arange(0, total, 7) % (5 if dtype == torch.int64 else 3)]
+            kv_indices = slots.to(dtype).to(device)
+            for (name, bounds), lookup, toward_zero in itertools.product(
+                    ragged_bounds(total, dtype == torch.int64), hostile_mappings(page_size, device, g), (False, True)):
+                kv_indptr = torch.tensor(bounds, dtype=dtype, device=device)
+                outs = [torch.full((BATCH, width), POISON, dtype=torch.int32, device=device) for width in (5, 7)]
+                swa = lookup is not None
+                case(f"{backend} ragged_page_table page={page_size} {str(dtype)[6:]} {name} "
+                     f"mapping={lookup.shape[0] if swa else None} toward_zero={toward_zero}",
+                     lambda: kvdispatch.create_ragged_page_table(  # noqa: B023
+                         kv_indices, kv_indptr, outs[0], page_size=page_size, swa_page_table=outs[1] if swa else None,
+                         full_to_swa=lookup, round_toward_zero=toward_zero, backend=backend),
+                     lambda expected: ops.ragged_page_table.reference(  # noqa: B023
+                         kv_indices.cpu(), kv_indptr.cpu(), expected[0], page_size, expected[1] if swa else None,
+                         lookup.cpu() if swa else None, toward_zero),
+                     outs if swa else outs[:1])
+            for spoil in hostile_requests(BATCH + 3, 5 * page_size + 7, dtype == torch.int64):
+                if spoil[2] is None:
+                    continue  # the offsets matter to the spoilt lengths
+                data, rows, cols = make(page_size, dtype, device, g, spoil)
+                cpu = {k: v.cpu() for k, v in data.items()}
+                for offset in LENGTH_OFFSETS:
+                    outs = [torch.full((BATCH, 5), POISON, dtype=torch.int32, device=device)]
+                    case(f"{backend} mha_page_table page={page_size} {str(dtype)[6:]} {spoil[0]} "
+                         f"seqlen_offset={offset}",
+                         lambda: kvdispatch.create_trtllm_mha_page_table(  # noqa: B023
+                             data["table"], data["pool"], data["lens"], outs[0], page_size=page_size,
+                             seqlen_offset=offset, round_toward_zero=True, backend=backend),
+                         lambda expected: ops.mha_page_table.reference(  # noqa: B023
+                             cpu["table"], cpu["pool"], cpu["lens"], expected[0], page_size, None, None, True, offset),
+                         outs)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+    return cases, mismatches
+
+
 if __name__ == "__main__":
     sys.exit(main())

@@ -319,3 +319,29 @@ def main(argv=None) -> int:
 
 if __name__ == "__main__":
     raise SystemExit(main())
+
+
+# -- the block table of a ragged token CSR (kernels_triton/ragged_page_table.py) ------------------------------
+
+from . import ragged_page_table  # noqa: E402
+
+_specializations_before_ragged = specializations
+
+
+def specializations(warp_size: int = 32, page_sizes=PAGE_SIZES, index_types=("i32", "i64")):
+    """Yield a ``Specialization`` for every (page size, option flags, index dtype) of every kernel, with
+    ``num_warps`` as the launchers pick it for ``warp_size``-lane warps; the ragged page table's last."""
+    yield from _specializations_before_ragged(warp_size, page_sizes, index_types)
+    yield from _ragged_specializations(warp_size, page_sizes, index_types)
+
+
+def _ragged_specializations(warp_size, page_sizes, index_types):
+    """The ragged page table's specialisations (``ragged_page_table.specializations``)."""
+    import triton  # noqa: PLC0415
+
+    function, pointers, ints = ragged_page_table.KERNEL_PARAMETERS["ragged"]
+    kernel = triton.runtime.jit.JITFunction(function, do_not_specialize=ints, do_not_specialize_on_alignment=pointers)
+    for page_size in page_sizes:
+        threads = launch_grid.mapped_page_table_launch(1, 1, page_size).threads
+        for _, signature, constexprs in ragged_page_table.specializations((page_size,), index_types):
+            yield Specialization(kernel, signature, constexprs, max(1, threads // warp_size))

@@ -92,12 +92,13 @@ def build_ragged_page_table(kv_indices, kv_indptr, page_table, page_size, swa_pa
 
 
 def specializations(page_sizes, index_types=("i32", "i64")):
-    """Every specialisation for ``page_sizes``: yields ``(kernel name, signature, constexprs)``, per option set,
-    grid form, token dtype, ``kv_indptr`` dtype and mapping dtype."""
-    for page_size, (swa, round_toward_zero, unit, folded), tokens, index, lookup in itertools.product(
-            page_sizes, itertools.product((False, True), repeat=4), ("i32", "i64"), index_types, ("i32", "i64")):
+    """The specialisations for ``page_sizes``: yields ``(kernel name, signature, constexprs)``, per option set,
+    grid form, CSR dtype (``kv_indices`` and ``kv_indptr`` of one dtype, as engines allocate them; a mixed
+    pair compiles at its first call) and mapping dtype."""
+    for page_size, (swa, round_toward_zero, unit, folded), index, lookup in itertools.product(
+            page_sizes, itertools.product((False, True), repeat=4), index_types, ("i32", "i64")):
         if not swa and lookup != "i32":
             continue  # without SWA the mapping pointer is a placeholder (kv_indptr)
-        types = dict(kv_ptr=f"*{tokens}", indptr_ptr=f"*{index}", mapping_ptr=f"*{lookup}" if swa else f"*{index}")
+        types = dict(kv_ptr=f"*{index}", indptr_ptr=f"*{index}", mapping_ptr=f"*{lookup}" if swa else f"*{index}")
         constexprs = ragged_constexprs(page_size, swa, round_toward_zero, unit, folded)
         yield "ragged", _signature(RAGGED_PARAMETERS, types, constexprs), constexprs

@@ -289,3 +289,37 @@ def producer(source, target, trigger: bool):
     NVIDIA sm_90+); without it, as PyTorch's kernels, it does not."""
     n = source.shape[0]
     _producer_kernel[(1,)](source, target, n, BLOCK=triton.next_power_of_2(n), TRIGGER=trigger, num_warps=4)
+
+
+# ``ragged_grid_2d``: the block table of a ragged token CSR (with its SWA twin) after SGLang's Aiter design.
+RAGGED_PAGES_PER_PROGRAM = 1024  # SGLang's BLOCK_SIZE, whatever the page size
+
+
+@triton.jit
+def _ragged_grid_2d_kernel(kv_indices, kv_indptr, page_table, swa_page_table, full_to_swa, out_stride,
+                           PAGE: tl.constexpr, STEP: tl.constexpr, HAS_SWA: tl.constexpr):
+    b = tl.program_id(0)
+    start = tl.load(kv_indptr + b).to(tl.int64)
+    pages = tl.cdiv(tl.load(kv_indptr + b + 1).to(tl.int64) - start, PAGE)
+    if tl.program_id(1) * STEP < pages:
+        p = tl.program_id(1) * STEP + tl.arange(0, STEP)
+        mask = p < pages
+        slots = tl.load(kv_indices + start + p.to(tl.int64) * PAGE, mask=mask, other=0)
+        dst = b.to(tl.int64) * out_stride + p
+        tl.store(page_table + dst, (slots // PAGE).to(tl.int32), mask=mask)
+        if HAS_SWA:
+            swa = tl.load(full_to_swa + slots, mask=mask)
+            tl.store(swa_page_table + dst, (swa // PAGE).to(tl.int32), mask=mask)
+
+
+def ragged_grid_2d(kv_indices, kv_indptr, page_table, page_size, swa_page_table=None, full_to_swa=None, pages=None):
+    """The block table of a ragged token CSR (and its SWA twin, sharing ``page_table``'s row stride) after
+    SGLang's Aiter design: a 2-D grid of ``RAGGED_PAGES_PER_PROGRAM`` pages per program, programs past a row's
+    pages exit; ``pages``: the columns the grid covers (default ``page_table.shape[1]``)."""
+    swa = full_to_swa is not None
+    step = RAGGED_PAGES_PER_PROGRAM
+    grid = (kv_indptr.shape[0] - 1, triton.cdiv(max(page_table.shape[1] if pages is None else pages, 1), step))
+    _ragged_grid_2d_kernel[grid](kv_indices, kv_indptr, page_table, swa_page_table if swa else page_table,
+                                 full_to_swa if swa else kv_indices, page_table.stride(0), PAGE=page_size, STEP=step,
+                                 HAS_SWA=swa)
+    return grid
