@@ -71,6 +71,15 @@ SGLANG_FUNCTIONS = {
     "get_dcp_lens": [("lens", REQUIRED), ("dcp_size", REQUIRED), ("dcp_rank", REQUIRED), ("start", None),
                      ("interleave_size", 1)],
 }
+SGLANG_FUNCTIONS.update({
+    "scatter_ragged_to_page_table_kernel": [(name, REQUIRED) for name in (
+        "kv_flat_ptr", "kv_indptr_ptr", "dest_ptr", "dest_stride", "sw_page_table_ptr", "swa_slot_mapping_ptr",
+        "PAGE_SIZE", "BLOCK_SIZE", "HAS_SWA")],
+    "scatter_req_to_token_to_page_table_kernel": [(name, REQUIRED) for name in (
+        "req_to_token_ptr", "req_pool_indices_ptr", "seq_lens_ptr", "page_table_ptr", "req_to_token_stride",
+        "page_table_stride", "sw_page_table_ptr", "swa_slot_mapping_ptr", "DRAFT_NUM", "PAGE_SIZE", "BLOCK_SIZE",
+        "HAS_SWA")],
+})
 SGLANG_CONSTANTS = {"SPEC_KV_INDEX_BLOCKS_MIN_CONTEXT": 32768}
 # Functions whose parameters are all keyword-only in SGLang.
 KEYWORD_ONLY = {"build_kv_read_table"}

@@ -76,6 +76,14 @@ RELEASE = {
         "draft_kv_indices_used_len": "(seq_lens_sum, topk, bs, num_steps)",
     },
 }
+RELEASE["kernels.ops.attention.aiter_unified_page_table"] = {
+    "scatter_ragged_to_page_table_kernel": "(kv_flat_ptr, kv_indptr_ptr, dest_ptr, dest_stride, sw_page_table_ptr, "
+                                           "swa_slot_mapping_ptr, PAGE_SIZE, BLOCK_SIZE, HAS_SWA)",
+    "scatter_req_to_token_to_page_table_kernel": "(req_to_token_ptr, req_pool_indices_ptr, seq_lens_ptr, "
+                                                 "page_table_ptr, req_to_token_stride, page_table_stride, "
+                                                 "sw_page_table_ptr, swa_slot_mapping_ptr, DRAFT_NUM, PAGE_SIZE, "
+                                                 "BLOCK_SIZE, HAS_SWA)",
+}
 # Names of earlier, unreleased SGLang branches: no release has them.
 UNRELEASED = ("update_trtllm_mla_graph_metadata", "build_kernel_page_table", "kv_indices_token_blocks_for_copy",
               "KV_INDICES_TOKEN_BLOCKS_MIN_WIDTH")
