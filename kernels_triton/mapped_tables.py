@@ -88,8 +88,18 @@ def _mha_page_table_kernel(
     pool, limit = _row_limit(pool_ptr, lens_ptr, row, pool_stride, lens_stride, table_rows, table_cols, seqlen_offset,
                              HAS_OFFSET)
     row_ptr = table_ptr + pool * table_row_stride  # only dereferenced below the limit, 0 on an unreadable row
-    page_table_row = page_table_ptr + row * page_table_stride
-    swa_row = swa_ptr + row * swa_stride
+    _mha_row(first, row_ptr, limit, page_table_ptr + row * page_table_stride, width, swa_ptr + row * swa_stride,
+             swa_width, mapping_ptr, mapping_len, PAGE_SIZE, PAGE_SHIFT, PAGES_PER_PROGRAM, HAS_SWA,
+             ROUND_TOWARD_ZERO, FOLDED_GRID)
+    _launch.release_dependents(PDL)
+
+
+@triton.jit
+def _mha_row(first, row_ptr, limit, page_table_row, width, swa_row, swa_width, mapping_ptr, mapping_len,
+             PAGE_SIZE: tl.constexpr, PAGE_SHIFT: tl.constexpr, PAGES_PER_PROGRAM: tl.constexpr,
+             HAS_SWA: tl.constexpr, ROUND_TOWARD_ZERO: tl.constexpr, FOLDED_GRID: tl.constexpr):
+    """The blocks of a row this program owns (``_mha_pages`` each): the one of page ``first``, then every
+    ``launch.programs_in_row``-th block after it, up to the row's last page below ``limit`` positions."""
     if first.to(tl.int64) * PAGE_SIZE < limit:
         _mha_pages(first, row_ptr, limit, page_table_row, width, swa_row, swa_width, mapping_ptr, mapping_len,
                    PAGE_SIZE, PAGE_SHIFT, PAGES_PER_PROGRAM, HAS_SWA, ROUND_TOWARD_ZERO)
@@ -98,7 +108,6 @@ def _mha_page_table_kernel(
     for later in range(first + step, pages_end, step):
         _mha_pages(later, row_ptr, limit, page_table_row, width, swa_row, swa_width, mapping_ptr, mapping_len,
                    PAGE_SIZE, PAGE_SHIFT, PAGES_PER_PROGRAM, HAS_SWA, ROUND_TOWARD_ZERO)
-    _launch.release_dependents(PDL)
 
 
 @triton.jit

@@ -1,6 +1,6 @@
 """The block table of a ragged token CSR (``kvdispatch.create_ragged_page_table``), on the grid
 ``(batch, programs_per_row)`` of ``kvdispatch.grid.mapped_page_table_launch``, with the MHA page table's page
-logic (``mapped_tables._mha_pages``): row ``b``'s tokens are ``kv_indices[kv_indptr[b]:kv_indptr[b + 1]]``.
+logic (``mapped_tables._mha_row``): row ``b``'s tokens are ``kv_indices[kv_indptr[b]:kv_indptr[b + 1]]``.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import triton.language as tl
 
 from . import launch as _launch
 from . import native
-from .mapped_tables import _common_constexprs, _launch_plan, _mha_pages, _signature
+from .mapped_tables import _common_constexprs, _launch_plan, _mha_row, _signature
 
 RAGGED_PARAMETERS = ("kv_ptr", "indptr_ptr", "page_table_ptr", "swa_ptr", "mapping_ptr", "total", "width",
                      "page_table_stride", "swa_width", "swa_stride", "mapping_len", "indptr_stride")
@@ -43,17 +43,9 @@ def _ragged_page_table_kernel(
     begin = tl.where(readable, start, 0)
     # Both ends clamped into [-1, total] first: the difference is exact.
     limit = tl.where(readable, tl.minimum(tl.maximum(end, -1), total) - begin, 0)
-    row_ptr = kv_ptr + begin
-    page_table_row = page_table_ptr + row * page_table_stride
-    swa_row = swa_ptr + row * swa_stride
-    if first.to(tl.int64) * PAGE_SIZE < limit:
-        _mha_pages(first, row_ptr, limit, page_table_row, width, swa_row, swa_width, mapping_ptr, mapping_len,
-                   PAGE_SIZE, PAGE_SHIFT, PAGES_PER_PROGRAM, HAS_SWA, ROUND_TOWARD_ZERO)
-    pages_end = _launch.pages_below(limit, tl.maximum(width, swa_width) if HAS_SWA else width, PAGE_SIZE)
-    step = _launch.programs_in_row(FOLDED_GRID) * PAGES_PER_PROGRAM
-    for later in range(first + step, pages_end, step):
-        _mha_pages(later, row_ptr, limit, page_table_row, width, swa_row, swa_width, mapping_ptr, mapping_len,
-                   PAGE_SIZE, PAGE_SHIFT, PAGES_PER_PROGRAM, HAS_SWA, ROUND_TOWARD_ZERO)
+    _mha_row(first, kv_ptr + begin, limit, page_table_ptr + row * page_table_stride, width, swa_ptr + row * swa_stride,
+             swa_width, mapping_ptr, mapping_len, PAGE_SIZE, PAGE_SHIFT, PAGES_PER_PROGRAM, HAS_SWA,
+             ROUND_TOWARD_ZERO, FOLDED_GRID)
     _launch.release_dependents(PDL)
 
 

@@ -19,39 +19,29 @@ from ..op import declare
 __all__ = ["create_trtllm_mha_page_table"]
 
 
-def check_arguments(req_to_token, req_pool_indices, seq_lens, page_table, page_size, swa_page_table=None,
-                    full_to_swa=None, round_toward_zero=False, seqlen_offset=0, memory=True):
-    """Validate ``create_trtllm_mha_page_table`` arguments; returns the device (``memory``: as for
-    ``check_page_table_args``)."""
-    try:  # hot path, as in check_page_table_args
-        device, batch_shape = req_to_token.device, req_pool_indices.shape
-        if (memory and len(batch_shape) == 1 and _small_int(page_size, 1, MAX_PAGE_SIZE)
-                and (round_toward_zero is False or round_toward_zero is True) and _small_int(seqlen_offset)
-                and (swa_page_table is None) == (full_to_swa is None)):
-            batch = batch_shape[0]
-            table = _int32_span(req_to_token, device, 2)
-            written = _int32_span(page_table, device, 2, batch, True)
-            pool = _index_span(req_pool_indices, device, batch_shape)
-            lens = _index_span(seq_lens, device, batch_shape)
-            if table and written and pool and lens:
-                inputs = (table, pool, lens)
-                if swa_page_table is None:
-                    if _apart(written, inputs):
-                        return device
-                else:
-                    swa_written = _int32_span(swa_page_table, device, 2, batch, True)
-                    mapping = _mapping_span(full_to_swa, device)
-                    if (swa_written and mapping and _apart(written, inputs + (mapping, swa_written))
-                            and _apart(swa_written, inputs + (mapping,))):
-                        return device
-    except (AttributeError, IndexError, TypeError, RuntimeError, NotImplementedError):
-        pass
-    batch, device = _common(req_to_token, req_pool_indices, seq_lens, None)
+def tables_apart(page_table, swa_page_table, full_to_swa, device, batch, inputs):
+    """The hot-path check of a page table and its optional SWA twin (``full_to_swa`` with it): int32 ``[>= batch,
+    W]`` tables on ``device`` whose rows share no memory, a contiguous mapping, the tables apart from each other, the
+    mapping and the input spans ``inputs`` (all truthy)."""
+    written = _int32_span(page_table, device, 2, batch, True)
+    if not written:
+        return False
+    if swa_page_table is None:
+        return _apart(written, inputs)
+    swa_written = _int32_span(swa_page_table, device, 2, batch, True)
+    mapping = _mapping_span(full_to_swa, device)
+    return bool(swa_written and mapping and _apart(written, inputs + (mapping, swa_written))
+                and _apart(swa_written, inputs + (mapping,)))
+
+
+def check_tables(page_table, page_size, swa_page_table, full_to_swa, round_toward_zero, batch, device, inputs,
+                 memory):
+    """The detailed checks of a page table, its optional SWA twin and their options, each error naming the
+    argument; ``inputs``: the ``(name, tensor)`` pairs the tables must be apart from. Returns ``device``."""
     _table_output("page_table", page_table, batch, device)
     _python_int("page_size", page_size, 1, MAX_PAGE_SIZE)
     if not isinstance(round_toward_zero, bool):
         raise TypeError(f"round_toward_zero must be a bool, got {type(round_toward_zero).__name__}")
-    _python_int("seqlen_offset", seqlen_offset, _INT32_MIN, _INT32_MAX)
     if (swa_page_table is None) != (full_to_swa is None):
         given, missing = ("swa_page_table", "full_to_swa") if full_to_swa is None else ("full_to_swa",
                                                                                        "swa_page_table")
@@ -65,9 +55,32 @@ def check_arguments(req_to_token, req_pool_indices, seq_lens, page_table, page_s
     if swa_page_table is not None:
         _check_rows_apart(swa_page_table, "swa_page_table")
     _check_apart((("page_table", page_table), ("swa_page_table", swa_page_table)),
-                 (("req_to_token", req_to_token), ("req_pool_indices", req_pool_indices), ("seq_lens", seq_lens),
-                  ("full_to_swa", full_to_swa)))
+                 inputs + (("full_to_swa", full_to_swa),))
     return device
+
+
+def check_arguments(req_to_token, req_pool_indices, seq_lens, page_table, page_size, swa_page_table=None,
+                    full_to_swa=None, round_toward_zero=False, seqlen_offset=0, memory=True):
+    """Validate ``create_trtllm_mha_page_table`` arguments; returns the device (``memory``: as for
+    ``check_page_table_args``)."""
+    try:  # hot path, as in check_page_table_args
+        device, batch_shape = req_to_token.device, req_pool_indices.shape
+        if (memory and len(batch_shape) == 1 and _small_int(page_size, 1, MAX_PAGE_SIZE)
+                and (round_toward_zero is False or round_toward_zero is True) and _small_int(seqlen_offset)
+                and (swa_page_table is None) == (full_to_swa is None)):
+            table = _int32_span(req_to_token, device, 2)
+            pool = _index_span(req_pool_indices, device, batch_shape)
+            lens = _index_span(seq_lens, device, batch_shape)
+            if table and pool and lens and tables_apart(page_table, swa_page_table, full_to_swa, device,
+                                                        batch_shape[0], (table, pool, lens)):
+                return device
+    except (AttributeError, IndexError, TypeError, RuntimeError, NotImplementedError):
+        pass
+    batch, device = _common(req_to_token, req_pool_indices, seq_lens, None)
+    _python_int("seqlen_offset", seqlen_offset, _INT32_MIN, _INT32_MAX)
+    return check_tables(page_table, page_size, swa_page_table, full_to_swa, round_toward_zero, batch, device,
+                        (("req_to_token", req_to_token), ("req_pool_indices", req_pool_indices),
+                         ("seq_lens", seq_lens)), memory)
 
 
 def check_data(req_to_token, req_pool_indices, seq_lens, page_table, page_size, swa_page_table,

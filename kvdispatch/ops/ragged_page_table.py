@@ -11,11 +11,11 @@ import torch
 from torch import Tensor
 
 from .._debug import _check_pages_fit, _first_bad, _first_bad_entry
-from .._validate import (_apart, _check_apart, _check_rows_apart, _contiguous_vector, _index_span, _index_vector,
-                         _int32_span, _mapping_span, _python_int, _small_int, _table_output, _tensor)
+from .._validate import _contiguous_vector, _index_span, _index_vector, _mapping_span, _small_int, _tensor
 from ..grid import MAX_PAGE_SIZE
 from ..reference import _divide, _store
 from ..op import declare
+from .mha_page_table import check_tables, tables_apart
 
 __all__ = ["create_ragged_page_table"]
 
@@ -29,21 +29,11 @@ def check_arguments(kv_indices, kv_indptr, page_table, page_size, swa_page_table
         if (memory and len(bounds_shape) == 1 and bounds_shape[0] >= 1 and _small_int(page_size, 1, MAX_PAGE_SIZE)
                 and (round_toward_zero is False or round_toward_zero is True)
                 and (swa_page_table is None) == (full_to_swa is None)):
-            batch = bounds_shape[0] - 1
             tokens = _mapping_span(kv_indices, device)
             bounds = _index_span(kv_indptr, device, bounds_shape)
-            written = _int32_span(page_table, device, 2, batch, True)
-            if tokens and bounds and written:
-                inputs = (tokens, bounds)
-                if swa_page_table is None:
-                    if _apart(written, inputs):
-                        return device
-                else:
-                    swa_written = _int32_span(swa_page_table, device, 2, batch, True)
-                    mapping = _mapping_span(full_to_swa, device)
-                    if (swa_written and mapping and _apart(written, inputs + (mapping, swa_written))
-                            and _apart(swa_written, inputs + (mapping,))):
-                        return device
+            if tokens and bounds and tables_apart(page_table, swa_page_table, full_to_swa, device,
+                                                  bounds_shape[0] - 1, (tokens, bounds)):
+                return device
     except (AttributeError, IndexError, TypeError, RuntimeError, NotImplementedError):
         pass
     _tensor("kv_indices", kv_indices)
@@ -54,26 +44,9 @@ def check_arguments(kv_indices, kv_indptr, page_table, page_size, swa_page_table
         if isinstance(t, torch.Tensor) and t.device != device:
             raise ValueError(f"{name} is on {t.device}, expected {device} (the device of kv_indices)")
     _index_vector("kv_indptr", kv_indptr, device, 1, at_least=True)
-    batch = kv_indptr.shape[0] - 1
-    _table_output("page_table", page_table, batch, device)
-    _python_int("page_size", page_size, 1, MAX_PAGE_SIZE)
-    if not isinstance(round_toward_zero, bool):
-        raise TypeError(f"round_toward_zero must be a bool, got {type(round_toward_zero).__name__}")
-    if (swa_page_table is None) != (full_to_swa is None):
-        given, missing = ("swa_page_table", "full_to_swa") if full_to_swa is None else ("full_to_swa",
-                                                                                       "swa_page_table")
-        raise ValueError(f"{given} was given without {missing}: the SWA table needs both")
-    if swa_page_table is not None:
-        _table_output("swa_page_table", swa_page_table, batch, device)
-        _contiguous_vector("full_to_swa", full_to_swa, device)
-    if not memory:
-        return device
-    _check_rows_apart(page_table, "page_table")
-    if swa_page_table is not None:
-        _check_rows_apart(swa_page_table, "swa_page_table")
-    _check_apart((("page_table", page_table), ("swa_page_table", swa_page_table)),
-                 (("kv_indices", kv_indices), ("kv_indptr", kv_indptr), ("full_to_swa", full_to_swa)))
-    return device
+    return check_tables(page_table, page_size, swa_page_table, full_to_swa, round_toward_zero,
+                        kv_indptr.shape[0] - 1, device, (("kv_indices", kv_indices), ("kv_indptr", kv_indptr)),
+                        memory)
 
 
 def check_data(kv_indices, kv_indptr, page_table, page_size, swa_page_table, full_to_swa):
