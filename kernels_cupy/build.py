@@ -30,6 +30,8 @@ KERNELS = (PAGE_TABLE_KERNEL, TOKEN_CSR_KERNEL, MHA_PAGE_TABLE_KERNEL, TRANSLATE
            DRAFT_DECODE_KERNEL, DCP_TOKEN_CSR_KERNEL, DCP_PAGE_TABLE_KERNEL)
 RAGGED_PAGE_TABLE_KERNEL = "kv_ragged_page_table"
 KERNELS += (RAGGED_PAGE_TABLE_KERNEL,)
+PA_SWA_TABLE_KERNEL = "kv_pa_swa_table"
+KERNELS += (PA_SWA_TABLE_KERNEL,)
 STD_FLAG = "-std=c++14"
 # Architectures the offline HIP check tries; those the installed hipcc does not know are reported.
 HIP_ARCHS = ("gfx90a", "gfx940", "gfx942", "gfx950")

@@ -752,3 +752,43 @@ extern "C" __global__ void kv_ragged_page_table(
     }
     KV_GRID_RELEASE();
 }
+
+// ---- The prefill-aware sliding-window token table (semantics: kvdispatch/ops/pa_swa_table.py,
+// build_pa_swa_table) ----
+//
+// On the mapped tables' grid at page size 1: row b's columns in blocks of `items`, program k handling blocks
+// k, k + T, ...; program (b, 0) writes kv_lens[b]. With s = seq_lens[b], f = prefill_lens[pool] (0 outside
+// [0, prefill_count)), both clamped into [-2**62, 2**62] so that no sum wraps: n = min(s, f + window) and
+// gap = max(s - window - f, 0); out[b, j] = table[pool, j < f ? j : j + gap] for j < min(n, width) while that
+// position lies below cols, on a readable row (0 <= pool < rows). Everything else is left untouched.
+// Flags: KV_WIDE_POOL, KV_WIDE_LENS, KV_WIDE_PREFILL, KV_FOLDED_GRID.
+#define KV_WIDE_PREFILL KV_WIDE_START  // prefill_lens is int64 (this kernel reads no start positions)
+
+extern "C" __global__ void kv_pa_swa_table(
+    const int* __restrict__ table, const void* __restrict__ req_pool_indices, const void* __restrict__ seq_lens,
+    const void* __restrict__ prefill_lens, int* __restrict__ out, int* __restrict__ kv_lens, kv_i64 rows,
+    kv_i64 cols, kv_i64 table_stride, kv_i64 prefill_count, kv_i64 width, kv_i64 out_stride, kv_i64 kv_lens_stride,
+    kv_i64 window, kv_i64 pool_stride, kv_i64 lens_stride, kv_i64 items, kv_i64 flags) {
+    KV_GRID_WAIT();
+    const kv_i64 b = blockIdx.x, program = kv_row_program(KV_HAS(KV_FOLDED_GRID));
+    const kv_i64 bound = 0x4000000000000000LL;  // 2**62
+    const kv_i64 pool = kv_load_index(req_pool_indices, b * pool_stride, KV_HAS(KV_WIDE_POOL));
+    const kv_i64 length = kv_min(kv_max(kv_load_index(seq_lens, b * lens_stride, KV_HAS(KV_WIDE_LENS)), -bound),
+                                 bound);
+    const kv_i64 prefill = pool >= 0 && pool < prefill_count
+        ? kv_min(kv_max(kv_load_index(prefill_lens, pool, KV_HAS(KV_WIDE_PREFILL)), -bound), bound) : 0;
+    const kv_i64 kept = kv_min(length, prefill + window);
+    if (program == 0 && threadIdx.x == 0) kv_lens[b * kv_lens_stride] = (int)(kv_u64)kept;
+    const kv_i64 gap = kv_max(length - window - prefill, 0);
+    const kv_i64 limit = pool >= 0 && pool < rows ? kv_min(kept, width) : 0;
+    const int* row = table + (limit > 0 ? pool * table_stride : 0);
+    const kv_i64 step = kv_row_programs(KV_HAS(KV_FOLDED_GRID)) * items;
+    for (kv_i64 first = program * items; first < limit; first += step) {
+        const kv_i64 last = kv_min(first + items, limit);
+        for (kv_i64 j = first + threadIdx.x; j < last; j += blockDim.x) {
+            const kv_i64 position = j < prefill ? j : j + gap;
+            if (position < cols) out[b * out_stride + j] = row[position];
+        }
+    }
+    KV_GRID_RELEASE();
+}

@@ -384,3 +384,34 @@ def build_ragged_page_table(kv_indices, kv_indptr, page_table, page_size, swa_pa
     ``build_page_table``. Returns ``page_table``."""
     return _launched(ragged_page_table_call(kv_indices, kv_indptr, page_table, page_size, swa_page_table,
                                             full_to_swa, round_toward_zero), kv_indices.device, page_table, pdl)
+
+
+# -- the prefill-aware sliding-window token table (kvdispatch.create_prefill_aware_swa_table) -----------------
+
+from .build import PA_SWA_TABLE_KERNEL  # noqa: E402
+
+WIDE_PREFILL = WIDE_START  # prefill_lens is int64: the macro KV_WIDE_PREFILL (the kernel reads no starts)
+
+
+def pa_swa_table_call(req_to_token, req_pool_indices, seq_lens, prefill_lens, out, kv_lens_out,
+                      window_size) -> KernelCall | None:
+    """The ``kv_pa_swa_table`` launch for ``kvdispatch.ops.pa_swa_table.reference``'s arguments, or None when
+    there is nothing to do (no request)."""
+    launch = _mapped_page_table_launch(req_pool_indices.shape[0], max(out.shape[1], 1), 1, budget=_budget(out))
+    if launch.grid[0] == 0:
+        return None
+    flags = (_wide(req_pool_indices, WIDE_POOL) | _wide(seq_lens, WIDE_LENS) | _wide(prefill_lens, WIDE_PREFILL)
+             | _folded(launch))
+    rows, cols = req_to_token.shape
+    args = (req_to_token, req_pool_indices, seq_lens, prefill_lens, out, kv_lens_out, rows, cols,
+            req_to_token.stride(0), prefill_lens.shape[0], out.shape[1], out.stride(0), kv_lens_out.stride(0),
+            window_size, req_pool_indices.stride(0), seq_lens.stride(0), launch.items_per_program, flags)
+    return _kernel_call(PA_SWA_TABLE_KERNEL, (("KV_FLAGS", flags),), launch, args)
+
+
+def build_pa_swa_table(req_to_token, req_pool_indices, seq_lens, prefill_lens, out, kv_lens_out, window_size,
+                       pdl=False):
+    """Prefill-aware sliding-window token table; semantics of ``kvdispatch.create_prefill_aware_swa_table``;
+    ``pdl`` as for ``build_page_table``. Returns ``out``."""
+    return _launched(pa_swa_table_call(req_to_token, req_pool_indices, seq_lens, prefill_lens, out, kv_lens_out,
+                                       window_size), req_to_token.device, out, pdl)

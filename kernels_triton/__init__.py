@@ -27,6 +27,7 @@ KERNELS = {
     "dcp_token_csr": ("dcp", "build_dcp_token_indices"),
     "dcp_page_table": ("dcp", "build_dcp_page_table"),
     "ragged_page_table": ("ragged_page_table", "build_ragged_page_table"),
+    "pa_swa_table": ("pa_swa_table", "build_pa_swa_table"),
 }
 # Public name -> the submodule defining it.
 _OWNERS = {name: module for module, name in KERNELS.values()} | {

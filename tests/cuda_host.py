@@ -216,3 +216,25 @@ def create_ragged_page_table(kv_indices, kv_indptr, page_table, *, page_size, sw
                                           round_toward_zero)
     return build_ragged_page_table(kv_indices, kv_indptr, page_table, page_size, swa_page_table, full_to_swa,
                                    round_toward_zero, specialised)
+
+
+# -- the prefill-aware sliding-window token table ----------------------------------------------------------
+
+def build_pa_swa_table(req_to_token, req_pool_indices, seq_lens, prefill_lens, out, kv_lens_out, window_size,
+                       specialised=False):
+    """The CuPy backend's ``build_pa_swa_table`` through the host build (as ``build_page_table``)."""
+    from kernels_cupy.launch import pa_swa_table_call  # noqa: PLC0415
+
+    _require_cpu(req_to_token)
+    run(pa_swa_table_call(req_to_token, req_pool_indices, seq_lens, prefill_lens, out, kv_lens_out, window_size),
+        specialised)
+    return out
+
+
+def create_prefill_aware_swa_table(req_to_token, req_pool_indices, seq_lens, prefill_lens, out, kv_lens_out, *,
+                                   window_size, specialised=False):
+    """``kvdispatch.create_prefill_aware_swa_table`` on CPU tensors, through the host build of the kernel."""
+    ops.pa_swa_table.check_arguments(req_to_token, req_pool_indices, seq_lens, prefill_lens, out, kv_lens_out,
+                                     window_size)
+    return build_pa_swa_table(req_to_token, req_pool_indices, seq_lens, prefill_lens, out, kv_lens_out, window_size,
+                              specialised)

@@ -367,6 +367,22 @@ def _ragged_page_table(d: _Draw, k: Knobs):
 BUILDERS["ragged_page_table"] = _ragged_page_table
 
 
+def _pa_swa_table(d: _Draw, k: Knobs):
+    rows, cols = k.batch + 2, k.pages * 8 + 5
+    table = d.table(rows, cols, -3, rows * cols)
+    pool, lens = d.requests(k.batch, rows, cols + 9)
+    window = d.integer(0, cols // 2 + 2)
+    prefill = d.values(-2, cols // 2 + 3, rows + d.integer(-1, 2))  # some rows past it
+    out_rows = k.batch + d.integer(0, 3)
+    return dict(req_to_token=table, req_pool_indices=d.vector(pool), seq_lens=d.vector(lens),
+                prefill_lens=d.vector(prefill, contiguous=True),
+                out=d.output("out", (out_rows, window + cols // 2 + d.integer(-3, 3))),
+                kv_lens_out=d.output("kv_lens_out", (out_rows,)), window_size=window)
+
+
+BUILDERS["pa_swa_table"] = _pa_swa_table
+
+
 def build(key: str, seed: int, knobs: Knobs = Knobs(), *, device="cpu", hostile=False, data_seed=None) -> OpCase:
     """A fresh case of op ``key`` (the module docstring); KeyError for an op without a builder."""
     d = _Draw(seed, data_seed, torch.device(device), hostile)
