@@ -321,18 +321,20 @@ if __name__ == "__main__":
     raise SystemExit(main())
 
 
-# -- the block table of a ragged token CSR (kernels_triton/ragged_page_table.py) ------------------------------
+# -- the block table of a ragged token CSR and the prefill-aware table (ragged_page_table.py, pa_swa_table.py) --
 
-from . import ragged_page_table  # noqa: E402
+from . import pa_swa_table, ragged_page_table  # noqa: E402
 
 _specializations_before_ragged = specializations
 
 
 def specializations(warp_size: int = 32, page_sizes=PAGE_SIZES, index_types=("i32", "i64")):
     """Yield a ``Specialization`` for every (page size, option flags, index dtype) of every kernel, with
-    ``num_warps`` as the launchers pick it for ``warp_size``-lane warps; the ragged page table's last."""
+    ``num_warps`` as the launchers pick it for ``warp_size``-lane warps; the ragged page table's and the
+    prefill-aware table's last."""
     yield from _specializations_before_ragged(warp_size, page_sizes, index_types)
     yield from _ragged_specializations(warp_size, page_sizes, index_types)
+    yield from _pa_swa_specializations(warp_size, index_types)
 
 
 def _ragged_specializations(warp_size, page_sizes, index_types):
@@ -345,3 +347,14 @@ def _ragged_specializations(warp_size, page_sizes, index_types):
         threads = launch_grid.mapped_page_table_launch(1, 1, page_size).threads
         for _, signature, constexprs in ragged_page_table.specializations((page_size,), index_types):
             yield Specialization(kernel, signature, constexprs, max(1, threads // warp_size))
+
+
+def _pa_swa_specializations(warp_size, index_types):
+    """The prefill-aware table's specialisations (``pa_swa_table.specializations``; page size 1 only)."""
+    import triton  # noqa: PLC0415
+
+    function, pointers, ints = pa_swa_table.KERNEL_PARAMETERS["pa_swa"]
+    kernel = triton.runtime.jit.JITFunction(function, do_not_specialize=ints, do_not_specialize_on_alignment=pointers)
+    threads = launch_grid.mapped_page_table_launch(1, 1, 1).threads
+    for _, signature, constexprs in pa_swa_table.specializations(index_types):
+        yield Specialization(kernel, signature, constexprs, max(1, threads // warp_size))

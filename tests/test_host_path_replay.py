@@ -30,7 +30,7 @@ from kvdispatch import _debug, _validate, dispatch, host_path
 triton = pytest.importorskip("triton")
 from kernels_triton import dcp, draft_decode, mapped_tables, page_table, token_csr  # noqa: E402  (needs Triton)
 from kernels_triton import launch as triton_launch  # noqa: E402
-from kernels_triton import ragged_page_table  # noqa: E402
+from kernels_triton import pa_swa_table, ragged_page_table  # noqa: E402
 
 OPS = tuple(host_path.REPLAYED)
 LAUNCHERS = ("cupy", "triton")
@@ -43,19 +43,22 @@ TRITON = {"page_table": (page_table.build_page_table, page_table.launcher),
           "dcp_page_table": (dcp.build_dcp_page_table, dcp.table_launcher),
           "mha_page_table": (mapped_tables.build_mha_page_table, mapped_tables.mha_launcher),
           "translated_page_table": (mapped_tables.build_translated_page_table, mapped_tables.translated_launcher),
-          "ragged_page_table": (ragged_page_table.build_ragged_page_table, ragged_page_table.ragged_launcher)}
+          "ragged_page_table": (ragged_page_table.build_ragged_page_table, ragged_page_table.ragged_launcher),
+          "pa_swa_table": (pa_swa_table.build_pa_swa_table, pa_swa_table.pa_launcher)}
 CUPY = {"page_table": cupy_launch.build_page_table, "token_csr": cupy_launch.build_token_indices,
         "draft_decode": cupy_launch.build_draft_decode_indices, "dcp_token_csr": cupy_launch.build_dcp_token_indices,
         "dcp_page_table": cupy_launch.build_dcp_page_table, "mha_page_table": cupy_launch.build_mha_page_table,
         "translated_page_table": cupy_launch.build_translated_page_table,
-        "ragged_page_table": cupy_launch.build_ragged_page_table}
+        "ragged_page_table": cupy_launch.build_ragged_page_table,
+        "pa_swa_table": cupy_launch.build_pa_swa_table}
 CHECKS = {"page_table": ops.page_table.check_arguments, "token_csr": ops.token_csr.check_arguments,
           "draft_decode": ops.draft_decode.check_arguments,
           "dcp_token_csr": lambda *a: ops.dcp_token_csr.check_arguments(*a[:5], a[7], *a[5:7], a[8]),
           "dcp_page_table": ops.dcp_page_table.check_arguments,
           "mha_page_table": ops.mha_page_table.check_arguments,
           "translated_page_table": ops.translated_page_table.check_arguments,
-          "ragged_page_table": ops.ragged_page_table.check_arguments}
+          "ragged_page_table": ops.ragged_page_table.check_arguments,
+          "pa_swa_table": ops.pa_swa_table.check_arguments}
 
 
 @pytest.fixture(scope="module")
@@ -225,6 +228,9 @@ def random_args(op, seed):
                 d.out(batch, d.int(1, 50)) if swa else None,
                 d.vector(-3, 1000, d.pick((0, 1, 30)), strided=False) if swa else None, d.pick((False, True)),
                 d.pick((0, 0, 4, -3))]
+    if op == "pa_swa_table":
+        return [table, pool, lens, d.vector(-3, cols, rows + d.pick((0, 2)), strided=False), d.out(batch, d.int(1, 50)),
+                torch.zeros(batch + d.pick((0, 1)), dtype=torch.int32), d.pick((0, 7, 64))]
     if op == "ragged_page_table":
         swa, total = d.pick((False, True)), d.int(1, 900)
         return [d.vector(-5, 1 << 20, total, strided=False), d.vector(-5, total + 5, batch + 1),

@@ -1,9 +1,16 @@
-"""The Aiter backend's unified-attention block tables (``kernels.ops.attention.aiter_unified_page_table``) through
-``kvdispatch.compat.sglang`` against SGLang 0.5.23's own kernels (run in Triton's interpreter on CPU), on the
-patterns of ``srt/layers/attention/aiter_backend.py``: target-verify (``DRAFT_NUM`` draft tokens, a fresh zeroed
-table or a graph's persistent buffer with more rows than the batch), extend (``DRAFT_NUM=0``, rows sized to the
-batch's longest request) and the ragged CSR of a speculative step; each with and without the SWA twin (an int64
-``full_to_swa_index_mapping``). Every element of every buffer must be equal, the untouched ones included.
+"""The Aiter backend's unified-attention block tables (``kernels.ops.attention.aiter_unified_page_table``) and the
+FlashAttention backend's prefill-aware SWA table (``kernels.ops.attention.pa_page_table``) through
+``kvdispatch.compat.sglang`` against SGLang 0.5.23's own code (its kernels run in Triton's interpreter on CPU):
+
+* on the patterns of ``srt/layers/attention/aiter_backend.py``: target-verify (``DRAFT_NUM`` draft tokens, a fresh
+  zeroed table or a graph's persistent buffer with more rows than the batch), extend (``DRAFT_NUM=0``, rows sized
+  to the batch's longest request) and the ragged CSR of a speculative step; each with and without the SWA twin
+  (an int64 ``full_to_swa_index_mapping``);
+* on those of ``srt/layers/attention/flashattention_backend.py``: eager decode (fresh tables sized
+  ``min(max prefill + window, max seq len)``) and graph replay (the captured page table and cache lengths, wider
+  and longer than the batch, rebuilt in place), ``prefill_lens`` a pool-sized int32 buffer.
+
+Every element of every buffer must be equal, the untouched ones included.
 """
 
 from __future__ import annotations
@@ -29,6 +36,8 @@ def aiter(compat, monkeypatch, backend):
     name = backend
     monkeypatch.setattr(_common, "_build_ragged_page_table",
                         lambda *a, backend=None, **k: through(name, "create_ragged_page_table", *a, **k))
+    monkeypatch.setattr(_common, "_build_pa_swa_table",
+                        lambda *a, backend=None, **k: through(name, "create_prefill_aware_swa_table", *a, **k))
     return compat
 
 
@@ -138,3 +147,42 @@ def test_scatter_req_to_token_argument_errors():
     with pytest.raises(TypeError, match="HAS_SWA"):
         kernel[(2, 1)](*arguments, DRAFT_NUM=0, PAGE_SIZE=1, BLOCK_SIZE=8, HAS_SWA=1)
     assert int(out.abs().sum()) == 0
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("pattern", ("eager", "graph", "empty"))
+@pytest.mark.parametrize("window", (0, 8, 40))
+def test_build_pa_page_table(backend, pattern, window, release, aiter):
+    module = release("kernels.ops.attention.pa_page_table")
+    g = _generator()
+    pool_size, max_context_len, bs = 7, 120, 5
+    table, pool = _pool(pool_size + 1, max_context_len, bs, g)
+    prefill_lens = torch.zeros(pool_size + 1, dtype=torch.int32)
+    prefill_lens[pool.cpu()] = torch.randint(0, 50, (bs,), generator=g).to(torch.int32)
+    prefill_lens = prefill_lens.to(DEVICE)
+    seq_lens = torch.randint(1, max_context_len + 1, (bs,), generator=g)
+    seq_lens[0] = int(prefill_lens[pool[0]]) // 2  # shorter than its prefill
+    seq_lens = seq_lens.to(DEVICE)
+    max_prefill = int(prefill_lens.max())
+    pa_max_len = 0 if pattern == "empty" else min(max_prefill + window, int(seq_lens.max()))
+    if pattern == "graph":
+        max_bs = bs + 3
+        buffers = (torch.full((max_bs, max_context_len), POISON, dtype=torch.int32, device=DEVICE),
+                   torch.full((max_bs,), POISON, dtype=torch.int32, device=DEVICE))
+        theirs, ours = _twins(*buffers)
+        rows = torch.cat([pool, pool[:3]]), torch.cat([seq_lens, seq_lens[:3]])
+        for function, (page_table, kv_lens) in ((module._build_pa_page_table, theirs),
+                                                (aiter._build_pa_page_table, ours)):
+            result = function(table, rows[0][:bs], rows[1][:bs], prefill_lens, window, bs, pa_max_len, DEVICE,
+                              dst_page_table=page_table, dst_kv_lens=kv_lens)
+            assert result[0] is page_table and result[1] is kv_lens
+        _same(ours, theirs, "page table and lengths")
+        return
+    theirs = module._build_pa_page_table(table, pool, seq_lens, prefill_lens, window, bs, pa_max_len, DEVICE)
+    ours = aiter._build_pa_page_table(table, pool, seq_lens, prefill_lens, window, bs, pa_max_len, DEVICE)
+    for a, b in zip(ours, theirs):
+        assert (a.shape, a.dtype, a.device) == (b.shape, b.dtype, b.device)
+    if pattern == "eager":
+        _same(ours, theirs, "page table and lengths")
+    else:  # nothing built: the zeroed table, lengths uninitialised in both
+        _same(ours[:1], theirs[:1], "page table")

@@ -80,6 +80,9 @@ SGLANG_FUNCTIONS.update({
         "page_table_stride", "sw_page_table_ptr", "swa_slot_mapping_ptr", "DRAFT_NUM", "PAGE_SIZE", "BLOCK_SIZE",
         "HAS_SWA")],
 })
+SGLANG_FUNCTIONS["_build_pa_page_table"] = [(name, REQUIRED) for name in (
+    "req_to_token", "req_pool_indices", "seq_lens", "prefill_lens", "window_size", "bs", "pa_max_len", "device")] + [
+    ("dst_page_table", None), ("dst_kv_lens", None)]
 SGLANG_CONSTANTS = {"SPEC_KV_INDEX_BLOCKS_MIN_CONTEXT": 32768}
 # Functions whose parameters are all keyword-only in SGLang.
 KEYWORD_ONLY = {"build_kv_read_table"}

@@ -84,6 +84,10 @@ RELEASE["kernels.ops.attention.aiter_unified_page_table"] = {
                                                  "sw_page_table_ptr, swa_slot_mapping_ptr, DRAFT_NUM, PAGE_SIZE, "
                                                  "BLOCK_SIZE, HAS_SWA)",
 }
+RELEASE["kernels.ops.attention.pa_page_table"] = {
+    "_build_pa_page_table": "(req_to_token, req_pool_indices, seq_lens, prefill_lens, window_size, bs, pa_max_len, "
+                            "device, dst_page_table=None, dst_kv_lens=None)",
+}
 # Names of earlier, unreleased SGLang branches: no release has them.
 UNRELEASED = ("update_trtllm_mla_graph_metadata", "build_kernel_page_table", "kv_indices_token_blocks_for_copy",
               "KV_INDICES_TOKEN_BLOCKS_MIN_WIDTH")

@@ -323,3 +323,33 @@ def ragged_grid_2d(kv_indices, kv_indptr, page_table, page_size, swa_page_table=
                                  full_to_swa if swa else kv_indices, page_table.stride(0), PAGE=page_size, STEP=step,
                                  HAS_SWA=swa)
     return grid
+
+
+# ``pa_loop``: the prefill-aware sliding-window token table after SGLang's design.
+PA_BLOCK = 256  # SGLang's BLOCK_SIZE
+
+
+@triton.jit
+def _pa_loop_kernel(table, pool_idx, lengths, prefill_lens, out, kv_lens, window, table_stride, out_stride,
+                    BLOCK: tl.constexpr):
+    b = tl.program_id(0)
+    row = tl.load(pool_idx + b).to(tl.int64)
+    length = tl.load(lengths + b).to(tl.int32)
+    prefill = tl.load(prefill_lens + row).to(tl.int32)
+    gap = tl.maximum(length - window - prefill, 0)
+    kept = length - gap
+    tl.store(kv_lens + b, kept)
+    for start in tl.range(0, kept, BLOCK):
+        j = start + tl.arange(0, BLOCK)
+        position = tl.where(j < prefill, j, j + gap)
+        tl.store(out + b.to(tl.int64) * out_stride + j, tl.load(table + row * table_stride + position,
+                                                                mask=j < kept), mask=j < kept)
+
+
+def pa_loop(req_to_token, req_pool_indices, seq_lens, prefill_lens, out, kv_lens, window_size):
+    """The prefill-aware sliding-window token table after SGLang's design: one program per request, looping over
+    its ``min(seq_len, prefill + window)`` tokens ``PA_BLOCK`` at a time."""
+    grid = (req_pool_indices.shape[0],)
+    _pa_loop_kernel[grid](req_to_token, req_pool_indices, seq_lens, prefill_lens, out, kv_lens, window_size,
+                          req_to_token.stride(0), out.stride(0), BLOCK=PA_BLOCK)
+    return grid

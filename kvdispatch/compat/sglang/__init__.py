@@ -79,3 +79,8 @@ from .kernels.ops.attention.aiter_unified_page_table import (  # noqa: E402
     scatter_ragged_to_page_table_kernel, scatter_req_to_token_to_page_table_kernel)
 
 __all__ += ["scatter_ragged_to_page_table_kernel", "scatter_req_to_token_to_page_table_kernel"]
+
+# kernels.ops.attention.pa_page_table: the FlashAttention backend's prefill-aware sliding-window token table.
+from .kernels.ops.attention.pa_page_table import _build_pa_page_table  # noqa: E402
+
+__all__ += ["_build_pa_page_table"]

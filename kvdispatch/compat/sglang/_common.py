@@ -162,3 +162,8 @@ def _leading(name, t, rows):
 from ...ops.ragged_page_table import create_ragged_page_table as _build_ragged_page_table  # noqa: E402
 
 __all__ += ["_build_ragged_page_table"]
+
+# The prefill-aware sliding-window token table (pa_page_table).
+from ...ops.pa_swa_table import create_prefill_aware_swa_table as _build_pa_swa_table  # noqa: E402
+
+__all__ += ["_build_pa_swa_table"]
