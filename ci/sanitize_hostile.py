@@ -557,11 +557,12 @@ def main(argv=None) -> int:
     return 1 if mismatches or not cases else 0
 
 
-# -- the ragged CSR's block table and the MHA table's seqlen_offset ------------------------------------------
+# -- the ragged CSR's block table, the MHA table's seqlen_offset, the prefill-aware table ---------------------
 # create_ragged_page_table: kv_indptr rows starting past kv_indices, at its last entry, negative, at the int32 and
 # int64 extremes, decreasing (negative lengths), ending past the end; kv_indices entries negative and at the
 # extremes; the lookups of hostile_mappings; page sizes 1, 64, 7. create_trtllm_mha_page_table with seqlen_offset
-# at the int32 extremes on the spoilt lengths.
+# at the int32 extremes on the spoilt lengths. create_prefill_aware_swa_table on the spoilt requests, with
+# prefill lengths at the extremes or a prefill_lens shorter than the pool, windows of 0, 5 and 2**31 - 1.
 
 def ragged_bounds(total, wide):
     """(name, kv_indptr values [BATCH + 1]) per case: consecutive valid rows, one spoilt bound among them."""
@@ -587,7 +588,8 @@ _run_before_ragged = run
 
 
 def run(device, backends, verbose, shard=(0, 1)):
-    """``run``'s cases, then the ragged page table's and the MHA table's seqlen_offset ones (the same shards)."""
+    """``run``'s cases, then the ragged page table's, the MHA table's seqlen_offset and the prefill-aware
+    table's ones (the same shards)."""
     cases, mismatches = _run_before_ragged(device, backends, verbose, shard)
     g = torch.Generator().manual_seed(1)
     ordinal = 0
@@ -647,6 +649,30 @@ def run(device, backends, verbose, shard=(0, 1)):
                              seqlen_offset=offset, round_toward_zero=True, backend=backend),
                          lambda expected: ops.mha_page_table.reference(  # noqa: B023
                              cpu["table"], cpu["pool"], cpu["lens"], expected[0], page_size, None, None, True, offset),
+                         outs)
+        for dtype in (torch.int32, torch.int64):
+            for spoil in hostile_requests(BATCH + 3, 5 * 16 + 7, dtype == torch.int64):
+                if spoil[3] is not None:
+                    continue  # no start positions
+                data, rows, cols = make(16, dtype, device, g, spoil)
+                cpu = {k: v.cpu() for k, v in data.items()}
+                extremes = [I32_MAX, I32_MIN, -1, cols + 5] + ([I64_MAX, I64_MIN] if dtype == torch.int64 else [])
+                for prefill_kind, window in itertools.product(("valid", "extreme", "short"), (0, 5, I32_MAX)):
+                    prefill = torch.randint(0, cols, (rows,), generator=g)
+                    if prefill_kind == "extreme":
+                        prefill[cpu["pool"].clamp(0, rows - 1)[:2]] = torch.tensor(extremes[:2])
+                        prefill[::3] = torch.tensor(extremes)[torch.arange(0, rows, 3) % len(extremes)]
+                    elif prefill_kind == "short":
+                        prefill = prefill[: rows // 2]  # pool indices past it read a prefill of 0
+                    prefill = prefill.to(dtype).to(device)
+                    outs = [torch.full((BATCH, 9), POISON, dtype=torch.int32, device=device),
+                            torch.full((BATCH,), POISON, dtype=torch.int32, device=device)]
+                    case(f"{backend} pa_swa_table {str(dtype)[6:]} {spoil[0]} prefill={prefill_kind} window={window}",
+                         lambda: kvdispatch.create_prefill_aware_swa_table(  # noqa: B023
+                             data["table"], data["pool"], data["lens"], prefill, outs[0], outs[1], window_size=window,
+                             backend=backend),
+                         lambda expected: ops.pa_swa_table.reference(  # noqa: B023
+                             cpu["table"], cpu["pool"], cpu["lens"], prefill.cpu(), expected[0], expected[1], window),
                          outs)
         if device.type == "cuda":
             torch.cuda.synchronize(device)

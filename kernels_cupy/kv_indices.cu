@@ -779,7 +779,7 @@ extern "C" __global__ void kv_pa_swa_table(
         ? kv_min(kv_max(kv_load_index(prefill_lens, pool, KV_HAS(KV_WIDE_PREFILL)), -bound), bound) : 0;
     const kv_i64 kept = kv_min(length, prefill + window);
     if (program == 0 && threadIdx.x == 0) kv_lens[b * kv_lens_stride] = (int)(kv_u64)kept;
-    const kv_i64 gap = kv_max(length - window - prefill, 0);
+    const kv_i64 gap = kv_max(length - window - kv_max(prefill, -bound / 2), 0);  // below -2**61: no token
     const kv_i64 limit = pool >= 0 && pool < rows ? kv_min(kept, width) : 0;
     const int* row = table + (limit > 0 ? pool * table_stride : 0);
     const kv_i64 step = kv_row_programs(KV_HAS(KV_FOLDED_GRID)) * items;

@@ -47,7 +47,7 @@ def _pa_swa_table_kernel(
     kept = tl.minimum(length, prefill + window_size)
     if program == 0:
         tl.store(kv_lens_ptr + row * kv_lens_stride, kept.to(tl.int32))
-    gap = tl.maximum(length - window_size - prefill, 0)
+    gap = tl.maximum(length - window_size - tl.maximum(prefill, -(2**61)), 0)  # below -2**61: no token
     readable = (pool >= 0) & (pool < table_rows)
     limit = tl.where(readable, tl.minimum(kept, width), 0)
     row_ptr = table_ptr + tl.where(readable, pool, 0) * table_row_stride

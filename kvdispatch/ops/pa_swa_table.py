@@ -84,7 +84,8 @@ def reference(req_to_token, req_pool_indices, seq_lens, prefill_lens, out, kv_le
     """The prefill-aware sliding-window token table; semantics of ``kvdispatch.create_prefill_aware_swa_table``.
 
     Request ``b`` has ``s = seq_lens[b]``, ``f = prefill_lens[pool_b]`` (0 for a pool index outside
-    ``prefill_lens``), ``n = min(s, f + window_size)`` and ``gap = max(s - window_size - f, 0)``: its row holds the
+    ``prefill_lens``; both clamped into ``[-2**62, 2**62]``, which no table comes near), ``n = min(s, f +
+    window_size)`` and ``gap = max(s - window_size - f, 0)``: its row holds the
     tokens at positions ``q_j = j`` for ``j < f`` and ``j + gap`` after (``[0, f)`` then the window ``[s -
     window_size, s)``), ``out[b, j] = req_to_token[pool_b, q_j]`` for ``j < min(n, W)`` while ``q_j < C`` (none
     for a pool index outside ``[0, R)``), and ``kv_lens_out[b]`` the low 32 bits of ``n``. Untouched: rows ``>= B``,
@@ -107,7 +108,8 @@ def reference(req_to_token, req_pool_indices, seq_lens, prefill_lens, out, kv_le
     if rows == 0 or width == 0:
         return out
     clamped, outside = _clamped_pool(req_to_token, req_pool_indices)
-    gap = (lengths - window_size - prefill).clamp(min=0)
+    # A prefill below -2**61 leaves no token (n < 0): bounding it keeps the difference inside int64.
+    gap = (lengths - window_size - prefill.clamp(min=-(2**61))).clamp(min=0)
     j = torch.arange(width, device=device)[None, :]
     positions = torch.where(j < prefill[:, None], j, j + gap[:, None])
     live = ~outside[:, None] & (j < kept[:, None]) & (positions < cols)
@@ -130,14 +132,14 @@ def create_prefill_aware_swa_table(req_to_token: Tensor, req_pool_indices: Tenso
         out[b, j] = req_to_token[req_pool_indices[b], j if j < f else j + gap]   # j < min(kv_lens_out[b], W)
 
     so a row is the positions ``[0, f)`` then ``[max(f, s - window_size), s)``. ``kv_lens_out`` takes the low 32
-    bits of the exact minimum.
+    bits of the minimum, ``s`` and ``f`` clamped into ``[-2**62, 2**62]`` first (no table comes near).
 
     Args:
         req_to_token, req_pool_indices, seq_lens: as for ``create_flashmla_kv_indices`` (int32 ``[R, C]``,
             int32/int64 ``[B]``, int32/int64 ``[B]``).
         prefill_lens: int32/int64 ``[P]``, contiguous, indexed by pool index (each request row's prefill length).
         out: int32 ``[>= B, W]``, last dim contiguous, any row stride. Written in place.
-        kv_lens_out: int32 ``[>= B]``, any stride. Its first ``B`` entries are written.
+        kv_lens_out: int32 ``[>= B]``, contiguous. Its first ``B`` entries are written.
         window_size: int in ``[0, 2**31)``, the sliding window's tokens.
         backend: ``"triton"``, ``"cupy"``, ``"torch"``, ``"auto"`` or None (auto, or ``KVDISPATCH_BACKEND``).
         enable_pdl: programmatic dependent launch, as for ``create_flashmla_kv_indices``.
