@@ -32,6 +32,8 @@ RAGGED_PAGE_TABLE_KERNEL = "kv_ragged_page_table"
 KERNELS += (RAGGED_PAGE_TABLE_KERNEL,)
 PA_SWA_TABLE_KERNEL = "kv_pa_swa_table"
 KERNELS += (PA_SWA_TABLE_KERNEL,)
+MERGED_TOKEN_CSR_KERNEL = "kv_merged_token_csr"
+KERNELS += (MERGED_TOKEN_CSR_KERNEL,)
 STD_FLAG = "-std=c++14"
 # Architectures the offline HIP check tries; those the installed hipcc does not know are reported.
 HIP_ARCHS = ("gfx90a", "gfx940", "gfx942", "gfx950")

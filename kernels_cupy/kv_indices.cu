@@ -792,3 +792,73 @@ extern "C" __global__ void kv_pa_swa_table(
     }
     KV_GRID_RELEASE();
 }
+
+// ---- Two token CSRs merged row by row (semantics: kvdispatch/ops/merged_token_csr.py,
+// build_merged_kv_indices) ----
+//
+// On the token CSR's grid: row b's entries in blocks of `items`, program k handling blocks k, k + T, ...
+// Request i's prefix part: p_i = min(max(prefix_indptr[i + 1], -1), prefix_count) - s_i from s_i =
+// prefix_indptr[i] (0 when s_i lies outside [0, prefix_count)), its extend part e_i = min(max(lens[i], -1),
+// extend_count - t_i) from t_i = start[i] (0 when t_i lies outside [0, extend_count)), both at least 0, so every
+// sum below is exact. Each thread sums the earlier rows' lengths itself (the row's first entry: no
+// synchronisation between threads); program (b, 0) writes indptr_out[b + 1] (and (0, 0) indptr_out[0] = 0).
+// Flags: KV_WIDE_INDPTR (prefix_indptr), KV_WIDE_START (start), KV_WIDE_LENS (lens), KV_WIDE_TOKENS (prefix),
+// KV_WIDE_EXTEND (extend), KV_WIDE_OUT (out), KV_WIDE_MAPPING (indptr_out), KV_FOLDED_GRID.
+#define KV_WIDE_EXTEND KV_WIDE_POSITIONS  // extend is int64 (this kernel reads no positions)
+struct kv_merged_parts {
+    kv_i64 start, prefix, first, extend;
+};
+
+__device__ inline kv_merged_parts kv_merged_parts_of(const void* prefix_indptr, kv_i64 prefix_indptr_stride,
+                                                     const void* start, kv_i64 start_stride, const void* lens,
+                                                     kv_i64 lens_stride, kv_i64 i, kv_i64 prefix_count,
+                                                     kv_i64 extend_count, kv_i64 flags) {
+    kv_merged_parts r;
+    r.start = kv_load_index(prefix_indptr, i * prefix_indptr_stride, KV_HAS(KV_WIDE_INDPTR));
+    const kv_i64 end = kv_load_index(prefix_indptr, (i + 1) * prefix_indptr_stride, KV_HAS(KV_WIDE_INDPTR));
+    r.prefix = r.start >= 0 && r.start < prefix_count ? kv_max(kv_min(kv_max(end, -1), prefix_count) - r.start, 0)
+                                                      : 0;
+    r.first = kv_load_index(start, i * start_stride, KV_HAS(KV_WIDE_START));
+    const kv_i64 count = kv_min(kv_max(kv_load_index(lens, i * lens_stride, KV_HAS(KV_WIDE_LENS)), -1), extend_count);
+    r.extend = r.first >= 0 && r.first < extend_count ? kv_max(kv_min(count, extend_count - r.first), 0) : 0;
+    return r;
+}
+
+extern "C" __global__ void kv_merged_token_csr(
+    const void* __restrict__ prefix_indptr, const void* __restrict__ prefix, const void* __restrict__ start,
+    const void* __restrict__ lens, const void* __restrict__ extend, void* __restrict__ indptr_out,
+    void* __restrict__ out, kv_i64 prefix_count, kv_i64 extend_count, kv_i64 total, kv_i64 prefix_indptr_stride,
+    kv_i64 start_stride, kv_i64 lens_stride, kv_i64 items, kv_i64 flags) {
+    KV_GRID_WAIT();
+    const kv_i64 b = blockIdx.x, program = kv_row_program(KV_HAS(KV_FOLDED_GRID));
+    kv_i64 begin = 0;
+    for (kv_i64 i = 0; i < b; ++i) {
+        const kv_merged_parts earlier = kv_merged_parts_of(prefix_indptr, prefix_indptr_stride, start, start_stride,
+                                                           lens, lens_stride, i, prefix_count, extend_count, flags);
+        begin += earlier.prefix + earlier.extend;
+    }
+    const kv_merged_parts r = kv_merged_parts_of(prefix_indptr, prefix_indptr_stride, start, start_stride, lens,
+                                                 lens_stride, b, prefix_count, extend_count, flags);
+    const kv_i64 length = r.prefix + r.extend;
+    const bool wide_indptr = KV_HAS(KV_WIDE_MAPPING), wide_out = KV_HAS(KV_WIDE_OUT);
+    if (program == 0 && threadIdx.x == 0) {
+        if (wide_indptr) ((kv_i64*)indptr_out)[b + 1] = begin + length;
+        else ((int*)indptr_out)[b + 1] = (int)(kv_u64)(begin + length);
+        if (b == 0) {
+            if (wide_indptr) ((kv_i64*)indptr_out)[0] = 0;
+            else ((int*)indptr_out)[0] = 0;
+        }
+    }
+    const kv_i64 limit = kv_min(length, kv_max(total - begin, 0));
+    const kv_i64 step = kv_row_programs(KV_HAS(KV_FOLDED_GRID)) * items;
+    for (kv_i64 first = program * items; first < limit; first += step) {
+        const kv_i64 last = kv_min(first + items, limit);
+        for (kv_i64 j = first + threadIdx.x; j < last; j += blockDim.x) {
+            const kv_i64 value = j < r.prefix ? kv_load_index(prefix, r.start + j, KV_HAS(KV_WIDE_TOKENS))
+                                              : kv_load_index(extend, r.first + j - r.prefix, KV_HAS(KV_WIDE_EXTEND));
+            if (wide_out) ((kv_i64*)out)[begin + j] = value;
+            else ((int*)out)[begin + j] = (int)(kv_u64)value;
+        }
+    }
+    KV_GRID_RELEASE();
+}

@@ -415,3 +415,39 @@ def build_pa_swa_table(req_to_token, req_pool_indices, seq_lens, prefill_lens, o
     ``pdl`` as for ``build_page_table``. Returns ``out``."""
     return _launched(pa_swa_table_call(req_to_token, req_pool_indices, seq_lens, prefill_lens, out, kv_lens_out,
                                        window_size), req_to_token.device, out, pdl)
+
+
+# -- two token CSRs merged row by row (kvdispatch.create_merged_kv_indices) ------------------------------------
+
+from .build import MERGED_TOKEN_CSR_KERNEL  # noqa: E402
+
+WIDE_INDPTR_OUT = WIDE_MAPPING  # kv_indptr_out is int64 (the merged kernel reads no mapping)
+WIDE_EXTEND = WIDE_POSITIONS  # extend_kv_indices is int64 (nor positions)
+
+
+def merged_token_csr_call(prefix_kv_indptr, prefix_kv_indices, extend_start_loc, extend_seq_lens, extend_kv_indices,
+                          kv_indptr_out, out) -> KernelCall | None:
+    """The ``kv_merged_token_csr`` launch for ``kvdispatch.ops.merged_token_csr.reference``'s arguments, or None
+    when there is nothing to do (no request)."""
+    batch = extend_seq_lens.shape[0]
+    prefix_count, extend_count, total = prefix_kv_indices.shape[0], extend_kv_indices.shape[0], out.shape[0]
+    span = max(min(prefix_count + extend_count, total), 1)
+    launch = _token_csr_launch(batch, span, span, budget=_budget(out))
+    if launch.grid[0] == 0:
+        return None
+    flags = (_wide(prefix_kv_indptr, WIDE_INDPTR) | _wide(extend_start_loc, WIDE_START)
+             | _wide(extend_seq_lens, WIDE_LENS) | _wide(prefix_kv_indices, WIDE_TOKENS)
+             | _wide(extend_kv_indices, WIDE_EXTEND) | _wide(out, WIDE_OUT) | _wide(kv_indptr_out, WIDE_INDPTR_OUT)
+             | _folded(launch))
+    args = (prefix_kv_indptr, prefix_kv_indices, extend_start_loc, extend_seq_lens, extend_kv_indices, kv_indptr_out,
+            out, prefix_count, extend_count, total, prefix_kv_indptr.stride(0), extend_start_loc.stride(0),
+            extend_seq_lens.stride(0), launch.items_per_program, flags)
+    return _kernel_call(MERGED_TOKEN_CSR_KERNEL, (("KV_FLAGS", flags),), launch, args)
+
+
+def build_merged_kv_indices(prefix_kv_indptr, prefix_kv_indices, extend_start_loc, extend_seq_lens, extend_kv_indices,
+                            kv_indptr_out, out, pdl=False):
+    """Two token CSRs merged row by row; semantics of ``kvdispatch.create_merged_kv_indices``; ``pdl`` as for
+    ``build_page_table``. Returns ``out``."""
+    return _launched(merged_token_csr_call(prefix_kv_indptr, prefix_kv_indices, extend_start_loc, extend_seq_lens,
+                                           extend_kv_indices, kv_indptr_out, out), out.device, out, pdl)

@@ -28,6 +28,7 @@ KERNELS = {
     "dcp_page_table": ("dcp", "build_dcp_page_table"),
     "ragged_page_table": ("ragged_page_table", "build_ragged_page_table"),
     "pa_swa_table": ("pa_swa_table", "build_pa_swa_table"),
+    "merged_token_csr": ("merged_token_csr", "build_merged_kv_indices"),
 }
 # Public name -> the submodule defining it.
 _OWNERS = {name: module for module, name in KERNELS.values()} | {

@@ -238,3 +238,25 @@ def create_prefill_aware_swa_table(req_to_token, req_pool_indices, seq_lens, pre
                                      window_size)
     return build_pa_swa_table(req_to_token, req_pool_indices, seq_lens, prefill_lens, out, kv_lens_out, window_size,
                               specialised)
+
+
+# -- two token CSRs merged row by row ------------------------------------------------------------------------
+
+def build_merged_kv_indices(prefix_kv_indptr, prefix_kv_indices, extend_start_loc, extend_seq_lens, extend_kv_indices,
+                            kv_indptr_out, out, specialised=False):
+    """The CuPy backend's ``build_merged_kv_indices`` through the host build (as ``build_page_table``)."""
+    from kernels_cupy.launch import merged_token_csr_call  # noqa: PLC0415
+
+    _require_cpu(out)
+    run(merged_token_csr_call(prefix_kv_indptr, prefix_kv_indices, extend_start_loc, extend_seq_lens,
+                              extend_kv_indices, kv_indptr_out, out), specialised)
+    return out
+
+
+def create_merged_kv_indices(prefix_kv_indptr, prefix_kv_indices, extend_start_loc, extend_seq_lens,
+                             extend_kv_indices, kv_indptr_out, out, *, specialised=False):
+    """``kvdispatch.create_merged_kv_indices`` on CPU tensors, through the host build of the kernel."""
+    ops.merged_token_csr.check_arguments(prefix_kv_indptr, prefix_kv_indices, extend_start_loc, extend_seq_lens,
+                                         extend_kv_indices, kv_indptr_out, out)
+    return build_merged_kv_indices(prefix_kv_indptr, prefix_kv_indices, extend_start_loc, extend_seq_lens,
+                                   extend_kv_indices, kv_indptr_out, out, specialised)

@@ -383,6 +383,25 @@ def _pa_swa_table(d: _Draw, k: Knobs):
 BUILDERS["pa_swa_table"] = _pa_swa_table
 
 
+def _merged_token_csr(d: _Draw, k: Knobs):
+    prefix_lens = d.values(-2, k.pages * 8, k.batch)  # some negative: bounds going back
+    bounds = torch.cat([torch.zeros(1, dtype=torch.int64), torch.cumsum(prefix_lens, 0)]) + d.integer(-1, 3)
+    prefix_count = max(0, int(bounds.max()) - d.integer(0, 5))  # the last rows may run past the end
+    extend_lens = d.values(-2, 12, k.batch)
+    extend_count = int(extend_lens.clamp(min=0).sum()) + d.integer(-3, 4)
+    starts = d.values(-1, max(extend_count, 1) + 2, k.batch)
+    room = int(prefix_lens.clamp(min=0).sum() + extend_lens.clamp(min=0).sum())
+    return dict(prefix_kv_indptr=d.vector(bounds), prefix_kv_indices=d.vector(d.values(-5, 1 << 20, prefix_count),
+                                                                              contiguous=True),
+                extend_start_loc=d.vector(starts), extend_seq_lens=d.vector(extend_lens),
+                extend_kv_indices=d.vector(d.values(-5, 1 << 20, max(extend_count, 0)), contiguous=True),
+                kv_indptr_out=d.output("kv_indptr_out", (k.batch + 1 + d.integer(0, 3),), d.dtype()),
+                out=d.output("out", (max(room + d.integer(-6, 6), 0),), d.dtype()))
+
+
+BUILDERS["merged_token_csr"] = _merged_token_csr
+
+
 def build(key: str, seed: int, knobs: Knobs = Knobs(), *, device="cpu", hostile=False, data_seed=None) -> OpCase:
     """A fresh case of op ``key`` (the module docstring); KeyError for an op without a builder."""
     d = _Draw(seed, data_seed, torch.device(device), hostile)
