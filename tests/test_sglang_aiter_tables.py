@@ -38,6 +38,8 @@ def aiter(compat, monkeypatch, backend):
                         lambda *a, backend=None, **k: through(name, "create_ragged_page_table", *a, **k))
     monkeypatch.setattr(_common, "_build_pa_swa_table",
                         lambda *a, backend=None, **k: through(name, "create_prefill_aware_swa_table", *a, **k))
+    monkeypatch.setattr(_common, "_build_merged_token_csr",
+                        lambda *a, backend=None, **k: through(name, "create_merged_kv_indices", *a, **k))
     return compat
 
 
@@ -186,3 +188,37 @@ def test_build_pa_page_table(backend, pattern, window, release, aiter):
         _same(ours, theirs, "page table and lengths")
     else:  # nothing built: the zeroed table, lengths uninitialised in both
         _same(ours[:1], theirs[:1], "page table")
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("pattern", ("extend", "verify", "window"))
+def test_build_unified_kv_indices(backend, pattern, release, aiter):
+    """``srt/layers/attention/triton_backend.py``'s unified extend: the prefix CSR (``kv_indptr``/``kv_indices``,
+    int32 indptr and int64 entries, or the sliding window's), ``out_cache_loc`` (int64) as the extend CSR from
+    ``extend_start_loc`` (a cumsum from 0; target-verify: uniform ``extend_seq_lens``), its indptr buffer sized for
+    more requests than the batch."""
+    module = release("kernels.ops.attention.extend_attention",
+                     extract=("_copy_unified_indices_kernel", "build_unified_kv_indices"),
+                     header="import torch\nimport triton\nimport triton.language as tl\n")
+    g = _generator()
+    bs = 5
+    prefix_lens = torch.randint(0, 40, (bs,), generator=g)
+    prefix_lens[2] = 0
+    prefix_kv_indptr = torch.cat([_cumsum(prefix_lens.to(DEVICE)), torch.zeros(3, dtype=torch.int32,
+                                                                                     device=DEVICE)])
+    entry_dtype = torch.int32 if pattern == "window" else torch.int64
+    prefix_kv_indices = torch.randperm(1000, generator=g)[: int(prefix_lens.sum()) + 9].to(entry_dtype).to(DEVICE)
+    if pattern == "verify":
+        extend_seq_lens = torch.full((bs,), 4, dtype=torch.int32)
+    else:
+        extend_seq_lens = torch.randint(1, 20, (bs,), generator=g).to(torch.int32)
+    extend_start_loc = _cumsum(extend_seq_lens.to(DEVICE), leading_zero=False)
+    extend_kv_indices = torch.randperm(1000, generator=g)[: int(extend_seq_lens.sum())].to(DEVICE)
+    arguments = (prefix_kv_indptr, prefix_kv_indices, extend_start_loc, extend_seq_lens.to(DEVICE), extend_kv_indices,
+                 bs)
+    theirs = module.build_unified_kv_indices(*arguments)
+    ours = aiter.build_unified_kv_indices(*arguments)
+    for a, b in zip(ours, theirs):
+        assert (a.shape, a.dtype, a.device) == (b.shape, b.dtype, b.device)
+    total = int(theirs[0][-1])
+    _same((ours[0], ours[1][:total], ours[2]), (theirs[0], theirs[1][:total], theirs[2]), "unified CSR")

@@ -83,6 +83,8 @@ SGLANG_FUNCTIONS.update({
 SGLANG_FUNCTIONS["_build_pa_page_table"] = [(name, REQUIRED) for name in (
     "req_to_token", "req_pool_indices", "seq_lens", "prefill_lens", "window_size", "bs", "pa_max_len", "device")] + [
     ("dst_page_table", None), ("dst_kv_lens", None)]
+SGLANG_FUNCTIONS["build_unified_kv_indices"] = [(name, REQUIRED) for name in (
+    "prefix_kv_indptr", "prefix_kv_indices", "extend_start_loc", "extend_seq_lens", "extend_kv_indices", "bs")]
 SGLANG_CONSTANTS = {"SPEC_KV_INDEX_BLOCKS_MIN_CONTEXT": 32768}
 # Functions whose parameters are all keyword-only in SGLang.
 KEYWORD_ONLY = {"build_kv_read_table"}

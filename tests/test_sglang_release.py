@@ -88,6 +88,10 @@ RELEASE["kernels.ops.attention.pa_page_table"] = {
     "_build_pa_page_table": "(req_to_token, req_pool_indices, seq_lens, prefill_lens, window_size, bs, pa_max_len, "
                             "device, dst_page_table=None, dst_kv_lens=None)",
 }
+RELEASE["kernels.ops.attention.extend_attention"] = {
+    "build_unified_kv_indices": "(prefix_kv_indptr, prefix_kv_indices, extend_start_loc, extend_seq_lens, "
+                                "extend_kv_indices, bs)",
+}
 # Names of earlier, unreleased SGLang branches: no release has them.
 UNRELEASED = ("update_trtllm_mla_graph_metadata", "build_kernel_page_table", "kv_indices_token_blocks_for_copy",
               "KV_INDICES_TOKEN_BLOCKS_MIN_WIDTH")

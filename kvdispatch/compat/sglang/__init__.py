@@ -84,3 +84,8 @@ __all__ += ["scatter_ragged_to_page_table_kernel", "scatter_req_to_token_to_page
 from .kernels.ops.attention.pa_page_table import _build_pa_page_table  # noqa: E402
 
 __all__ += ["_build_pa_page_table"]
+
+# kernels.ops.attention.extend_attention: the Triton backend's unified extend CSR.
+from .kernels.ops.attention.extend_attention import build_unified_kv_indices  # noqa: E402
+
+__all__ += ["build_unified_kv_indices"]

@@ -167,3 +167,8 @@ __all__ += ["_build_ragged_page_table"]
 from ...ops.pa_swa_table import create_prefill_aware_swa_table as _build_pa_swa_table  # noqa: E402
 
 __all__ += ["_build_pa_swa_table"]
+
+# Two token CSRs merged row by row (extend_attention.build_unified_kv_indices).
+from ...ops.merged_token_csr import create_merged_kv_indices as _build_merged_token_csr  # noqa: E402
+
+__all__ += ["_build_merged_token_csr"]
