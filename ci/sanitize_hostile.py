@@ -557,12 +557,14 @@ def main(argv=None) -> int:
     return 1 if mismatches or not cases else 0
 
 
-# -- the ragged CSR's block table, the MHA table's seqlen_offset, the prefill-aware table ---------------------
+# -- the ragged CSR's block table, the MHA table's seqlen_offset, the prefill-aware table, the merged CSR ------
 # create_ragged_page_table: kv_indptr rows starting past kv_indices, at its last entry, negative, at the int32 and
 # int64 extremes, decreasing (negative lengths), ending past the end; kv_indices entries negative and at the
 # extremes; the lookups of hostile_mappings; page sizes 1, 64, 7. create_trtllm_mha_page_table with seqlen_offset
 # at the int32 extremes on the spoilt lengths. create_prefill_aware_swa_table on the spoilt requests, with
 # prefill lengths at the extremes or a prefill_lens shorter than the pool, windows of 0, 5 and 2**31 - 1.
+# create_merged_kv_indices: the spoilt kv_indptr rows above as the prefix CSR, extend starts past the array,
+# negative and at the extremes, lengths at int32's end, outs of 0, 40 and 200 entries, int32 and int64 outputs.
 
 def ragged_bounds(total, wide):
     """(name, kv_indptr values [BATCH + 1]) per case: consecutive valid rows, one spoilt bound among them."""
@@ -588,8 +590,8 @@ _run_before_ragged = run
 
 
 def run(device, backends, verbose, shard=(0, 1)):
-    """``run``'s cases, then the ragged page table's, the MHA table's seqlen_offset and the prefill-aware
-    table's ones (the same shards)."""
+    """``run``'s cases, then the ragged page table's, the MHA table's seqlen_offset, the prefill-aware table's
+    and the merged token CSR's ones (the same shards)."""
     cases, mismatches = _run_before_ragged(device, backends, verbose, shard)
     g = torch.Generator().manual_seed(1)
     ordinal = 0
@@ -674,6 +676,25 @@ def run(device, backends, verbose, shard=(0, 1)):
                          lambda expected: ops.pa_swa_table.reference(  # noqa: B023
                              cpu["table"], cpu["pool"], cpu["lens"], prefill.cpu(), expected[0], expected[1], window),
                          outs)
+        for dtype, out_dtype in itertools.product((torch.int32, torch.int64), (torch.int32, torch.int64)):
+            prefix = torch.randint(I32_MIN, I32_MAX, (60,), generator=g).to(dtype).to(device)
+            extend = torch.randint(I32_MIN, I32_MAX, (25,), generator=g).to(dtype).to(device)
+            for (name, bounds), (start_name, starts), total in itertools.product(
+                    ragged_bounds(60, dtype == torch.int64),
+                    (("valid", [0, 5, 5, 9, 12, 20]), ("past", [0, 25, 24, -1, 3, I32_MAX]),
+                     ("extreme", [I32_MIN, 2, 0, 20, 7, 1])), (0, 40, 200)):
+                lengths = torch.tensor([5, 0, 4, 3, 8, I32_MAX if start_name == "extreme" else 4], dtype=dtype)
+                args = (torch.tensor(bounds, dtype=dtype, device=device), prefix,
+                        torch.tensor(starts, dtype=dtype, device=device), lengths.to(device), extend)
+                outs = [torch.full((total,), POISON, dtype=out_dtype, device=device),
+                        torch.full((BATCH + 2,), POISON, dtype=out_dtype, device=device)]
+                case(f"{backend} merged_token_csr {str(dtype)[6:]} out={str(out_dtype)[6:]} {name} {start_name} "
+                     f"total={total}",
+                     lambda: kvdispatch.create_merged_kv_indices(*args, outs[1], outs[0],  # noqa: B023
+                                                                 backend=backend),
+                     lambda expected: ops.merged_token_csr.reference(  # noqa: B023
+                         *(a.cpu() for a in args), expected[1], expected[0]),
+                     outs)
         if device.type == "cuda":
             torch.cuda.synchronize(device)
     return cases, mismatches

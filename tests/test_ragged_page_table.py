@@ -183,9 +183,10 @@ rows = []
 for target in crosscompile.TARGETS:
     for spec in crosscompile.specializations(target[2], (16,), ("i32",)):
         c = spec.constexprs
-        if (spec.kernel.__name__ in ("_ragged_page_table_kernel", "_pa_swa_table_kernel")
-                or spec.kernel.__name__ == "_mha_page_table_kernel" and c["HAS_OFFSET"]) and c["UNIT_STRIDES"] \
-                and not c["FOLDED_GRID"]:
+        if (spec.kernel.__name__ in ("_ragged_page_table_kernel", "_pa_swa_table_kernel",
+                                     "_merged_token_csr_kernel")
+                or spec.kernel.__name__ == "_mha_page_table_kernel" and c["HAS_OFFSET"]) \
+                and c.get("UNIT_STRIDES", True) and not c["FOLDED_GRID"]:
             r = crosscompile.report(spec, target, crosscompile.compile_one(spec, target))
             rows.append([r.target, r.label, r.binary_bytes, r.runtime_args, r.native_parameters])
 print(json.dumps(rows))
@@ -194,9 +195,9 @@ print(json.dumps(rows))
 
 @pytest.mark.crosscompile
 def test_new_specialisations_compile_for_every_target(tmp_path):
-    """The ragged kernel's, the prefill-aware table's and the MHA kernel's offset specialisations (page size 16,
-    int32 vectors) compile for sm_90, sm_100, gfx942 and gfx950, taking their runtime arguments and Triton's two
-    scratch pointers."""
+    """The ragged kernel's, the prefill-aware table's, the merged CSR's and the MHA kernel's offset
+    specialisations (page size 16, int32 vectors, the usual grid) compile for sm_90, sm_100, gfx942 and gfx950,
+    taking their runtime arguments and Triton's two scratch pointers."""
     pytest.importorskip("triton")
     root = Path(__file__).resolve().parents[1]
     environment = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
@@ -205,6 +206,6 @@ def test_new_specialisations_compile_for_every_target(tmp_path):
                           cwd=root, timeout=1200)
     assert done.returncode == 0, done.stderr
     rows = json.loads(done.stdout)
-    assert len({(row[0], row[1].split("[")[0]) for row in rows}) == 12 and len(rows) == 4 * (6 + 3 + 2)
+    assert len({(row[0], row[1].split("[")[0]) for row in rows}) == 16 and len(rows) == 4 * (6 + 3 + 2 + 4)
     for target, label, binary, runtime_args, native in rows:
         assert binary > 0 and native == runtime_args + 2, (target, label)

@@ -353,3 +353,39 @@ def pa_loop(req_to_token, req_pool_indices, seq_lens, prefill_lens, out, kv_lens
     _pa_loop_kernel[grid](req_to_token, req_pool_indices, seq_lens, prefill_lens, out, kv_lens, window_size,
                           req_to_token.stride(0), out.stride(0), BLOCK=PA_BLOCK)
     return grid
+
+
+# ``unified_copy``: two token CSRs merged row by row after SGLang's design (the Triton backend's unified extend).
+UNIFIED_BLOCK = 128  # SGLang's BLOCK_SIZE
+
+
+@triton.jit
+def _unified_copy_kernel(prefix_indptr, prefix, start, lens, extend, indptr, out, BLOCK: tl.constexpr):
+    b = tl.program_id(0)
+    prefix_start = tl.load(prefix_indptr + b)
+    prefix_len = tl.load(prefix_indptr + b + 1) - prefix_start
+    extend_start = tl.load(start + b)
+    extend_len = tl.load(lens + b)
+    begin = tl.load(indptr + b)
+    for block in range(0, prefix_len, BLOCK):
+        j = block + tl.arange(0, BLOCK)
+        tl.store(out + begin + j, tl.load(prefix + prefix_start + j, mask=j < prefix_len), mask=j < prefix_len)
+    for block in range(0, extend_len, BLOCK):
+        j = block + tl.arange(0, BLOCK)
+        tl.store(out + begin + prefix_len + j, tl.load(extend + extend_start + j, mask=j < extend_len),
+                 mask=j < extend_len)
+
+
+def unified_copy(prefix_kv_indptr, prefix_kv_indices, extend_start_loc, extend_seq_lens, extend_kv_indices,
+                 kv_indptr_out, out):
+    """Two token CSRs merged row by row after SGLang's design: the prefix sums by ``torch.cumsum`` (a launch of
+    its own), then one program per request copying its prefix and extend entries ``UNIFIED_BLOCK`` at a time."""
+    import torch  # noqa: PLC0415  (the rest of this module needs none)
+
+    batch = extend_seq_lens.shape[0]
+    lengths = prefix_kv_indptr[1:] - prefix_kv_indptr[:-1] + extend_seq_lens
+    torch.cumsum(lengths, 0, out=kv_indptr_out[1:batch + 1])
+    kv_indptr_out[:1].zero_()
+    _unified_copy_kernel[(batch,)](prefix_kv_indptr, prefix_kv_indices, extend_start_loc, extend_seq_lens,
+                                   extend_kv_indices, kv_indptr_out, out, BLOCK=UNIFIED_BLOCK)
+    return (batch,)
