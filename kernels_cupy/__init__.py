@@ -27,6 +27,7 @@ KERNELS = {
     "ragged_page_table": ("launch", "build_ragged_page_table"),
     "pa_swa_table": ("launch", "build_pa_swa_table"),
     "merged_token_csr": ("launch", "build_merged_kv_indices"),
+    "spec_concat_page_table": ("launch", "build_spec_concat_page_table"),
 }
 # Public name -> the submodule defining it.
 _OWNERS = {name: module for module, name in KERNELS.values()} | {"on_deselected": "native", "on_selected": "native"}

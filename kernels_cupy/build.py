@@ -34,6 +34,8 @@ PA_SWA_TABLE_KERNEL = "kv_pa_swa_table"
 KERNELS += (PA_SWA_TABLE_KERNEL,)
 MERGED_TOKEN_CSR_KERNEL = "kv_merged_token_csr"
 KERNELS += (MERGED_TOKEN_CSR_KERNEL,)
+SPEC_CONCAT_PAGE_TABLE_KERNEL = "kv_spec_concat_page_table"
+KERNELS += (SPEC_CONCAT_PAGE_TABLE_KERNEL,)
 STD_FLAG = "-std=c++14"
 # Architectures the offline HIP check tries; those the installed hipcc does not know are reported.
 HIP_ARCHS = ("gfx90a", "gfx940", "gfx942", "gfx950")

@@ -862,3 +862,38 @@ extern "C" __global__ void kv_merged_token_csr(
     }
     KV_GRID_RELEASE();
 }
+
+// ---- Each draft token's row: its request's prefix row, then its expand row (semantics:
+// kvdispatch/ops/spec_concat_page_table.py, build_spec_concat_page_table) ----
+//
+// On the mapped tables' grid at page size 1: row m's columns in blocks of `items`, program k handling blocks
+// k, k + T, ... With la = lens_a[m / draft_tokens] and lb = lens_b[m] (clamped into [-2**62, 2**62]: the sum
+// is exact): out[m, n] for n < min(la + lb, width) is a[m / draft_tokens, n] for n < la (0 from width_a on),
+// then b[m, n - la] (0 from width_b on). Flags: KV_WIDE_POOL (lens_a), KV_WIDE_LENS (lens_b), KV_FOLDED_GRID.
+extern "C" __global__ void kv_spec_concat_page_table(
+    const int* __restrict__ a, const int* __restrict__ b, const void* __restrict__ lens_a,
+    const void* __restrict__ lens_b, int* __restrict__ out, kv_i64 draft_tokens, kv_i64 width_a, kv_i64 a_stride,
+    kv_i64 width_b, kv_i64 b_stride, kv_i64 width, kv_i64 out_stride, kv_i64 lens_a_stride, kv_i64 lens_b_stride,
+    kv_i64 items, kv_i64 flags) {
+    KV_GRID_WAIT();
+    const kv_i64 m = blockIdx.x, request = m / draft_tokens, bound = 0x4000000000000000LL;  // 2**62
+    const kv_i64 first = kv_min(kv_max(kv_load_index(lens_a, request * lens_a_stride, KV_HAS(KV_WIDE_POOL)), -bound),
+                                bound);
+    const kv_i64 second = kv_min(kv_max(kv_load_index(lens_b, m * lens_b_stride, KV_HAS(KV_WIDE_LENS)), -bound),
+                                 bound);
+    const kv_i64 limit = kv_min(first + second, width);
+    const kv_i64 step = kv_row_programs(KV_HAS(KV_FOLDED_GRID)) * items;
+    for (kv_i64 block = kv_row_program(KV_HAS(KV_FOLDED_GRID)) * items; block < limit; block += step) {
+        const kv_i64 last = kv_min(block + items, limit);
+        for (kv_i64 n = block + threadIdx.x; n < last; n += blockDim.x) {
+            int value = 0;
+            if (n < first) {
+                if (n < width_a) value = a[request * a_stride + n];
+            } else if (n - first < width_b) {
+                value = b[m * b_stride + (n - first)];
+            }
+            out[m * out_stride + n] = value;
+        }
+    }
+    KV_GRID_RELEASE();
+}

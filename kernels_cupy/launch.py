@@ -451,3 +451,29 @@ def build_merged_kv_indices(prefix_kv_indptr, prefix_kv_indices, extend_start_lo
     ``build_page_table``. Returns ``out``."""
     return _launched(merged_token_csr_call(prefix_kv_indptr, prefix_kv_indices, extend_start_loc, extend_seq_lens,
                                            extend_kv_indices, kv_indptr_out, out), out.device, out, pdl)
+
+
+# -- each draft token's prefix-then-expand row (kvdispatch.create_spec_concat_page_table) ----------------------
+
+from .build import SPEC_CONCAT_PAGE_TABLE_KERNEL  # noqa: E402
+
+
+def spec_concat_page_table_call(page_table_a, page_table_b, seq_lens_a, seq_lens_b, out,
+                                draft_tokens) -> KernelCall | None:
+    """The ``kv_spec_concat_page_table`` launch for ``kvdispatch.ops.spec_concat_page_table.reference``'s
+    arguments, or None when there is nothing to do."""
+    launch = _mapped_page_table_launch(seq_lens_b.shape[0], out.shape[1], 1, budget=_budget(out))
+    if launch.grid[0] == 0:
+        return None
+    flags = _wide(seq_lens_a, WIDE_POOL) | _wide(seq_lens_b, WIDE_LENS) | _folded(launch)
+    args = (page_table_a, page_table_b, seq_lens_a, seq_lens_b, out, draft_tokens, page_table_a.shape[1],
+            page_table_a.stride(0), page_table_b.shape[1], page_table_b.stride(0), out.shape[1], out.stride(0),
+            seq_lens_a.stride(0), seq_lens_b.stride(0), launch.items_per_program, flags)
+    return _kernel_call(SPEC_CONCAT_PAGE_TABLE_KERNEL, (("KV_FLAGS", flags),), launch, args)
+
+
+def build_spec_concat_page_table(page_table_a, page_table_b, seq_lens_a, seq_lens_b, out, draft_tokens, pdl=False):
+    """Each draft token's prefix-then-expand row; semantics of ``kvdispatch.create_spec_concat_page_table``;
+    ``pdl`` as for ``build_page_table``. Returns ``out``."""
+    return _launched(spec_concat_page_table_call(page_table_a, page_table_b, seq_lens_a, seq_lens_b, out,
+                                                 draft_tokens), out.device, out, pdl)

@@ -260,3 +260,24 @@ def create_merged_kv_indices(prefix_kv_indptr, prefix_kv_indices, extend_start_l
                                          extend_kv_indices, kv_indptr_out, out)
     return build_merged_kv_indices(prefix_kv_indptr, prefix_kv_indices, extend_start_loc, extend_seq_lens,
                                    extend_kv_indices, kv_indptr_out, out, specialised)
+
+
+# -- each draft token's prefix-then-expand row -----------------------------------------------------------------
+
+def build_spec_concat_page_table(page_table_a, page_table_b, seq_lens_a, seq_lens_b, out, draft_tokens,
+                                 specialised=False):
+    """The CuPy backend's ``build_spec_concat_page_table`` through the host build (as ``build_page_table``)."""
+    from kernels_cupy.launch import spec_concat_page_table_call  # noqa: PLC0415
+
+    _require_cpu(out)
+    run(spec_concat_page_table_call(page_table_a, page_table_b, seq_lens_a, seq_lens_b, out, draft_tokens),
+        specialised)
+    return out
+
+
+def create_spec_concat_page_table(page_table_a, page_table_b, seq_lens_a, seq_lens_b, out, *, draft_tokens,
+                                  specialised=False):
+    """``kvdispatch.create_spec_concat_page_table`` on CPU tensors, through the host build of the kernel."""
+    ops.spec_concat_page_table.check_arguments(page_table_a, page_table_b, seq_lens_a, seq_lens_b, out, draft_tokens)
+    return build_spec_concat_page_table(page_table_a, page_table_b, seq_lens_a, seq_lens_b, out, draft_tokens,
+                                        specialised)

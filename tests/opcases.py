@@ -402,6 +402,22 @@ def _merged_token_csr(d: _Draw, k: Knobs):
 BUILDERS["merged_token_csr"] = _merged_token_csr
 
 
+def _spec_concat_page_table(d: _Draw, k: Knobs):
+    draft = d.integer(1, 4)
+    rows = k.batch * draft
+    width_a, width_b = k.pages * 4 + d.integer(0, 3), d.integer(1, 6)
+    lens_a = d.spoil(d.values(-2, width_a + 3, k.batch), torch.int64)  # some past the table's width
+    lens_b = d.values(-2, width_b + 3, rows)
+    return dict(page_table_a=d.table(k.batch + d.integer(0, 2), width_a, -5, 1 << 20),
+                page_table_b=d.table(rows + d.integer(0, 2), width_b, -5, 1 << 20),
+                seq_lens_a=d.vector(lens_a), seq_lens_b=d.vector(lens_b),
+                out=d.output("out", (rows + d.integer(0, 3), width_a + width_b + d.integer(-4, 3))),
+                draft_tokens=draft)
+
+
+BUILDERS["spec_concat_page_table"] = _spec_concat_page_table
+
+
 def build(key: str, seed: int, knobs: Knobs = Knobs(), *, device="cpu", hostile=False, data_seed=None) -> OpCase:
     """A fresh case of op ``key`` (the module docstring); KeyError for an op without a builder."""
     d = _Draw(seed, data_seed, torch.device(device), hostile)
