@@ -40,6 +40,8 @@ def aiter(compat, monkeypatch, backend):
                         lambda *a, backend=None, **k: through(name, "create_prefill_aware_swa_table", *a, **k))
     monkeypatch.setattr(_common, "_build_merged_token_csr",
                         lambda *a, backend=None, **k: through(name, "create_merged_kv_indices", *a, **k))
+    monkeypatch.setattr(_common, "_build_spec_concat_page_table",
+                        lambda *a, backend=None, **k: through(name, "create_spec_concat_page_table", *a, **k))
     return compat
 
 
@@ -222,3 +224,32 @@ def test_build_unified_kv_indices(backend, pattern, release, aiter):
         assert (a.shape, a.dtype, a.device) == (b.shape, b.dtype, b.device)
     total = int(theirs[0][-1])
     _same((ours[0], ours[1][:total], ours[2]), (theirs[0], theirs[1][:total], theirs[2]), "unified CSR")
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("pattern", ("eager", "graph"))
+@pytest.mark.parametrize("draft", (1, 4))
+def test_prepare_swa_spec_page_table(backend, pattern, draft, release, aiter):
+    """``srt/layers/attention/flashattention_backend.py``'s SWA speculative decode: the prefix table
+    (``metadata.page_table``, int32, wider than its lengths; in a graph a captured buffer with spare rows), the
+    expand table (``decode_length`` columns per draft token), int32 cache lengths; the output a fresh zeroed
+    ``[bs * draft, max_seq_len_k + decode_length]`` table, or the captured SWA table (wider, stale)."""
+    module = release("kernels.ops.attention.metadata")
+    g = _generator()
+    bs, max_seq_len_k, decode_length = 3, 300, 5
+    spare = 2 if pattern == "graph" else 0
+    page_table_a = torch.randint(0, 1 << 20, (bs + spare, max_seq_len_k), generator=g).to(torch.int32).to(DEVICE)
+    page_table_b = torch.randint(0, 1 << 20, (bs * draft + spare, decode_length), generator=g).to(torch.int32)
+    seq_len_a = torch.randint(0, max_seq_len_k + 1, (bs,), generator=g).to(torch.int32).to(DEVICE)
+    seq_len_b = torch.randint(1, decode_length + 1, (bs * draft,), generator=g).to(torch.int32).to(DEVICE)
+    if pattern == "graph":
+        dst = torch.full((bs * draft + 2, max_seq_len_k + decode_length + 600), POISON, dtype=torch.int32,
+                         device=DEVICE)
+    else:
+        dst = torch.zeros((bs * draft, max_seq_len_k + decode_length), dtype=torch.int32, device=DEVICE)
+    (theirs,), (ours,) = _twins(dst)
+    for function, out in ((module.prepare_swa_spec_page_table_triton, theirs),
+                          (aiter.prepare_swa_spec_page_table_triton, ours)):
+        assert function(out, page_table_a[:bs] if pattern == "eager" else page_table_a, page_table_b.to(DEVICE),
+                        seq_len_a, seq_len_b, draft) is None
+    _same((ours,), (theirs,), "SWA spec page table")

@@ -85,6 +85,8 @@ SGLANG_FUNCTIONS["_build_pa_page_table"] = [(name, REQUIRED) for name in (
     ("dst_page_table", None), ("dst_kv_lens", None)]
 SGLANG_FUNCTIONS["build_unified_kv_indices"] = [(name, REQUIRED) for name in (
     "prefix_kv_indptr", "prefix_kv_indices", "extend_start_loc", "extend_seq_lens", "extend_kv_indices", "bs")]
+SGLANG_FUNCTIONS["prepare_swa_spec_page_table_triton"] = [(name, REQUIRED) for name in (
+    "page_table_dst", "page_table_a", "page_table_b", "seq_len_a", "seq_len_b", "speculative_num_draft_tokens")]
 SGLANG_CONSTANTS = {"SPEC_KV_INDEX_BLOCKS_MIN_CONTEXT": 32768}
 # Functions whose parameters are all keyword-only in SGLang.
 KEYWORD_ONLY = {"build_kv_read_table"}

@@ -92,6 +92,10 @@ RELEASE["kernels.ops.attention.extend_attention"] = {
     "build_unified_kv_indices": "(prefix_kv_indptr, prefix_kv_indices, extend_start_loc, extend_seq_lens, "
                                 "extend_kv_indices, bs)",
 }
+RELEASE["kernels.ops.attention.metadata"] = {
+    "prepare_swa_spec_page_table_triton": "(page_table_dst, page_table_a, page_table_b, seq_len_a, seq_len_b, "
+                                          "speculative_num_draft_tokens)",
+}
 # Names of earlier, unreleased SGLang branches: no release has them.
 UNRELEASED = ("update_trtllm_mla_graph_metadata", "build_kernel_page_table", "kv_indices_token_blocks_for_copy",
               "KV_INDICES_TOKEN_BLOCKS_MIN_WIDTH")

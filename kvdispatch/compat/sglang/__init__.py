@@ -89,3 +89,8 @@ __all__ += ["_build_pa_page_table"]
 from .kernels.ops.attention.extend_attention import build_unified_kv_indices  # noqa: E402
 
 __all__ += ["build_unified_kv_indices"]
+
+# kernels.ops.attention.metadata: the FlashAttention backend's SWA speculative page table.
+from .kernels.ops.attention.metadata import prepare_swa_spec_page_table_triton  # noqa: E402
+
+__all__ += ["prepare_swa_spec_page_table_triton"]

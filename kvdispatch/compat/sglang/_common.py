@@ -172,3 +172,8 @@ __all__ += ["_build_pa_swa_table"]
 from ...ops.merged_token_csr import create_merged_kv_indices as _build_merged_token_csr  # noqa: E402
 
 __all__ += ["_build_merged_token_csr"]
+
+# Each draft token's prefix-then-expand row (metadata.prepare_swa_spec_page_table_triton).
+from ...ops.spec_concat_page_table import create_spec_concat_page_table as _build_spec_concat_page_table  # noqa: E402
+
+__all__ += ["_build_spec_concat_page_table"]
