@@ -557,7 +557,8 @@ def main(argv=None) -> int:
     return 1 if mismatches or not cases else 0
 
 
-# -- the ragged CSR's block table, the MHA table's seqlen_offset, the prefill-aware table, the merged CSR ------
+# -- the ragged CSR's block table, the MHA table's seqlen_offset, the prefill-aware table, the merged CSR, the
+# speculative concat table ------------------------------------------------------------------------------------
 # create_ragged_page_table: kv_indptr rows starting past kv_indices, at its last entry, negative, at the int32 and
 # int64 extremes, decreasing (negative lengths), ending past the end; kv_indices entries negative and at the
 # extremes; the lookups of hostile_mappings; page sizes 1, 64, 7. create_trtllm_mha_page_table with seqlen_offset
@@ -565,6 +566,7 @@ def main(argv=None) -> int:
 # prefill lengths at the extremes or a prefill_lens shorter than the pool, windows of 0, 5 and 2**31 - 1.
 # create_merged_kv_indices: the spoilt kv_indptr rows above as the prefix CSR, extend starts past the array,
 # negative and at the extremes, lengths at int32's end, outs of 0, 40 and 200 entries, int32 and int64 outputs.
+# create_spec_concat_page_table: prefix and expand lengths negative, past their tables and at the extremes.
 
 def ragged_bounds(total, wide):
     """(name, kv_indptr values [BATCH + 1]) per case: consecutive valid rows, one spoilt bound among them."""
@@ -590,8 +592,8 @@ _run_before_ragged = run
 
 
 def run(device, backends, verbose, shard=(0, 1)):
-    """``run``'s cases, then the ragged page table's, the MHA table's seqlen_offset, the prefill-aware table's
-    and the merged token CSR's ones (the same shards)."""
+    """``run``'s cases, then the ragged page table's, the MHA table's seqlen_offset, the prefill-aware table's,
+    the merged token CSR's and the speculative concat table's ones (the same shards)."""
     cases, mismatches = _run_before_ragged(device, backends, verbose, shard)
     g = torch.Generator().manual_seed(1)
     ordinal = 0
@@ -694,6 +696,24 @@ def run(device, backends, verbose, shard=(0, 1)):
                                                                  backend=backend),
                      lambda expected: ops.merged_token_csr.reference(  # noqa: B023
                          *(a.cpu() for a in args), expected[1], expected[0]),
+                     outs)
+        for dtype, draft in itertools.product((torch.int32, torch.int64), (1, 3)):
+            extremes = [I32_MAX, I32_MIN, -1, 0, 40, 41] + ([I64_MAX, I64_MIN, 2**62] if dtype == torch.int64 else [])
+            for spoilt in range(len(extremes)):
+                table_a = torch.randint(I32_MIN, I32_MAX, (BATCH, 40), generator=g, dtype=torch.int64).to(torch.int32)
+                table_b = torch.randint(I32_MIN, I32_MAX, (BATCH * draft, 6), generator=g, dtype=torch.int64)
+                lens_a = torch.randint(0, 41, (BATCH,), generator=g)
+                lens_b = torch.randint(0, 7, (BATCH * draft,), generator=g)
+                lens_a[spoilt % BATCH] = extremes[spoilt]
+                lens_b[-1 - spoilt % BATCH] = extremes[-1 - spoilt]
+                args = (table_a.to(device), table_b.to(torch.int32).to(device), lens_a.to(dtype).to(device),
+                        lens_b.to(dtype).to(device))
+                outs = [torch.full((BATCH * draft, 44), POISON, dtype=torch.int32, device=device)]
+                case(f"{backend} spec_concat_page_table {str(dtype)[6:]} draft={draft} spoilt={spoilt}",
+                     lambda: kvdispatch.create_spec_concat_page_table(*args, outs[0], draft_tokens=draft,  # noqa: B023
+                                                                      backend=backend),
+                     lambda expected: ops.spec_concat_page_table.reference(  # noqa: B023
+                         *(a.cpu() for a in args), expected[0], draft),
                      outs)
         if device.type == "cuda":
             torch.cuda.synchronize(device)

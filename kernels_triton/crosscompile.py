@@ -323,7 +323,7 @@ if __name__ == "__main__":
 
 # -- the ragged CSR's block table, the prefill-aware table, the merged token CSR (their kernels_triton modules) --
 
-from . import merged_token_csr, pa_swa_table, ragged_page_table  # noqa: E402
+from . import merged_token_csr, pa_swa_table, ragged_page_table, spec_concat_page_table  # noqa: E402
 
 _specializations_before_ragged = specializations
 
@@ -331,11 +331,12 @@ _specializations_before_ragged = specializations
 def specializations(warp_size: int = 32, page_sizes=PAGE_SIZES, index_types=("i32", "i64")):
     """Yield a ``Specialization`` for every (page size, option flags, index dtype) of every kernel, with
     ``num_warps`` as the launchers pick it for ``warp_size``-lane warps; the ragged page table's, the
-    prefill-aware table's and the merged token CSR's last."""
+    prefill-aware table's, the merged token CSR's and the speculative concat table's last."""
     yield from _specializations_before_ragged(warp_size, page_sizes, index_types)
     yield from _ragged_specializations(warp_size, page_sizes, index_types)
     yield from _pa_swa_specializations(warp_size, index_types)
     yield from _merged_specializations(warp_size, index_types)
+    yield from _concat_specializations(warp_size, index_types)
 
 
 def _ragged_specializations(warp_size, page_sizes, index_types):
@@ -369,4 +370,15 @@ def _merged_specializations(warp_size, index_types):
     kernel = triton.runtime.jit.JITFunction(function, do_not_specialize=ints, do_not_specialize_on_alignment=pointers)
     threads = launch_grid.token_csr_launch(1, 1, 1).threads
     for _, signature, constexprs in merged_token_csr.specializations(index_types):
+        yield Specialization(kernel, signature, constexprs, max(1, threads // warp_size))
+
+
+def _concat_specializations(warp_size, index_types):
+    """The speculative concat table's specialisations (``spec_concat_page_table.specializations``)."""
+    import triton  # noqa: PLC0415
+
+    function, pointers, ints = spec_concat_page_table.KERNEL_PARAMETERS["concat"]
+    kernel = triton.runtime.jit.JITFunction(function, do_not_specialize=ints, do_not_specialize_on_alignment=pointers)
+    threads = launch_grid.mapped_page_table_launch(1, 1, 1).threads
+    for _, signature, constexprs in spec_concat_page_table.specializations(index_types):
         yield Specialization(kernel, signature, constexprs, max(1, threads // warp_size))

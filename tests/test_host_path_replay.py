@@ -30,7 +30,7 @@ from kvdispatch import _debug, _validate, dispatch, host_path
 triton = pytest.importorskip("triton")
 from kernels_triton import dcp, draft_decode, mapped_tables, page_table, token_csr  # noqa: E402  (needs Triton)
 from kernels_triton import launch as triton_launch  # noqa: E402
-from kernels_triton import merged_token_csr, pa_swa_table, ragged_page_table  # noqa: E402
+from kernels_triton import merged_token_csr, pa_swa_table, ragged_page_table, spec_concat_page_table  # noqa: E402
 
 OPS = tuple(host_path.REPLAYED)
 LAUNCHERS = ("cupy", "triton")
@@ -45,14 +45,17 @@ TRITON = {"page_table": (page_table.build_page_table, page_table.launcher),
           "translated_page_table": (mapped_tables.build_translated_page_table, mapped_tables.translated_launcher),
           "ragged_page_table": (ragged_page_table.build_ragged_page_table, ragged_page_table.ragged_launcher),
           "pa_swa_table": (pa_swa_table.build_pa_swa_table, pa_swa_table.pa_launcher),
-          "merged_token_csr": (merged_token_csr.build_merged_kv_indices, merged_token_csr.merged_launcher)}
+          "merged_token_csr": (merged_token_csr.build_merged_kv_indices, merged_token_csr.merged_launcher),
+          "spec_concat_page_table": (spec_concat_page_table.build_spec_concat_page_table,
+                                     spec_concat_page_table.concat_launcher)}
 CUPY = {"page_table": cupy_launch.build_page_table, "token_csr": cupy_launch.build_token_indices,
         "draft_decode": cupy_launch.build_draft_decode_indices, "dcp_token_csr": cupy_launch.build_dcp_token_indices,
         "dcp_page_table": cupy_launch.build_dcp_page_table, "mha_page_table": cupy_launch.build_mha_page_table,
         "translated_page_table": cupy_launch.build_translated_page_table,
         "ragged_page_table": cupy_launch.build_ragged_page_table,
         "pa_swa_table": cupy_launch.build_pa_swa_table,
-        "merged_token_csr": cupy_launch.build_merged_kv_indices}
+        "merged_token_csr": cupy_launch.build_merged_kv_indices,
+        "spec_concat_page_table": cupy_launch.build_spec_concat_page_table}
 CHECKS = {"page_table": ops.page_table.check_arguments, "token_csr": ops.token_csr.check_arguments,
           "draft_decode": ops.draft_decode.check_arguments,
           "dcp_token_csr": lambda *a: ops.dcp_token_csr.check_arguments(*a[:5], a[7], *a[5:7], a[8]),
@@ -61,7 +64,8 @@ CHECKS = {"page_table": ops.page_table.check_arguments, "token_csr": ops.token_c
           "translated_page_table": ops.translated_page_table.check_arguments,
           "ragged_page_table": ops.ragged_page_table.check_arguments,
           "pa_swa_table": ops.pa_swa_table.check_arguments,
-          "merged_token_csr": ops.merged_token_csr.check_arguments}
+          "merged_token_csr": ops.merged_token_csr.check_arguments,
+          "spec_concat_page_table": ops.spec_concat_page_table.check_arguments}
 
 
 @pytest.fixture(scope="module")
@@ -231,6 +235,11 @@ def random_args(op, seed):
                 d.out(batch, d.int(1, 50)) if swa else None,
                 d.vector(-3, 1000, d.pick((0, 1, 30)), strided=False) if swa else None, d.pick((False, True)),
                 d.pick((0, 0, 4, -3))]
+    if op == "spec_concat_page_table":
+        draft = d.pick((1, 2, 4))
+        return [table[:batch] if rows >= batch else d.table(batch, cols), d.table(batch * draft, d.int(1, 9)),
+                d.vector(-3, cols + 5, batch), d.vector(-2, 10, batch * draft), d.out(batch * draft, d.int(1, 60)),
+                draft]
     if op == "merged_token_csr":
         prefix_count, extend_count = d.int(0, 400), d.int(0, 100)
         return [d.vector(-2, prefix_count + 3, batch + 1), d.vector(-5, 1 << 20, prefix_count, strided=False),
@@ -263,6 +272,10 @@ def hostile_args(op, seed, kind):
     args = random_args(op, seed)
     if op == "ragged_page_table":
         return _ragged_hostile_args(args, kind)
+    if op == "spec_concat_page_table":
+        if kind == "pool stride 0":
+            args[3] = args[3][:1].expand(args[3].shape[0])
+        return args
     if op == "merged_token_csr":
         if kind == "pool stride 0":
             args[2] = args[2][:1].expand(args[2].shape[0])

@@ -184,7 +184,7 @@ for target in crosscompile.TARGETS:
     for spec in crosscompile.specializations(target[2], (16,), ("i32",)):
         c = spec.constexprs
         if (spec.kernel.__name__ in ("_ragged_page_table_kernel", "_pa_swa_table_kernel",
-                                     "_merged_token_csr_kernel")
+                                     "_merged_token_csr_kernel", "_spec_concat_page_table_kernel")
                 or spec.kernel.__name__ == "_mha_page_table_kernel" and c["HAS_OFFSET"]) \
                 and c.get("UNIT_STRIDES", True) and not c["FOLDED_GRID"]:
             r = crosscompile.report(spec, target, crosscompile.compile_one(spec, target))
@@ -195,8 +195,8 @@ print(json.dumps(rows))
 
 @pytest.mark.crosscompile
 def test_new_specialisations_compile_for_every_target(tmp_path):
-    """The ragged kernel's, the prefill-aware table's, the merged CSR's and the MHA kernel's offset
-    specialisations (page size 16, int32 vectors, the usual grid) compile for sm_90, sm_100, gfx942 and gfx950,
+    """The ragged kernel's, the prefill-aware table's, the merged CSR's, the concat table's and the MHA kernel's
+    offset specialisations (page size 16, int32 vectors, the usual grid) compile for sm_90, sm_100, gfx942 and gfx950,
     taking their runtime arguments and Triton's two scratch pointers."""
     pytest.importorskip("triton")
     root = Path(__file__).resolve().parents[1]
@@ -206,6 +206,6 @@ def test_new_specialisations_compile_for_every_target(tmp_path):
                           cwd=root, timeout=1200)
     assert done.returncode == 0, done.stderr
     rows = json.loads(done.stdout)
-    assert len({(row[0], row[1].split("[")[0]) for row in rows}) == 16 and len(rows) == 4 * (6 + 3 + 2 + 4)
+    assert len({(row[0], row[1].split("[")[0]) for row in rows}) == 20 and len(rows) == 4 * (6 + 3 + 2 + 4 + 1)
     for target, label, binary, runtime_args, native in rows:
         assert binary > 0 and native == runtime_args + 2, (target, label)

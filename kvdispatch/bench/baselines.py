@@ -389,3 +389,33 @@ def unified_copy(prefix_kv_indptr, prefix_kv_indices, extend_start_loc, extend_s
     _unified_copy_kernel[(batch,)](prefix_kv_indptr, prefix_kv_indices, extend_start_loc, extend_seq_lens,
                                    extend_kv_indices, kv_indptr_out, out, BLOCK=UNIFIED_BLOCK)
     return (batch,)
+
+
+# ``concat_grid_2d``: each draft token's prefix-then-expand row after SGLang's design (FlashAttention's SWA
+# speculative decode): a 2-D grid over both tables' widths, ``CONCAT_COLUMNS`` columns per program.
+CONCAT_COLUMNS = 256  # SGLang's BLOCK_N
+
+
+@triton.jit
+def _concat_grid_2d_kernel(out, a, b, lens_a, lens_b, out_stride, a_stride, b_stride, LEN_A: tl.constexpr,
+                           LEN_B: tl.constexpr, REPEAT: tl.constexpr, BLOCK: tl.constexpr):
+    m = tl.program_id(0)
+    first = tl.load(lens_a + m // REPEAT)
+    total = first + tl.load(lens_b + m)
+    n = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    if tl.program_id(1) * BLOCK < total:
+        live = n < total
+        a_values = tl.load(a + (m // REPEAT) * a_stride + n, mask=live & (n < first) & (n < LEN_A), other=0)
+        b_values = tl.load(b + m * b_stride + n - first, mask=live & (n >= first) & (n - first < LEN_B), other=0)
+        tl.store(out + m * out_stride + n, tl.where(n < first, a_values, b_values), mask=live)
+
+
+def concat_grid_2d(page_table_a, page_table_b, seq_lens_a, seq_lens_b, out, draft_tokens):
+    """Each draft token's prefix-then-expand row after SGLang's design: a grid ``(rows, ceil((LA + LB) /
+    CONCAT_COLUMNS))``, programs past a row's entries exit."""
+    width_a, width_b = page_table_a.shape[1], page_table_b.shape[1]
+    grid = (seq_lens_b.shape[0], triton.cdiv(width_a + width_b, CONCAT_COLUMNS))
+    _concat_grid_2d_kernel[grid](out, page_table_a, page_table_b, seq_lens_a, seq_lens_b, out.stride(0),
+                                 page_table_a.stride(0), page_table_b.stride(0), LEN_A=width_a, LEN_B=width_b,
+                                 REPEAT=draft_tokens, BLOCK=CONCAT_COLUMNS)
+    return grid
