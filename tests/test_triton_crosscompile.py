@@ -258,8 +258,8 @@ def test_worker_environment(tmp_path, monkeypatch):
 
 
 def test_compile_command_compiles_a_handful(capsys, monkeypatch):
-    """``kvdispatch compile cuda:90:32 --pdl``: seven real compilations in two worker processes (from this
-    process, which runs under TRITON_INTERPRET when there is no GPU), a progress line for each, into the
+    """``kvdispatch compile cuda:90:32 --pdl``: one real compilation per kernel in two worker processes (from this
+    process, which runs under TRITON_INTERPRET when there is no GPU), about ten progress lines, into the
     private cache, which goes with their files at the end."""
     removed = []
     real_rmtree = crosscompile.shutil.rmtree
@@ -272,8 +272,9 @@ def test_compile_command_compiles_a_handful(capsys, monkeypatch):
     assert cli.main(["compile", "cuda:90:32", "--pdl", "-j", "2"]) == 0
     lines = capsys.readouterr().out.splitlines()
     kernels = len(list(crosscompile.pdl_specializations()))
+    every = max(1, -(-kernels // 10))  # the command prints about ten progress lines
     assert [re.fullmatch(r"cuda:90:32: (\d+)/(\d+) \(\d+ s\)", line).groups() for line in lines[1:-2]] == [
-        (str(done), str(kernels)) for done in range(1, kernels + 1)]
+        (str(done), str(kernels)) for done in range(1, kernels + 1) if done % every == 0 or done == kernels]
     assert re.fullmatch(rf"cuda:90:32: {kernels} specialisations compiled, binaries \d+\.\.\d+ bytes", lines[-2])
     assert len(removed) == 1 and removed[0] >= kernels  # the workers wrote to the private cache, removed with it
 
