@@ -339,46 +339,38 @@ def specializations(warp_size: int = 32, page_sizes=PAGE_SIZES, index_types=("i3
     yield from _concat_specializations(warp_size, index_types)
 
 
-def _ragged_specializations(warp_size, page_sizes, index_types):
-    """The ragged page table's specialisations (``ragged_page_table.specializations``)."""
+def _jitted_specializations(module, name, specs, warp_size, threads_of):
+    """``Specialization``s of kernel ``name`` of ``module`` (its ``KERNEL_PARAMETERS``) for the ``(kernel name,
+    signature, constexprs)`` of ``specs``, ``threads_of(constexprs)`` threads per program."""
     import triton  # noqa: PLC0415
 
-    function, pointers, ints = ragged_page_table.KERNEL_PARAMETERS["ragged"]
+    function, pointers, ints = module.KERNEL_PARAMETERS[name]
     kernel = triton.runtime.jit.JITFunction(function, do_not_specialize=ints, do_not_specialize_on_alignment=pointers)
-    for page_size in page_sizes:
-        threads = launch_grid.mapped_page_table_launch(1, 1, page_size).threads
-        for _, signature, constexprs in ragged_page_table.specializations((page_size,), index_types):
-            yield Specialization(kernel, signature, constexprs, max(1, threads // warp_size))
+    for _, signature, constexprs in specs:
+        yield Specialization(kernel, signature, constexprs, max(1, threads_of(constexprs) // warp_size))
+
+
+def _ragged_specializations(warp_size, page_sizes, index_types):
+    """The ragged page table's specialisations (``ragged_page_table.specializations``)."""
+    specs = ragged_page_table.specializations(page_sizes, index_types)
+    return _jitted_specializations(ragged_page_table, "ragged", specs, warp_size,
+                                   lambda c: launch_grid.mapped_page_table_launch(1, 1, c["PAGE_SIZE"]).threads)
 
 
 def _pa_swa_specializations(warp_size, index_types):
     """The prefill-aware table's specialisations (``pa_swa_table.specializations``; page size 1 only)."""
-    import triton  # noqa: PLC0415
-
-    function, pointers, ints = pa_swa_table.KERNEL_PARAMETERS["pa_swa"]
-    kernel = triton.runtime.jit.JITFunction(function, do_not_specialize=ints, do_not_specialize_on_alignment=pointers)
-    threads = launch_grid.mapped_page_table_launch(1, 1, 1).threads
-    for _, signature, constexprs in pa_swa_table.specializations(index_types):
-        yield Specialization(kernel, signature, constexprs, max(1, threads // warp_size))
+    return _jitted_specializations(pa_swa_table, "pa_swa", pa_swa_table.specializations(index_types), warp_size,
+                                   lambda c: launch_grid.mapped_page_table_launch(1, 1, 1).threads)
 
 
 def _merged_specializations(warp_size, index_types):
     """The merged token CSR's specialisations (``merged_token_csr.specializations``)."""
-    import triton  # noqa: PLC0415
-
-    function, pointers, ints = merged_token_csr.KERNEL_PARAMETERS["merged"]
-    kernel = triton.runtime.jit.JITFunction(function, do_not_specialize=ints, do_not_specialize_on_alignment=pointers)
-    threads = launch_grid.token_csr_launch(1, 1, 1).threads
-    for _, signature, constexprs in merged_token_csr.specializations(index_types):
-        yield Specialization(kernel, signature, constexprs, max(1, threads // warp_size))
+    return _jitted_specializations(merged_token_csr, "merged", merged_token_csr.specializations(index_types),
+                                   warp_size, lambda c: launch_grid.token_csr_launch(1, 1, 1).threads)
 
 
 def _concat_specializations(warp_size, index_types):
     """The speculative concat table's specialisations (``spec_concat_page_table.specializations``)."""
-    import triton  # noqa: PLC0415
-
-    function, pointers, ints = spec_concat_page_table.KERNEL_PARAMETERS["concat"]
-    kernel = triton.runtime.jit.JITFunction(function, do_not_specialize=ints, do_not_specialize_on_alignment=pointers)
-    threads = launch_grid.mapped_page_table_launch(1, 1, 1).threads
-    for _, signature, constexprs in spec_concat_page_table.specializations(index_types):
-        yield Specialization(kernel, signature, constexprs, max(1, threads // warp_size))
+    specs = spec_concat_page_table.specializations(index_types)
+    return _jitted_specializations(spec_concat_page_table, "concat", specs, warp_size,
+                                   lambda c: launch_grid.mapped_page_table_launch(1, 1, 1).threads)
