@@ -618,6 +618,8 @@ def run(device, backends, verbose, shard=(0, 1)):
         if device.type == "cuda":
             torch.cuda.synchronize(device)  # surfaces a device-side fault here, under this backend's name
         print(f"backend {backend}: done", flush=True)
+    more = run_table_ops(device, backends, verbose, shard)
+    cases, mismatches = cases + more[0], mismatches + more[1]
     for hostile in HOSTILE_OPS:
         for ordinal, (what, launch, out, expected) in enumerate(hostile(device, backends)):
             if ordinal % shard[1] == shard[0]:
@@ -771,6 +773,166 @@ def dcp_table_v2p_hostile(device, backends):
 
 # Ops whose hostile cases are generators of (what, launch, out, expected), run after the others.
 HOSTILE_OPS = (compact_csr_hostile, prefix_extend_hostile, dcp_table_v2p_hostile)
+
+
+# -- the ragged CSR's block table, the MHA table's seqlen_offset, the prefill-aware table, the merged CSR, the
+# speculative concat table ------------------------------------------------------------------------------------
+# create_ragged_page_table: kv_indptr rows starting past kv_indices, at its last entry, negative, at the int32 and
+# int64 extremes, decreasing (negative lengths), ending past the end; kv_indices entries negative and at the
+# extremes; the lookups of hostile_mappings; page sizes 1, 64, 7. create_trtllm_mha_page_table with seqlen_offset
+# at the int32 extremes on the spoilt lengths. create_prefill_aware_swa_table on the spoilt requests, with
+# prefill lengths at the extremes or a prefill_lens shorter than the pool, windows of 0, 5 and 2**31 - 1.
+# create_merged_kv_indices: the spoilt kv_indptr rows above as the prefix CSR, extend starts past the array,
+# negative and at the extremes, lengths at int32's end, outs of 0, 40 and 200 entries, int32 and int64 outputs.
+# create_spec_concat_page_table: prefix and expand lengths negative, past their tables and at the extremes.
+
+def ragged_bounds(total, wide):
+    """(name, kv_indptr values [BATCH + 1]) per case: consecutive valid rows, one spoilt bound among them."""
+    lengths = [3, 40, 0, 17, 9, 22]
+    bounds = [0]
+    for n in lengths:
+        bounds.append(bounds[-1] + n)
+    scale = max(1, total // (bounds[-1] + 1))
+    bounds = [b * scale for b in bounds]
+    extremes = [("start-past-end", total + 3), ("start-at-end", total), ("start-last-entry", total - 1),
+                ("negative", -2), ("int32-max", I32_MAX), ("int32-min", I32_MIN)]
+    if wide:
+        extremes += [("int64-max", I64_MAX), ("int64-min", I64_MIN), ("2**62", 2**62)]
+    yield "valid", bounds
+    for name, value in extremes:
+        for b in (0, 3, BATCH):  # the first start, a middle bound (an end and a start), the last end
+            spoilt = list(bounds)
+            spoilt[b] = value
+            yield f"{name}@{b}", spoilt
+
+
+def run_table_ops(device, backends, verbose, shard=(0, 1)):
+    """The ragged page table's cases, the MHA table's seqlen_offset, the prefill-aware table's, the merged token
+    CSR's and the speculative concat table's (``shard`` as for ``run``): ``(cases, mismatches)``."""
+    cases, mismatches = 0, 0
+    g = torch.Generator().manual_seed(1)
+    ordinal = 0
+
+    def case(what, launch, reference, outs):
+        nonlocal ordinal, cases, mismatches
+        ordinal += 1
+        if (ordinal - 1) % shard[1] != shard[0]:
+            return
+        cases += 1
+        expected = [out.cpu().clone() for out in outs]
+        reference(expected)
+        try:
+            launch()
+            for i, (got, want) in enumerate(zip(outs, expected)):
+                if not torch.equal(got.cpu(), want):
+                    mismatches += 1
+                    print(f"MISMATCH {what} output {i}", flush=True)
+        except Exception:
+            mismatches += 1
+            print(f"ERROR {what}:\n{traceback.format_exc()}", flush=True)
+        if verbose:
+            print("ran", what, flush=True)
+
+    for backend in backends:
+        for page_size, dtype in itertools.product(MAPPED_PAGE_SIZES, (torch.int32, torch.int64)):
+            total = 5 * page_size + 7
+            slots = torch.randint(0, I32_MAX, (total,), generator=g, dtype=torch.int64)
+            slots[::7] = torch.tensor([-1, I32_MIN, I32_MAX] + ([I64_MIN, I64_MAX] if dtype == torch.int64 else []))[
+                torch.arange(0, total, 7) % (5 if dtype == torch.int64 else 3)]
+            kv_indices = slots.to(dtype).to(device)
+            for (name, bounds), lookup, toward_zero in itertools.product(
+                    ragged_bounds(total, dtype == torch.int64), hostile_mappings(page_size, device, g), (False, True)):
+                kv_indptr = torch.tensor(bounds, dtype=dtype, device=device)
+                outs = [torch.full((BATCH, width), POISON, dtype=torch.int32, device=device) for width in (5, 7)]
+                swa = lookup is not None
+                case(f"{backend} ragged_page_table page={page_size} {str(dtype)[6:]} {name} "
+                     f"mapping={lookup.shape[0] if swa else None} toward_zero={toward_zero}",
+                     lambda: kvdispatch.create_ragged_page_table(  # noqa: B023
+                         kv_indices, kv_indptr, outs[0], page_size=page_size, swa_page_table=outs[1] if swa else None,
+                         full_to_swa=lookup, round_toward_zero=toward_zero, backend=backend),
+                     lambda expected: ops.ragged_page_table.reference(  # noqa: B023
+                         kv_indices.cpu(), kv_indptr.cpu(), expected[0], page_size, expected[1] if swa else None,
+                         lookup.cpu() if swa else None, toward_zero),
+                     outs if swa else outs[:1])
+            for spoil in hostile_requests(BATCH + 3, 5 * page_size + 7, dtype == torch.int64):
+                if spoil[2] is None:
+                    continue  # the offsets matter to the spoilt lengths
+                data, rows, cols = make(page_size, dtype, device, g, spoil)
+                cpu = {k: v.cpu() for k, v in data.items()}
+                for offset in LENGTH_OFFSETS:
+                    outs = [torch.full((BATCH, 5), POISON, dtype=torch.int32, device=device)]
+                    case(f"{backend} mha_page_table page={page_size} {str(dtype)[6:]} {spoil[0]} "
+                         f"seqlen_offset={offset}",
+                         lambda: kvdispatch.create_trtllm_mha_page_table(  # noqa: B023
+                             data["table"], data["pool"], data["lens"], outs[0], page_size=page_size,
+                             seqlen_offset=offset, round_toward_zero=True, backend=backend),
+                         lambda expected: ops.mha_page_table.reference(  # noqa: B023
+                             cpu["table"], cpu["pool"], cpu["lens"], expected[0], page_size, None, None, True, offset),
+                         outs)
+        for dtype in (torch.int32, torch.int64):
+            for spoil in hostile_requests(BATCH + 3, 5 * 16 + 7, dtype == torch.int64):
+                if spoil[3] is not None:
+                    continue  # no start positions
+                data, rows, cols = make(16, dtype, device, g, spoil)
+                cpu = {k: v.cpu() for k, v in data.items()}
+                extremes = [I32_MAX, I32_MIN, -1, cols + 5] + ([I64_MAX, I64_MIN] if dtype == torch.int64 else [])
+                for prefill_kind, window in itertools.product(("valid", "extreme", "short"), (0, 5, I32_MAX)):
+                    prefill = torch.randint(0, cols, (rows,), generator=g)
+                    if prefill_kind == "extreme":
+                        prefill[cpu["pool"].clamp(0, rows - 1)[:2]] = torch.tensor(extremes[:2])
+                        prefill[::3] = torch.tensor(extremes)[torch.arange(0, rows, 3) % len(extremes)]
+                    elif prefill_kind == "short":
+                        prefill = prefill[: rows // 2]  # pool indices past it read a prefill of 0
+                    prefill = prefill.to(dtype).to(device)
+                    outs = [torch.full((BATCH, 9), POISON, dtype=torch.int32, device=device),
+                            torch.full((BATCH,), POISON, dtype=torch.int32, device=device)]
+                    case(f"{backend} pa_swa_table {str(dtype)[6:]} {spoil[0]} prefill={prefill_kind} window={window}",
+                         lambda: kvdispatch.create_prefill_aware_swa_table(  # noqa: B023
+                             data["table"], data["pool"], data["lens"], prefill, outs[0], outs[1], window_size=window,
+                             backend=backend),
+                         lambda expected: ops.pa_swa_table.reference(  # noqa: B023
+                             cpu["table"], cpu["pool"], cpu["lens"], prefill.cpu(), expected[0], expected[1], window),
+                         outs)
+        for dtype, out_dtype in itertools.product((torch.int32, torch.int64), (torch.int32, torch.int64)):
+            prefix = torch.randint(I32_MIN, I32_MAX, (60,), generator=g).to(dtype).to(device)
+            extend = torch.randint(I32_MIN, I32_MAX, (25,), generator=g).to(dtype).to(device)
+            for (name, bounds), (start_name, starts), total in itertools.product(
+                    ragged_bounds(60, dtype == torch.int64),
+                    (("valid", [0, 5, 5, 9, 12, 20]), ("past", [0, 25, 24, -1, 3, I32_MAX]),
+                     ("extreme", [I32_MIN, 2, 0, 20, 7, 1])), (0, 40, 200)):
+                lengths = torch.tensor([5, 0, 4, 3, 8, I32_MAX if start_name == "extreme" else 4], dtype=dtype)
+                args = (torch.tensor(bounds, dtype=dtype, device=device), prefix,
+                        torch.tensor(starts, dtype=dtype, device=device), lengths.to(device), extend)
+                outs = [torch.full((total,), POISON, dtype=out_dtype, device=device),
+                        torch.full((BATCH + 2,), POISON, dtype=out_dtype, device=device)]
+                case(f"{backend} merged_token_csr {str(dtype)[6:]} out={str(out_dtype)[6:]} {name} {start_name} "
+                     f"total={total}",
+                     lambda: kvdispatch.create_merged_kv_indices(*args, outs[1], outs[0],  # noqa: B023
+                                                                 backend=backend),
+                     lambda expected: ops.merged_token_csr.reference(  # noqa: B023
+                         *(a.cpu() for a in args), expected[1], expected[0]),
+                     outs)
+        for dtype, draft in itertools.product((torch.int32, torch.int64), (1, 3)):
+            extremes = [I32_MAX, I32_MIN, -1, 0, 40, 41] + ([I64_MAX, I64_MIN, 2**62] if dtype == torch.int64 else [])
+            for spoilt in range(len(extremes)):
+                table_a = torch.randint(I32_MIN, I32_MAX, (BATCH, 40), generator=g, dtype=torch.int64).to(torch.int32)
+                table_b = torch.randint(I32_MIN, I32_MAX, (BATCH * draft, 6), generator=g, dtype=torch.int64)
+                lens_a = torch.randint(0, 41, (BATCH,), generator=g)
+                lens_b = torch.randint(0, 7, (BATCH * draft,), generator=g)
+                lens_a[spoilt % BATCH] = extremes[spoilt]
+                lens_b[-1 - spoilt % BATCH] = extremes[-1 - spoilt]
+                args = (table_a.to(device), table_b.to(torch.int32).to(device), lens_a.to(dtype).to(device),
+                        lens_b.to(dtype).to(device))
+                outs = [torch.full((BATCH * draft, 44), POISON, dtype=torch.int32, device=device)]
+                case(f"{backend} spec_concat_page_table {str(dtype)[6:]} draft={draft} spoilt={spoilt}",
+                     lambda: kvdispatch.create_spec_concat_page_table(*args, outs[0], draft_tokens=draft,  # noqa: B023
+                                                                      backend=backend),
+                     lambda expected: ops.spec_concat_page_table.reference(  # noqa: B023
+                         *(a.cpu() for a in args), expected[0], draft),
+                     outs)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+    return cases, mismatches
 
 
 if __name__ == "__main__":

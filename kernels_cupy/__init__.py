@@ -28,6 +28,10 @@ KERNELS = {
     "cache_locs": ("launch", "build_cache_locs"),
     "compact_csr": ("launch", "build_compact_kv_indices"),
     "prefix_extend_csr": ("launch", "build_prefix_extend_kv_indices"),
+    "ragged_page_table": ("launch", "build_ragged_page_table"),
+    "pa_swa_table": ("launch", "build_pa_swa_table"),
+    "merged_token_csr": ("launch", "build_merged_kv_indices"),
+    "spec_concat_page_table": ("launch", "build_spec_concat_page_table"),
 }
 # Public name -> the submodule defining it.
 _OWNERS = {name: module for module, name in KERNELS.values()} | {"on_deselected": "native", "on_selected": "native"}

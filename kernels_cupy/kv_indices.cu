@@ -385,6 +385,7 @@ __device__ inline kv_i64 kv_specialised_page_size(kv_i64 page_size_arg) {
 #endif
 }
 
+// Row b's length is seq_lens[b] + seqlen_offset.
 // slot = table[pool_b, p * page_size]; page_table[b, p] = slot / page_size (p < width) and, with KV_MAPPING,
 // swa[b, p] = mapping[clamp(slot, 0, mapping_len - 1)] / page_size, its low 32 bits (p < swa_width;
 // the launcher sets KV_MAPPING only when mapping_len > 0). Everything else is left untouched.
@@ -392,12 +393,12 @@ extern "C" __global__ void kv_mha_page_table(
     const int* __restrict__ table, const void* __restrict__ req_pool_indices, const void* __restrict__ seq_lens,
     int* __restrict__ page_table, int* __restrict__ swa_page_table, const void* __restrict__ full_to_swa,
     kv_i64 rows, kv_i64 cols, kv_i64 table_stride, kv_i64 width, kv_i64 page_table_stride, kv_i64 swa_width,
-    kv_i64 swa_stride, kv_i64 mapping_len, kv_i64 pool_stride, kv_i64 lens_stride, kv_i64 items,
-    kv_i64 page_size_arg, kv_i64 flags) {
+    kv_i64 swa_stride, kv_i64 mapping_len, kv_i64 pool_stride, kv_i64 lens_stride, kv_i64 seqlen_offset,
+    kv_i64 items, kv_i64 page_size_arg, kv_i64 flags) {
     KV_GRID_WAIT();
     const kv_i64 page_size = kv_specialised_page_size(page_size_arg), b = blockIdx.x;
-    const kv_mapped_row r = kv_mapped_row_of(req_pool_indices, pool_stride, seq_lens, lens_stride, rows, cols, 0,
-                                             items, flags);
+    const kv_mapped_row r = kv_mapped_row_of(req_pool_indices, pool_stride, seq_lens, lens_stride, rows, cols,
+                                             seqlen_offset, items, flags);
     const kv_i64 limit = r.limit, step = kv_row_programs(KV_HAS(KV_FOLDED_GRID)) * items;
     const bool swa = KV_HAS(KV_MAPPING), toward_zero = KV_HAS(KV_ROUND_TOWARD_ZERO);
     const kv_i64 end = swa ? kv_max(width, swa_width) : width;
@@ -1099,6 +1100,193 @@ extern "C" __global__ void kv_cache_locs(
                 kv_store_index(swa_out, destination,
                                kv_translated_value(x, page_size, swa_v2p, swa_v2p_len, KV_HAS(KV_WIDE_MAPPING)),
                                (layout & KV_CACHE_LOCS_WIDE_SWA_OUT) != 0);
+        }
+    }
+    KV_GRID_RELEASE();
+}
+
+// ---- The block table of a ragged token CSR (semantics: kvdispatch/ops/ragged_page_table.py,
+// build_ragged_page_table) ----
+//
+// On the mapped tables' grid (kvdispatch.grid.mapped_page_table_launch): row b's tokens are kv_indices[s,
+// min(e, total)) for s = kv_indptr[b], e = kv_indptr[b + 1] (none when s lies outside [0, total)); page p is
+// there when p * page_size lies below that count, and its first token is written as kv_mha_page_table writes a
+// slot: page_table[b, p] = slot / page_size (p < width), with KV_MAPPING swa[b, p] = mapping[clamp(slot, 0,
+// mapping_len - 1)] / page_size (p < swa_width), both their low 32 bits. Everything else is left untouched.
+// Flags: KV_WIDE_TOKENS, KV_WIDE_INDPTR, KV_MAPPING, KV_WIDE_MAPPING, KV_ROUND_TOWARD_ZERO, KV_FOLDED_GRID.
+#define KV_WIDE_TOKENS KV_WIDE_POOL  // kv_indices is int64 (this kernel reads no pool indices)
+
+extern "C" __global__ void kv_ragged_page_table(
+    const void* __restrict__ kv_indices, const void* __restrict__ kv_indptr, int* __restrict__ page_table,
+    int* __restrict__ swa_page_table, const void* __restrict__ full_to_swa, kv_i64 total, kv_i64 width,
+    kv_i64 page_table_stride, kv_i64 swa_width, kv_i64 swa_stride, kv_i64 mapping_len, kv_i64 indptr_stride,
+    kv_i64 items, kv_i64 page_size_arg, kv_i64 flags) {
+    KV_GRID_WAIT();
+    const kv_i64 page_size = kv_specialised_page_size(page_size_arg), b = blockIdx.x;
+    const kv_i64 start = kv_load_index(kv_indptr, b * indptr_stride, KV_HAS(KV_WIDE_INDPTR));
+    const kv_i64 end = kv_load_index(kv_indptr, (b + 1) * indptr_stride, KV_HAS(KV_WIDE_INDPTR));
+    const bool readable = start >= 0 && start < total;
+    const kv_i64 begin = readable ? start : 0;
+    const kv_i64 limit = readable ? kv_min(kv_max(end, -1), total) - begin : 0;  // both in [-1, total]: exact
+    const kv_i64 step = kv_row_programs(KV_HAS(KV_FOLDED_GRID)) * items;
+    const bool swa = KV_HAS(KV_MAPPING), toward_zero = KV_HAS(KV_ROUND_TOWARD_ZERO);
+    const kv_i64 pages_end = swa ? kv_max(width, swa_width) : width;
+    for (kv_i64 first = kv_row_program(KV_HAS(KV_FOLDED_GRID)) * items;
+         first < pages_end && first * page_size < limit; first += step) {
+        const kv_i64 last = kv_min(first + items, pages_end);
+        for (kv_i64 p = first + threadIdx.x; p < last && p * page_size < limit; p += blockDim.x) {
+            const kv_i64 slot = kv_load_index(kv_indices, begin + p * page_size, KV_HAS(KV_WIDE_TOKENS));
+            if (p < width) page_table[b * page_table_stride + p] = (int)(kv_u64)kv_div64(slot, page_size, toward_zero);
+            if (swa && p < swa_width) {
+                const kv_i64 index = kv_min(kv_max(slot, 0), mapping_len - 1);
+                const kv_i64 mapped = kv_load_index(full_to_swa, index, KV_HAS(KV_WIDE_MAPPING));
+                swa_page_table[b * swa_stride + p] = (int)(kv_u64)kv_div64(mapped, page_size, toward_zero);
+            }
+        }
+    }
+    KV_GRID_RELEASE();
+}
+
+// ---- The prefill-aware sliding-window token table (semantics: kvdispatch/ops/pa_swa_table.py,
+// build_pa_swa_table) ----
+//
+// On the mapped tables' grid at page size 1: row b's columns in blocks of `items`, program k handling blocks
+// k, k + T, ...; program (b, 0) writes kv_lens[b]. With s = seq_lens[b], f = prefill_lens[pool] (0 outside
+// [0, prefill_count)), both clamped into [-2**62, 2**62] so that no sum wraps: n = min(s, f + window) and
+// gap = max(s - window - f, 0); out[b, j] = table[pool, j < f ? j : j + gap] for j < min(n, width) while that
+// position lies below cols, on a readable row (0 <= pool < rows). Everything else is left untouched.
+// Flags: KV_WIDE_POOL, KV_WIDE_LENS, KV_WIDE_PREFILL, KV_FOLDED_GRID.
+#define KV_WIDE_PREFILL KV_WIDE_START  // prefill_lens is int64 (this kernel reads no start positions)
+
+extern "C" __global__ void kv_pa_swa_table(
+    const int* __restrict__ table, const void* __restrict__ req_pool_indices, const void* __restrict__ seq_lens,
+    const void* __restrict__ prefill_lens, int* __restrict__ out, int* __restrict__ kv_lens, kv_i64 rows,
+    kv_i64 cols, kv_i64 table_stride, kv_i64 prefill_count, kv_i64 width, kv_i64 out_stride, kv_i64 kv_lens_stride,
+    kv_i64 window, kv_i64 pool_stride, kv_i64 lens_stride, kv_i64 items, kv_i64 flags) {
+    KV_GRID_WAIT();
+    const kv_i64 b = blockIdx.x, program = kv_row_program(KV_HAS(KV_FOLDED_GRID));
+    const kv_i64 bound = 0x4000000000000000LL;  // 2**62
+    const kv_i64 pool = kv_load_index(req_pool_indices, b * pool_stride, KV_HAS(KV_WIDE_POOL));
+    const kv_i64 length = kv_min(kv_max(kv_load_index(seq_lens, b * lens_stride, KV_HAS(KV_WIDE_LENS)), -bound),
+                                 bound);
+    const kv_i64 prefill = pool >= 0 && pool < prefill_count
+        ? kv_min(kv_max(kv_load_index(prefill_lens, pool, KV_HAS(KV_WIDE_PREFILL)), -bound), bound) : 0;
+    const kv_i64 kept = kv_min(length, prefill + window);
+    if (program == 0 && threadIdx.x == 0) kv_lens[b * kv_lens_stride] = (int)(kv_u64)kept;
+    const kv_i64 gap = kv_max(length - window - kv_max(prefill, -bound / 2), 0);  // below -2**61: no token
+    const kv_i64 limit = pool >= 0 && pool < rows ? kv_min(kept, width) : 0;
+    const int* row = table + (limit > 0 ? pool * table_stride : 0);
+    const kv_i64 step = kv_row_programs(KV_HAS(KV_FOLDED_GRID)) * items;
+    for (kv_i64 first = program * items; first < limit; first += step) {
+        const kv_i64 last = kv_min(first + items, limit);
+        for (kv_i64 j = first + threadIdx.x; j < last; j += blockDim.x) {
+            const kv_i64 position = j < prefill ? j : j + gap;
+            if (position < cols) out[b * out_stride + j] = row[position];
+        }
+    }
+    KV_GRID_RELEASE();
+}
+
+// ---- Two token CSRs merged row by row (semantics: kvdispatch/ops/merged_token_csr.py,
+// build_merged_kv_indices) ----
+//
+// On the token CSR's grid: row b's entries in blocks of `items`, program k handling blocks k, k + T, ...
+// Request i's prefix part: p_i = min(max(prefix_indptr[i + 1], -1), prefix_count) - s_i from s_i =
+// prefix_indptr[i] (0 when s_i lies outside [0, prefix_count)), its extend part e_i = min(max(lens[i], -1),
+// extend_count - t_i) from t_i = start[i] (0 when t_i lies outside [0, extend_count)), both at least 0, so every
+// sum below is exact. Each thread sums the earlier rows' lengths itself (the row's first entry: no
+// synchronisation between threads); program (b, 0) writes indptr_out[b + 1] (and (0, 0) indptr_out[0] = 0).
+// Flags: KV_WIDE_INDPTR (prefix_indptr), KV_WIDE_START (start), KV_WIDE_LENS (lens), KV_WIDE_TOKENS (prefix),
+// KV_WIDE_EXTEND (extend), KV_WIDE_OUT (out), KV_WIDE_MAPPING (indptr_out), KV_FOLDED_GRID.
+#define KV_WIDE_EXTEND KV_WIDE_POSITIONS  // extend is int64 (this kernel reads no positions)
+struct kv_merged_parts {
+    kv_i64 start, prefix, first, extend;
+};
+
+__device__ inline kv_merged_parts kv_merged_parts_of(const void* prefix_indptr, kv_i64 prefix_indptr_stride,
+                                                     const void* start, kv_i64 start_stride, const void* lens,
+                                                     kv_i64 lens_stride, kv_i64 i, kv_i64 prefix_count,
+                                                     kv_i64 extend_count, kv_i64 flags) {
+    kv_merged_parts r;
+    r.start = kv_load_index(prefix_indptr, i * prefix_indptr_stride, KV_HAS(KV_WIDE_INDPTR));
+    const kv_i64 end = kv_load_index(prefix_indptr, (i + 1) * prefix_indptr_stride, KV_HAS(KV_WIDE_INDPTR));
+    r.prefix = r.start >= 0 && r.start < prefix_count ? kv_max(kv_min(kv_max(end, -1), prefix_count) - r.start, 0)
+                                                      : 0;
+    r.first = kv_load_index(start, i * start_stride, KV_HAS(KV_WIDE_START));
+    const kv_i64 count = kv_min(kv_max(kv_load_index(lens, i * lens_stride, KV_HAS(KV_WIDE_LENS)), -1), extend_count);
+    r.extend = r.first >= 0 && r.first < extend_count ? kv_max(kv_min(count, extend_count - r.first), 0) : 0;
+    return r;
+}
+
+extern "C" __global__ void kv_merged_token_csr(
+    const void* __restrict__ prefix_indptr, const void* __restrict__ prefix, const void* __restrict__ start,
+    const void* __restrict__ lens, const void* __restrict__ extend, void* __restrict__ indptr_out,
+    void* __restrict__ out, kv_i64 prefix_count, kv_i64 extend_count, kv_i64 total, kv_i64 prefix_indptr_stride,
+    kv_i64 start_stride, kv_i64 lens_stride, kv_i64 items, kv_i64 flags) {
+    KV_GRID_WAIT();
+    const kv_i64 b = blockIdx.x, program = kv_row_program(KV_HAS(KV_FOLDED_GRID));
+    kv_i64 begin = 0;
+    for (kv_i64 i = 0; i < b; ++i) {
+        const kv_merged_parts earlier = kv_merged_parts_of(prefix_indptr, prefix_indptr_stride, start, start_stride,
+                                                           lens, lens_stride, i, prefix_count, extend_count, flags);
+        begin += earlier.prefix + earlier.extend;
+    }
+    const kv_merged_parts r = kv_merged_parts_of(prefix_indptr, prefix_indptr_stride, start, start_stride, lens,
+                                                 lens_stride, b, prefix_count, extend_count, flags);
+    const kv_i64 length = r.prefix + r.extend;
+    const bool wide_indptr = KV_HAS(KV_WIDE_MAPPING), wide_out = KV_HAS(KV_WIDE_OUT);
+    if (program == 0 && threadIdx.x == 0) {
+        if (wide_indptr) ((kv_i64*)indptr_out)[b + 1] = begin + length;
+        else ((int*)indptr_out)[b + 1] = (int)(kv_u64)(begin + length);
+        if (b == 0) {
+            if (wide_indptr) ((kv_i64*)indptr_out)[0] = 0;
+            else ((int*)indptr_out)[0] = 0;
+        }
+    }
+    const kv_i64 limit = kv_min(length, kv_max(total - begin, 0));
+    const kv_i64 step = kv_row_programs(KV_HAS(KV_FOLDED_GRID)) * items;
+    for (kv_i64 first = program * items; first < limit; first += step) {
+        const kv_i64 last = kv_min(first + items, limit);
+        for (kv_i64 j = first + threadIdx.x; j < last; j += blockDim.x) {
+            const kv_i64 value = j < r.prefix ? kv_load_index(prefix, r.start + j, KV_HAS(KV_WIDE_TOKENS))
+                                              : kv_load_index(extend, r.first + j - r.prefix, KV_HAS(KV_WIDE_EXTEND));
+            if (wide_out) ((kv_i64*)out)[begin + j] = value;
+            else ((int*)out)[begin + j] = (int)(kv_u64)value;
+        }
+    }
+    KV_GRID_RELEASE();
+}
+
+// ---- Each draft token's row: its request's prefix row, then its expand row (semantics:
+// kvdispatch/ops/spec_concat_page_table.py, build_spec_concat_page_table) ----
+//
+// On the mapped tables' grid at page size 1: row m's columns in blocks of `items`, program k handling blocks
+// k, k + T, ... With la = lens_a[m / draft_tokens] and lb = lens_b[m] (clamped into [-2**62, 2**62]: the sum
+// is exact): out[m, n] for n < min(la + lb, width) is a[m / draft_tokens, n] for n < la (0 from width_a on),
+// then b[m, n - la] (0 from width_b on). Flags: KV_WIDE_POOL (lens_a), KV_WIDE_LENS (lens_b), KV_FOLDED_GRID.
+extern "C" __global__ void kv_spec_concat_page_table(
+    const int* __restrict__ a, const int* __restrict__ b, const void* __restrict__ lens_a,
+    const void* __restrict__ lens_b, int* __restrict__ out, kv_i64 draft_tokens, kv_i64 width_a, kv_i64 a_stride,
+    kv_i64 width_b, kv_i64 b_stride, kv_i64 width, kv_i64 out_stride, kv_i64 lens_a_stride, kv_i64 lens_b_stride,
+    kv_i64 items, kv_i64 flags) {
+    KV_GRID_WAIT();
+    const kv_i64 m = blockIdx.x, request = m / draft_tokens, bound = 0x4000000000000000LL;  // 2**62
+    const kv_i64 first = kv_min(kv_max(kv_load_index(lens_a, request * lens_a_stride, KV_HAS(KV_WIDE_POOL)), -bound),
+                                bound);
+    const kv_i64 second = kv_min(kv_max(kv_load_index(lens_b, m * lens_b_stride, KV_HAS(KV_WIDE_LENS)), -bound),
+                                 bound);
+    const kv_i64 limit = kv_min(first + second, width);
+    const kv_i64 step = kv_row_programs(KV_HAS(KV_FOLDED_GRID)) * items;
+    for (kv_i64 block = kv_row_program(KV_HAS(KV_FOLDED_GRID)) * items; block < limit; block += step) {
+        const kv_i64 last = kv_min(block + items, limit);
+        for (kv_i64 n = block + threadIdx.x; n < last; n += blockDim.x) {
+            int value = 0;
+            if (n < first) {
+                if (n < width_a) value = a[request * a_stride + n];
+            } else if (n - first < width_b) {
+                value = b[m * b_stride + (n - first)];
+            }
+            out[m * out_stride + n] = value;
         }
     }
     KV_GRID_RELEASE();

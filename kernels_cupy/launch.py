@@ -154,7 +154,7 @@ def token_csr_call(req_to_token, req_pool_indices, seq_lens, kv_indptr, out, kv_
 
 
 def mha_page_table_call(req_to_token, req_pool_indices, seq_lens, page_table, page_size, swa_page_table=None,
-                        full_to_swa=None, round_toward_zero=False) -> KernelCall | None:
+                        full_to_swa=None, round_toward_zero=False, seqlen_offset=0) -> KernelCall | None:
     """The ``kv_mha_page_table`` launch for ``kvdispatch.ops.mha_page_table.reference``'s arguments, or None
     when there is nothing to do. An empty ``full_to_swa`` leaves the SWA table out (nothing to read)."""
     width = page_table.shape[1]
@@ -171,7 +171,7 @@ def mha_page_table_call(req_to_token, req_pool_indices, seq_lens, page_table, pa
     args = (req_to_token, req_pool_indices, seq_lens, page_table, swa_page_table if swa else None,
             full_to_swa if swa else None, rows, cols, req_to_token.stride(0),
             width, page_table.stride(0), swa_width, _stride(swa_page_table) if swa else 0,
-            full_to_swa.shape[0] if swa else 0, req_pool_indices.stride(0), seq_lens.stride(0),
+            full_to_swa.shape[0] if swa else 0, req_pool_indices.stride(0), seq_lens.stride(0), seqlen_offset,
             launch.items_per_program, page_size, flags)
     defines = (("KV_PAGE_SIZE", page_size), ("KV_FLAGS", flags))
     return _kernel_call("kv_mha_page_table", defines, launch, args)
@@ -227,11 +227,11 @@ def build_token_indices(req_to_token, req_pool_indices, seq_lens, kv_indptr, out
 
 
 def build_mha_page_table(req_to_token, req_pool_indices, seq_lens, page_table, page_size, swa_page_table=None,
-                         full_to_swa=None, round_toward_zero=False, pdl=False):
+                         full_to_swa=None, round_toward_zero=False, seqlen_offset=0, pdl=False):
     """TRT-LLM MHA page table; semantics of ``kvdispatch.create_trtllm_mha_page_table``; ``pdl`` as for
     ``build_page_table``. Returns ``page_table``."""
     return _launched(mha_page_table_call(req_to_token, req_pool_indices, seq_lens, page_table, page_size,
-                                         swa_page_table, full_to_swa, round_toward_zero),
+                                         swa_page_table, full_to_swa, round_toward_zero, seqlen_offset),
                      req_to_token.device, page_table, pdl)
 
 
@@ -512,3 +512,128 @@ def build_prefix_extend_kv_indices(prefix_lens, prefix_starts, extend_lens, exte
     ``build_page_table``. Returns ``out``."""
     return _launched(prefix_extend_csr_call(prefix_lens, prefix_starts, extend_lens, extend_starts, kv_indptr, out,
                                             extend_base), out.device, out, pdl)
+
+
+# -- the block table of a ragged token CSR (kvdispatch.create_ragged_page_table) --------------------------------
+
+
+WIDE_TOKENS = WIDE_POOL  # kv_indices is int64: the macro KV_WIDE_TOKENS (the kernel reads no pool indices)
+
+
+def ragged_page_table_call(kv_indices, kv_indptr, page_table, page_size, swa_page_table=None, full_to_swa=None,
+                           round_toward_zero=False) -> KernelCall | None:
+    """The ``kv_ragged_page_table`` launch for ``kvdispatch.ops.ragged_page_table.reference``'s arguments, or
+    None when there is nothing to do. An empty ``full_to_swa`` leaves the SWA table out (nothing to read)."""
+    width = page_table.shape[1]
+    swa = swa_page_table is not None and full_to_swa.shape[0] > 0
+    swa_width = swa_page_table.shape[1] if swa else 0
+    launch = _mapped_page_table_launch(kv_indptr.shape[0] - 1, max(width, swa_width), page_size,
+                                       budget=_budget(page_table))
+    if launch.grid[0] == 0:
+        return None
+    flags = (_wide(kv_indices, WIDE_TOKENS) | _wide(kv_indptr, WIDE_INDPTR) | _folded(launch)
+             | (MAPPING | _wide(full_to_swa, WIDE_MAPPING) if swa else 0)
+             | (ROUND_TOWARD_ZERO if round_toward_zero else 0))
+    args = (kv_indices, kv_indptr, page_table, swa_page_table if swa else None, full_to_swa if swa else None,
+            kv_indices.shape[0], width, page_table.stride(0), swa_width, swa_page_table.stride(0) if swa else 0,
+            full_to_swa.shape[0] if swa else 0, kv_indptr.stride(0), launch.items_per_program, page_size, flags)
+    defines = (("KV_PAGE_SIZE", page_size), ("KV_FLAGS", flags))
+    return _kernel_call("kv_ragged_page_table", defines, launch, args)
+
+
+def build_ragged_page_table(kv_indices, kv_indptr, page_table, page_size, swa_page_table=None, full_to_swa=None,
+                            round_toward_zero=False, pdl=False):
+    """Block table of a ragged token CSR; semantics of ``kvdispatch.create_ragged_page_table``; ``pdl`` as for
+    ``build_page_table``. Returns ``page_table``."""
+    return _launched(ragged_page_table_call(kv_indices, kv_indptr, page_table, page_size, swa_page_table,
+                                            full_to_swa, round_toward_zero), kv_indices.device, page_table, pdl)
+
+
+# -- the prefill-aware sliding-window token table (kvdispatch.create_prefill_aware_swa_table) -----------------
+
+
+WIDE_PREFILL = WIDE_START  # prefill_lens is int64: the macro KV_WIDE_PREFILL (the kernel reads no starts)
+
+
+def pa_swa_table_call(req_to_token, req_pool_indices, seq_lens, prefill_lens, out, kv_lens_out,
+                      window_size) -> KernelCall | None:
+    """The ``kv_pa_swa_table`` launch for ``kvdispatch.ops.pa_swa_table.reference``'s arguments, or None when
+    there is nothing to do (no request)."""
+    launch = _mapped_page_table_launch(req_pool_indices.shape[0], max(out.shape[1], 1), 1, budget=_budget(out))
+    if launch.grid[0] == 0:
+        return None
+    flags = (_wide(req_pool_indices, WIDE_POOL) | _wide(seq_lens, WIDE_LENS) | _wide(prefill_lens, WIDE_PREFILL)
+             | _folded(launch))
+    rows, cols = req_to_token.shape
+    args = (req_to_token, req_pool_indices, seq_lens, prefill_lens, out, kv_lens_out, rows, cols,
+            req_to_token.stride(0), prefill_lens.shape[0], out.shape[1], out.stride(0), kv_lens_out.stride(0),
+            window_size, req_pool_indices.stride(0), seq_lens.stride(0), launch.items_per_program, flags)
+    return _kernel_call("kv_pa_swa_table", (("KV_FLAGS", flags),), launch, args)
+
+
+def build_pa_swa_table(req_to_token, req_pool_indices, seq_lens, prefill_lens, out, kv_lens_out, window_size,
+                       pdl=False):
+    """Prefill-aware sliding-window token table; semantics of ``kvdispatch.create_prefill_aware_swa_table``;
+    ``pdl`` as for ``build_page_table``. Returns ``out``."""
+    return _launched(pa_swa_table_call(req_to_token, req_pool_indices, seq_lens, prefill_lens, out, kv_lens_out,
+                                       window_size), req_to_token.device, out, pdl)
+
+
+# -- two token CSRs merged row by row (kvdispatch.create_merged_kv_indices) ------------------------------------
+
+
+WIDE_INDPTR_OUT = WIDE_MAPPING  # kv_indptr_out is int64 (the merged kernel reads no mapping)
+WIDE_EXTEND = WIDE_POSITIONS  # extend_kv_indices is int64 (nor positions)
+
+
+def merged_token_csr_call(prefix_kv_indptr, prefix_kv_indices, extend_start_loc, extend_seq_lens, extend_kv_indices,
+                          kv_indptr_out, out) -> KernelCall | None:
+    """The ``kv_merged_token_csr`` launch for ``kvdispatch.ops.merged_token_csr.reference``'s arguments, or None
+    when there is nothing to do (no request)."""
+    batch = extend_seq_lens.shape[0]
+    prefix_count, extend_count, total = prefix_kv_indices.shape[0], extend_kv_indices.shape[0], out.shape[0]
+    span = max(min(prefix_count + extend_count, total), 1)
+    launch = _token_csr_launch(batch, span, span, budget=_budget(out))
+    if launch.grid[0] == 0:
+        return None
+    flags = (_wide(prefix_kv_indptr, WIDE_INDPTR) | _wide(extend_start_loc, WIDE_START)
+             | _wide(extend_seq_lens, WIDE_LENS) | _wide(prefix_kv_indices, WIDE_TOKENS)
+             | _wide(extend_kv_indices, WIDE_EXTEND) | _wide(out, WIDE_OUT) | _wide(kv_indptr_out, WIDE_INDPTR_OUT)
+             | _folded(launch))
+    args = (prefix_kv_indptr, prefix_kv_indices, extend_start_loc, extend_seq_lens, extend_kv_indices, kv_indptr_out,
+            out, prefix_count, extend_count, total, prefix_kv_indptr.stride(0), extend_start_loc.stride(0),
+            extend_seq_lens.stride(0), launch.items_per_program, flags)
+    return _kernel_call("kv_merged_token_csr", (("KV_FLAGS", flags),), launch, args)
+
+
+def build_merged_kv_indices(prefix_kv_indptr, prefix_kv_indices, extend_start_loc, extend_seq_lens, extend_kv_indices,
+                            kv_indptr_out, out, pdl=False):
+    """Two token CSRs merged row by row; semantics of ``kvdispatch.create_merged_kv_indices``; ``pdl`` as for
+    ``build_page_table``. Returns ``out``."""
+    return _launched(merged_token_csr_call(prefix_kv_indptr, prefix_kv_indices, extend_start_loc, extend_seq_lens,
+                                           extend_kv_indices, kv_indptr_out, out), out.device, out, pdl)
+
+
+# -- each draft token's prefix-then-expand row (kvdispatch.create_spec_concat_page_table) ----------------------
+
+
+
+def spec_concat_page_table_call(page_table_a, page_table_b, seq_lens_a, seq_lens_b, out,
+                                draft_tokens) -> KernelCall | None:
+    """The ``kv_spec_concat_page_table`` launch for ``kvdispatch.ops.spec_concat_page_table.reference``'s
+    arguments, or None when there is nothing to do."""
+    launch = _mapped_page_table_launch(seq_lens_b.shape[0], out.shape[1], 1, budget=_budget(out))
+    if launch.grid[0] == 0:
+        return None
+    flags = _wide(seq_lens_a, WIDE_POOL) | _wide(seq_lens_b, WIDE_LENS) | _folded(launch)
+    args = (page_table_a, page_table_b, seq_lens_a, seq_lens_b, out, draft_tokens, page_table_a.shape[1],
+            page_table_a.stride(0), page_table_b.shape[1], page_table_b.stride(0), out.shape[1], out.stride(0),
+            seq_lens_a.stride(0), seq_lens_b.stride(0), launch.items_per_program, flags)
+    return _kernel_call("kv_spec_concat_page_table", (("KV_FLAGS", flags),), launch, args)
+
+
+def build_spec_concat_page_table(page_table_a, page_table_b, seq_lens_a, seq_lens_b, out, draft_tokens, pdl=False):
+    """Each draft token's prefix-then-expand row; semantics of ``kvdispatch.create_spec_concat_page_table``;
+    ``pdl`` as for ``build_page_table``. Returns ``out``."""
+    return _launched(spec_concat_page_table_call(page_table_a, page_table_b, seq_lens_a, seq_lens_b, out,
+                                                 draft_tokens), out.device, out, pdl)

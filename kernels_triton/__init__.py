@@ -30,6 +30,10 @@ KERNELS = {
     "cache_locs": ("cache_locs", "build_cache_locs"),
     "compact_csr": ("compact_csr", "build_compact_kv_indices"),
     "prefix_extend_csr": ("prefix_extend_csr", "build_prefix_extend_kv_indices"),
+    "ragged_page_table": ("ragged_page_table", "build_ragged_page_table"),
+    "pa_swa_table": ("pa_swa_table", "build_pa_swa_table"),
+    "merged_token_csr": ("merged_token_csr", "build_merged_kv_indices"),
+    "spec_concat_page_table": ("spec_concat_page_table", "build_spec_concat_page_table"),
 }
 # Public name -> the submodule defining it.
 _OWNERS = {name: module for module, name in KERNELS.values()} | {

@@ -97,6 +97,10 @@ def specializations(warp_size: int = 32, page_sizes=PAGE_SIZES, index_types=("i3
     yield from _cache_locs_specializations(warp_size, page_sizes, index_types)
     yield from _compact_csr_specializations(warp_size, index_types)
     yield from _prefix_extend_csr_specializations(warp_size, index_types)
+    yield from _ragged_specializations(warp_size, page_sizes, index_types)
+    yield from _pa_swa_specializations(warp_size, index_types)
+    yield from _merged_specializations(warp_size, index_types)
+    yield from _concat_specializations(warp_size, index_types)
 
 
 def pdl_specializations(warp_size: int = 32):
@@ -375,6 +379,48 @@ def _jit_kernel(kernel, module):
 
     return triton.runtime.jit.JITFunction(getattr(kernel, "fn", kernel), do_not_specialize=module.RUNTIME_INTS,
                                           do_not_specialize_on_alignment=module.POINTERS)
+
+
+# -- the ragged CSR's block table, the prefill-aware table, the merged token CSR (their kernels_triton modules) --
+
+from . import merged_token_csr, pa_swa_table, ragged_page_table, spec_concat_page_table  # noqa: E402
+
+
+def _jitted_specializations(module, name, specs, warp_size, threads_of):
+    """``Specialization``s of kernel ``name`` of ``module`` (its ``KERNEL_PARAMETERS``) for the ``(kernel name,
+    signature, constexprs)`` of ``specs``, ``threads_of(constexprs)`` threads per program."""
+    import triton  # noqa: PLC0415
+
+    function, pointers, ints = module.KERNEL_PARAMETERS[name]
+    kernel = triton.runtime.jit.JITFunction(function, do_not_specialize=ints, do_not_specialize_on_alignment=pointers)
+    for _, signature, constexprs in specs:
+        yield Specialization(kernel, signature, constexprs, max(1, threads_of(constexprs) // warp_size))
+
+
+def _ragged_specializations(warp_size, page_sizes, index_types):
+    """The ragged page table's specialisations (``ragged_page_table.specializations``)."""
+    specs = ragged_page_table.specializations(page_sizes, index_types)
+    return _jitted_specializations(ragged_page_table, "ragged", specs, warp_size,
+                                   lambda c: launch_grid.mapped_page_table_launch(1, 1, c["PAGE_SIZE"]).threads)
+
+
+def _pa_swa_specializations(warp_size, index_types):
+    """The prefill-aware table's specialisations (``pa_swa_table.specializations``; page size 1 only)."""
+    return _jitted_specializations(pa_swa_table, "pa_swa", pa_swa_table.specializations(index_types), warp_size,
+                                   lambda c: launch_grid.mapped_page_table_launch(1, 1, 1).threads)
+
+
+def _merged_specializations(warp_size, index_types):
+    """The merged token CSR's specialisations (``merged_token_csr.specializations``)."""
+    return _jitted_specializations(merged_token_csr, "merged", merged_token_csr.specializations(index_types),
+                                   warp_size, lambda c: launch_grid.token_csr_launch(1, 1, 1).threads)
+
+
+def _concat_specializations(warp_size, index_types):
+    """The speculative concat table's specialisations (``spec_concat_page_table.specializations``)."""
+    specs = spec_concat_page_table.specializations(index_types)
+    return _jitted_specializations(spec_concat_page_table, "concat", specs, warp_size,
+                                   lambda c: launch_grid.mapped_page_table_launch(1, 1, 1).threads)
 
 
 if __name__ == "__main__":

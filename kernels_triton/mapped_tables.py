@@ -28,9 +28,9 @@ from .page_table import page_shift
 
 MHA_PARAMETERS = ("table_ptr", "pool_ptr", "lens_ptr", "page_table_ptr", "swa_ptr", "mapping_ptr", "table_rows",
                   "table_cols", "table_row_stride", "width", "page_table_stride", "swa_width", "swa_stride",
-                  "mapping_len", "pool_stride", "lens_stride")
+                  "mapping_len", "pool_stride", "lens_stride", "seqlen_offset")
 MHA_CONSTEXPRS = ("PAGE_SIZE", "PAGE_SHIFT", "PAGES_PER_PROGRAM", "HAS_SWA", "ROUND_TOWARD_ZERO", "UNIT_STRIDES",
-                  "FOLDED_GRID", "PDL")
+                  "FOLDED_GRID", "PDL", "HAS_OFFSET")
 # What every call reads fills the first 64 bytes (one constant-bank line): the pointers, two packed words
 # (``translated_packed_words``) and the map's length; the full-width values and the options' values follow.
 TRANSLATED_PARAMETERS = ("table_ptr", "pool_ptr", "lens_ptr", "v2p_ptr", "out_ptr", "packed_table", "packed_out",
@@ -68,14 +68,16 @@ def _mha_page_table_kernel(
     table_ptr, pool_ptr, lens_ptr, page_table_ptr, swa_ptr, mapping_ptr, table_rows: tl.int64,
     table_cols: tl.int64, table_row_stride: tl.int64, width: tl.int64, page_table_stride: tl.int64,
     swa_width: tl.int64, swa_stride: tl.int64, mapping_len: tl.int64, pool_stride: tl.int64, lens_stride: tl.int64,
-    PAGE_SIZE: tl.constexpr, PAGE_SHIFT: tl.constexpr, PAGES_PER_PROGRAM: tl.constexpr, HAS_SWA: tl.constexpr,
-    ROUND_TOWARD_ZERO: tl.constexpr, UNIT_STRIDES: tl.constexpr, FOLDED_GRID: tl.constexpr, PDL: tl.constexpr,
+    seqlen_offset: tl.int64, PAGE_SIZE: tl.constexpr, PAGE_SHIFT: tl.constexpr, PAGES_PER_PROGRAM: tl.constexpr,
+    HAS_SWA: tl.constexpr, ROUND_TOWARD_ZERO: tl.constexpr, UNIT_STRIDES: tl.constexpr, FOLDED_GRID: tl.constexpr,
+    PDL: tl.constexpr, HAS_OFFSET: tl.constexpr,
 ):
     """``slot = table[pool[b], p * PAGE_SIZE]``; ``page_table[b, p] = slot // PAGE_SIZE`` for ``p < width`` and,
     with HAS_SWA, ``swa[b, p] = mapping[clamp(slot, 0, mapping_len - 1)] // PAGE_SIZE`` (low 32 bits) for
     ``p < swa_width``, over the row's pages. HAS_SWA only with ``mapping_len > 0``; without it ``swa_ptr`` and
     ``mapping_ptr`` are not read. Program ``k`` of a row handles its blocks of PAGES_PER_PROGRAM pages ``k, k +
-    T, ...`` (``T``: ``launch.programs_in_row``) up to the row's last page. PAGE_SHIFT: log2(PAGE_SIZE) for
+    T, ...`` (``T``: ``launch.programs_in_row``) up to the row's last page, the row's length ``seq_lens[b] +
+    seqlen_offset`` (HAS_OFFSET: the offset is not 0, else it is not read). PAGE_SHIFT: log2(PAGE_SIZE) for
     powers of two, else -1. UNIT_STRIDES: the index vectors are contiguous. FOLDED_GRID:
     ``launch.program_in_row``."""
     _launch.wait_for_producer(PDL)
@@ -83,10 +85,21 @@ def _mha_page_table_kernel(
         pool_stride, lens_stride = 1, 1
     row = tl.program_id(0).to(tl.int64)
     first = _launch.program_in_row(FOLDED_GRID) * PAGES_PER_PROGRAM
-    pool, limit = _row_limit(pool_ptr, lens_ptr, row, pool_stride, lens_stride, table_rows, table_cols, 0, False)
+    pool, limit = _row_limit(pool_ptr, lens_ptr, row, pool_stride, lens_stride, table_rows, table_cols, seqlen_offset,
+                             HAS_OFFSET)
     row_ptr = table_ptr + pool * table_row_stride  # only dereferenced below the limit, 0 on an unreadable row
-    page_table_row = page_table_ptr + row * page_table_stride
-    swa_row = swa_ptr + row * swa_stride
+    _mha_row(first, row_ptr, limit, page_table_ptr + row * page_table_stride, width, swa_ptr + row * swa_stride,
+             swa_width, mapping_ptr, mapping_len, PAGE_SIZE, PAGE_SHIFT, PAGES_PER_PROGRAM, HAS_SWA,
+             ROUND_TOWARD_ZERO, FOLDED_GRID)
+    _launch.release_dependents(PDL)
+
+
+@triton.jit
+def _mha_row(first, row_ptr, limit, page_table_row, width, swa_row, swa_width, mapping_ptr, mapping_len,
+             PAGE_SIZE: tl.constexpr, PAGE_SHIFT: tl.constexpr, PAGES_PER_PROGRAM: tl.constexpr,
+             HAS_SWA: tl.constexpr, ROUND_TOWARD_ZERO: tl.constexpr, FOLDED_GRID: tl.constexpr):
+    """The blocks of a row this program owns (``_mha_pages`` each): the one of page ``first``, then every
+    ``launch.programs_in_row``-th block after it, up to the row's last page below ``limit`` positions."""
     if first.to(tl.int64) * PAGE_SIZE < limit:
         _mha_pages(first, row_ptr, limit, page_table_row, width, swa_row, swa_width, mapping_ptr, mapping_len,
                    PAGE_SIZE, PAGE_SHIFT, PAGES_PER_PROGRAM, HAS_SWA, ROUND_TOWARD_ZERO)
@@ -95,7 +108,6 @@ def _mha_page_table_kernel(
     for later in range(first + step, pages_end, step):
         _mha_pages(later, row_ptr, limit, page_table_row, width, swa_row, swa_width, mapping_ptr, mapping_len,
                    PAGE_SIZE, PAGE_SHIFT, PAGES_PER_PROGRAM, HAS_SWA, ROUND_TOWARD_ZERO)
-    _launch.release_dependents(PDL)
 
 
 @triton.jit
@@ -241,10 +253,10 @@ def _common_constexprs(page_size: int, unit_strides: bool, folded_grid: bool, pd
 
 
 def mha_constexprs(page_size: int, has_swa: bool, round_toward_zero: bool, unit_strides: bool = True,
-                   folded_grid: bool = False, pdl: bool = False) -> dict:
+                   folded_grid: bool = False, pdl: bool = False, has_offset: bool = False) -> dict:
     """The constexpr arguments of one MHA page-table specialisation."""
     return dict(_common_constexprs(page_size, unit_strides, folded_grid, pdl), HAS_SWA=has_swa,
-                ROUND_TOWARD_ZERO=round_toward_zero)
+                ROUND_TOWARD_ZERO=round_toward_zero, HAS_OFFSET=has_offset)
 
 
 def translated_constexprs(page_size: int, has_multiplier: bool, has_delta: bool, unit_strides: bool = True,
@@ -276,7 +288,7 @@ def _launch_plan(plans, launcher, key, out, args, span, constexprs_of):
 
 
 def build_mha_page_table(req_to_token, req_pool_indices, seq_lens, page_table, page_size, swa_page_table=None,
-                         full_to_swa=None, round_toward_zero=False, pdl=False):
+                         full_to_swa=None, round_toward_zero=False, seqlen_offset=0, pdl=False):
     """Write the TRT-LLM MHA page table (and its SWA twin) in one launch; semantics of
     ``kvdispatch.ops.mha_page_table.reference``; ``pdl``: launch with programmatic dependent launch where the
     device supports it. Arguments arrive validated (the op's ``check_arguments``)."""
@@ -287,13 +299,15 @@ def build_mha_page_table(req_to_token, req_pool_indices, seq_lens, page_table, p
     pool_stride, lens_stride = req_pool_indices.stride(0), seq_lens.stride(0)
     unit_strides = pool_stride == 1 and lens_stride == 1
     key = (page_table.get_device(), page_size, req_pool_indices.shape[0], max(width, swa_width), req_pool_indices.dtype,
-           seq_lens.dtype, full_to_swa.dtype if has_swa else None, round_toward_zero, unit_strides, pdl)
+           seq_lens.dtype, full_to_swa.dtype if has_swa else None, round_toward_zero, unit_strides, pdl,
+           seqlen_offset != 0)
     args = (req_to_token, req_pool_indices, seq_lens, page_table, swa_page_table if has_swa else page_table,
             full_to_swa if has_swa else req_pool_indices, rows, cols, req_to_token.stride(0), width,
             page_table.stride(0), swa_width, swa_page_table.stride(0) if has_swa else 0,
-            full_to_swa.shape[0] if has_swa else 0, pool_stride, lens_stride)
+            full_to_swa.shape[0] if has_swa else 0, pool_stride, lens_stride, seqlen_offset)
     _launch_plan(_mha_plans, mha_launcher, key, page_table, args, key[3],
-                 lambda folded: mha_constexprs(page_size, has_swa, round_toward_zero, unit_strides, folded, pdl))
+                 lambda folded: mha_constexprs(page_size, has_swa, round_toward_zero, unit_strides, folded, pdl,
+                                               seqlen_offset != 0))
     return page_table
 
 
@@ -326,12 +340,12 @@ def specializations(page_sizes, index_types=("i32", "i64")):
     """Every specialisation of both kernels for ``page_sizes``: yields ``(kernel name, signature, constexprs)``
     for ``triton.compiler.ASTSource`` (Triton >= 3.3), per option set, grid form, index dtype (the pool and
     length vectors) and lookup dtype (``full_to_swa``, ``v2p``)."""
-    for page_size, (swa, round_toward_zero, unit, folded), index, lookup in itertools.product(
-            page_sizes, itertools.product((False, True), repeat=4), index_types, ("i32", "i64")):
-        if not swa and lookup != "i32":
-            continue  # without SWA the mapping pointer is a placeholder of one type
+    for page_size, (swa, round_toward_zero, unit, folded, offset), index, lookup in itertools.product(
+            page_sizes, itertools.product((False, True), repeat=5), index_types, ("i32", "i64")):
+        if not swa and lookup != "i32" or offset and not round_toward_zero:
+            continue  # without SWA the mapping pointer is a placeholder of one type; offsets: SGLang's division
         types = dict(pool_ptr=f"*{index}", lens_ptr=f"*{index}", mapping_ptr=f"*{lookup}" if swa else f"*{index}")
-        constexprs = mha_constexprs(page_size, swa, round_toward_zero, unit, folded)
+        constexprs = mha_constexprs(page_size, swa, round_toward_zero, unit, folded, has_offset=offset)
         yield "mha", _signature(MHA_PARAMETERS, types, constexprs), constexprs
     # Wide indexing (tables or rows 2**31 entries apart) once per page size and dtype pair, with every option.
     for page_size, (multiplied, delta, unit, folded, wide), index, lookup in itertools.product(

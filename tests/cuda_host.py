@@ -109,11 +109,11 @@ def create_flashinfer_kv_indices(req_to_token, req_pool_indices, seq_lens, kv_in
 
 
 def build_mha_page_table(req_to_token, req_pool_indices, seq_lens, page_table, page_size, swa_page_table=None,
-                         full_to_swa=None, round_toward_zero=False, specialised=False):
+                         full_to_swa=None, round_toward_zero=False, seqlen_offset=0, specialised=False):
     """The CuPy backend's ``build_mha_page_table`` through the host build (as ``build_page_table``)."""
     _require_cpu(req_to_token)
     run(mha_page_table_call(req_to_token, req_pool_indices, seq_lens, page_table, page_size, swa_page_table,
-                            full_to_swa, round_toward_zero), specialised)
+                            full_to_swa, round_toward_zero, seqlen_offset), specialised)
     return page_table
 
 
@@ -127,12 +127,13 @@ def build_translated_page_table(req_to_token, req_pool_indices, seq_lens, v2p, o
 
 
 def create_trtllm_mha_page_table(req_to_token, req_pool_indices, seq_lens, page_table, *, page_size,
-                                 swa_page_table=None, full_to_swa=None, round_toward_zero=False, specialised=False):
+                                 swa_page_table=None, full_to_swa=None, round_toward_zero=False, seqlen_offset=0,
+                                 specialised=False):
     """``kvdispatch.create_trtllm_mha_page_table`` on CPU tensors, through the host build of the kernel."""
     ops.mha_page_table.check_arguments(req_to_token, req_pool_indices, seq_lens, page_table, page_size, swa_page_table,
-                              full_to_swa, round_toward_zero)
+                              full_to_swa, round_toward_zero, seqlen_offset)
     return build_mha_page_table(req_to_token, req_pool_indices, seq_lens, page_table, page_size, swa_page_table,
-                                full_to_swa, round_toward_zero, specialised)
+                                full_to_swa, round_toward_zero, seqlen_offset, specialised)
 
 
 def create_translated_page_table(req_to_token, req_pool_indices, seq_lens, v2p, out, *, page_size, multiplier=1,
@@ -276,3 +277,90 @@ def create_prefix_extend_kv_indices(prefix_lens, prefix_starts, extend_lens, ext
     arguments = (prefix_lens, prefix_starts, extend_lens, extend_starts, kv_indptr, out)
     ops.prefix_extend_csr.check_arguments(*arguments, extend_base)
     return build_prefix_extend_kv_indices(*arguments, extend_base, specialised)
+
+
+# -- the block table of a ragged token CSR ----------------------------------------------------------------
+
+def build_ragged_page_table(kv_indices, kv_indptr, page_table, page_size, swa_page_table=None, full_to_swa=None,
+                            round_toward_zero=False, specialised=False):
+    """The CuPy backend's ``build_ragged_page_table`` through the host build (as ``build_page_table``)."""
+    from kernels_cupy.launch import ragged_page_table_call  # noqa: PLC0415
+
+    _require_cpu(kv_indices)
+    run(ragged_page_table_call(kv_indices, kv_indptr, page_table, page_size, swa_page_table, full_to_swa,
+                               round_toward_zero), specialised)
+    return page_table
+
+
+def create_ragged_page_table(kv_indices, kv_indptr, page_table, *, page_size, swa_page_table=None, full_to_swa=None,
+                             round_toward_zero=False, specialised=False):
+    """``kvdispatch.create_ragged_page_table`` on CPU tensors, through the host build of the kernel."""
+    ops.ragged_page_table.check_arguments(kv_indices, kv_indptr, page_table, page_size, swa_page_table, full_to_swa,
+                                          round_toward_zero)
+    return build_ragged_page_table(kv_indices, kv_indptr, page_table, page_size, swa_page_table, full_to_swa,
+                                   round_toward_zero, specialised)
+
+
+# -- the prefill-aware sliding-window token table ----------------------------------------------------------
+
+def build_pa_swa_table(req_to_token, req_pool_indices, seq_lens, prefill_lens, out, kv_lens_out, window_size,
+                       specialised=False):
+    """The CuPy backend's ``build_pa_swa_table`` through the host build (as ``build_page_table``)."""
+    from kernels_cupy.launch import pa_swa_table_call  # noqa: PLC0415
+
+    _require_cpu(req_to_token)
+    run(pa_swa_table_call(req_to_token, req_pool_indices, seq_lens, prefill_lens, out, kv_lens_out, window_size),
+        specialised)
+    return out
+
+
+def create_prefill_aware_swa_table(req_to_token, req_pool_indices, seq_lens, prefill_lens, out, kv_lens_out, *,
+                                   window_size, specialised=False):
+    """``kvdispatch.create_prefill_aware_swa_table`` on CPU tensors, through the host build of the kernel."""
+    ops.pa_swa_table.check_arguments(req_to_token, req_pool_indices, seq_lens, prefill_lens, out, kv_lens_out,
+                                     window_size)
+    return build_pa_swa_table(req_to_token, req_pool_indices, seq_lens, prefill_lens, out, kv_lens_out, window_size,
+                              specialised)
+
+
+# -- two token CSRs merged row by row ------------------------------------------------------------------------
+
+def build_merged_kv_indices(prefix_kv_indptr, prefix_kv_indices, extend_start_loc, extend_seq_lens, extend_kv_indices,
+                            kv_indptr_out, out, specialised=False):
+    """The CuPy backend's ``build_merged_kv_indices`` through the host build (as ``build_page_table``)."""
+    from kernels_cupy.launch import merged_token_csr_call  # noqa: PLC0415
+
+    _require_cpu(out)
+    run(merged_token_csr_call(prefix_kv_indptr, prefix_kv_indices, extend_start_loc, extend_seq_lens,
+                              extend_kv_indices, kv_indptr_out, out), specialised)
+    return out
+
+
+def create_merged_kv_indices(prefix_kv_indptr, prefix_kv_indices, extend_start_loc, extend_seq_lens,
+                             extend_kv_indices, kv_indptr_out, out, *, specialised=False):
+    """``kvdispatch.create_merged_kv_indices`` on CPU tensors, through the host build of the kernel."""
+    ops.merged_token_csr.check_arguments(prefix_kv_indptr, prefix_kv_indices, extend_start_loc, extend_seq_lens,
+                                         extend_kv_indices, kv_indptr_out, out)
+    return build_merged_kv_indices(prefix_kv_indptr, prefix_kv_indices, extend_start_loc, extend_seq_lens,
+                                   extend_kv_indices, kv_indptr_out, out, specialised)
+
+
+# -- each draft token's prefix-then-expand row -----------------------------------------------------------------
+
+def build_spec_concat_page_table(page_table_a, page_table_b, seq_lens_a, seq_lens_b, out, draft_tokens,
+                                 specialised=False):
+    """The CuPy backend's ``build_spec_concat_page_table`` through the host build (as ``build_page_table``)."""
+    from kernels_cupy.launch import spec_concat_page_table_call  # noqa: PLC0415
+
+    _require_cpu(out)
+    run(spec_concat_page_table_call(page_table_a, page_table_b, seq_lens_a, seq_lens_b, out, draft_tokens),
+        specialised)
+    return out
+
+
+def create_spec_concat_page_table(page_table_a, page_table_b, seq_lens_a, seq_lens_b, out, *, draft_tokens,
+                                  specialised=False):
+    """``kvdispatch.create_spec_concat_page_table`` on CPU tensors, through the host build of the kernel."""
+    ops.spec_concat_page_table.check_arguments(page_table_a, page_table_b, seq_lens_a, seq_lens_b, out, draft_tokens)
+    return build_spec_concat_page_table(page_table_a, page_table_b, seq_lens_a, seq_lens_b, out, draft_tokens,
+                                        specialised)

@@ -256,11 +256,12 @@ def _mha_page_table(d: _Draw, k: Knobs):
     out_rows = k.batch + d.integer(0, 3)
     arguments = dict(req_to_token=table, req_pool_indices=d.vector(pool), seq_lens=d.vector(lens),
                      page_table=d.output("page_table", (out_rows, k.pages + d.integer(0, 3))), page_size=k.page_size,
-                     swa_page_table=None, full_to_swa=None, round_toward_zero=False)
+                     swa_page_table=None, full_to_swa=None, round_toward_zero=False, seqlen_offset=0)
     if k.options:
         mapping = d.values(-5, 1 << 20, rows * cols + d.integer(-10, 10))
         arguments.update(swa_page_table=d.output("swa_page_table", (out_rows, k.pages + d.integer(-1, 3))),
-                         full_to_swa=d.vector(mapping, contiguous=True), round_toward_zero=d.flag())
+                         full_to_swa=d.vector(mapping, contiguous=True), round_toward_zero=d.flag(),
+                         seqlen_offset=d.integer(-3, 2 * k.page_size + 1))
     return arguments
 
 
@@ -408,6 +409,76 @@ def _cache_locs(d: _Draw, k: Knobs):
 
 
 BUILDERS["cache_locs"] = _cache_locs
+
+
+def _ragged_page_table(d: _Draw, k: Knobs):
+    lengths = d.values(-3, (k.pages + 2) * k.page_size, k.batch)  # some empty, some past the table's width
+    bounds = torch.cat([torch.zeros(1, dtype=torch.int64), torch.cumsum(lengths, 0)]) + d.integer(-2, 4)
+    total = max(0, int(bounds.max()) - d.integer(0, 2 * k.page_size))  # the last rows may run past the end
+    out_rows = k.batch + d.integer(0, 3)
+    arguments = dict(kv_indices=d.vector(d.values(-2 * k.page_size, 1 << 12, total), contiguous=True),
+                     kv_indptr=d.vector(bounds),
+                     page_table=d.output("page_table", (out_rows, k.pages + d.integer(0, 3))), page_size=k.page_size,
+                     swa_page_table=None, full_to_swa=None, round_toward_zero=False)
+    if k.options:
+        mapping = d.values(-5, 1 << 20, (1 << 12) + d.integer(-10, 10))
+        arguments.update(swa_page_table=d.output("swa_page_table", (out_rows, k.pages + d.integer(-1, 3))),
+                         full_to_swa=d.vector(mapping, contiguous=True), round_toward_zero=d.flag())
+    return arguments
+
+
+BUILDERS["ragged_page_table"] = _ragged_page_table
+
+
+def _pa_swa_table(d: _Draw, k: Knobs):
+    rows, cols = k.batch + 2, k.pages * 8 + 5
+    table = d.table(rows, cols, -3, rows * cols)
+    pool, lens = d.requests(k.batch, rows, cols + 9)
+    window = d.integer(0, cols // 2 + 2)
+    prefill = d.values(-2, cols // 2 + 3, rows + d.integer(-1, 2))  # some rows past it
+    out_rows = k.batch + d.integer(0, 3)
+    return dict(req_to_token=table, req_pool_indices=d.vector(pool), seq_lens=d.vector(lens),
+                prefill_lens=d.vector(prefill, contiguous=True),
+                out=d.output("out", (out_rows, window + cols // 2 + d.integer(-3, 3))),
+                kv_lens_out=d.output("kv_lens_out", (out_rows,)), window_size=window)
+
+
+BUILDERS["pa_swa_table"] = _pa_swa_table
+
+
+def _merged_token_csr(d: _Draw, k: Knobs):
+    prefix_lens = d.values(-2, k.pages * 8, k.batch)  # some negative: bounds going back
+    bounds = torch.cat([torch.zeros(1, dtype=torch.int64), torch.cumsum(prefix_lens, 0)]) + d.integer(-1, 3)
+    prefix_count = max(0, int(bounds.max()) - d.integer(0, 5))  # the last rows may run past the end
+    extend_lens = d.values(-2, 12, k.batch)
+    extend_count = int(extend_lens.clamp(min=0).sum()) + d.integer(-3, 4)
+    starts = d.values(-1, max(extend_count, 1) + 2, k.batch)
+    room = int(prefix_lens.clamp(min=0).sum() + extend_lens.clamp(min=0).sum())
+    return dict(prefix_kv_indptr=d.vector(bounds), prefix_kv_indices=d.vector(d.values(-5, 1 << 20, prefix_count),
+                                                                              contiguous=True),
+                extend_start_loc=d.vector(starts), extend_seq_lens=d.vector(extend_lens),
+                extend_kv_indices=d.vector(d.values(-5, 1 << 20, max(extend_count, 0)), contiguous=True),
+                kv_indptr_out=d.output("kv_indptr_out", (k.batch + 1 + d.integer(0, 3),), d.dtype()),
+                out=d.output("out", (max(room + d.integer(-6, 6), 0),), d.dtype()))
+
+
+BUILDERS["merged_token_csr"] = _merged_token_csr
+
+
+def _spec_concat_page_table(d: _Draw, k: Knobs):
+    draft = d.integer(1, 4)
+    rows = k.batch * draft
+    width_a, width_b = k.pages * 4 + d.integer(0, 3), d.integer(1, 6)
+    lens_a = d.spoil(d.values(-2, width_a + 3, k.batch), torch.int64)  # some past the table's width
+    lens_b = d.values(-2, width_b + 3, rows)
+    return dict(page_table_a=d.table(k.batch + d.integer(0, 2), width_a, -5, 1 << 20),
+                page_table_b=d.table(rows + d.integer(0, 2), width_b, -5, 1 << 20),
+                seq_lens_a=d.vector(lens_a), seq_lens_b=d.vector(lens_b),
+                out=d.output("out", (rows + d.integer(0, 3), width_a + width_b + d.integer(-4, 3))),
+                draft_tokens=draft)
+
+
+BUILDERS["spec_concat_page_table"] = _spec_concat_page_table
 
 
 def build(key: str, seed: int, knobs: Knobs = Knobs(), *, device="cpu", hostile=False, data_seed=None) -> OpCase:

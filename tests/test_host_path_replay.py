@@ -30,6 +30,7 @@ from kvdispatch import _debug, _validate, dispatch, host_path
 triton = pytest.importorskip("triton")
 from kernels_triton import dcp, decode_metadata, draft_decode, mapped_tables, page_table, token_csr  # noqa: E402
 from kernels_triton import launch as triton_launch  # noqa: E402
+from kernels_triton import merged_token_csr, pa_swa_table, ragged_page_table, spec_concat_page_table  # noqa: E402
 
 OPS = tuple(host_path.REPLAYED)
 LAUNCHERS = ("cupy", "triton")
@@ -42,19 +43,32 @@ TRITON = {"page_table": (page_table.build_page_table, page_table.launcher),
           "dcp_page_table": (dcp.build_dcp_page_table, dcp.table_launcher),
           "mha_page_table": (mapped_tables.build_mha_page_table, mapped_tables.mha_launcher),
           "translated_page_table": (mapped_tables.build_translated_page_table, mapped_tables.translated_launcher),
-          "decode_metadata": (decode_metadata.build_decode_metadata, decode_metadata.launcher)}
+          "decode_metadata": (decode_metadata.build_decode_metadata, decode_metadata.launcher),
+          "ragged_page_table": (ragged_page_table.build_ragged_page_table, ragged_page_table.ragged_launcher),
+          "pa_swa_table": (pa_swa_table.build_pa_swa_table, pa_swa_table.pa_launcher),
+          "merged_token_csr": (merged_token_csr.build_merged_kv_indices, merged_token_csr.merged_launcher),
+          "spec_concat_page_table": (spec_concat_page_table.build_spec_concat_page_table,
+                                     spec_concat_page_table.concat_launcher)}
 CUPY = {"page_table": cupy_launch.build_page_table, "token_csr": cupy_launch.build_token_indices,
         "draft_decode": cupy_launch.build_draft_decode_indices, "dcp_token_csr": cupy_launch.build_dcp_token_indices,
         "dcp_page_table": cupy_launch.build_dcp_page_table, "mha_page_table": cupy_launch.build_mha_page_table,
         "translated_page_table": cupy_launch.build_translated_page_table,
-        "decode_metadata": cupy_launch.build_decode_metadata}
+        "decode_metadata": cupy_launch.build_decode_metadata,
+        "ragged_page_table": cupy_launch.build_ragged_page_table,
+        "pa_swa_table": cupy_launch.build_pa_swa_table,
+        "merged_token_csr": cupy_launch.build_merged_kv_indices,
+        "spec_concat_page_table": cupy_launch.build_spec_concat_page_table}
 CHECKS = {"page_table": ops.page_table.check_arguments, "token_csr": ops.token_csr.check_arguments,
           "draft_decode": ops.draft_decode.check_arguments,
           "dcp_token_csr": lambda *a: ops.dcp_token_csr.check_arguments(*a[:5], a[7], *a[5:7], a[8]),
           "dcp_page_table": ops.dcp_page_table.check_arguments,
           "mha_page_table": ops.mha_page_table.check_arguments,
           "translated_page_table": ops.translated_page_table.check_arguments,
-          "decode_metadata": ops.decode_metadata.check_arguments}
+          "decode_metadata": ops.decode_metadata.check_arguments,
+          "ragged_page_table": ops.ragged_page_table.check_arguments,
+          "pa_swa_table": ops.pa_swa_table.check_arguments,
+          "merged_token_csr": ops.merged_token_csr.check_arguments,
+          "spec_concat_page_table": ops.spec_concat_page_table.check_arguments}
 
 from kernels_triton import cache_locs as triton_cache_locs  # noqa: E402
 
@@ -231,6 +245,27 @@ def random_args(op, seed):
         swa = d.pick((False, True))
         return [table, pool, lens, d.out(batch, d.int(1, 50)), d.pick((1, 16, 64, 96)),
                 d.out(batch, d.int(1, 50)) if swa else None,
+                d.vector(-3, 1000, d.pick((0, 1, 30)), strided=False) if swa else None, d.pick((False, True)),
+                d.pick((0, 0, 4, -3))]
+    if op == "spec_concat_page_table":
+        draft = d.pick((1, 2, 4))
+        return [table[:batch] if rows >= batch else d.table(batch, cols), d.table(batch * draft, d.int(1, 9)),
+                d.vector(-3, cols + 5, batch), d.vector(-2, 10, batch * draft), d.out(batch * draft, d.int(1, 60)),
+                draft]
+    if op == "merged_token_csr":
+        prefix_count, extend_count = d.int(0, 400), d.int(0, 100)
+        return [d.vector(-2, prefix_count + 3, batch + 1), d.vector(-5, 1 << 20, prefix_count, strided=False),
+                d.vector(-1, extend_count + 2, batch), d.vector(-2, 30, batch),
+                d.vector(-5, 1 << 20, extend_count, strided=False),
+                torch.zeros(batch + 1 + d.pick((0, 2)), dtype=d.pick((torch.int32, torch.int64))),
+                torch.zeros(d.int(0, 600), dtype=d.pick((torch.int32, torch.int64)))]
+    if op == "pa_swa_table":
+        return [table, pool, lens, d.vector(-3, cols, rows + d.pick((0, 2)), strided=False), d.out(batch, d.int(1, 50)),
+                torch.zeros(batch + d.pick((0, 1)), dtype=torch.int32), d.pick((0, 7, 64))]
+    if op == "ragged_page_table":
+        swa, total = d.pick((False, True)), d.int(1, 900)
+        return [d.vector(-5, 1 << 20, total, strided=False), d.vector(-5, total + 5, batch + 1),
+                d.out(batch, d.int(1, 50)), d.pick((1, 16, 64, 96)), d.out(batch, d.int(1, 50)) if swa else None,
                 d.vector(-3, 1000, d.pick((0, 1, 30)), strided=False) if swa else None, d.pick((False, True))]
     if op == "decode_metadata":
         def sums():
@@ -272,6 +307,16 @@ def hostile_args(op, seed, kind):
     """A random call of ``op`` changed as ``kind`` says: a table of 2**31 rows or rows 2**31 apart (no memory
     behind them), stride-0 vectors, ints at the int32 edges."""
     args = random_args(op, seed)
+    if op == "ragged_page_table":
+        return _ragged_hostile_args(args, kind)
+    if op == "spec_concat_page_table":
+        if kind == "pool stride 0":
+            args[3] = args[3][:1].expand(args[3].shape[0])
+        return args
+    if op == "merged_token_csr":
+        if kind == "pool stride 0":
+            args[2] = args[2][:1].expand(args[2].shape[0])
+        return args
     cols, batch = args[0].shape[1], args[1].shape[0]
     if kind == "table rows 2**31":
         args[0] = args[0][:1].expand(2**31, cols)
@@ -294,6 +339,19 @@ def hostile_args(op, seed, kind):
         args[4] = args[4][:1].expand(2**31)
     elif kind == "map past 2**31" and op in MAPS and args[MAPS[op]] is not None:
         args[MAPS[op]] = args[MAPS[op]][:1].expand(2**31)
+    return args
+
+
+def _ragged_hostile_args(args, kind):
+    """``hostile_args`` for the ragged page table (a token CSR's: no table, and a 1-D contiguous ``kv_indices`` and
+    ``full_to_swa`` cannot be 2**31 long without the memory): a stride-0 ``kv_indptr``, a table row stride of 2**31;
+    the other kinds leave the random call as it is."""
+    if kind == "pool stride 0":
+        args[1] = args[1][:1].expand(args[1].shape[0])
+    elif kind == "out past 2**31":
+        args[2] = torch.zeros(args[2].shape[1], dtype=torch.int32).as_strided((1, args[2].shape[1]), (2**31, 1))
+        args[1] = args[1][:2]
+        args[4] = None if args[4] is None else args[4][:1]
     return args
 
 

@@ -82,6 +82,22 @@ SGLANG_FUNCTIONS = {
         ("extend_prefix_lens_ptr", REQUIRED), ("extend_cu_prefix_lens_ptr", REQUIRED), ("kv_indices_ptr", REQUIRED),
         ("extend_prefix_lens_sum", REQUIRED), ("dcp_world_size", REQUIRED)],
 }
+SGLANG_FUNCTIONS.update({
+    "scatter_ragged_to_page_table_kernel": [(name, REQUIRED) for name in (
+        "kv_flat_ptr", "kv_indptr_ptr", "dest_ptr", "dest_stride", "sw_page_table_ptr", "swa_slot_mapping_ptr",
+        "PAGE_SIZE", "BLOCK_SIZE", "HAS_SWA")],
+    "scatter_req_to_token_to_page_table_kernel": [(name, REQUIRED) for name in (
+        "req_to_token_ptr", "req_pool_indices_ptr", "seq_lens_ptr", "page_table_ptr", "req_to_token_stride",
+        "page_table_stride", "sw_page_table_ptr", "swa_slot_mapping_ptr", "DRAFT_NUM", "PAGE_SIZE", "BLOCK_SIZE",
+        "HAS_SWA")],
+})
+SGLANG_FUNCTIONS["_build_pa_page_table"] = [(name, REQUIRED) for name in (
+    "req_to_token", "req_pool_indices", "seq_lens", "prefill_lens", "window_size", "bs", "pa_max_len", "device")] + [
+    ("dst_page_table", None), ("dst_kv_lens", None)]
+SGLANG_FUNCTIONS["build_unified_kv_indices"] = [(name, REQUIRED) for name in (
+    "prefix_kv_indptr", "prefix_kv_indices", "extend_start_loc", "extend_seq_lens", "extend_kv_indices", "bs")]
+SGLANG_FUNCTIONS["prepare_swa_spec_page_table_triton"] = [(name, REQUIRED) for name in (
+    "page_table_dst", "page_table_a", "page_table_b", "seq_len_a", "seq_len_b", "speculative_num_draft_tokens")]
 SGLANG_CONSTANTS = {"SPEC_KV_INDEX_BLOCKS_MIN_CONTEXT": 32768}
 # Functions whose parameters are all keyword-only in SGLang.
 KEYWORD_ONLY = {"build_kv_read_table"}

@@ -115,6 +115,26 @@ RELEASE = {
                                      "swa_out_cache_loc=None)",
     },
 }
+RELEASE["kernels.ops.attention.aiter_unified_page_table"] = {
+    "scatter_ragged_to_page_table_kernel": "(kv_flat_ptr, kv_indptr_ptr, dest_ptr, dest_stride, sw_page_table_ptr, "
+                                           "swa_slot_mapping_ptr, PAGE_SIZE, BLOCK_SIZE, HAS_SWA)",
+    "scatter_req_to_token_to_page_table_kernel": "(req_to_token_ptr, req_pool_indices_ptr, seq_lens_ptr, "
+                                                 "page_table_ptr, req_to_token_stride, page_table_stride, "
+                                                 "sw_page_table_ptr, swa_slot_mapping_ptr, DRAFT_NUM, PAGE_SIZE, "
+                                                 "BLOCK_SIZE, HAS_SWA)",
+}
+RELEASE["kernels.ops.attention.pa_page_table"] = {
+    "_build_pa_page_table": "(req_to_token, req_pool_indices, seq_lens, prefill_lens, window_size, bs, pa_max_len, "
+                            "device, dst_page_table=None, dst_kv_lens=None)",
+}
+RELEASE["kernels.ops.attention.extend_attention"] = {
+    "build_unified_kv_indices": "(prefix_kv_indptr, prefix_kv_indices, extend_start_loc, extend_seq_lens, "
+                                "extend_kv_indices, bs)",
+}
+RELEASE["kernels.ops.attention.metadata"] |= {
+    "prepare_swa_spec_page_table_triton": "(page_table_dst, page_table_a, page_table_b, seq_len_a, seq_len_b, "
+                                          "speculative_num_draft_tokens)",
+}
 # Names of earlier, unreleased SGLang branches: no release has them.
 UNRELEASED = ("update_trtllm_mla_graph_metadata", "build_kernel_page_table", "kv_indices_token_blocks_for_copy",
               "KV_INDICES_TOKEN_BLOCKS_MIN_WIDTH")

@@ -420,3 +420,133 @@ def prefix_extend_loop(prefix_lens, prefix_starts, extend_lens, extend_starts, k
     _prefix_extend_loop_kernel[grid](prefix_lens, prefix_starts, extend_lens, extend_starts, kv_indptr, out,
                                      extend_base, BLOCK=CSR_BLOCK)
     return grid
+
+
+# ``ragged_grid_2d``: the block table of a ragged token CSR (with its SWA twin) after SGLang's Aiter design.
+RAGGED_PAGES_PER_PROGRAM = 1024  # SGLang's BLOCK_SIZE, whatever the page size
+
+
+@triton.jit
+def _ragged_grid_2d_kernel(kv_indices, kv_indptr, page_table, swa_page_table, full_to_swa, out_stride,
+                           PAGE: tl.constexpr, STEP: tl.constexpr, HAS_SWA: tl.constexpr):
+    b = tl.program_id(0)
+    start = tl.load(kv_indptr + b).to(tl.int64)
+    pages = tl.cdiv(tl.load(kv_indptr + b + 1).to(tl.int64) - start, PAGE)
+    if tl.program_id(1) * STEP < pages:
+        p = tl.program_id(1) * STEP + tl.arange(0, STEP)
+        mask = p < pages
+        slots = tl.load(kv_indices + start + p.to(tl.int64) * PAGE, mask=mask, other=0)
+        dst = b.to(tl.int64) * out_stride + p
+        tl.store(page_table + dst, (slots // PAGE).to(tl.int32), mask=mask)
+        if HAS_SWA:
+            swa = tl.load(full_to_swa + slots, mask=mask)
+            tl.store(swa_page_table + dst, (swa // PAGE).to(tl.int32), mask=mask)
+
+
+def ragged_grid_2d(kv_indices, kv_indptr, page_table, page_size, swa_page_table=None, full_to_swa=None, pages=None):
+    """The block table of a ragged token CSR (and its SWA twin, sharing ``page_table``'s row stride) after
+    SGLang's Aiter design: a 2-D grid of ``RAGGED_PAGES_PER_PROGRAM`` pages per program, programs past a row's
+    pages exit; ``pages``: the columns the grid covers (default ``page_table.shape[1]``)."""
+    swa = full_to_swa is not None
+    step = RAGGED_PAGES_PER_PROGRAM
+    grid = (kv_indptr.shape[0] - 1, triton.cdiv(max(page_table.shape[1] if pages is None else pages, 1), step))
+    _ragged_grid_2d_kernel[grid](kv_indices, kv_indptr, page_table, swa_page_table if swa else page_table,
+                                 full_to_swa if swa else kv_indices, page_table.stride(0), PAGE=page_size, STEP=step,
+                                 HAS_SWA=swa)
+    return grid
+
+
+# ``pa_loop``: the prefill-aware sliding-window token table after SGLang's design.
+PA_BLOCK = 256  # SGLang's BLOCK_SIZE
+
+
+@triton.jit
+def _pa_loop_kernel(table, pool_idx, lengths, prefill_lens, out, kv_lens, window, table_stride, out_stride,
+                    BLOCK: tl.constexpr):
+    b = tl.program_id(0)
+    row = tl.load(pool_idx + b).to(tl.int64)
+    length = tl.load(lengths + b).to(tl.int32)
+    prefill = tl.load(prefill_lens + row).to(tl.int32)
+    gap = tl.maximum(length - window - prefill, 0)
+    kept = length - gap
+    tl.store(kv_lens + b, kept)
+    for start in tl.range(0, kept, BLOCK):
+        j = start + tl.arange(0, BLOCK)
+        position = tl.where(j < prefill, j, j + gap)
+        tl.store(out + b.to(tl.int64) * out_stride + j, tl.load(table + row * table_stride + position,
+                                                                mask=j < kept), mask=j < kept)
+
+
+def pa_loop(req_to_token, req_pool_indices, seq_lens, prefill_lens, out, kv_lens, window_size):
+    """The prefill-aware sliding-window token table after SGLang's design: one program per request, looping over
+    its ``min(seq_len, prefill + window)`` tokens ``PA_BLOCK`` at a time."""
+    grid = (req_pool_indices.shape[0],)
+    _pa_loop_kernel[grid](req_to_token, req_pool_indices, seq_lens, prefill_lens, out, kv_lens, window_size,
+                          req_to_token.stride(0), out.stride(0), BLOCK=PA_BLOCK)
+    return grid
+
+
+# ``unified_copy``: two token CSRs merged row by row after SGLang's design (the Triton backend's unified extend).
+UNIFIED_BLOCK = 128  # SGLang's BLOCK_SIZE
+
+
+@triton.jit
+def _unified_copy_kernel(prefix_indptr, prefix, start, lens, extend, indptr, out, BLOCK: tl.constexpr):
+    b = tl.program_id(0)
+    prefix_start = tl.load(prefix_indptr + b)
+    prefix_len = tl.load(prefix_indptr + b + 1) - prefix_start
+    extend_start = tl.load(start + b)
+    extend_len = tl.load(lens + b)
+    begin = tl.load(indptr + b)
+    for block in range(0, prefix_len, BLOCK):
+        j = block + tl.arange(0, BLOCK)
+        tl.store(out + begin + j, tl.load(prefix + prefix_start + j, mask=j < prefix_len), mask=j < prefix_len)
+    for block in range(0, extend_len, BLOCK):
+        j = block + tl.arange(0, BLOCK)
+        tl.store(out + begin + prefix_len + j, tl.load(extend + extend_start + j, mask=j < extend_len),
+                 mask=j < extend_len)
+
+
+def unified_copy(prefix_kv_indptr, prefix_kv_indices, extend_start_loc, extend_seq_lens, extend_kv_indices,
+                 kv_indptr_out, out):
+    """Two token CSRs merged row by row after SGLang's design: the prefix sums by ``torch.cumsum`` (a launch of
+    its own), then one program per request copying its prefix and extend entries ``UNIFIED_BLOCK`` at a time."""
+    import torch  # noqa: PLC0415  (the rest of this module needs none)
+
+    batch = extend_seq_lens.shape[0]
+    lengths = prefix_kv_indptr[1:] - prefix_kv_indptr[:-1] + extend_seq_lens
+    torch.cumsum(lengths, 0, out=kv_indptr_out[1:batch + 1])
+    kv_indptr_out[:1].zero_()
+    _unified_copy_kernel[(batch,)](prefix_kv_indptr, prefix_kv_indices, extend_start_loc, extend_seq_lens,
+                                   extend_kv_indices, kv_indptr_out, out, BLOCK=UNIFIED_BLOCK)
+    return (batch,)
+
+
+# ``concat_grid_2d``: each draft token's prefix-then-expand row after SGLang's design (FlashAttention's SWA
+# speculative decode): a 2-D grid over both tables' widths, ``CONCAT_COLUMNS`` columns per program.
+CONCAT_COLUMNS = 256  # SGLang's BLOCK_N
+
+
+@triton.jit
+def _concat_grid_2d_kernel(out, a, b, lens_a, lens_b, out_stride, a_stride, b_stride, LEN_A: tl.constexpr,
+                           LEN_B: tl.constexpr, REPEAT: tl.constexpr, BLOCK: tl.constexpr):
+    m = tl.program_id(0)
+    first = tl.load(lens_a + m // REPEAT)
+    total = first + tl.load(lens_b + m)
+    n = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    if tl.program_id(1) * BLOCK < total:
+        live = n < total
+        a_values = tl.load(a + (m // REPEAT) * a_stride + n, mask=live & (n < first) & (n < LEN_A), other=0)
+        b_values = tl.load(b + m * b_stride + n - first, mask=live & (n >= first) & (n - first < LEN_B), other=0)
+        tl.store(out + m * out_stride + n, tl.where(n < first, a_values, b_values), mask=live)
+
+
+def concat_grid_2d(page_table_a, page_table_b, seq_lens_a, seq_lens_b, out, draft_tokens):
+    """Each draft token's prefix-then-expand row after SGLang's design: a grid ``(rows, ceil((LA + LB) /
+    CONCAT_COLUMNS))``, programs past a row's entries exit."""
+    width_a, width_b = page_table_a.shape[1], page_table_b.shape[1]
+    grid = (seq_lens_b.shape[0], triton.cdiv(width_a + width_b, CONCAT_COLUMNS))
+    _concat_grid_2d_kernel[grid](out, page_table_a, page_table_b, seq_lens_a, seq_lens_b, out.stride(0),
+                                 page_table_a.stride(0), page_table_b.stride(0), LEN_A=width_a, LEN_B=width_b,
+                                 REPEAT=draft_tokens, BLOCK=CONCAT_COLUMNS)
+    return grid

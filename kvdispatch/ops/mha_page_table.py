@@ -10,8 +10,8 @@ from __future__ import annotations
 from torch import Tensor
 
 from .._debug import _check_pages_fit, _check_rows, _first_bad_entry, _first_slots
-from .._validate import (_apart, _check_apart, _check_rows_apart, _common, _contiguous_vector, _index_span, _int32_span,
-                         _mapping_span, _python_int, _small_int, _table_output)
+from .._validate import (_INT32_MAX, _INT32_MIN, _apart, _check_apart, _check_rows_apart, _common, _contiguous_vector,
+                         _index_span, _int32_span, _mapping_span, _python_int, _small_int, _table_output)
 from ..grid import MAX_PAGE_SIZE
 from ..reference import INT32_MAX, _divide, _page_reads, _store
 from ..op import declare
@@ -19,34 +19,25 @@ from ..op import declare
 __all__ = ["create_trtllm_mha_page_table"]
 
 
-def check_arguments(req_to_token, req_pool_indices, seq_lens, page_table, page_size, swa_page_table=None,
-                    full_to_swa=None, round_toward_zero=False, memory=True):
-    """Validate ``create_trtllm_mha_page_table`` arguments; returns the device (``memory``: as for
-    ``check_page_table_args``)."""
-    try:  # hot path, as in check_page_table_args
-        device, batch_shape = req_to_token.device, req_pool_indices.shape
-        if (memory and len(batch_shape) == 1 and _small_int(page_size, 1, MAX_PAGE_SIZE)
-                and (round_toward_zero is False or round_toward_zero is True)
-                and (swa_page_table is None) == (full_to_swa is None)):
-            batch = batch_shape[0]
-            table = _int32_span(req_to_token, device, 2)
-            written = _int32_span(page_table, device, 2, batch, True)
-            pool = _index_span(req_pool_indices, device, batch_shape)
-            lens = _index_span(seq_lens, device, batch_shape)
-            if table and written and pool and lens:
-                inputs = (table, pool, lens)
-                if swa_page_table is None:
-                    if _apart(written, inputs):
-                        return device
-                else:
-                    swa_written = _int32_span(swa_page_table, device, 2, batch, True)
-                    mapping = _mapping_span(full_to_swa, device)
-                    if (swa_written and mapping and _apart(written, inputs + (mapping, swa_written))
-                            and _apart(swa_written, inputs + (mapping,))):
-                        return device
-    except (AttributeError, IndexError, TypeError, RuntimeError, NotImplementedError):
-        pass
-    batch, device = _common(req_to_token, req_pool_indices, seq_lens, None)
+def tables_apart(page_table, swa_page_table, full_to_swa, device, batch, inputs):
+    """The hot-path check of a page table and its optional SWA twin (``full_to_swa`` with it): int32 ``[>= batch,
+    W]`` tables on ``device`` whose rows share no memory, a contiguous mapping, the tables apart from each other, the
+    mapping and the input spans ``inputs`` (all truthy)."""
+    written = _int32_span(page_table, device, 2, batch, True)
+    if not written:
+        return False
+    if swa_page_table is None:
+        return _apart(written, inputs)
+    swa_written = _int32_span(swa_page_table, device, 2, batch, True)
+    mapping = _mapping_span(full_to_swa, device)
+    return bool(swa_written and mapping and _apart(written, inputs + (mapping, swa_written))
+                and _apart(swa_written, inputs + (mapping,)))
+
+
+def check_tables(page_table, page_size, swa_page_table, full_to_swa, round_toward_zero, batch, device, inputs,
+                 memory):
+    """The detailed checks of a page table, its optional SWA twin and their options, each error naming the
+    argument; ``inputs``: the ``(name, tensor)`` pairs the tables must be apart from. Returns ``device``."""
     _table_output("page_table", page_table, batch, device)
     _python_int("page_size", page_size, 1, MAX_PAGE_SIZE)
     if not isinstance(round_toward_zero, bool):
@@ -64,18 +55,42 @@ def check_arguments(req_to_token, req_pool_indices, seq_lens, page_table, page_s
     if swa_page_table is not None:
         _check_rows_apart(swa_page_table, "swa_page_table")
     _check_apart((("page_table", page_table), ("swa_page_table", swa_page_table)),
-                 (("req_to_token", req_to_token), ("req_pool_indices", req_pool_indices), ("seq_lens", seq_lens),
-                  ("full_to_swa", full_to_swa)))
+                 inputs + (("full_to_swa", full_to_swa),))
     return device
 
 
+def check_arguments(req_to_token, req_pool_indices, seq_lens, page_table, page_size, swa_page_table=None,
+                    full_to_swa=None, round_toward_zero=False, seqlen_offset=0, memory=True):
+    """Validate ``create_trtllm_mha_page_table`` arguments; returns the device (``memory``: as for
+    ``check_page_table_args``)."""
+    try:  # hot path, as in check_page_table_args
+        device, batch_shape = req_to_token.device, req_pool_indices.shape
+        if (memory and len(batch_shape) == 1 and _small_int(page_size, 1, MAX_PAGE_SIZE)
+                and (round_toward_zero is False or round_toward_zero is True) and _small_int(seqlen_offset)
+                and (swa_page_table is None) == (full_to_swa is None)):
+            table = _int32_span(req_to_token, device, 2)
+            pool = _index_span(req_pool_indices, device, batch_shape)
+            lens = _index_span(seq_lens, device, batch_shape)
+            if table and pool and lens and tables_apart(page_table, swa_page_table, full_to_swa, device,
+                                                        batch_shape[0], (table, pool, lens)):
+                return device
+    except (AttributeError, IndexError, TypeError, RuntimeError, NotImplementedError):
+        pass
+    batch, device = _common(req_to_token, req_pool_indices, seq_lens, None)
+    _python_int("seqlen_offset", seqlen_offset, _INT32_MIN, _INT32_MAX)
+    return check_tables(page_table, page_size, swa_page_table, full_to_swa, round_toward_zero, batch, device,
+                        (("req_to_token", req_to_token), ("req_pool_indices", req_pool_indices),
+                         ("seq_lens", seq_lens)), memory)
+
+
 def check_data(req_to_token, req_pool_indices, seq_lens, page_table, page_size, swa_page_table,
-               full_to_swa):
-    """``create_trtllm_mha_page_table``: every pool index in ``[0, R)``; ``seq_lens >= 0``; a non-empty row
-    ends at or before column ``C``; its ``ceil(L_b / page_size)`` pages fit the width of ``page_table`` and
-    of ``swa_page_table``; with the SWA table, every slot it maps (the first slot of each page) inside
-    ``full_to_swa``'s ``[0, M)``, where the kernels would clamp it (or, ``M == 0``, write nothing)."""
-    lengths = _check_rows(req_to_token, req_pool_indices, seq_lens, None, 0, "seq_lens")
+               full_to_swa, seqlen_offset):
+    """``create_trtllm_mha_page_table``: every pool index in ``[0, R)``; ``seq_lens + seqlen_offset >= 0``; a
+    non-empty row ends at or before column ``C``; its ``ceil(L_b / page_size)`` pages fit the width of
+    ``page_table`` and of ``swa_page_table``; with the SWA table, every slot it maps (the first slot of each
+    page) inside ``full_to_swa``'s ``[0, M)``, where the kernels would clamp it (or, ``M == 0``, write nothing)."""
+    lengths = _check_rows(req_to_token, req_pool_indices, seq_lens, None, seqlen_offset,
+                          "seq_lens + seqlen_offset" if seqlen_offset else "seq_lens")
     _check_pages_fit(lengths, page_size, page_table.shape[1], "page_table")
     if swa_page_table is None:
         return
@@ -92,11 +107,11 @@ def check_data(req_to_token, req_pool_indices, seq_lens, page_table, page_size, 
 
 
 def reference(req_to_token, req_pool_indices, seq_lens, page_table, page_size, swa_page_table=None,
-              full_to_swa=None, round_toward_zero=False, pdl=False):
+              full_to_swa=None, round_toward_zero=False, seqlen_offset=0, pdl=False):
     """The TRT-LLM MHA page table, with its SWA twin; semantics of ``kvdispatch.create_trtllm_mha_page_table``.
 
     Request ``b`` has ``pages_b = min(ceil(L_b / P), ceil(C / P))`` pages (0 for a bad pool index or a length
-    ``L_b = seq_lens[b] <= 0``), each read at its first slot ``s = req_to_token[pool_b, p * P]``.
+    ``L_b = seq_lens[b] + seqlen_offset <= 0``), each read at its first slot ``s = req_to_token[pool_b, p * P]``.
     ``page_table[b, p] = s // P`` for ``p < min(pages_b, W)``; with SWA (``full_to_swa`` int32/int64 ``[M]``,
     ``M > 0``) ``swa_page_table[b, p] = full_to_swa[clamp(s, 0, M - 1)] // P`` for ``p < min(pages_b, W2)``, its
     low 32 bits. ``//`` floors, or truncates with ``round_toward_zero``. Untouched: rows ``>= B``, the columns
@@ -108,7 +123,7 @@ def reference(req_to_token, req_pool_indices, seq_lens, page_table, page_size, s
     span = max(width, swa_page_table.shape[1] if swa else 0)
     if batch == 0 or span == 0:
         return page_table
-    columns, live, slots = _page_reads(req_to_token, req_pool_indices, seq_lens, span, page_size)
+    columns, live, slots = _page_reads(req_to_token, req_pool_indices, seq_lens, span, page_size, seqlen_offset)
     kept = min(width, columns)
     if kept:
         _store(page_table[:batch, :kept], live[:, :kept], _divide(slots[:, :kept], page_size, round_toward_zero))
@@ -125,10 +140,11 @@ def reference(req_to_token, req_pool_indices, seq_lens, page_table, page_size, s
 def create_trtllm_mha_page_table(req_to_token: Tensor, req_pool_indices: Tensor, seq_lens: Tensor, page_table: Tensor,
                                  *, page_size: int, swa_page_table: Tensor | None = None,
                                  full_to_swa: Tensor | None = None, round_toward_zero: bool = False,
-                                 backend: str | None = None, enable_pdl: bool | None = None) -> Tensor:
+                                 seqlen_offset: int = 0, backend: str | None = None,
+                                 enable_pdl: bool | None = None) -> Tensor:
     """Build the TRT-LLM MHA page table (and its sliding-window twin) into ``page_table``.
 
-    For request ``b < B`` and page ``p < ceil(L_b / page_size)``, with ``L_b = seq_lens[b]``::
+    For request ``b < B`` and page ``p < ceil(L_b / page_size)``, with ``L_b = seq_lens[b] + seqlen_offset``::
 
         slot = req_to_token[req_pool_indices[b], p * page_size]
         page_table[b, p] = slot // page_size                                   # p < W
@@ -146,6 +162,7 @@ def create_trtllm_mha_page_table(req_to_token: Tensor, req_pool_indices: Tensor,
         swa_page_table: optional int32 ``[>= B, W2]`` (last dim contiguous, any row stride), given together
             with ``full_to_swa``: int32/int64 ``[M]``, contiguous, the full pool's slot -> SWA pool's slot.
         round_toward_zero: bool; divide negative values rounding toward zero.
+        seqlen_offset: int in ``[-2**31, 2**31)`` added to every length (the draft tokens of target-verify).
         backend: ``"triton"``, ``"cupy"``, ``"torch"``, ``"auto"`` or None (auto, or ``KVDISPATCH_BACKEND``).
         enable_pdl: programmatic dependent launch, as for ``create_flashmla_kv_indices``.
 

@@ -170,3 +170,24 @@ __all__ += ["_build_compact_csr"]
 from ...ops.prefix_extend_csr import create_prefix_extend_kv_indices as _build_prefix_extend_csr  # noqa: E402
 
 __all__ += ["_build_prefix_extend_csr"]
+
+
+# The block table of a ragged token CSR (aiter_unified_page_table), looked up here at call time as the others.
+from ...ops.ragged_page_table import create_ragged_page_table as _build_ragged_page_table  # noqa: E402
+
+__all__ += ["_build_ragged_page_table"]
+
+# The prefill-aware sliding-window token table (pa_page_table).
+from ...ops.pa_swa_table import create_prefill_aware_swa_table as _build_pa_swa_table  # noqa: E402
+
+__all__ += ["_build_pa_swa_table"]
+
+# Two token CSRs merged row by row (extend_attention.build_unified_kv_indices).
+from ...ops.merged_token_csr import create_merged_kv_indices as _build_merged_token_csr  # noqa: E402
+
+__all__ += ["_build_merged_token_csr"]
+
+# Each draft token's prefix-then-expand row (metadata.prepare_swa_spec_page_table_triton).
+from ...ops.spec_concat_page_table import create_spec_concat_page_table as _build_spec_concat_page_table  # noqa: E402
+
+__all__ += ["_build_spec_concat_page_table"]
