@@ -460,9 +460,10 @@ def _draft_entry_kernel(table, pool_idx, lengths, positions, out, indptr, table_
     start = _draft_slot_start(length, k, PAGE, STEPS, TOPK_ONE)
     tl.store(dst + length + slot, _draft_positions(row, start + slot, slot < it, ENTRY), mask=slot < it)
     z = b * topk + k
+    z = tl.where(z == 0, batch * topk, z)  # the first branch writes the row's end, entry 0 stays untouched
     index = tl.arange(0, TOKENS_UPPER)
     value = tl.sum(tl.load(positions + index, mask=index < z, other=0)) + z * it
-    tl.store(indptr + s * indptr_stride + tl.where(z == 0, batch * topk, z), value)
+    tl.store(indptr + s * indptr_stride + z, value)
 
 
 @triton.jit
