@@ -599,3 +599,78 @@ def test_real_shape_rows_carry_ratios_and_programs(capsys, tmp_path):
     assert ("token_csr:2x8192:len=mix", bench.PLAIN_TORCH) not in rows  # plain-torch CSRs: full-length rows only
     header = next(line for line in out.splitlines() if line.startswith("case "))
     assert "programs" in header and "/ideal" in header
+
+
+# -- the options SGLang builds with kernels of their own: :zero, :v2pP, :eE, :wN ----------------------------------
+
+OPTION_TINY = {"translated_page_table:3x300x16:zero": "read-table-sglang",
+               "token_csr:3x200:v2p16": "read-packed-sglang", "token_csr:2x100:i64:v2p1": "read-packed-sglang",
+               "draft_decode:2x256x3x2:p16:e16": "draft-entry-loop", "draft_decode:2x256x3x1:e8": "draft-entry-loop",
+               "draft_decode:2x256x3x2:p16:e16:w40": "draft-window-loop",
+               "draft_decode:3x128x4x2:w2": "draft-window-loop"}
+
+
+def test_option_case_parsing():
+    assert bench.Case.parse("translated_page_table:4x4096x16:zero") == bench.Case(
+        4, 4096, 16, "translated_page_table", zero_tail=True)
+    assert bench.Case.parse("token_csr:8x4096:i64:v2p16") == bench.Case(8, 4096, 1, "token_csr", int64=True,
+                                                                        v2p_page=16)
+    assert bench.Case.parse("draft_decode:4x2048x3x2:e16:p16:w256") == bench.Case(
+        4, 2048, 16, "draft_decode", steps=3, topk=2, entry_page_size=16, step_window=256)
+    real = ["translated_page_table:256x1048576x64:zero:len=mix", "token_csr:256x163840:v2p64:len=mix",
+            "draft_decode:64x131072x5x4:p64:e64:len=1024-8192", "draft_decode:64x131072x5x4:w4096:len=1024-8192"]
+    baselines = ["read-table-sglang", "read-packed-sglang", "draft-entry-loop", "draft-window-loop"]
+    for name, baseline in [*OPTION_TINY.items(), *zip(real, baselines)]:
+        case = bench.Case.parse(name)
+        assert case.name == name and bench.triton_baselines(case) == [baseline] == [bench.option_baseline(case)]
+        assert bench.sglang_baseline(case) == baseline
+    assert set(real) <= set(bench.case_set("GPU_REAL"))
+    for kind in ("CPU", "GPU", "GPU_REAL"):  # every option baseline has a case in each set
+        cases = [bench.Case.parse(name) for name in bench.case_set(kind)]
+        assert {bench.option_baseline(c) for c in cases} >= set(OPTION_TINY.values()), kind
+
+
+@pytest.mark.parametrize("case", ["translated_page_table:2x64x16:zeros", "translated_page_table:2x64x16:zero:zero",
+                                  "token_csr:2x64:v2p0", "token_csr:2x64:v2px", "token_csr:2x64:e16:v2p16",
+                                  "token_csr:2x64:map:v2p16", "token_csr:2x64:v2p16:v2p16", "draft_decode:2x64x3x1:e0",
+                                  "draft_decode:2x64x3x1:w0", "draft_decode:2x64x3x1:w8:w8", "draft_decode:2x64x3x1:q4",
+                                  "draft_decode:2x64x3x1:ex"])
+def test_bad_option_cases(case):
+    with pytest.raises(argparse.ArgumentTypeError, match="case"):
+        bench.Case.parse(case)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the Triton interpreter on CPU tensors: conftest turns it on "
+                    "only where there is no GPU")
+def test_option_cases_run_every_backend_and_their_baseline(capsys, tmp_path):
+    """Each option case through the command line: every CPU backend, its op's API variants, the SGLang 0.5.23
+    design's baseline for the option (in place of the op's others; what /2d divides by) and plain PyTorch where
+    the op has it, all equal to the reference."""
+    rc, data, out, _ = _run(capsys, tmp_path, cases=",".join(OPTION_TINY))
+    assert rc == 0 and "all results correct" in out
+    assert {"triton", "torch"} <= set(data["backends"])
+    for case, baseline in OPTION_TINY.items():
+        module = bench.Case.parse(case).module
+        rows = {r["impl"]: r for r in data["rows"] if r["case"] == case}
+        plain = [bench.PLAIN_TORCH] * (module.PLAIN_TORCH_CASES != "none")
+        assert list(rows) == [f"api:{b}" for b in data["backends"]] + list(module.API_VARIANTS) + [baseline] + plain
+        assert all(r["status"] == "ok" and r["time_us"] > 0 and r["vs_2d"] > 0 for r in rows.values()), case
+        assert rows[baseline]["vs_2d"] == 1.0 and rows[baseline]["programs"] > 0
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the Triton interpreter on CPU tensors: conftest turns it on "
+                    "only where there is no GPU")
+@pytest.mark.parametrize("name", [n for n in OPTION_TINY if n.startswith("draft_decode")])
+def test_draft_option_baselines_write_the_references_indptr(name):
+    """The bench compares ``out``; the draft baselines' ``kv_indptr`` (SGLang's: entry 0 untouched) is the op's."""
+    case = bench.Case.parse(name)
+    x = bench.make_inputs(case, torch.device("cpu"), seed=3)
+    segments = case.batch * case.topk
+    indptr = x.kv_indptr.clone()
+    ops.draft_decode.reference(x.req_to_token, x.req_pool_indices, x.seq_lens, indptr, x.out.clone(),
+                               num_steps=case.steps, topk=case.topk, page_size=case.page_size, positions=x.positions,
+                               entry_page_size=case.entry_page_size, step_window=case.step_window,
+                               write_indptr_start=False)
+    fn = bench.bind(bench.option_baseline(case), x, case)
+    assert bench.check_eager(fn, x) == ""
+    assert torch.equal(x.kv_indptr[:, 1: segments + 1], indptr[:, 1: segments + 1])

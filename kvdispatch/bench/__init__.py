@@ -18,6 +18,8 @@ them: a case ``OP:SHAPE`` is that module's; a bare ``BATCHxCONTEXTxPAGE``, the p
   program budget (``grid.program_budget``): the programs column.
 * ``TRITON_BASELINES`` (Triton launchers in ``baselines`` that return their grid), ``SGLANG_BASELINE`` (what
   ``/2d`` and ``host/launch`` divide by), ``IDEAL_BASELINE`` (``:len=`` cases only; None without one),
+  optionally ``OPTION_BASELINES`` and ``option_baseline(case)``: the baselines of options SGLang builds with a
+  kernel of its own, and the one a case of them has in place of ``TRITON_BASELINES`` (None: not such a case),
   ``API_VARIANTS`` (more rows through the API), ``PLAIN_TORCH_CASES``: ``"all"``, ``"full-length"`` (no
   ``:len=`` case) or ``"none"``.
 * ``CASES``: its cases in each set ``core.case_set`` takes (``GPU``, ``GPU_QUICK``, ``GPU_REAL``, ``GPU_REAL_QUICK``,

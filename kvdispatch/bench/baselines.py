@@ -550,3 +550,154 @@ def concat_grid_2d(page_table_a, page_table_b, seq_lens_a, seq_lens_b, out, draf
                                  page_table_a.stride(0), page_table_b.stride(0), LEN_A=width_a, LEN_B=width_b,
                                  REPEAT=draft_tokens, BLOCK=CONCAT_COLUMNS)
     return grid
+
+
+# SGLang 0.5.23's designs for the read-table and draft-decode options, written for kvdispatch --
+# * ``read_table_sglang``: the unified pool's read indices (its translated page table, with the zero tail in the
+#   same launch, and its packed token stream): a grid ``(batch, min(cdiv(READ_TARGET_PROGRAMS, batch),
+#   cdiv(items, READ_BLOCK)))`` sized from the buffer's items, each program striding over its row's items up to
+#   the live ones (the zero tail: up to the row's width), ``READ_BLOCK`` items a pass.
+# * ``draft_entry_loop``: ``draft_loop`` on a page-granular table (position ``q`` reads ``row[q // E] * E +
+#   q % E``), SGLang's ``ENTRY_PAGE_SIZE``.
+# * ``draft_window_loop``: the per-step sliding-window draft CSR: a grid ``(steps, batch, topk)``, each program
+#   summing the earlier branches' window widths in one block of ``next_power_of_2(batch * topk)``, copying its
+#   prefix tail ``DRAFT_COPY_BLOCK`` tokens at a time, then its latest draft slots.
+READ_BLOCK, READ_TARGET_PROGRAMS, READ_WARPS = 512, 1024, 8
+
+
+@triton.jit
+def _read_table_kernel(table, pool_idx, lengths, v2p, row_starts, out, table_stride, out_stride, item_stride,
+                       row_items, PAGE: tl.constexpr, PER_TOKEN: tl.constexpr, ZERO_TAIL: tl.constexpr,
+                       BLOCK: tl.constexpr):
+    b = tl.program_id(0)
+    row = table + tl.load(pool_idx + b).to(tl.int64) * table_stride
+    length = tl.load(lengths + b)
+    if PER_TOKEN:
+        items = length
+        dst = out + tl.load(row_starts + b).to(tl.int64)
+    else:
+        items = tl.minimum(tl.cdiv(length, PAGE), row_items)
+        dst = out + b.to(tl.int64) * out_stride
+    stored = row_items if ZERO_TAIL else items
+    for first in range(tl.program_id(1) * BLOCK, stored, item_stride):
+        item = first + tl.arange(0, BLOCK)
+        live = item < items
+        column = item // PAGE if PER_TOKEN else item
+        token = tl.load(row + column.to(tl.int64) * PAGE, mask=live, other=0).to(tl.int64)
+        entry = tl.maximum(tl.load(v2p + tl.where(token < 0, 0, token // PAGE), mask=live, other=0), 0)
+        value = entry * PAGE + item % PAGE if PER_TOKEN else entry
+        if ZERO_TAIL:
+            tl.store(dst + item, tl.where(live, value, 0).to(out.dtype.element_ty), mask=item < stored)
+        else:
+            tl.store(dst + item, value.to(out.dtype.element_ty), mask=live)
+
+
+def read_table_sglang(req_to_token, req_pool_indices, seq_lens, v2p, out, page_size, row_starts=None,
+                      zero_tail=False):
+    """The translated page table into ``out`` (int32 ``[>= B, W]``; ``zero_tail``: columns past a row's pages up
+    to ``W`` set to 0), or with ``row_starts`` (``[B + 1]``) the packed token stream into ``out`` (int32/int64
+    ``[N]``, ``N`` the items the grid is sized from, as a capture-stable buffer's size)."""
+    batch, per_token = req_pool_indices.shape[0], row_starts is not None
+    items = out.shape[0] if per_token else out.shape[1]
+    grid = (batch, min(triton.cdiv(READ_TARGET_PROGRAMS, batch), triton.cdiv(items, READ_BLOCK)))
+    _read_table_kernel[grid](req_to_token, req_pool_indices, seq_lens, v2p, row_starts if per_token else out, out,
+                             req_to_token.stride(0), 0 if per_token else out.stride(0), grid[1] * READ_BLOCK, items,
+                             PAGE=page_size, PER_TOKEN=per_token, ZERO_TAIL=zero_tail, BLOCK=READ_BLOCK,
+                             num_warps=READ_WARPS)
+    return grid
+
+
+@triton.jit
+def _draft_positions(row, q, mask, ENTRY: tl.constexpr):
+    if ENTRY == 1:
+        return tl.load(row + q, mask=mask)
+    return tl.load(row + q // ENTRY, mask=mask, other=0).to(tl.int64) * ENTRY + q % ENTRY
+
+
+@triton.jit
+def _draft_slot_start(length, k, PAGE: tl.constexpr, STEPS: tl.constexpr, TOPK_ONE: tl.constexpr):
+    if PAGE == 1 or TOPK_ONE:
+        return length + k * STEPS
+    last = length % PAGE
+    return length - last + k * tl.cdiv(last + STEPS, PAGE) * PAGE + last
+
+
+@triton.jit
+def _draft_entry_kernel(table, pool_idx, lengths, positions, out, indptr, table_stride, out_stride, indptr_stride,
+                        PAGE: tl.constexpr, STEPS: tl.constexpr, ENTRY: tl.constexpr, TOPK_ONE: tl.constexpr,
+                        BS_UPPER: tl.constexpr, ITER_UPPER: tl.constexpr, TOKENS_UPPER: tl.constexpr,
+                        BLOCK: tl.constexpr):
+    s, b, k = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    batch, topk = tl.num_programs(1), tl.num_programs(2)
+    it = s + 1
+    earlier = tl.arange(0, BS_UPPER)
+    before = tl.sum(tl.load(lengths + earlier, mask=earlier < b, other=0))
+    length = tl.load(lengths + b)
+    row = table + tl.load(pool_idx + b).to(tl.int64) * table_stride
+    dst = out + s.to(tl.int64) * out_stride + before * topk + b * it * topk + k * (length + it)
+    for first in range(0, length, BLOCK):
+        j = first + tl.arange(0, BLOCK)
+        tl.store(dst + j, _draft_positions(row, j, j < length, ENTRY), mask=j < length)
+    slot = tl.arange(0, ITER_UPPER)
+    start = _draft_slot_start(length, k, PAGE, STEPS, TOPK_ONE)
+    tl.store(dst + length + slot, _draft_positions(row, start + slot, slot < it, ENTRY), mask=slot < it)
+    z = b * topk + k
+    z = tl.where(z == 0, batch * topk, z)  # the first branch writes the row's end, entry 0 stays untouched
+    index = tl.arange(0, TOKENS_UPPER)
+    value = tl.sum(tl.load(positions + index, mask=index < z, other=0)) + z * it
+    tl.store(indptr + s * indptr_stride + z, value)
+
+
+@triton.jit
+def _draft_window_kernel(table, pool_idx, lengths, positions, out, indptr, table_stride, out_stride, indptr_stride,
+                         window, PAGE: tl.constexpr, STEPS: tl.constexpr, ENTRY: tl.constexpr,
+                         TOPK_ONE: tl.constexpr, ITER_UPPER: tl.constexpr, TOKENS_UPPER: tl.constexpr,
+                         BLOCK: tl.constexpr):
+    s, b, k = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    batch, topk = tl.num_programs(1), tl.num_programs(2)
+    it = s + 1
+    length = tl.load(lengths + b)
+    first_read = length + it - tl.minimum(length + it, window)  # the window's first position of the chain
+    z = b * topk + k
+    index = tl.arange(0, TOKENS_UPPER)
+    ahead = index < tl.where(z == 0, batch * topk, z)
+    base = tl.sum(tl.where(ahead, tl.minimum(tl.load(positions + index, mask=ahead, other=0) + it, window), 0))
+    row = table + tl.load(pool_idx + b).to(tl.int64) * table_stride
+    prefix_start = tl.minimum(first_read, length)
+    prefix = length - prefix_start
+    dst = out + s.to(tl.int64) * out_stride + tl.where(z == 0, 0, base)
+    for done in range(0, prefix, BLOCK):
+        j = done + tl.arange(0, BLOCK)
+        tl.store(dst + j, _draft_positions(row, prefix_start + j, j < prefix, ENTRY), mask=j < prefix)
+    chain = tl.maximum(first_read - length, 0) + tl.arange(0, ITER_UPPER)
+    start = _draft_slot_start(length, k, PAGE, STEPS, TOPK_ONE)
+    slot = tl.arange(0, ITER_UPPER)
+    tl.store(dst + prefix + slot, _draft_positions(row, start + chain, chain < it, ENTRY), mask=chain < it)
+    tl.store(indptr + s * indptr_stride + tl.where(z == 0, batch * topk, z), base)
+
+
+def draft_entry_loop(req_to_token, req_pool_indices, seq_lens, positions, out, kv_indptr, num_steps, topk, page_size,
+                     entry_page_size):
+    """``draft_loop`` on a page-granular table of ``entry_page_size`` tokens an entry."""
+    batch = req_pool_indices.shape[0]
+    grid = (num_steps, batch, topk)
+    _draft_entry_kernel[grid](
+        req_to_token, req_pool_indices, seq_lens, positions, out, kv_indptr, req_to_token.stride(0), out.stride(0),
+        kv_indptr.stride(0), PAGE=page_size, STEPS=num_steps, ENTRY=entry_page_size, TOPK_ONE=topk == 1,
+        BS_UPPER=triton.next_power_of_2(batch), ITER_UPPER=triton.next_power_of_2(num_steps),
+        TOKENS_UPPER=triton.next_power_of_2(batch * topk), BLOCK=DRAFT_COPY_BLOCK)
+    return grid
+
+
+def draft_window_loop(req_to_token, req_pool_indices, seq_lens, positions, out, kv_indptr, num_steps, topk, page_size,
+                      entry_page_size, window):
+    """Every draft step's window CSR (``kvdispatch.create_draft_decode_kv_indices`` with ``step_window=window``,
+    positions given, entry 0 of each ``kv_indptr`` row left untouched) on the grid ``(num_steps, batch, topk)``."""
+    batch = req_pool_indices.shape[0]
+    grid = (num_steps, batch, topk)
+    _draft_window_kernel[grid](
+        req_to_token, req_pool_indices, seq_lens, positions, out, kv_indptr, req_to_token.stride(0), out.stride(0),
+        kv_indptr.stride(0), window, PAGE=page_size, STEPS=num_steps, ENTRY=entry_page_size, TOPK_ONE=topk == 1,
+        ITER_UPPER=triton.next_power_of_2(num_steps), TOKENS_UPPER=triton.next_power_of_2(batch * topk),
+        BLOCK=DRAFT_COPY_BLOCK)
+    return grid

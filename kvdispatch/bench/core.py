@@ -128,7 +128,9 @@ class Case:
     """One case of the op ``op`` (its key; ``module``, its case module, parses, names and builds it): ``batch``
     requests of ``context`` tokens, ``page_size`` tokens per page (the token CSR's ``entry_page_size``); the
     ops' options: ``int64`` (the token CSR's output dtype), ``mapping`` (a ``token_mapping``; the MHA table's SWA
-    twin), ``steps`` and ``topk`` (draft decode), ``dcp_size`` (the DCP ops)."""
+    twin), ``steps`` and ``topk`` (draft decode), ``dcp_size`` (the DCP ops), ``zero_tail`` (the translated
+    table's ``fill_value=0``), ``v2p_page`` (the token CSR's ``v2p`` on pages of that many tokens; 0: none),
+    ``entry_page_size`` and ``step_window`` (draft decode's page-granular table and per-step window)."""
 
     batch: int
     context: int
@@ -140,6 +142,10 @@ class Case:
     topk: int = 1
     dcp_size: int = 1  # DCP ops: ranks per request
     lengths: str = ""  # "" every row full length; "LO-HI" or "mix": see MIX (context is then the capacity)
+    zero_tail: bool = False
+    v2p_page: int = 0
+    entry_page_size: int = 1
+    step_window: int = 0
 
     @property
     def module(self):
@@ -478,8 +484,11 @@ def implementations(backends: list[str], device: torch.device, case: Case) -> li
 
 
 def triton_baselines(case: Case) -> list[str]:
-    """The Triton baselines of ``case``: its op's, with the ideal one on a real-shape case (``Case.lengths``)."""
+    """The Triton baselines of ``case``: its op's, with the ideal one on a real-shape case (``Case.lengths``); a
+    case of an option with a design of its own, that design's (its module's ``option_baseline``)."""
     module = case.module
+    if option := option_baseline(case):
+        return [option]
     return list(module.TRITON_BASELINES) + [module.IDEAL_BASELINE] * bool(case.lengths and module.IDEAL_BASELINE)
 
 
@@ -499,9 +508,21 @@ def _expected(fn, x: Inputs) -> torch.Tensor:
     return getattr(fn, "expected", x.expected)
 
 
+def option_baseline(case: Case) -> str | None:
+    """The one Triton baseline of a case whose options SGLang builds with a kernel of their own (it is then
+    also what ``/2d`` divides by); None for the others."""
+    return getattr(case.module, "option_baseline", lambda case: None)(case)
+
+
+def sglang_baseline(case: Case) -> str:
+    """What ``/2d`` and ``host/launch`` divide by."""
+    return option_baseline(case) or case.module.SGLANG_BASELINE
+
+
 def uses_interpreter(impl: str, device: torch.device) -> bool:
     return device.type == "cpu" and (impl == API_PREFIX + "triton" or any(
-        impl in (*module.TRITON_BASELINES, module.IDEAL_BASELINE) for module in case_modules().values()))
+        impl in (*module.TRITON_BASELINES, module.IDEAL_BASELINE, *getattr(module, "OPTION_BASELINES", ()))
+        for module in case_modules().values()))
 
 
 def programs(impl: str, case: Case, x: Inputs, fn) -> int | None:
@@ -654,7 +675,7 @@ def add_ratios(rows: list[Row], add_host_us: float | None, copy_gbps: float | No
         if r.status != "ok" or not r.time_us:
             continue
         case = Case.parse(r.case)
-        sglang = case.module.SGLANG_BASELINE
+        sglang = sglang_baseline(case)
         host_of_sglang = next((b.host_us for b in rows if b.impl == sglang and b.status == "ok"), None)
         r.vs_naive = _ratio(r.time_us, base.get(NAIVE))
         r.vs_2d = _ratio(r.time_us, base.get(sglang))
