@@ -26,6 +26,7 @@ KERNELS = {
     "dcp_page_table": ("launch", "build_dcp_page_table"),
     "decode_metadata": ("launch", "build_decode_metadata"),
     "cache_locs": ("launch", "build_cache_locs"),
+    "compact_draft_rows": ("launch", "build_compact_draft_rows"),
 }
 # Public name -> the submodule defining it.
 _OWNERS = {name: module for module, name in KERNELS.values()} | {"on_deselected": "native", "on_selected": "native"}

@@ -28,9 +28,10 @@ DCP_TOKEN_CSR_KERNEL = "kv_dcp_token_csr"
 DCP_PAGE_TABLE_KERNEL = "kv_dcp_page_table"
 DECODE_METADATA_KERNEL = "kv_decode_metadata"
 CACHE_LOCS_KERNEL = "kv_cache_locs"
+COMPACT_DRAFT_ROWS_KERNEL = "kv_compact_draft_rows"
 KERNELS = (PAGE_TABLE_KERNEL, TOKEN_CSR_KERNEL, MHA_PAGE_TABLE_KERNEL, TRANSLATED_PAGE_TABLE_KERNEL,
            DRAFT_DECODE_KERNEL, DCP_TOKEN_CSR_KERNEL, DCP_PAGE_TABLE_KERNEL, DECODE_METADATA_KERNEL,
-           CACHE_LOCS_KERNEL)
+           CACHE_LOCS_KERNEL, COMPACT_DRAFT_ROWS_KERNEL)
 STD_FLAG = "-std=c++14"
 # Architectures the offline HIP check tries; those the installed hipcc does not know are reported.
 HIP_ARCHS = ("gfx90a", "gfx940", "gfx942", "gfx950")

@@ -28,6 +28,7 @@ KERNELS = {
     "dcp_page_table": ("dcp", "build_dcp_page_table"),
     "decode_metadata": ("decode_metadata", "build_decode_metadata"),
     "cache_locs": ("cache_locs", "build_cache_locs"),
+    "compact_draft_rows": ("compact_draft_rows", "build_compact_draft_rows"),
 }
 # Public name -> the submodule defining it.
 _OWNERS = {name: module for module, name in KERNELS.values()} | {

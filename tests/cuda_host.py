@@ -236,3 +236,16 @@ def create_cache_locs(req_to_token, req_pool_indices, start_offset, out, *, end_
                    full_v2p=full_v2p, full_out=full_out, swa_v2p=swa_v2p, swa_out=swa_out)
     ops.cache_locs.check_arguments(*arguments, **options)
     return build_cache_locs(*arguments, **options, specialised=specialised)
+from kernels_cupy.launch import compact_draft_rows_call  # noqa: E402
+
+
+def build_compact_draft_rows(draft_req_to_token, target_req_to_token, req_pool_indices, suffix_start,
+                             draft_prefix_lens, verify_locs, pdl=False, specialised=False):
+    """``kvdispatch.build_compact_draft_rows`` (the CuPy backend's launcher of the same name) on CPU tensors,
+    through the host build of the kernel; the arguments are checked first."""
+    arguments = (draft_req_to_token, target_req_to_token, req_pool_indices, suffix_start, draft_prefix_lens,
+                 verify_locs)
+    ops.compact_draft_rows.check_arguments(*arguments)
+    _require_cpu(draft_req_to_token)
+    run(compact_draft_rows_call(*arguments), specialised)
+    return draft_req_to_token

@@ -76,6 +76,9 @@ RELEASE = {
                                                  "full_out=None, swa_out=None, page_size=1, positions_out=None, "
                                                  "anchor_src=None, anchor_out=None)",
         "fill_front_out_cache_loc_func": "(num_front, out_cache_loc, front_out_cache_loc)",
+        "rebuild_compact_draft_req_to_token_func": "(*, draft_req_to_token, target_req_to_token, req_pool_indices, "
+                                                   "suffix_start, draft_prefix_lens, verify_out_cache_loc_2d, "
+                                                   "batch_size, block_size)",
     },
     "srt.layers.dcp.layout": {
         "get_dcp_lens": "(lens, dcp_size, dcp_rank, start=None, interleave_size=1)",

@@ -84,3 +84,6 @@ from .kernels.ops.speculative.cache_locs import (assign_draft_cache_locs_contigu
 
 __all__ += ["assign_draft_cache_locs_contiguous_func", "assign_extend_cache_locs_func",
             "assign_extend_cache_locs_uniform_func", "fill_front_out_cache_loc_func"]
+from .kernels.ops.speculative.cache_locs import rebuild_compact_draft_req_to_token_func  # noqa: E402
+
+__all__ += ["rebuild_compact_draft_req_to_token_func"]

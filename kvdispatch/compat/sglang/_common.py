@@ -161,3 +161,7 @@ def _leading(name, t, rows):
 from ...ops.cache_locs import create_cache_locs as _build_cache_locs  # noqa: E402
 
 __all__ += ["_build_cache_locs"]
+
+from ...ops.compact_draft_rows import build_compact_draft_rows as _build_compact_draft_rows  # noqa: E402
+
+__all__ += ["_build_compact_draft_rows"]
