@@ -23,19 +23,22 @@ def check_arguments(draft_req_to_token, target_req_to_token, req_pool_indices, s
                     verify_locs, memory=True):
     """Validate ``build_compact_draft_rows`` arguments; returns the device (``memory``: as for
     ``check_page_table_args``)."""
-    _tensor("draft_req_to_token", draft_req_to_token)
-    device = draft_req_to_token.device
-    _index_table("draft_req_to_token", draft_req_to_token, device, 0, 0)
-    _tensor("target_req_to_token", target_req_to_token)
+    tensors = (("target_req_to_token", target_req_to_token), ("draft_req_to_token", draft_req_to_token),
+               ("req_pool_indices", req_pool_indices), ("suffix_start", suffix_start),
+               ("draft_prefix_lens", draft_prefix_lens), ("verify_locs", verify_locs))
+    for name, t in tensors:
+        _tensor(name, t)
+        device = target_req_to_token.device
+        if t.device != device:
+            raise ValueError(f"{name} is on {t.device}, expected {device} (the device of target_req_to_token)")
     _index_table("target_req_to_token", target_req_to_token, device, 0, 0)
-    _tensor("req_pool_indices", req_pool_indices)
+    _index_table("draft_req_to_token", draft_req_to_token, device, 0, 0)
     batch = req_pool_indices.shape[0] if req_pool_indices.dim() == 1 else -1
     _index_vector("req_pool_indices", req_pool_indices, device, batch)
     if batch > _INT32_MAX:
         raise ValueError(f"req_pool_indices must have at most {_INT32_MAX} entries, got {batch}")
     _index_vector("suffix_start", suffix_start, device, batch)
     _index_vector("draft_prefix_lens", draft_prefix_lens, device, batch)
-    _tensor("verify_locs", verify_locs)
     _index_table("verify_locs", verify_locs, device, 0, 0)
     if verify_locs.shape[0] != batch:
         raise ValueError(f"verify_locs must have {batch} rows (the batch, req_pool_indices.shape[0]), got shape "
