@@ -95,6 +95,7 @@ def specializations(warp_size: int = 32, page_sizes=PAGE_SIZES, index_types=("i3
     yield from _dcp_specializations(warp_size, index_types)
     yield from _decode_metadata_specializations(warp_size, page_sizes, index_types)
     yield from _cache_locs_specializations(warp_size, page_sizes, index_types)
+    yield from _compact_draft_rows_specializations(warp_size, index_types)
 
 
 def pdl_specializations(warp_size: int = 32):
@@ -348,4 +349,18 @@ def _cache_locs_specializations(warp_size, page_sizes, index_types):
                                             do_not_specialize_on_alignment=cache_locs.POINTERS)
     threads = launch_grid.cache_locs_launch(1, 1, 1).threads
     for signature, constexprs in cache_locs.specializations(index_types, page_sizes):
+        yield Specialization(jitted, signature, constexprs, max(1, threads // warp_size))
+
+
+def _compact_draft_rows_specializations(warp_size, index_types):
+    """The compact-draft-rows kernel's specialisations (``kernels_triton.compact_draft_rows``)."""
+    import triton  # noqa: PLC0415
+
+    from . import compact_draft_rows  # noqa: PLC0415
+
+    kernel = getattr(compact_draft_rows.compact_draft_rows_kernel, "fn", compact_draft_rows.compact_draft_rows_kernel)
+    jitted = triton.runtime.jit.JITFunction(kernel, do_not_specialize=compact_draft_rows.RUNTIME_INTS,
+                                            do_not_specialize_on_alignment=compact_draft_rows.POINTERS)
+    threads = launch_grid.compact_draft_rows_launch(1, 1).threads
+    for signature, constexprs in compact_draft_rows.specializations(index_types):
         yield Specialization(jitted, signature, constexprs, max(1, threads // warp_size))

@@ -111,7 +111,7 @@ def test_pdl_specialisations_compile_with_the_grid_dependency_instructions(pdl_r
 
 def test_pdl_specialisations_are_one_per_kernel_with_pdl_set():
     specs = list(crosscompile.pdl_specializations())
-    assert len({s.kernel.__name__ for s in specs}) == len(specs) == 9
+    assert len({s.kernel.__name__ for s in specs}) == len(specs) == 10
     assert all(s.constexprs["PDL"] is True and s.signature["PDL"] == "constexpr" for s in specs)
     assert all(s.constexprs["PDL"] is False for s in crosscompile.specializations())
 
