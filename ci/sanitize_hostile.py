@@ -237,9 +237,10 @@ def storage_calls(device, g):
                                     positions_out=poison(4 * batch), page_size=16, full_v2p=ints(-1, 2**10, (50,)),
                                     full_out=poison(4 * batch, dtype=torch.int64)), ("out", "positions_out", "full_out")
     yield "build_compact_draft_rows", dict(
-        draft_req_to_token=poison(rows, 40), target_req_to_token=ints(0, I32_MAX, (rows, cols)),
+        target_req_to_token=ints(0, I32_MAX, (rows, cols)),
         req_pool_indices=torch.randperm(rows, generator=g)[:batch].to(device), suffix_start=start,
-        draft_prefix_lens=ints(0, 36, (batch,)), verify_locs=ints(0, I32_MAX, (batch, 4), torch.int64)), (
+        draft_prefix_lens=ints(0, 36, (batch,)), verify_locs=ints(0, I32_MAX, (batch, 4), torch.int64),
+        draft_req_to_token=poison(rows, 40)), (
         "draft_req_to_token",)
 
 
@@ -585,9 +586,9 @@ def run(device, backends, verbose, shard=(0, 1)):
                 verify = torch.randint(0, 2**40, (BATCH, 5), generator=g).to(device)
                 draft = torch.full((rows + 2, 48), POISON, dtype=dtype, device=device)
                 arguments = (data["table"], data["pool"], data["start"], data["lens"], verify)
-                expected = ops.compact_draft_rows.reference(draft.cpu().clone(), *(t.cpu() for t in arguments))
+                expected = ops.compact_draft_rows.reference(*(t.cpu() for t in arguments), draft.cpu().clone())
                 launch_and_check(f"{backend} compact_draft_rows {str(dtype)[6:]} {spoil[0]}",
-                                 lambda: kvdispatch.build_compact_draft_rows(draft, *arguments, backend=backend),
+                                 lambda: kvdispatch.build_compact_draft_rows(*arguments, draft, backend=backend),
                                  [(draft, expected)])
         for function, args, outputs in storage_calls(device, g):
             for shift in (1, 3):

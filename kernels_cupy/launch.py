@@ -457,8 +457,8 @@ _compact_draft_rows_launch = functools.lru_cache(maxsize=4096)(grid.compact_draf
 _GEOMETRY_CACHES += (_compact_draft_rows_launch,)
 
 
-def compact_draft_rows_call(draft_req_to_token, target_req_to_token, req_pool_indices, suffix_start,
-                            draft_prefix_lens, verify_locs) -> KernelCall | None:
+def compact_draft_rows_call(target_req_to_token, req_pool_indices, suffix_start, draft_prefix_lens, verify_locs,
+                            draft_req_to_token) -> KernelCall | None:
     """The ``kv_compact_draft_rows`` launch for ``kvdispatch.ops.compact_draft_rows.reference``'s arguments, or
     None when there is nothing to do."""
     rows, cols = draft_req_to_token.shape
@@ -475,10 +475,10 @@ def compact_draft_rows_call(draft_req_to_token, target_req_to_token, req_pool_in
     return _kernel_call(COMPACT_DRAFT_ROWS_KERNEL, (("KV_FLAGS", flags),), launch, args)
 
 
-def build_compact_draft_rows(draft_req_to_token, target_req_to_token, req_pool_indices, suffix_start,
-                             draft_prefix_lens, verify_locs, pdl=False):
+def build_compact_draft_rows(target_req_to_token, req_pool_indices, suffix_start, draft_prefix_lens, verify_locs,
+                             draft_req_to_token, pdl=False):
     """A draft model's compact token-table rows; semantics of ``kvdispatch.build_compact_draft_rows``; ``pdl`` as
     for ``build_page_table``. Returns ``draft_req_to_token``."""
-    return _launched(compact_draft_rows_call(draft_req_to_token, target_req_to_token, req_pool_indices,
-                                             suffix_start, draft_prefix_lens, verify_locs),
+    return _launched(compact_draft_rows_call(target_req_to_token, req_pool_indices, suffix_start,
+                                             draft_prefix_lens, verify_locs, draft_req_to_token),
                      draft_req_to_token.device, draft_req_to_token, pdl)

@@ -75,8 +75,8 @@ def constexprs_for(folded_grid: bool = False, pdl: bool = False) -> dict:
                 PDL=pdl)
 
 
-def build_compact_draft_rows(draft_req_to_token, target_req_to_token, req_pool_indices, suffix_start,
-                             draft_prefix_lens, verify_locs, pdl=False):
+def build_compact_draft_rows(target_req_to_token, req_pool_indices, suffix_start, draft_prefix_lens, verify_locs,
+                             draft_req_to_token, pdl=False):
     """Rebuild every request's draft row in one launch; semantics of
     ``kvdispatch.ops.compact_draft_rows.reference``; ``pdl``: launch with programmatic dependent launch where the
     device supports it. Arguments arrive validated."""

@@ -239,12 +239,12 @@ def create_cache_locs(req_to_token, req_pool_indices, start_offset, out, *, end_
 from kernels_cupy.launch import compact_draft_rows_call  # noqa: E402
 
 
-def build_compact_draft_rows(draft_req_to_token, target_req_to_token, req_pool_indices, suffix_start,
-                             draft_prefix_lens, verify_locs, pdl=False, specialised=False):
+def build_compact_draft_rows(target_req_to_token, req_pool_indices, suffix_start, draft_prefix_lens, verify_locs,
+                             draft_req_to_token, pdl=False, specialised=False):
     """``kvdispatch.build_compact_draft_rows`` (the CuPy backend's launcher of the same name) on CPU tensors,
     through the host build of the kernel; the arguments are checked first."""
-    arguments = (draft_req_to_token, target_req_to_token, req_pool_indices, suffix_start, draft_prefix_lens,
-                 verify_locs)
+    arguments = (target_req_to_token, req_pool_indices, suffix_start, draft_prefix_lens, verify_locs,
+                 draft_req_to_token)
     ops.compact_draft_rows.check_arguments(*arguments)
     _require_cpu(draft_req_to_token)
     run(compact_draft_rows_call(*arguments), specialised)

@@ -420,9 +420,10 @@ def _compact_draft_rows(d: _Draw, k: Knobs):
     start = d.values(-2, target.shape[1], k.batch)
     verify = d.values(-3, 1 << 20, k.batch * (width + 2)).view(k.batch, width + 2)
     verify = d.spoil(verify, torch.int64)[:, : width + d.integer(0, 3) * d.flag()]  # now and then a wider stride
-    return dict(draft_req_to_token=d.output("draft_req_to_token", (rows, cols), d.dtype()),
-                target_req_to_token=target, req_pool_indices=d.vector(pool), suffix_start=d.vector(start),
-                draft_prefix_lens=d.vector(lens), verify_locs=verify.to(d.dtype()).to(d.device))
+    draft = d.output("draft_req_to_token", (rows, cols), d.dtype())
+    return dict(target_req_to_token=target, req_pool_indices=d.vector(pool), suffix_start=d.vector(start),
+                draft_prefix_lens=d.vector(lens), verify_locs=verify.to(d.dtype()).to(d.device),
+                draft_req_to_token=draft)
 
 
 BUILDERS["compact_draft_rows"] = _compact_draft_rows

@@ -47,7 +47,7 @@ def test_reference_matches_a_loop(seed):
     g = torch.Generator().manual_seed(seed)
     for dtype in (torch.int32, torch.int64):
         draft, *inputs = _case(g, dtype=dtype, width=seed)
-        got = kvdispatch.build_compact_draft_rows(draft.clone(), *inputs, backend="torch")
+        got = kvdispatch.build_compact_draft_rows(*inputs, draft.clone(), backend="torch")
         assert torch.equal(got, _loop(draft, *inputs))
 
 
@@ -64,9 +64,9 @@ def test_extremes_and_cut_rows(backend):
         verify = torch.arange(4 * width).view(4, width) + 1000
         draft = torch.full((5, 16), POISON, dtype=torch.int64)
         want = _loop(draft, target, pool, start, length, verify)
-        moved = [t.to(DEVICE) for t in (draft, target, pool, start, length, verify)]
+        moved = [t.to(DEVICE) for t in (target, pool, start, length, verify, draft)]
         through(backend, "build_compact_draft_rows", *moved)
-        assert_same(moved[0], want, f"{backend} {starts} {lens}")
+        assert_same(moved[-1], want, f"{backend} {starts} {lens}")
 
 
 def test_bad_arguments_name_themselves():
@@ -88,7 +88,7 @@ def test_bad_arguments_name_themselves():
     for arguments, error, words in cases:
         before = arguments[0].clone()
         with pytest.raises(error, match=words):
-            kvdispatch.build_compact_draft_rows(*arguments)
+            kvdispatch.build_compact_draft_rows(*arguments[1:], arguments[0])
         assert torch.equal(arguments[0], before)
 
 
@@ -103,8 +103,8 @@ def test_debug_checks_name_the_request():
               ([0, 1], [0, 0], [2, 13], "request 1: its rebuilt row of 17 entries"))
     for pool, start, lens, words in checks:
         with pytest.raises(ValueError, match=words):
-            compact_draft_rows.check_data(draft, target, torch.tensor(pool), torch.tensor(start), torch.tensor(lens),
-                                          verify)
+            compact_draft_rows.check_data(target, torch.tensor(pool), torch.tensor(start), torch.tensor(lens), verify,
+                                          draft)
 
 
 # -- the SGLang drop-in against the release ---------------------------------------------------------------------

@@ -390,8 +390,8 @@ def _compact_rebuild_loop_kernel(draft, target, pool_idx, starts, lens, verify, 
         tl.store(draft + row * DRAFT_WIDTH + j, values, mask=suffix | slots)
 
 
-def compact_rebuild_loop(draft_req_to_token, target_req_to_token, req_pool_indices, suffix_start,
-                         draft_prefix_lens, verify_locs):
+def compact_rebuild_loop(target_req_to_token, req_pool_indices, suffix_start, draft_prefix_lens, verify_locs,
+                         draft_req_to_token):
     """Every request's draft row rebuilt from its target suffix and verify slots
     (``kvdispatch.build_compact_draft_rows``' layout), one program per request."""
     batch = req_pool_indices.shape[0]

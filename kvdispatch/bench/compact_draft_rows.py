@@ -64,12 +64,12 @@ def make_inputs(case: Case, device: torch.device, seed: int) -> Inputs:
     columns = committed[:, None] + torch.arange(case.steps, device=device)
     verify = target[pool[:, None], columns].long()
     draft = torch.full((rows, DRAFT_WINDOW + case.steps), POISON, dtype=torch.int32, device=device)
-    expected = ops.compact_draft_rows.reference(draft.clone(), target, pool, start, compact, verify)
+    expected = ops.compact_draft_rows.reference(target, pool, start, compact, verify, draft.clone())
     return Inputs(target, pool, compact, draft, expected, kv_indptr=start, positions=verify)
 
 
 def bind(impl: str, x: Inputs, case: Case):
-    arguments = (x.out, x.req_to_token, x.req_pool_indices, x.kv_indptr, x.seq_lens, x.positions)
+    arguments = (x.req_to_token, x.req_pool_indices, x.kv_indptr, x.seq_lens, x.positions, x.out)
     if backend := api_backend(impl):
         return functools.partial(kvdispatch.build_compact_draft_rows, *arguments, backend=backend)
     if impl == PLAIN_TORCH:

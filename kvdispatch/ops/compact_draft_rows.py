@@ -19,8 +19,8 @@ from .draft_decode import _index_table
 __all__ = ["build_compact_draft_rows"]
 
 
-def check_arguments(draft_req_to_token, target_req_to_token, req_pool_indices, suffix_start, draft_prefix_lens,
-                    verify_locs, memory=True):
+def check_arguments(target_req_to_token, req_pool_indices, suffix_start, draft_prefix_lens, verify_locs,
+                    draft_req_to_token, memory=True):
     """Validate ``build_compact_draft_rows`` arguments; returns the device (``memory``: as for
     ``check_page_table_args``)."""
     tensors = (("target_req_to_token", target_req_to_token), ("draft_req_to_token", draft_req_to_token),
@@ -52,8 +52,8 @@ def check_arguments(draft_req_to_token, target_req_to_token, req_pool_indices, s
     return device
 
 
-def check_data(draft_req_to_token, target_req_to_token, req_pool_indices, suffix_start, draft_prefix_lens,
-               verify_locs):
+def check_data(target_req_to_token, req_pool_indices, suffix_start, draft_prefix_lens, verify_locs,
+               draft_req_to_token):
     """``build_compact_draft_rows``: every request's pool index in ``[0, min(R_draft, R_target))`` and no two
     alike; its prefix length non-negative, the prefix inside the target row (``0 <= suffix_start`` and
     ``suffix_start + draft_prefix_lens <= C_target``) and the rebuilt row inside the draft row
@@ -85,8 +85,8 @@ def check_data(draft_req_to_token, target_req_to_token, req_pool_indices, suffix
                          f"than the draft table's {draft_req_to_token.shape[1]} columns")
 
 
-def reference(draft_req_to_token, target_req_to_token, req_pool_indices, suffix_start, draft_prefix_lens,
-              verify_locs, pdl=False):
+def reference(target_req_to_token, req_pool_indices, suffix_start, draft_prefix_lens, verify_locs,
+              draft_req_to_token, pdl=False):
     """A draft model's compact token-table rows; semantics of ``kvdispatch.build_compact_draft_rows``.
 
     Request ``b`` with pool index ``p`` in ``[0, min(R_draft, R_target))`` and ``n = draft_prefix_lens[b] >= 0``
@@ -124,8 +124,8 @@ def reference(draft_req_to_token, target_req_to_token, req_pool_indices, suffix_
 
 @declare("compact_draft_rows", outputs=("draft_req_to_token",), check=check_arguments, check_data=check_data,
          reference=reference)
-def build_compact_draft_rows(draft_req_to_token: Tensor, target_req_to_token: Tensor, req_pool_indices: Tensor,
-                             suffix_start: Tensor, draft_prefix_lens: Tensor, verify_locs: Tensor, *,
+def build_compact_draft_rows(target_req_to_token: Tensor, req_pool_indices: Tensor, suffix_start: Tensor,
+                             draft_prefix_lens: Tensor, verify_locs: Tensor, draft_req_to_token: Tensor, *,
                              backend: str | None = None, enable_pdl: bool | None = None) -> Tensor:
     """Rebuild each request's row of a draft model's compact token table: the committed suffix of its target
     row, then its verify block's cache locations (a windowed draft model, DFlash).
@@ -136,10 +136,10 @@ def build_compact_draft_rows(draft_req_to_token: Tensor, target_req_to_token: Te
         draft_req_to_token[p, n + k] = verify_locs[b, k]                             for k < K
 
     Args:
-        draft_req_to_token: int32/int64 ``[R_draft, C_draft]``, last dim contiguous, rows apart. Written in place.
         target_req_to_token: int32/int64 ``[R_target, C_target]``, last dim contiguous, rows apart.
         req_pool_indices, suffix_start, draft_prefix_lens: int32/int64 ``[B]``, any stride.
         verify_locs: int32/int64 ``[B, K]``, last dim contiguous, any row stride.
+        draft_req_to_token: int32/int64 ``[R_draft, C_draft]``, last dim contiguous, rows apart. Written in place.
         backend, enable_pdl: as for ``create_flashmla_kv_indices``.
 
     Values are stored in the draft table's dtype (int32: the low 32 bits). Bad data reads and writes nothing

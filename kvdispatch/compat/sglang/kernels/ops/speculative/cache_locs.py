@@ -187,5 +187,5 @@ def rebuild_compact_draft_req_to_token_func(*, draft_req_to_token, target_req_to
         raise ValueError(f"verify_out_cache_loc_2d must be a 2-D tensor of at least batch_size = {batch_size} rows "
                          f"and block_size = {block_size} columns, got "
                          f"{tuple(verify.shape) if isinstance(verify, torch.Tensor) else type(verify).__name__}")
-    _common._build_compact_draft_rows(draft_req_to_token, target_req_to_token, pool, start, lengths,
-                                      verify[:batch_size, :block_size])
+    _common._build_compact_draft_rows(target_req_to_token, pool, start, lengths, verify[:batch_size, :block_size],
+                                      draft_req_to_token)
