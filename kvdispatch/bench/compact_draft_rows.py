@@ -36,8 +36,8 @@ CASES = {
 
 
 def parse(shape: str, text: str) -> Case:
-    usage = f"a compact-draft-rows case is compact_draft_rows:BATCHxCONTEXTxBLOCK, e.g. compact_draft_rows:64x4096x16; " \
-            f"got {text!r}"
+    usage = ("a compact-draft-rows case is compact_draft_rows:BATCHxCONTEXTxBLOCK, e.g. "
+             f"compact_draft_rows:64x4096x16; got {text!r}")
     batch, context, block = dimensions(shape, 3, usage)
     if min(batch, context, block) < 1 or block >= context:
         raise argparse.ArgumentTypeError(usage)
