@@ -19,6 +19,7 @@ entries at the extremes: slots clamped into it, quotients' low 32 bits) and the 
 extremes or empty, multipliers at the int32 extremes, length deltas at the int32 extremes), on slot tables with
 negative and extreme entries, under the same spoilt requests (page sizes 1, 64, 7).
 The cache locations (``create_cache_locs``): the spoilt requests above, packed and fixed-width, translated or not.
+The compact draft rows (``build_compact_draft_rows``): the spoilt requests above, int32 and int64 draft tables.
 The draft decode indices: the spoilt pool indices and lengths above (2 branches, 3 steps, page sizes 1 and 16),
 outputs narrower than the segments, positions at the extremes, a v2p that ids fall outside of, a window.
 Tensors at other addresses, for every op (the ordinary page-1 table and token CSR, whose copies take 16-byte
@@ -257,6 +258,12 @@ def storage_calls(device, g):
         local_seq_lens=torch.randint(1, cols // 4, (BATCH,), generator=g).to(device),
         out=torch.full((BATCH, 7), POISON, dtype=torch.int32, device=device), page_size=16, dcp_size=2, dcp_rank=1,
         v2p=torch.randint(-1, 1 << 20, (1 << 12,), generator=g).to(device)), ("out",)
+    yield "build_compact_draft_rows", dict(
+        target_req_to_token=ints(0, I32_MAX, (rows, cols)),
+        req_pool_indices=torch.randperm(rows, generator=g)[:batch].to(device), suffix_start=start,
+        draft_prefix_lens=ints(0, 36, (batch,)), verify_locs=ints(0, I32_MAX, (batch, 4), torch.int64),
+        draft_req_to_token=poison(rows, 40)), (
+        "draft_req_to_token",)
 
 
 def element_offset(t, shift):
@@ -608,6 +615,20 @@ def run(device, backends, verbose, shard=(0, 1)):
                                      f"translated={translated}", lambda: kvdispatch.create_cache_locs(
                                          data["table"], data["pool"], data["start"], outs[0], backend=backend,
                                          **options[1]), list(zip(outs, expected)))
+        # Compact draft rows: the spoilt requests above (their lengths as the prefix lengths, their starts as the
+        # suffix starts), a draft table narrower and a target table shorter than some of the rows.
+        for dtype in (torch.int32, torch.int64):
+            for spoil in hostile_requests(BATCH + 3, 5 * 16 + 7, dtype == torch.int64):
+                if not selected():
+                    continue
+                data, rows, cols = make(16, dtype, device, g, spoil)
+                verify = torch.randint(0, 2**40, (BATCH, 5), generator=g).to(device)
+                draft = torch.full((rows + 2, 48), POISON, dtype=dtype, device=device)
+                arguments = (data["table"], data["pool"], data["start"], data["lens"], verify)
+                expected = ops.compact_draft_rows.reference(*(t.cpu() for t in arguments), draft.cpu().clone())
+                launch_and_check(f"{backend} compact_draft_rows {str(dtype)[6:]} {spoil[0]}",
+                                 lambda: kvdispatch.build_compact_draft_rows(*arguments, draft, backend=backend),
+                                 [(draft, expected)])
         for function, args, outputs in storage_calls(device, g):
             for shift in (1, 3):
                 storage_case(f"{backend} {function} page={args.get('page_size')} element-offset={shift}", function,

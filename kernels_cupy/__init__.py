@@ -32,6 +32,7 @@ KERNELS = {
     "pa_swa_table": ("launch", "build_pa_swa_table"),
     "merged_token_csr": ("launch", "build_merged_kv_indices"),
     "spec_concat_page_table": ("launch", "build_spec_concat_page_table"),
+    "compact_draft_rows": ("launch", "build_compact_draft_rows"),
 }
 # Public name -> the submodule defining it.
 _OWNERS = {name: module for module, name in KERNELS.values()} | {"on_deselected": "native", "on_selected": "native"}

@@ -1291,3 +1291,48 @@ extern "C" __global__ void kv_spec_concat_page_table(
     }
     KV_GRID_RELEASE();
 }
+
+// A draft model's compact token-table rows (kvdispatch.build_compact_draft_rows): the tables' and the verify
+// slots' dtypes travel in the kernel's own `layout` argument.
+enum { KV_COMPACT_DRAFT_WIDE_TARGET = 1, KV_COMPACT_DRAFT_WIDE_VERIFY = 2 };
+
+// Request b = blockIdx.x, p = its pool index, n = its prefix length: column j < min(n + K, draft_cols) of draft
+// row p gets target[p, start + j] for j < n (where that position lies in [0, target_cols)) and
+// verify[b, j - n] after; nothing where p lies outside either table's rows or n < 0. Flags: KV_WIDE_POOL,
+// KV_WIDE_LENS (draft_prefix_lens int64), KV_WIDE_START (suffix_start int64), KV_WIDE_OUT (the draft table
+// int64), KV_FOLDED_GRID.
+extern "C" __global__ void kv_compact_draft_rows(
+    void* __restrict__ draft, const void* __restrict__ target, const void* __restrict__ req_pool_indices,
+    const void* __restrict__ suffix_start, const void* __restrict__ draft_prefix_lens,
+    const void* __restrict__ verify, kv_i64 draft_rows, kv_i64 draft_cols, kv_i64 draft_stride,
+    kv_i64 target_rows, kv_i64 target_cols, kv_i64 target_stride, kv_i64 verify_width, kv_i64 verify_stride,
+    kv_i64 pool_stride, kv_i64 start_stride, kv_i64 lens_stride, kv_i64 items, kv_i64 layout, kv_i64 flags) {
+    KV_GRID_WAIT();
+    const kv_i64 b = blockIdx.x;
+    const kv_i64 program = kv_row_program(KV_HAS(KV_FOLDED_GRID));
+    const kv_i64 step = kv_row_programs(KV_HAS(KV_FOLDED_GRID)) * items;
+    const bool wide_target = (layout & KV_COMPACT_DRAFT_WIDE_TARGET) != 0;
+    const bool wide_verify = (layout & KV_COMPACT_DRAFT_WIDE_VERIFY) != 0;
+    const kv_i64 pool = kv_load_index(req_pool_indices, b * pool_stride, KV_HAS(KV_WIDE_POOL));
+    const kv_i64 given_length = kv_load_index(draft_prefix_lens, b * lens_stride, KV_HAS(KV_WIDE_LENS));
+    const kv_i64 start = kv_bounded(kv_load_index(suffix_start, b * start_stride, KV_HAS(KV_WIDE_START)));
+    const bool valid = pool >= 0 && pool < draft_rows && pool < target_rows && given_length >= 0;
+    const kv_i64 length = kv_min(given_length, draft_cols);
+    const kv_i64 stop = valid ? kv_min(length + verify_width, draft_cols) : 0;
+    const kv_i64 draft_row = valid ? pool * draft_stride : 0, target_row = valid ? pool * target_stride : 0;
+    for (kv_i64 first = program * items; first < stop; first += step) {
+        const kv_i64 last = kv_min(first + items, stop);
+        for (kv_i64 j = first + threadIdx.x; j < last; j += blockDim.x) {
+            if (j < length) {
+                const kv_i64 position = start + j;
+                if (position >= 0 && position < target_cols)
+                    kv_store_index(draft, draft_row + j, kv_load_index(target, target_row + position, wide_target),
+                                   KV_HAS(KV_WIDE_OUT));
+            } else {
+                kv_store_index(draft, draft_row + j, kv_load_index(verify, b * verify_stride + j - length, wide_verify),
+                               KV_HAS(KV_WIDE_OUT));
+            }
+        }
+    }
+    KV_GRID_RELEASE();
+}

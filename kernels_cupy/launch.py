@@ -637,3 +637,36 @@ def build_spec_concat_page_table(page_table_a, page_table_b, seq_lens_a, seq_len
     ``pdl`` as for ``build_page_table``. Returns ``out``."""
     return _launched(spec_concat_page_table_call(page_table_a, page_table_b, seq_lens_a, seq_lens_b, out,
                                                  draft_tokens), out.device, out, pdl)
+# A draft model's compact token-table rows (kvdispatch.build_compact_draft_rows): the kernel's own `layout` bits
+# (the KV_COMPACT_DRAFT_* values of kv_indices.cu) give the dtypes the flags do not.
+
+COMPACT_DRAFT_WIDE_TARGET, COMPACT_DRAFT_WIDE_VERIFY = 1, 2
+_compact_draft_rows_launch = functools.lru_cache(maxsize=4096)(grid.compact_draft_rows_launch)
+_GEOMETRY_CACHES += (_compact_draft_rows_launch,)
+
+
+def compact_draft_rows_call(target_req_to_token, req_pool_indices, suffix_start, draft_prefix_lens, verify_locs,
+                            draft_req_to_token) -> KernelCall | None:
+    """The ``kv_compact_draft_rows`` launch for ``kvdispatch.ops.compact_draft_rows.reference``'s arguments, or
+    None when there is nothing to do."""
+    rows, cols = draft_req_to_token.shape
+    launch = _compact_draft_rows_launch(req_pool_indices.shape[0], cols, budget=_budget(draft_req_to_token))
+    if launch.grid[0] == 0:
+        return None
+    flags = (_wide(req_pool_indices, WIDE_POOL) | _wide(draft_prefix_lens, WIDE_LENS) | _wide(suffix_start, WIDE_START)
+             | _wide(draft_req_to_token, WIDE_OUT) | _folded(launch))
+    layout = _wide(target_req_to_token, COMPACT_DRAFT_WIDE_TARGET) | _wide(verify_locs, COMPACT_DRAFT_WIDE_VERIFY)
+    args = (draft_req_to_token, target_req_to_token, req_pool_indices, suffix_start, draft_prefix_lens, verify_locs,
+            rows, cols, draft_req_to_token.stride(0), target_req_to_token.shape[0], target_req_to_token.shape[1],
+            target_req_to_token.stride(0), verify_locs.shape[1], verify_locs.stride(0), req_pool_indices.stride(0),
+            suffix_start.stride(0), draft_prefix_lens.stride(0), launch.items_per_program, layout, flags)
+    return _kernel_call("kv_compact_draft_rows", (("KV_FLAGS", flags),), launch, args)
+
+
+def build_compact_draft_rows(target_req_to_token, req_pool_indices, suffix_start, draft_prefix_lens, verify_locs,
+                             draft_req_to_token, pdl=False):
+    """A draft model's compact token-table rows; semantics of ``kvdispatch.build_compact_draft_rows``; ``pdl`` as
+    for ``build_page_table``. Returns ``draft_req_to_token``."""
+    return _launched(compact_draft_rows_call(target_req_to_token, req_pool_indices, suffix_start,
+                                             draft_prefix_lens, verify_locs, draft_req_to_token),
+                     draft_req_to_token.device, draft_req_to_token, pdl)

@@ -34,6 +34,7 @@ KERNELS = {
     "pa_swa_table": ("pa_swa_table", "build_pa_swa_table"),
     "merged_token_csr": ("merged_token_csr", "build_merged_kv_indices"),
     "spec_concat_page_table": ("spec_concat_page_table", "build_spec_concat_page_table"),
+    "compact_draft_rows": ("compact_draft_rows", "build_compact_draft_rows"),
 }
 # Public name -> the submodule defining it.
 _OWNERS = {name: module for module, name in KERNELS.values()} | {

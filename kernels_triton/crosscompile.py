@@ -101,6 +101,7 @@ def specializations(warp_size: int = 32, page_sizes=PAGE_SIZES, index_types=("i3
     yield from _pa_swa_specializations(warp_size, index_types)
     yield from _merged_specializations(warp_size, index_types)
     yield from _concat_specializations(warp_size, index_types)
+    yield from _compact_draft_rows_specializations(warp_size, index_types)
 
 
 def pdl_specializations(warp_size: int = 32):
@@ -425,3 +426,17 @@ def _concat_specializations(warp_size, index_types):
 
 if __name__ == "__main__":
     raise SystemExit(main())
+
+
+def _compact_draft_rows_specializations(warp_size, index_types):
+    """The compact-draft-rows kernel's specialisations (``kernels_triton.compact_draft_rows``)."""
+    import triton  # noqa: PLC0415
+
+    from . import compact_draft_rows  # noqa: PLC0415
+
+    kernel = getattr(compact_draft_rows.compact_draft_rows_kernel, "fn", compact_draft_rows.compact_draft_rows_kernel)
+    jitted = triton.runtime.jit.JITFunction(kernel, do_not_specialize=compact_draft_rows.RUNTIME_INTS,
+                                            do_not_specialize_on_alignment=compact_draft_rows.POINTERS)
+    threads = launch_grid.compact_draft_rows_launch(1, 1).threads
+    for signature, constexprs in compact_draft_rows.specializations(index_types):
+        yield Specialization(jitted, signature, constexprs, max(1, threads // warp_size))

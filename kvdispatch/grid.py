@@ -287,3 +287,13 @@ def prefix_extend_csr_launch(batch: int, out_len: int, *, budget: int | None = N
     """Geometry of the prefix+extend CSR kernel: a row writes at most ``out_len`` entries; ``budget`` as for
     ``page_table_launch``."""
     return _launch(batch, out_len, _TOKENS_PER_PROGRAM, "out.shape[0]", budget=budget)
+# A draft model's compact token-table rows (``kvdispatch.build_compact_draft_rows``): a windowed draft's row holds
+# a few thousand columns at most, written in small blocks.
+COMPACT_DRAFT_ROWS_ENTRIES_PER_PROGRAM = 256
+
+
+def compact_draft_rows_launch(batch: int, draft_width: int, *, budget: int | None = None) -> Launch:
+    """Geometry of the compact-draft-rows kernel: a request writes at most ``draft_width`` columns of its draft
+    row, whatever its claimed length; ``budget`` as for ``page_table_launch``."""
+    return _launch(batch, draft_width, COMPACT_DRAFT_ROWS_ENTRIES_PER_PROGRAM, "draft_req_to_token.shape[1]",
+                   budget=budget)

@@ -364,3 +364,16 @@ def create_spec_concat_page_table(page_table_a, page_table_b, seq_lens_a, seq_le
     ops.spec_concat_page_table.check_arguments(page_table_a, page_table_b, seq_lens_a, seq_lens_b, out, draft_tokens)
     return build_spec_concat_page_table(page_table_a, page_table_b, seq_lens_a, seq_lens_b, out, draft_tokens,
                                         specialised)
+from kernels_cupy.launch import compact_draft_rows_call  # noqa: E402
+
+
+def build_compact_draft_rows(target_req_to_token, req_pool_indices, suffix_start, draft_prefix_lens, verify_locs,
+                             draft_req_to_token, pdl=False, specialised=False):
+    """``kvdispatch.build_compact_draft_rows`` (the CuPy backend's launcher of the same name) on CPU tensors,
+    through the host build of the kernel; the arguments are checked first."""
+    arguments = (target_req_to_token, req_pool_indices, suffix_start, draft_prefix_lens, verify_locs,
+                 draft_req_to_token)
+    ops.compact_draft_rows.check_arguments(*arguments)
+    _require_cpu(draft_req_to_token)
+    run(compact_draft_rows_call(*arguments), specialised)
+    return draft_req_to_token

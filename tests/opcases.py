@@ -481,6 +481,28 @@ def _spec_concat_page_table(d: _Draw, k: Knobs):
 BUILDERS["spec_concat_page_table"] = _spec_concat_page_table
 
 
+def _compact_draft_rows(d: _Draw, k: Knobs):
+    rows, cols = k.batch + 3, k.pages * k.page_size + 5
+    target = d.table(rows + d.integer(-1, 2), cols + d.integer(-4, 5), -3, rows * cols)
+    if k.options and d.flag():
+        target = target.to(torch.int64)
+    width = d.integer(0, 9)
+    pool = torch.randperm(rows, generator=d.data)[: k.batch]  # distinct rows: requests never share one
+    bad = torch.tensor([-1, rows, rows + 3])[d.values(0, 3, k.batch)]
+    pool = torch.where(d.values(0, 5, k.batch) == 0, bad, pool)
+    lens = d.values(-3, cols - width + 3, k.batch)  # some rows cut at the draft table's end
+    start = d.values(-2, target.shape[1], k.batch)
+    verify = d.values(-3, 1 << 20, k.batch * (width + 2)).view(k.batch, width + 2)
+    verify = d.spoil(verify, torch.int64)[:, : width + d.integer(0, 3) * d.flag()]  # now and then a wider stride
+    draft = d.output("draft_req_to_token", (rows, cols), d.dtype())
+    return dict(target_req_to_token=target, req_pool_indices=d.vector(pool), suffix_start=d.vector(start),
+                draft_prefix_lens=d.vector(lens), verify_locs=verify.to(d.dtype()).to(d.device),
+                draft_req_to_token=draft)
+
+
+BUILDERS["compact_draft_rows"] = _compact_draft_rows
+
+
 def build(key: str, seed: int, knobs: Knobs = Knobs(), *, device="cpu", hostile=False, data_seed=None) -> OpCase:
     """A fresh case of op ``key`` (the module docstring); KeyError for an op without a builder."""
     d = _Draw(seed, data_seed, torch.device(device), hostile)

@@ -76,6 +76,13 @@ TRITON["cache_locs"] = (triton_cache_locs.build_cache_locs, triton_cache_locs.la
 CUPY["cache_locs"] = cupy_launch.build_cache_locs
 CHECKS["cache_locs"] = ops.cache_locs.check_arguments
 
+from kernels_triton import compact_draft_rows as triton_compact_draft_rows  # noqa: E402
+
+TRITON["compact_draft_rows"] = (triton_compact_draft_rows.build_compact_draft_rows,
+                                triton_compact_draft_rows.launcher)
+CUPY["compact_draft_rows"] = cupy_launch.build_compact_draft_rows
+CHECKS["compact_draft_rows"] = ops.compact_draft_rows.check_arguments
+
 
 @pytest.fixture(scope="module")
 def built(tmp_path_factory):
@@ -291,6 +298,11 @@ def random_args(op, seed):
         return [d.pick((table, table.long())), pool, lens, output(), d.vector(-3, cols + 5, batch) if packed else None,
                 None if packed else d.int(0, 40), d.pick((None, output())), d.pick((1, 16, 64)),
                 *translations[0], *translations[1]]
+    if op == "compact_draft_rows":  # target, pool (distinct rows), suffix_start, prefix lens, verify, draft
+        draft = d.out(rows + d.pick((0, 2)), d.int(1, 60), d.pick((torch.int32, torch.int64)))
+        width = d.int(0, 9)
+        pool = torch.randperm(max(rows, batch) + 1, generator=d.g)[:batch].to(d.pick((torch.int32, torch.int64)))
+        return [table, pool, d.vector(-3, cols, batch), lens, d.out(batch, width, torch.int64)[:batch], draft]
     out = d.out(batch, d.int(1, 50))
     return [table, pool, lens, d.vector(-3, 1000, d.int(1, 40), strided=False), out, d.pick((1, 16, 64, 96)),
             d.pick((1, 1, 3, -2)), d.pick((None, d.int(1, out.shape[1] + 1))), d.pick((0, 0, 5, -4)),

@@ -89,6 +89,9 @@ RELEASE = {
                                                    "kv_indices_stride, kv_indptr_stride, bs_upper, iter_upper, "
                                                    "num_tokens_upper, page_size, window, ENTRY_PAGE_SIZE=1, "
                                                    "v2p=None, TRANSLATE=False)",
+        "rebuild_compact_draft_req_to_token_func": "(*, draft_req_to_token, target_req_to_token, req_pool_indices, "
+                                                   "suffix_start, draft_prefix_lens, verify_out_cache_loc_2d, "
+                                                   "batch_size, block_size)",
     },
     "srt.layers.dcp.layout": {
         "get_dcp_lens": "(lens, dcp_size, dcp_rank, start=None, interleave_size=1)",

@@ -701,3 +701,36 @@ def draft_window_loop(req_to_token, req_pool_indices, seq_lens, positions, out, 
         ITER_UPPER=triton.next_power_of_2(num_steps), TOKENS_UPPER=triton.next_power_of_2(batch * topk),
         BLOCK=DRAFT_COPY_BLOCK)
     return grid
+# A draft model's compact rows after SGLang's design: one program per request, the pool rows' widths as
+# constexprs, blocks of COMPACT_REBUILD_BLOCK columns up to the request's prefix length plus the verify block.
+COMPACT_REBUILD_BLOCK = 256
+
+
+@triton.jit
+def _compact_rebuild_loop_kernel(draft, target, pool_idx, starts, lens, verify, verify_stride,
+                                 DRAFT_WIDTH: tl.constexpr, TARGET_WIDTH: tl.constexpr, VERIFY_WIDTH: tl.constexpr,
+                                 BLOCK: tl.constexpr):
+    b = tl.program_id(0)
+    row = tl.load(pool_idx + b).to(tl.int64)
+    first = tl.load(starts + b).to(tl.int64)
+    prefix = tl.load(lens + b).to(tl.int64)
+    for done in range(0, prefix + VERIFY_WIDTH, BLOCK):
+        j = done + tl.arange(0, BLOCK)
+        suffix = j < prefix
+        slots = (j >= prefix) & (j < prefix + VERIFY_WIDTH)
+        values = tl.where(suffix, tl.load(target + row * TARGET_WIDTH + first + j, mask=suffix, other=0),
+                          tl.load(verify + b * verify_stride + j - prefix, mask=slots, other=0))
+        tl.store(draft + row * DRAFT_WIDTH + j, values, mask=suffix | slots)
+
+
+def compact_rebuild_loop(target_req_to_token, req_pool_indices, suffix_start, draft_prefix_lens, verify_locs,
+                         draft_req_to_token):
+    """Every request's draft row rebuilt from its target suffix and verify slots
+    (``kvdispatch.build_compact_draft_rows``' layout), one program per request."""
+    batch = req_pool_indices.shape[0]
+    _compact_rebuild_loop_kernel[(batch,)](draft_req_to_token, target_req_to_token, req_pool_indices, suffix_start,
+                                           draft_prefix_lens, verify_locs, verify_locs.stride(0),
+                                           DRAFT_WIDTH=draft_req_to_token.stride(0),
+                                           TARGET_WIDTH=target_req_to_token.stride(0),
+                                           VERIFY_WIDTH=verify_locs.shape[1], BLOCK=COMPACT_REBUILD_BLOCK)
+    return (batch,)

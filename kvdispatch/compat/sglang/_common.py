@@ -191,3 +191,7 @@ __all__ += ["_build_merged_token_csr"]
 from ...ops.spec_concat_page_table import create_spec_concat_page_table as _build_spec_concat_page_table  # noqa: E402
 
 __all__ += ["_build_spec_concat_page_table"]
+
+from ...ops.compact_draft_rows import build_compact_draft_rows as _build_compact_draft_rows  # noqa: E402
+
+__all__ += ["_build_compact_draft_rows"]

@@ -215,3 +215,25 @@ def _draft_rows(launch_grid, req_pool_indices, req_to_token, paged_kernel_lens, 
 generate_draft_decode_window_kv_indices = _Launch(_generate_draft_decode_window_kv_indices,
                                                   "generate_draft_decode_window_kv_indices")
 __all__ += ["generate_draft_decode_window_kv_indices"]
+
+
+__all__ += ["rebuild_compact_draft_req_to_token_func"]
+
+
+def rebuild_compact_draft_req_to_token_func(*, draft_req_to_token, target_req_to_token, req_pool_indices,
+                                            suffix_start, draft_prefix_lens, verify_out_cache_loc_2d, batch_size,
+                                            block_size):
+    """DFlash's compact draft rows: for ``b < batch_size`` and ``p = req_pool_indices[b]``, draft row ``p`` gets
+    ``target_req_to_token[p, suffix_start[b]:][:draft_prefix_lens[b]]`` then ``verify_out_cache_loc_2d[b,
+    :block_size]`` (``kvdispatch.build_compact_draft_rows``). Returns None, as SGLang."""
+    pool, start, lengths = _requests(batch_size, req_pool_indices=req_pool_indices, suffix_start=suffix_start,
+                                     draft_prefix_lens=draft_prefix_lens)
+    _check_int("block_size", block_size, 0, _INT32_MAX)
+    verify = verify_out_cache_loc_2d
+    if not isinstance(verify, torch.Tensor) or verify.dim() != 2 or verify.shape[0] < batch_size \
+            or verify.shape[1] < block_size:
+        raise ValueError(f"verify_out_cache_loc_2d must be a 2-D tensor of at least batch_size = {batch_size} rows "
+                         f"and block_size = {block_size} columns, got "
+                         f"{tuple(verify.shape) if isinstance(verify, torch.Tensor) else type(verify).__name__}")
+    _common._build_compact_draft_rows(target_req_to_token, pool, start, lengths, verify[:batch_size, :block_size],
+                                      draft_req_to_token)
