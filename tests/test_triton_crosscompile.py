@@ -56,9 +56,10 @@ def test_every_specialisation_compiles(reports, target):
     assert len({row["label"] for row in rows}) == len(rows)
     for row in rows:
         assert row["binary_bytes"] > 0, row
-        # No shared memory but the draft kernel's prefix-sum reduction scratch (tens of bytes): nothing to
+        # No shared memory but the summing kernels' reduction scratch (tens of bytes): nothing to
         # run out of on any part.
-        summing = row["label"].startswith(("_draft_decode_kernel", "_decode_metadata_kernel", "_cache_locs_kernel"))
+        summing = row["label"].startswith(("_draft_decode_kernel", "_decode_metadata_kernel", "_cache_locs_kernel",
+                                           "_merged_token_csr_kernel"))
         assert row["shared_bytes"] <= (1024 if summing else 0), row
         warp = TARGETS[target][2]
         assert row["num_warps"] * warp in (64, 128, 256), row
@@ -73,9 +74,10 @@ def test_native_launch_parameters(reports, target):
     AMDGPU metadata's kernel arguments (hidden ones after them are the runtime's), on the target's
     wavefronts."""
     for row in reports[target]:
-        # The draft kernel's step and branch counts and a token mapping's length are 32-bit parameters: the
+        # The draft kernel's step and branch counts and a token mapping's or v2p's length are 32-bit parameters: the
         # 64-bit words C passes are read by their low half on NVIDIA; on AMD such kernels take the Python path.
-        narrow = row["label"].startswith("_draft_decode_kernel") or "HAS_MAPPING=1" in row["label"]
+        narrow = (row["label"].startswith("_draft_decode_kernel") or "HAS_MAPPING=1" in row["label"]
+                  or re.search(r"V2P_PAGE_SIZE=[1-9]", row["label"]) is not None)
         if TARGETS[target][0] == "cuda" or not narrow:
             assert row["native_parameters"] == row["runtime_args"] + 2, row
         else:
