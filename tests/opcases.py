@@ -595,6 +595,13 @@ def _prefix_extend_csr(d: _Draw, k: Knobs):
     prefix, extend = d.vector(prefix), d.vector(extend)
     room = prefix.cpu().long().clamp(min=0) + extend.cpu().long().clamp(min=0)
     indptr, total = _csr_indptr(d, room, 2 * most)
+    # A row moved to a negative extreme whose extreme lengths reach back into out would overlap the rows there
+    # (whose entries are then any covering row's): such rows write nothing here.
+    count = prefix.cpu().long().clamp(0, 2**61) + extend.cpu().long().clamp(0, 2**61)
+    starts = indptr[:k.batch].cpu().long()
+    reaching = ((starts < 0) & (count > -starts)).to(prefix.device)
+    prefix.masked_fill_(reaching, 0)
+    extend.masked_fill_(reaching, 0)
     base = (0, 2**63 - 5, -(2**63), 1 << 33)[d.integer(0, 4)] if k.options else d.integer(0, 1000)
     return dict(prefix_lens=prefix, prefix_starts=d.vector(d.values(-5, 1 << 20, k.batch)), extend_lens=extend,
                 extend_starts=d.vector(d.values(-5, 1 << 20, k.batch)), kv_indptr=indptr,

@@ -239,16 +239,17 @@ def test_prefix_sums_span_several_blocks(backend):
 
     batch = grid.DECODE_METADATA_SUM_BLOCK + 7
     g = torch.Generator().manual_seed(3)
-    lens = torch.randint(0, 2**31 - 1, (batch,), generator=g)
-    qlens = torch.randint(-5, 2**30, (batch,), generator=g).to(torch.int32)
-    table, pool = torch.zeros(2, 4, dtype=torch.int32), torch.zeros(batch, dtype=torch.int64)
+    device = "cpu" if backend == "cupy-host" else DEVICE
+    lens = torch.randint(0, 2**31 - 1, (batch,), generator=g).to(device)
+    qlens = torch.randint(-5, 2**30, (batch,), generator=g).to(torch.int32).to(device)
+    table = torch.zeros(2, 4, dtype=torch.int32, device=device)
+    pool = torch.zeros(batch, dtype=torch.int64, device=device)
     results = []
     for name in ("torch", backend):
-        outputs = (torch.full((batch,), POISON, dtype=torch.int32), torch.full((batch + 1,), POISON, dtype=torch.int32),
-                   torch.full((batch,), POISON, dtype=torch.int32))
+        outputs = [torch.full((n,), POISON, dtype=torch.int32, device=device) for n in (batch, batch + 1, batch)]
         through(name, "update_decode_metadata", table, pool, lens, outputs[0], outputs[1], page_size=1,
                 seqlen_offset=-3, cu_seqlens_q=outputs[2], qlens=qlens)
-        results.append(outputs)
+        results.append([out.cpu() for out in outputs])
     _compare(*results, backend)
 
 
@@ -262,11 +263,12 @@ def test_rows_and_locations_loop_over_the_bounded_grid(bounded, page_size, zero_
 
     g = torch.Generator().manual_seed(page_size + batch)
     pages = 3 * grid.items_per_program(grid.MAPPED_PAGE_TABLE, page_size) + 3
-    table = torch.randint(-3, 1 << 20, (3, pages * page_size), generator=g, dtype=torch.int32)
-    pool = torch.tensor([2, 0][:batch])
-    mapping = torch.randint(-2, 1 << 20, (1 << 20,), generator=g)
-    locs = torch.randint(-1, 1 << 20, (7 * 1024,), generator=g)
-    for lens in (torch.tensor([pages * page_size, 5][:batch]), torch.tensor([40, pages * page_size + 9][:batch])):
+    table = torch.randint(-3, 1 << 20, (3, pages * page_size), generator=g, dtype=torch.int32).to(DEVICE)
+    pool = torch.tensor([2, 0][:batch], device=DEVICE)
+    mapping = torch.randint(-2, 1 << 20, (1 << 20,), generator=g).to(DEVICE)
+    locs = torch.randint(-1, 1 << 20, (7 * 1024,), generator=g).to(DEVICE)
+    for lens in (torch.tensor([pages * page_size, 5][:batch], device=DEVICE),
+                 torch.tensor([40, pages * page_size + 9][:batch], device=DEVICE)):
         results = []
         for backend in ("torch", "triton"):
             outputs = _poisoned((batch,), (batch + 1,), (batch, pages + 1), (batch, pages - 2)) + _poisoned(
