@@ -609,9 +609,12 @@ def read_table_sglang(req_to_token, req_pool_indices, seq_lens, v2p, out, page_s
 
 @triton.jit
 def _draft_positions(row, q, mask, ENTRY: tl.constexpr):
+    # One return of one type: Triton 3.6 types both branches of a constexpr test.
     if ENTRY == 1:
-        return tl.load(row + q, mask=mask)
-    return tl.load(row + q // ENTRY, mask=mask, other=0).to(tl.int64) * ENTRY + q % ENTRY
+        values = tl.load(row + q, mask=mask).to(tl.int64)
+    else:
+        values = tl.load(row + q // ENTRY, mask=mask, other=0).to(tl.int64) * ENTRY + q % ENTRY
+    return values
 
 
 @triton.jit
