@@ -11,8 +11,8 @@ import torch
 from torch import Tensor
 
 from .._debug import _check_csr_rows, _check_rows, _first_bad_entry, _host_rows
-from .._validate import (_INDEX_DTYPES, _NOTHING, _apart, _check_apart, _common, _contiguous_vector, _index_span,
-                         _index_vector, _int32_span, _mapping_span, _out_vector_span, _python_int, _small_int, _tensor)
+from .._validate import (_NOTHING, _apart, _check_apart, _common, _contiguous_vector, _csr_out, _index_span,
+                         _index_vector, _int32_span, _mapping_span, _out_vector_span, _python_int, _small_int)
 from ..grid import MAX_PAGE_SIZE
 from ..reference import _clamped_pool, _csr_reads, _store
 from ..op import declare
@@ -117,15 +117,7 @@ def check_arguments(req_to_token, req_pool_indices, seq_lens, kv_indptr, out, kv
         pass
     batch, device = _common(req_to_token, req_pool_indices, seq_lens, kv_start_idx, lens_name)
     _index_vector("kv_indptr", kv_indptr, device, batch, at_least=True)
-    _tensor("out", out)
-    if out.dtype not in _INDEX_DTYPES:
-        raise TypeError(f"out must have dtype torch.int32 or torch.int64, got {out.dtype}")
-    if out.dim() != 1:
-        raise ValueError(f"out must be 1-D, got shape {tuple(out.shape)}")
-    if out.stride(0) != 1 and out.shape[0] > 1:
-        raise ValueError(f"out must be contiguous (stride 1), got strides {out.stride()}")
-    if out.device != device:
-        raise ValueError(f"out is on {out.device}, expected {device} (the device of req_to_token)")
+    _csr_out(out, device, "req_to_token")
     _python_int("entry_page_size", entry_page_size, 1, MAX_PAGE_SIZE)
     if token_mapping is not None:
         _contiguous_vector("token_mapping", token_mapping, device)
