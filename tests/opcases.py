@@ -392,8 +392,8 @@ def _cache_locs(d: _Draw, k: Knobs):
     start = d.values(-2, cols, k.batch)
     packed = d.flag()
     width = None if packed else d.integer(0, cols // 2 + 2)
-    used = int(lens.clamp(min=0).sum()) if packed else k.batch * width
-    total = max(used + d.integer(-3, 4), 0)  # some slices cut at out's end
+    # Sized from the layout alone (a graph replays new data in the same buffers): some slices cut at out's end.
+    total = d.integer(0, k.batch * (cols // 2 + 2) + 4)
     arguments = dict(req_to_token=table, req_pool_indices=d.vector(pool), start_offset=d.vector(start),
                      out=d.output("out", (total,), d.dtype()), end_offset=d.vector(start + lens) if packed else None,
                      width=width, positions_out=None, page_size=k.page_size, full_v2p=None, full_out=None,
@@ -414,7 +414,7 @@ BUILDERS["cache_locs"] = _cache_locs
 def _ragged_page_table(d: _Draw, k: Knobs):
     lengths = d.values(-3, (k.pages + 2) * k.page_size, k.batch)  # some empty, some past the table's width
     bounds = torch.cat([torch.zeros(1, dtype=torch.int64), torch.cumsum(lengths, 0)]) + d.integer(-2, 4)
-    total = max(0, int(bounds.max()) - d.integer(0, 2 * k.page_size))  # the last rows may run past the end
+    total = d.integer(0, k.batch * (k.pages + 2) * k.page_size)  # the last rows may run past the end
     out_rows = k.batch + d.integer(0, 3)
     arguments = dict(kv_indices=d.vector(d.values(-2 * k.page_size, 1 << 12, total), contiguous=True),
                      kv_indptr=d.vector(bounds),
@@ -449,11 +449,13 @@ BUILDERS["pa_swa_table"] = _pa_swa_table
 def _merged_token_csr(d: _Draw, k: Knobs):
     prefix_lens = d.values(-2, k.pages * 8, k.batch)  # some negative: bounds going back
     bounds = torch.cat([torch.zeros(1, dtype=torch.int64), torch.cumsum(prefix_lens, 0)]) + d.integer(-1, 3)
-    prefix_count = max(0, int(bounds.max()) - d.integer(0, 5))  # the last rows may run past the end
+    # The lengths of the index streams and of out come from the layout (a graph replays new data in the same
+    # buffers): the last rows may run past their ends.
+    prefix_count = d.integer(0, k.batch * k.pages * 8 + 3)
     extend_lens = d.values(-2, 12, k.batch)
-    extend_count = int(extend_lens.clamp(min=0).sum()) + d.integer(-3, 4)
+    extend_count = d.integer(-3, k.batch * 11 + 4)
     starts = d.values(-1, max(extend_count, 1) + 2, k.batch)
-    room = int(prefix_lens.clamp(min=0).sum() + extend_lens.clamp(min=0).sum())
+    room = k.batch * (k.pages * 8 + 11) // 2
     return dict(prefix_kv_indptr=d.vector(bounds), prefix_kv_indices=d.vector(d.values(-5, 1 << 20, prefix_count),
                                                                               contiguous=True),
                 extend_start_loc=d.vector(starts), extend_seq_lens=d.vector(extend_lens),
@@ -595,11 +597,18 @@ def _prefix_extend_csr(d: _Draw, k: Knobs):
     prefix, extend = d.vector(prefix), d.vector(extend)
     room = prefix.cpu().long().clamp(min=0) + extend.cpu().long().clamp(min=0)
     indptr, total = _csr_indptr(d, room, 2 * most)
-    # A row moved to a negative extreme whose extreme lengths reach back into out would overlap the rows there
-    # (whose entries are then any covering row's): such rows write nothing here.
-    count = prefix.cpu().long().clamp(0, 2**61) + extend.cpu().long().clamp(0, 2**61)
-    starts = indptr[:k.batch].cpu().long()
-    reaching = ((starts < 0) & (count > -starts)).to(prefix.device)
+    # Rows whose extreme lengths run over other rows (a row moved to a negative extreme reaching back into out,
+    # or a length past the row's room) would overlap them, and overlapping rows' entries are any covering
+    # row's: each row overlapping an earlier row's entries in out writes nothing here.
+    counts = (prefix.cpu().long().clamp(0, 2**61) + extend.cpu().long().clamp(0, 2**61)).tolist()
+    written, overlapping = [], []
+    for start, count in zip(indptr[:k.batch].cpu().tolist(), counts):
+        low, high = max(start, 0), min(start + count, total)
+        clash = low < high and any(low < end and begin < high for begin, end in written)
+        overlapping.append(clash)
+        if low < high and not clash:
+            written.append((low, high))
+    reaching = torch.tensor(overlapping, dtype=torch.bool).to(prefix.device)
     prefix.masked_fill_(reaching, 0)
     extend.masked_fill_(reaching, 0)
     base = (0, 2**63 - 5, -(2**63), 1 << 33)[d.integer(0, 4)] if k.options else d.integer(0, 1000)

@@ -178,6 +178,32 @@ def test_opcheck(key, backend, knobs):
 GRAPH_BACKENDS = [b for b in BACKENDS if b != "cupy-host"]
 
 
+GRAPH_SEED, GRAPH_KNOBS, GRAPH_STEPS = 6, Knobs(6, 16, 3, True), 20
+
+
+def graph_data(key, step, device="cpu"):
+    """The new data of replay ``step`` (valid, then hostile, in turn) in the captured case's layout."""
+    return build(key, GRAPH_SEED, GRAPH_KNOBS, device=device, hostile=step % 2 == 0, data_seed=100 + step)
+
+
+@pytest.mark.parametrize("key", OP_KEYS)
+def test_replay_data_fits_the_captured_buffers(key):
+    """Every replay's new data has the captured case's shapes, so ``refill`` can copy it in place."""
+    case = build(key, GRAPH_SEED, GRAPH_KNOBS)
+    for step in range(1, GRAPH_STEPS + 1):
+        refill(case, graph_data(key, step))
+
+
+@pytest.mark.representative("key")
+@pytest.mark.parametrize("backend", BUILDS)
+@pytest.mark.parametrize("key", OP_KEYS)
+@pytest.mark.parametrize("step", range(1, GRAPH_STEPS + 1))
+def test_replay_data_matches_the_reference(key, backend, step):
+    """Each replay's data, called afresh, gives the reference's result: a replay's expectation is well defined
+    (no rows overlapping, whose entries would be any covering row's)."""
+    check_against_the_reference(graph_data(key, step, DEVICE), backend)
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not HAS_GPU, reason="CUDA graphs need a GPU")
 @pytest.mark.parametrize("backend", GRAPH_BACKENDS)
@@ -187,8 +213,7 @@ def test_cuda_graph_replays_on_new_data(key, backend, enable_pdl):
     """Capture one call, then replay it on new data (valid, then hostile, in turn) copied into the same buffers."""
     from kvdispatch.bench import core as bench
 
-    seed, knobs = 6, Knobs(6, 16, 3, True)
-    case = build(key, seed, knobs, device=DEVICE)
+    case = build(key, GRAPH_SEED, GRAPH_KNOBS, device=DEVICE)
 
     def run():
         call(case, backend, enable_pdl=enable_pdl)
@@ -201,8 +226,8 @@ def test_cuda_graph_replays_on_new_data(key, backend, enable_pdl):
         torch.cuda.synchronize()
         assert torch.cuda.memory_allocated() == before, f"{backend}: an eager call kept device memory"
     graph = bench.capture(run, 1)
-    for step in range(1, 21):
-        refill(case, build(key, seed, knobs, device=DEVICE, hostile=step % 2 == 0, data_seed=100 + step))
+    for step in range(1, GRAPH_STEPS + 1):
+        refill(case, graph_data(key, step, DEVICE))
         want = expected(case)
         graph.replay()
         torch.cuda.synchronize()

@@ -12,7 +12,7 @@ from torch import Tensor
 
 from .._debug import _first_bad
 from .._validate import _INT32_MAX, _check_apart, _index_vector, _tensor
-from ..reference import BOUND, _store
+from ..reference import BOUND
 from ..op import declare
 from .draft_decode import _index_table
 
@@ -116,9 +116,19 @@ def reference(target_req_to_token, req_pool_indices, suffix_start, draft_prefix_
         slot = (column - length[:, None]).clamp(0, width - 1)
         values = torch.where(in_prefix, values, verify_locs.gather(1, slot).long())
     live = valid[:, None] & (read | ((column >= length[:, None]) & (column < length[:, None] + width)))
-    written = draft_req_to_token[pool]
-    _store(written, live, values)
-    draft_req_to_token[pool[valid]] = written[valid]
+    # Without a host sync (capturable in a CUDA graph): requests sharing a draft row merge their entries into
+    # the row of that row's last valid request (its "owner"; overlapping entries are any covering request's),
+    # and every request then writes its row's owner's merged row (or the row unchanged when no valid request
+    # owns it), so duplicate indices in the one scatter write equal rows.
+    requests = torch.arange(batch, device=pool.device)
+    owners = torch.full((rows,), -1, dtype=torch.int64, device=pool.device)
+    owners.scatter_reduce_(0, pool, torch.where(valid, requests, -1), "amax")
+    owner = owners[pool]
+    merged = torch.cat([draft_req_to_token[pool], draft_req_to_token.new_zeros(1, cols)])  # row B: a sink
+    target = torch.where(live, owner[:, None], batch)
+    merged.view(-1).index_put_((target * cols + column,), values.to(merged.dtype))  # int32: the low bits
+    rows_out = torch.where((owner >= 0)[:, None], merged[owner.clamp(min=0)], merged[:batch])
+    draft_req_to_token.index_copy_(0, pool, rows_out)
     return draft_req_to_token
 
 

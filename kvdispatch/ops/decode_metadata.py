@@ -130,7 +130,7 @@ def _low_32_bits(values):
 def _store_ends(target, ends):
     """``target`` ([B] or [B + 1]) gets ``ends`` (int64 ``[B]``), low 32 bits, after a 0 when it has room."""
     if target.shape[0] > ends.shape[0]:
-        target[0] = 0
+        target[:1].fill_(0)  # a fill, not a copy from the host: capturable in a CUDA graph
         target = target[1:]
     target.copy_(_low_32_bits(ends))
 
