@@ -92,7 +92,7 @@ def _draft_decode_kernel(
                          floor_remainder - PAGE_SIZE, floor_remainder)
     slot_start = length + branch * ((remainder + num_steps + PAGE_SIZE - 1) // PAGE_SIZE * PAGE_SIZE)
     if HAS_STEP_WINDOW:
-        _windowed_steps(first, leads, row_ptr, row_readable, length, count, slot_start, segment, request, branch,
+        _windowed_steps(first, row_ptr, row_readable, length, count, slot_start, segment, request, branch,
                         topk, num_steps, step_window, lens_ptr, lens_stride, positions_ptr, positions_stride,
                         table_cols, v2p_ptr, v2p_len, out_ptr, out_row_stride, out_width, indptr_ptr,
                         indptr_row_stride, write_indptr_start, TOKENS_PER_PROGRAM, SUM_BLOCK, SLOT_BLOCK, PAGE_SIZE,
@@ -162,21 +162,31 @@ def _copy_prefix(first, row_ptr, length, count, sink, table_cols, v2p_ptr, v2p_l
 
 
 @triton.jit
-def _windowed_steps(first, leads, row_ptr, row_readable, length, count, slot_start, segment, request, branch, topk,
+def _windowed_steps(first, row_ptr, row_readable, length, count, slot_start, segment, request, branch, topk,
                     num_steps, window, lens_ptr, lens_stride, positions_ptr, positions_stride, table_cols, v2p_ptr,
                     v2p_len, out_ptr, out_row_stride, out_width, indptr_ptr, indptr_row_stride, write_indptr_start,
                     TOKENS_PER_PROGRAM: tl.constexpr, SUM_BLOCK: tl.constexpr, SLOT_BLOCK: tl.constexpr,
                     PAGE_SIZE: tl.constexpr, OFFSET_LIMIT: tl.constexpr, HAS_POSITIONS: tl.constexpr,
                     HAS_V2P: tl.constexpr, FOLDED_GRID: tl.constexpr, ENTRY_PAGE_SIZE: tl.constexpr):
-    """A segment with a step window ``window``, step by step: its ``keep = min(count + it, window)`` entries, the
-    prefix's last ``keep - min(it, window)`` tokens then the latest ``min(it, window)`` draft slots, after the
+    """A segment with a step window ``window``: in step ``it``, its ``keep = min(count + it, window)`` entries,
+    the prefix's last ``keep - min(it, window)`` tokens then the latest ``min(it, window)`` draft slots, after the
     widths of the segments before it (``min(n + it, window) = min(n, window - it) + min(it, window)`` for ``n,
-    it >= 0``, so each sum is a saturated prefix sum). Program 0 also writes the draft slots and ``kv_indptr``."""
-    stride = _launch.programs_in_row(FOLDED_GRID).to(tl.int64) * TOKENS_PER_PROGRAM
+    it >= 0``, so each sum is a saturated prefix sum).
+
+    The segment's work is a list of items, one per (step, block of TOKENS_PER_PROGRAM tail entries), steps
+    first; program ``k`` of the row's ``T`` takes items ``k, k + T, ...``, so the steps, each a chain of
+    dependent loads, run on different programs. Block 0's item of a step also writes that step's draft slots
+    and ``kv_indptr`` entry."""
+    programs = _launch.programs_in_row(FOLDED_GRID).to(tl.int64)
     token = tl.arange(0, TOKENS_PER_PROGRAM).to(tl.int64)
     slot = tl.arange(0, SLOT_BLOCK).to(tl.int64)
     indptr_dtype = indptr_ptr.dtype.element_ty
-    for step in range(num_steps):
+    # No step copies more tail entries than min(count, window), the table's width or out's (``tail_end``).
+    most = tl.minimum(tl.minimum(count, tl.maximum(window, 0)), tl.minimum(table_cols, out_width))
+    blocks = tl.maximum((most + TOKENS_PER_PROGRAM - 1) // TOKENS_PER_PROGRAM, 1)
+    for item in range(first // TOKENS_PER_PROGRAM, num_steps * blocks, programs):
+        step = item % num_steps
+        block = (item // num_steps) * TOKENS_PER_PROGRAM
         it = step + 1
         chain = tl.minimum(it, window).to(tl.int64)
         room = tl.maximum(window - it, 0).to(tl.int64)
@@ -190,22 +200,21 @@ def _windowed_steps(first, leads, row_ptr, row_readable, length, count, slot_sta
         # the table's or out's width.
         tail_end = tl.minimum(tl.minimum(tail, tl.maximum(out_width - offset, 0)),
                               tl.maximum(table_cols - length + tail, 0))
-        for block in range(first, tl.where(row_readable, tail_end, 0), stride):
-            entry = block + token
-            position = length - tail + entry
-            copied = (entry < tail_end) & (position >= 0)
-            values = _stored_values(_table_values(row_ptr, position, copied, ENTRY_PAGE_SIZE), copied, v2p_ptr,
-                                    v2p_len, out_ptr, PAGE_SIZE, HAS_V2P)
-            tl.store(row_out + offset + entry, values, mask=copied)
-        if leads:
+        entry = block + token
+        position = length - tail + entry
+        copied = (entry < tl.where(row_readable, tail_end, 0)) & (position >= 0)
+        values = _stored_values(_table_values(row_ptr, position, copied, ENTRY_PAGE_SIZE), copied, v2p_ptr,
+                                v2p_len, out_ptr, PAGE_SIZE, HAS_V2P)
+        tl.store(row_out + offset + entry, values, mask=copied)
+        if block == 0:
             for first_slot in range(0, tl.where(row_readable, chain, 0), SLOT_BLOCK):
                 later = first_slot + slot
-                position = slot_start + it - chain + later
-                readable = (later < chain) & (position >= 0) & (position < table_cols)
-                values = _stored_values(_table_values(row_ptr, position, readable, ENTRY_PAGE_SIZE), readable,
-                                        v2p_ptr, v2p_len, out_ptr, PAGE_SIZE, HAS_V2P)
+                slot_position = slot_start + it - chain + later
+                readable = (later < chain) & (slot_position >= 0) & (slot_position < table_cols)
+                slot_values = _stored_values(_table_values(row_ptr, slot_position, readable, ENTRY_PAGE_SIZE),
+                                             readable, v2p_ptr, v2p_len, out_ptr, PAGE_SIZE, HAS_V2P)
                 column = offset + tail + later
-                tl.store(row_out + column, values, mask=readable & (column < out_width))
+                tl.store(row_out + column, slot_values, mask=readable & (column < out_width))
             if HAS_POSITIONS:
                 end = tl.minimum(_saturated_prefix_sum(positions_ptr, positions_stride, segment + 1, room, SUM_BLOCK,
                                                        OFFSET_LIMIT) + (segment + 1) * chain, OFFSET_LIMIT)
