@@ -584,20 +584,6 @@ extern "C" __global__ void kv_draft_decode(
     const int* row = table + (row_readable ? pool * table_stride : 0);
     const bool wide_out = KV_HAS(KV_WIDE_OUT), translate = KV_HAS(KV_V2P), wide_v2p = KV_HAS(KV_WIDE_V2P);
     const bool leads = first == 0;
-    // The row's prefix tokens end at the first that lands nowhere: token i reads position i or past it and
-    // lands at column i or past it.
-    const kv_i64 end = row_readable ? kv_min(count, kv_min(cols, out_width)) : 0;
-    if (!leads && first >= end) return;
-
-    // The row's loads: this thread's first pass of prefix tokens and, in program 0, its first draft slot (the
-    // branch owns ceil((L mod P + S) / P) pages past the request's length).
-    const kv_i64 threads = blockDim.x, sink_tokens = kv_min(sink, count), shift = length - count;
-    kv_i64 block = first, last = kv_min(first + items, end);
-    kv_i64 i0 = first + threadIdx.x;
-    kv_i64 value[kv_draft_unroll];
-    bool present[kv_draft_unroll];
-    kv_draft_load_pass(row, i0, threads, last, sink_tokens, shift, cols, page_size, entry_page_size, v2p, v2p_len,
-                       translate, wide_v2p, value, present);
     const kv_i64 floor_remainder = (length % page_size + page_size) % page_size;
     const kv_i64 remainder = KV_HAS(KV_ROUND_TOWARD_ZERO) && length < 0 && floor_remainder != 0
                                  ? floor_remainder - page_size : floor_remainder;
@@ -605,8 +591,15 @@ extern "C" __global__ void kv_draft_decode(
     if (step_window > 0) {
         // The per-step window over the prefix and the draft slots: step it keeps min(count + it, step_window)
         // entries, the prefix's tail then the latest min(it, step_window) draft slots; the widths of the earlier
-        // segments are saturated sums, as min(n + it, V) = min(n, V - it) + min(it, V) for n, it >= 0.
-        for (kv_i64 it = 1; it <= num_steps; ++it) {
+        // segments are saturated sums, as min(n + it, V) = min(n, V - it) + min(it, V) for n, it >= 0. The
+        // segment's work is one item per (step, block of tail entries), steps first, dealt over the row's
+        // programs, so the steps' dependent loads run side by side; block 0's item of a step also writes its
+        // draft slots and kv_indptr entry. No step copies more than min(count, V, cols, out_width) entries.
+        const kv_i64 threads = blockDim.x, programs = kv_row_programs(KV_HAS(KV_FOLDED_GRID));
+        const kv_i64 most = kv_min(kv_min(count, kv_max(step_window, 0)), kv_min(cols, out_width));
+        const kv_i64 blocks = kv_max((most + items - 1) / items, 1);
+        for (kv_i64 item = first / items; item < num_steps * blocks; item += programs) {
+            const kv_i64 it = item % num_steps + 1, lo = item / num_steps * items;
             const kv_i64 chain = kv_min(it, step_window), room = kv_max(step_window - it, 0);
             const kv_i64 before = kv_min(kv_counted_sum(seq_lens, lens_stride, request, room, limit,
                                                         KV_HAS(KV_WIDE_LENS)) + request * chain, limit);
@@ -614,16 +607,14 @@ extern "C" __global__ void kv_draft_decode(
             const kv_i64 offset = kv_min(before * topk + branch * keep, limit);
             const kv_i64 tail_end = row_readable ? kv_min(kv_min(tail, kv_max(out_width - offset, 0)),
                                                           kv_max(cols - length + tail, 0)) : 0;
-            for (kv_i64 lo = first; lo < tail_end; lo += step) {
-                for (kv_i64 e = lo + threadIdx.x; e < kv_min(lo + items, tail_end); e += threads) {
-                    const kv_i64 q = length - tail + e;
-                    if (q < 0) continue;
-                    kv_store_index(out, (it - 1) * out_stride + offset + e, kv_draft_value(kv_draft_entry(row, q, entry_page_size),
-                                                                       page_size, v2p, v2p_len, translate, wide_v2p),
-                                   wide_out);
-                }
+            for (kv_i64 e = lo + threadIdx.x; e < kv_min(lo + items, tail_end); e += threads) {
+                const kv_i64 q = length - tail + e;
+                if (q < 0) continue;
+                kv_store_index(out, (it - 1) * out_stride + offset + e, kv_draft_value(kv_draft_entry(row, q, entry_page_size),
+                                                                   page_size, v2p, v2p_len, translate, wide_v2p),
+                               wide_out);
             }
-            if (!leads) continue;
+            if (lo != 0) continue;
             for (kv_i64 j = threadIdx.x; row_readable && j < chain; j += threads) {
                 const kv_i64 q = slot_start + it - chain + j, column = offset + tail + j;
                 if (q < 0 || q >= cols || column >= out_width) continue;
@@ -642,6 +633,20 @@ extern "C" __global__ void kv_draft_decode(
         KV_GRID_RELEASE();
         return;
     }
+    // The row's prefix tokens end at the first that lands nowhere: token i reads position i or past it and
+    // lands at column i or past it.
+    const kv_i64 end = row_readable ? kv_min(count, kv_min(cols, out_width)) : 0;
+    if (!leads && first >= end) return;
+
+    // The row's loads: this thread's first pass of prefix tokens and, in program 0, its first draft slot (the
+    // branch owns ceil((L mod P + S) / P) pages past the request's length).
+    const kv_i64 threads = blockDim.x, sink_tokens = kv_min(sink, count), shift = length - count;
+    kv_i64 block = first, last = kv_min(first + items, end);
+    kv_i64 i0 = first + threadIdx.x;
+    kv_i64 value[kv_draft_unroll];
+    bool present[kv_draft_unroll];
+    kv_draft_load_pass(row, i0, threads, last, sink_tokens, shift, cols, page_size, entry_page_size, v2p, v2p_len,
+                       translate, wide_v2p, value, present);
     const bool slots_read = leads && row_readable;
     const kv_i64 own_slot = slot_start + threadIdx.x;
     const bool own_slot_read = slots_read && threadIdx.x < num_steps && own_slot >= 0 && own_slot < cols;
