@@ -68,7 +68,7 @@ def test_cupy_flag_bits_match_the_cuda_macros():
 
 
 def test_specialised_page_sizes_have_one_source():
-    default = inspect.signature(page_table.specializations).parameters["page_sizes"].default
+    default = inspect.signature(crosscompile.specializations).parameters["page_sizes"].default
     assert default is page_table.SPECIALISED_PAGE_SIZES
     assert crosscompile.PAGE_SIZES is page_table.SPECIALISED_PAGE_SIZES
     assert all(1 <= size <= grid.MAX_PAGE_SIZE for size in page_table.SPECIALISED_PAGE_SIZES)
