@@ -191,3 +191,7 @@ def _specialisation(index, table, constexprs):
     signature = {name: types.get(name, "*i32" if name in POINTERS else "i64") for name in PARAMETERS}
     signature.update({name: "constexpr" for name in constexprs})
     return signature, constexprs
+
+
+# The ops this module launches: ``kernels_triton.KERNELS`` reads them from this source, without importing it.
+OP_LAUNCHERS = {"cache_locs": build_cache_locs}

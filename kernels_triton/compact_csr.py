@@ -135,3 +135,7 @@ def _ast_sources(index_types):
                          start_ptr=f"*{index}" if start else "*i32")
         signature.update({name: "constexpr" for name in flags})
         yield signature, flags
+
+
+# The ops this module launches: ``kernels_triton.KERNELS`` reads them from this source, without importing it.
+OP_LAUNCHERS = {"compact_csr": build_compact_kv_indices}

@@ -125,3 +125,7 @@ def _specialisation(table, index, constexprs):
     signature = {name: types.get(name, "i64") for name in PARAMETERS}
     signature.update({name: "constexpr" for name in constexprs})
     return signature, dict(constexprs)
+
+
+# The ops this module launches: ``kernels_triton.KERNELS`` reads them from this source, without importing it.
+OP_LAUNCHERS = {"compact_draft_rows": build_compact_draft_rows}

@@ -352,3 +352,7 @@ def _table_ast_sources(index_types, page_sizes=SPECIALISED_PAGE_SIZES, dcp_sizes
         else:
             types.update(v2p_ptr=f"*{v2p}")
         yield _signature(TABLE_PARAMETERS, constexprs, types), constexprs
+
+
+# The ops this module launches: ``kernels_triton.KERNELS`` reads them from this source, without importing it.
+OP_LAUNCHERS = {"dcp_token_csr": build_dcp_token_indices, "dcp_page_table": build_dcp_page_table}

@@ -237,3 +237,6 @@ def _ast_sources(page_sizes, index_types):
         constexprs = constexprs_for(page_size, folded_grid=folded, **options)
         yield _signature(PARAMETERS, types, constexprs), constexprs
 
+
+# The ops this module launches: ``kernels_triton.KERNELS`` reads them from this source, without importing it.
+OP_LAUNCHERS = {"decode_metadata": build_decode_metadata}

@@ -377,3 +377,7 @@ def _signature(parameters, pointer_types, constexprs) -> dict:
     signature = {name: pointer_types.get(name, "*i32") if name.endswith("_ptr") else "i64" for name in parameters}
     signature.update({name: "constexpr" for name in constexprs})
     return signature
+
+
+# The ops this module launches: ``kernels_triton.KERNELS`` reads them from this source, without importing it.
+OP_LAUNCHERS = {"mha_page_table": build_mha_page_table, "translated_page_table": build_translated_page_table}

@@ -138,3 +138,7 @@ def _ast_sources(index_types):
                      indptr_out_ptr=f"*{indptr}")
         constexprs = merged_constexprs(folded)
         yield "merged", _signature(MERGED_PARAMETERS, types, constexprs), constexprs
+
+
+# The ops this module launches: ``kernels_triton.KERNELS`` reads them from this source, without importing it.
+OP_LAUNCHERS = {"merged_token_csr": build_merged_kv_indices}

@@ -111,3 +111,7 @@ def _ast_sources(index_types):
         types = dict(pool_ptr=f"*{index}", lens_ptr=f"*{index}", prefill_ptr=f"*{prefill}")
         constexprs = pa_constexprs(unit, folded)
         yield "pa_swa", _signature(PA_PARAMETERS, types, constexprs), constexprs
+
+
+# The ops this module launches: ``kernels_triton.KERNELS`` reads them from this source, without importing it.
+OP_LAUNCHERS = {"pa_swa_table": build_pa_swa_table}

@@ -370,3 +370,7 @@ def _ast_sources(page_sizes, index_types):
         constexprs = constexprs_for(page_size, has_start, *options)
         signature.update({name: "constexpr" for name in constexprs})
         yield signature, constexprs
+
+
+# The ops this module launches: ``kernels_triton.KERNELS`` reads them from this source, without importing it.
+OP_LAUNCHERS = {"page_table": build_page_table}

@@ -112,3 +112,7 @@ def _ast_sources(index_types):
         signature.update({name: f"*{lens}" for name in POINTERS[:4]}, indptr_ptr=f"*{indptr}", out_ptr=f"*{out}")
         signature.update({name: "constexpr" for name in flags})
         yield signature, flags
+
+
+# The ops this module launches: ``kernels_triton.KERNELS`` reads them from this source, without importing it.
+OP_LAUNCHERS = {"prefix_extend_csr": build_prefix_extend_kv_indices}

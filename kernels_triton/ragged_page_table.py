@@ -105,3 +105,7 @@ def _ast_sources(page_sizes, index_types):
         types = dict(kv_ptr=f"*{index}", indptr_ptr=f"*{index}", mapping_ptr=f"*{lookup}" if swa else f"*{index}")
         constexprs = ragged_constexprs(page_size, swa, round_toward_zero, unit, folded)
         yield "ragged", _signature(RAGGED_PARAMETERS, types, constexprs), constexprs
+
+
+# The ops this module launches: ``kernels_triton.KERNELS`` reads them from this source, without importing it.
+OP_LAUNCHERS = {"ragged_page_table": build_ragged_page_table}

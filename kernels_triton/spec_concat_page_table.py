@@ -92,3 +92,7 @@ def _ast_sources(index_types):
         constexprs = concat_constexprs(folded)
         types = dict(lens_a_ptr=f"*{index}", lens_b_ptr=f"*{index}")
         yield "concat", _signature(CONCAT_PARAMETERS, types, constexprs), constexprs
+
+
+# The ops this module launches: ``kernels_triton.KERNELS`` reads them from this source, without importing it.
+OP_LAUNCHERS = {"spec_concat_page_table": build_spec_concat_page_table}

@@ -305,3 +305,7 @@ def _specialisation(index, out_type, mapping_type, constexprs, v2p_type=None):
     signature = {name: types.get(name, "*i32" if name in POINTERS else "i64") for name in PARAMETERS}
     signature.update({name: "constexpr" for name in constexprs})
     return signature, constexprs
+
+
+# The ops this module launches: ``kernels_triton.KERNELS`` reads them from this source, without importing it.
+OP_LAUNCHERS = {"token_csr": build_token_indices}
