@@ -670,3 +670,24 @@ def build_compact_draft_rows(target_req_to_token, req_pool_indices, suffix_start
     return _launched(compact_draft_rows_call(target_req_to_token, req_pool_indices, suffix_start,
                                              draft_prefix_lens, verify_locs, draft_req_to_token),
                      draft_req_to_token.device, draft_req_to_token, pdl)
+
+
+# The ops this module launches: ``kernels_cupy.KERNELS`` reads them from this source, without importing it.
+OP_LAUNCHERS = {
+    "page_table": build_page_table,
+    "token_csr": build_token_indices,
+    "mha_page_table": build_mha_page_table,
+    "translated_page_table": build_translated_page_table,
+    "draft_decode": build_draft_decode_indices,
+    "dcp_token_csr": build_dcp_token_indices,
+    "dcp_page_table": build_dcp_page_table,
+    "decode_metadata": build_decode_metadata,
+    "cache_locs": build_cache_locs,
+    "compact_csr": build_compact_kv_indices,
+    "prefix_extend_csr": build_prefix_extend_kv_indices,
+    "ragged_page_table": build_ragged_page_table,
+    "pa_swa_table": build_pa_swa_table,
+    "merged_token_csr": build_merged_kv_indices,
+    "spec_concat_page_table": build_spec_concat_page_table,
+    "compact_draft_rows": build_compact_draft_rows,
+}

@@ -10,32 +10,16 @@ compiled launcher (``native.py``) which devices Triton serves.
 
 Importing this package (or its descriptor, ``backend.py``, which ``import kvdispatch`` does) imports
 neither Triton nor the kernel modules: each name below is imported from the submodule owning it at its
-first access.
+first access, and ``KERNELS`` is read from the kernel modules' sources (each names the ops it launches in its
+``OP_LAUNCHERS``; ``crosscompile`` compiles each such module's ``compile_specializations``).
 """
 
 import sys
 
-from kvdispatch._lazy import exports
+from kvdispatch._lazy import exports, op_launchers
 
-# Op key -> (the submodule defining its launcher, the launcher's name).
-KERNELS = {
-    "page_table": ("page_table", "build_page_table"),
-    "token_csr": ("token_csr", "build_token_indices"),
-    "mha_page_table": ("mapped_tables", "build_mha_page_table"),
-    "translated_page_table": ("mapped_tables", "build_translated_page_table"),
-    "draft_decode": ("draft_decode", "build_draft_decode_indices"),
-    "dcp_token_csr": ("dcp", "build_dcp_token_indices"),
-    "dcp_page_table": ("dcp", "build_dcp_page_table"),
-    "decode_metadata": ("decode_metadata", "build_decode_metadata"),
-    "cache_locs": ("cache_locs", "build_cache_locs"),
-    "compact_csr": ("compact_csr", "build_compact_kv_indices"),
-    "prefix_extend_csr": ("prefix_extend_csr", "build_prefix_extend_kv_indices"),
-    "ragged_page_table": ("ragged_page_table", "build_ragged_page_table"),
-    "pa_swa_table": ("pa_swa_table", "build_pa_swa_table"),
-    "merged_token_csr": ("merged_token_csr", "build_merged_kv_indices"),
-    "spec_concat_page_table": ("spec_concat_page_table", "build_spec_concat_page_table"),
-    "compact_draft_rows": ("compact_draft_rows", "build_compact_draft_rows"),
-}
+# Op key -> (the submodule defining its launcher, the launcher's name): each submodule's ``OP_LAUNCHERS``.
+KERNELS = op_launchers(__name__)
 # Public name -> the submodule defining it.
 _OWNERS = {name: module for module, name in KERNELS.values()} | {
     "cross_compile": "crosscompile",

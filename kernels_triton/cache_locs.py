@@ -20,6 +20,7 @@ from kvdispatch import grid as launch_grid
 from . import launch as _launch
 from . import native
 from .draft_decode import _stored_values
+from .specialization import Specialization, jit_function, warps
 
 PARAMETERS = ("table_ptr", "pool_ptr", "start_ptr", "end_ptr", "out_ptr", "positions_ptr", "full_v2p_ptr",
               "full_out_ptr", "swa_v2p_ptr", "swa_out_ptr", "table_rows", "table_cols", "table_row_stride",
@@ -150,7 +151,15 @@ def build_cache_locs(req_to_token, req_pool_indices, start_offset, out, end_offs
     return out
 
 
-def specializations(index_types=("i32", "i64"), page_sizes=(1, 64)):
+def compile_specializations(warp_size, page_sizes, index_types):
+    """The kernel's ``Specialization``s (``kernels_triton.specialization``), those of ``_ast_sources``."""
+    kernel = jit_function(cache_locs_kernel, POINTERS, RUNTIME_INTS)
+    threads = launch_grid.cache_locs_launch(1, 1, 1).threads
+    for signature, constexprs in _ast_sources(index_types, page_sizes):
+        yield Specialization(kernel, signature, constexprs, warps(threads, warp_size))
+
+
+def _ast_sources(index_types, page_sizes):
     """The specialisations engines ask for: yields ``(signature, constexprs)`` for ``triton.compiler.ASTSource``
     (Triton >= 3.3). An int32 table into an int64 ``out`` (SGLang's cache locations), packed or fixed, per index
     dtype; fixed with positions and both maps at ``page_sizes`` (of 1 and 64); an int64 table (a window of cache
@@ -182,3 +191,7 @@ def _specialisation(index, table, constexprs):
     signature = {name: types.get(name, "*i32" if name in POINTERS else "i64") for name in PARAMETERS}
     signature.update({name: "constexpr" for name in constexprs})
     return signature, constexprs
+
+
+# The ops this module launches: ``kernels_triton.KERNELS`` reads them from this source, without importing it.
+OP_LAUNCHERS = {"cache_locs": build_cache_locs}

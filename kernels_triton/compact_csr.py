@@ -20,6 +20,7 @@ from kvdispatch import grid as launch_grid
 
 from . import launch as _launch
 from . import native
+from .specialization import Specialization, jit_function, warps
 
 PARAMETERS = ("source_ptr", "lens_ptr", "indptr_ptr", "out_ptr", "start_ptr", "source_rows", "source_cols",
               "source_row_stride", "out_len", "row_step", "offset", "step", "max_count", "empty_fill", "lens_stride",
@@ -112,7 +113,16 @@ def build_compact_kv_indices(source, lens, kv_indptr, out, row_step=1, source_in
     return out
 
 
-def specializations(index_types=("i32", "i64")):
+def compile_specializations(warp_size, page_sizes, index_types):
+    """The kernel's ``Specialization``s (``kernels_triton.specialization``), those of ``_ast_sources`` (no page
+    size: ``page_sizes`` unused)."""
+    kernel = jit_function(compact_csr_kernel, POINTERS, RUNTIME_INTS)
+    threads = launch_grid.compact_csr_launch(1, 1, 1, 1).threads
+    for signature, constexprs in _ast_sources(index_types):
+        yield Specialization(kernel, signature, constexprs, warps(threads, warp_size))
+
+
+def _ast_sources(index_types):
     """``(signature, constexprs)`` per start, placeholder, out dtype and index dtype on the usual grid, then a
     folded grid once."""
     combos = [(*flags, out, index, False) for flags, out, index in
@@ -125,3 +135,7 @@ def specializations(index_types=("i32", "i64")):
                          start_ptr=f"*{index}" if start else "*i32")
         signature.update({name: "constexpr" for name in flags})
         yield signature, flags
+
+
+# The ops this module launches: ``kernels_triton.KERNELS`` reads them from this source, without importing it.
+OP_LAUNCHERS = {"compact_csr": build_compact_kv_indices}

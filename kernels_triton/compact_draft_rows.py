@@ -17,6 +17,7 @@ from kvdispatch import grid as launch_grid
 
 from . import launch as _launch
 from . import native
+from .specialization import Specialization, jit_function, warps
 
 PARAMETERS = ("draft_ptr", "target_ptr", "pool_ptr", "start_ptr", "lens_ptr", "verify_ptr", "draft_rows",
               "draft_cols", "draft_row_stride", "target_rows", "target_cols", "target_row_stride", "verify_width",
@@ -99,7 +100,16 @@ def build_compact_draft_rows(target_req_to_token, req_pool_indices, suffix_start
     return draft_req_to_token
 
 
-def specializations(index_types=("i32", "i64")):
+def compile_specializations(warp_size, page_sizes, index_types):
+    """The kernel's ``Specialization``s (``kernels_triton.specialization``), those of ``_ast_sources`` (no page
+    size: ``page_sizes`` unused)."""
+    kernel = jit_function(compact_draft_rows_kernel, POINTERS, RUNTIME_INTS)
+    threads = launch_grid.compact_draft_rows_launch(1, 1).threads
+    for signature, constexprs in _ast_sources(index_types):
+        yield Specialization(kernel, signature, constexprs, warps(threads, warp_size))
+
+
+def _ast_sources(index_types):
     """The specialisations engines ask for: yields ``(signature, constexprs)`` for ``triton.compiler.ASTSource``
     (Triton >= 3.3). DFlash's call (int32 tables, int64 verify slots and starts, ``index_types`` pool indices and
     lengths), int64 tables, and the folded grid."""
@@ -115,3 +125,7 @@ def _specialisation(table, index, constexprs):
     signature = {name: types.get(name, "i64") for name in PARAMETERS}
     signature.update({name: "constexpr" for name in constexprs})
     return signature, dict(constexprs)
+
+
+# The ops this module launches: ``kernels_triton.KERNELS`` reads them from this source, without importing it.
+OP_LAUNCHERS = {"compact_draft_rows": build_compact_draft_rows}

@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
+import importlib
 import json
 import multiprocessing
 import os
@@ -29,28 +30,11 @@ import tempfile
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass
 
-from kvdispatch import grid as launch_grid
-
-from . import dcp, draft_decode, launch, mapped_tables, page_table, token_csr
+from . import KERNELS, launch, page_table
+from .specialization import Specialization
 
 PAGE_SIZES = page_table.SPECIALISED_PAGE_SIZES
 TARGETS = (("cuda", 90, 32), ("cuda", 100, 32), ("hip", "gfx942", 64), ("hip", "gfx950", 64))
-
-
-@dataclass(frozen=True)
-class Specialization:
-    """One compilation the launchers can ask for: kernel, ASTSource signature, constexprs and warps."""
-
-    kernel: object  # triton.runtime.jit.JITFunction
-    signature: dict
-    constexprs: dict
-    num_warps: int
-
-    @property
-    def label(self) -> str:
-        flags = ",".join(f"{k}={int(v) if isinstance(v, bool) else v}" for k, v in self.constexprs.items())
-        pointers = ",".join(v for v in self.signature.values() if v.startswith("*"))
-        return f"{self.kernel.__name__}[{flags}][{pointers}]"
 
 
 @dataclass(frozen=True)
@@ -66,42 +50,18 @@ class CompileReport:
     griddepcontrol: tuple = ()  # the PTX's griddepcontrol instructions (``wait``, ``launch_dependents``), sorted
 
 
-def _jit(module):
-    import triton  # noqa: PLC0415
-
-    kernel = {page_table: "page_table_kernel", token_csr: "token_csr_kernel",
-              draft_decode: "draft_decode_kernel"}[module]
-    kernel = getattr(module, kernel)
-    function = getattr(kernel, "fn", kernel)  # the Python function, whether jitted or interpreted
-    return triton.runtime.jit.JITFunction(function, do_not_specialize=module.RUNTIME_INTS,
-                                          do_not_specialize_on_alignment=module.POINTERS)
-
-
 def specializations(warp_size: int = 32, page_sizes=PAGE_SIZES, index_types=("i32", "i64")):
     """Yield a ``Specialization`` for every (page size, option flags, index dtype) of every kernel, with
-    ``num_warps`` as the launchers pick it for ``warp_size``-lane warps."""
-    page_kernel, csr_kernel = _jit(page_table), _jit(token_csr)
-    for page_size in page_sizes:
-        threads = launch_grid.page_table_launch(1, 1, page_size).threads
-        for signature, constexprs in page_table.specializations((page_size,), index_types):
-            yield Specialization(page_kernel, signature, constexprs, max(1, threads // warp_size))
-    threads = launch_grid.token_csr_launch(1, 1, 1).threads
-    for signature, constexprs in token_csr.specializations(index_types):
-        yield Specialization(csr_kernel, signature, constexprs, max(1, threads // warp_size))
-    draft_kernel, threads = _jit(draft_decode), launch_grid.draft_decode_launch(1, 1, 1).threads
-    for signature, constexprs in draft_decode.specializations(index_types):
-        yield Specialization(draft_kernel, signature, constexprs, max(1, threads // warp_size))
-    yield from _mapped_table_specializations(warp_size, page_sizes, index_types)
-    yield from _dcp_specializations(warp_size, index_types)
-    yield from _decode_metadata_specializations(warp_size, page_sizes, index_types)
-    yield from _cache_locs_specializations(warp_size, page_sizes, index_types)
-    yield from _compact_csr_specializations(warp_size, index_types)
-    yield from _prefix_extend_csr_specializations(warp_size, index_types)
-    yield from _ragged_specializations(warp_size, page_sizes, index_types)
-    yield from _pa_swa_specializations(warp_size, index_types)
-    yield from _merged_specializations(warp_size, index_types)
-    yield from _concat_specializations(warp_size, index_types)
-    yield from _compact_draft_rows_specializations(warp_size, index_types)
+    ``num_warps`` as the launchers pick it for ``warp_size``-lane warps: each kernel module's
+    ``compile_specializations``, module by module."""
+    for module in kernel_modules():
+        yield from module.compile_specializations(warp_size, page_sizes, index_types)
+
+
+def kernel_modules() -> list:
+    """The modules of the backend's kernel table (``kernels_triton.KERNELS``), each once, in the table's order."""
+    names = dict.fromkeys(module for module, _ in KERNELS.values())
+    return [importlib.import_module(f"{__package__}.{name}") for name in names]
 
 
 def pdl_specializations(warp_size: int = 32):
@@ -112,34 +72,6 @@ def pdl_specializations(warp_size: int = 32):
         if spec.kernel.__name__ not in seen:
             seen.add(spec.kernel.__name__)
             yield dataclasses.replace(spec, constexprs=dict(spec.constexprs, PDL=True))
-
-
-def _mapped_table_specializations(warp_size, page_sizes, index_types):
-    """The mapped page tables' specialisations (``mapped_tables.specializations``)."""
-    import triton  # noqa: PLC0415
-
-    kernels = {name: triton.runtime.jit.JITFunction(function, do_not_specialize=ints,
-                                                    do_not_specialize_on_alignment=pointers)
-               for name, (function, pointers, ints) in mapped_tables.KERNEL_PARAMETERS.items()}
-    for page_size in page_sizes:
-        threads = launch_grid.mapped_page_table_launch(1, 1, page_size).threads
-        for name, signature, constexprs in mapped_tables.specializations((page_size,), index_types):
-            yield Specialization(kernels[name], signature, constexprs, max(1, threads // warp_size))
-
-
-def _dcp_specializations(warp_size, index_types):
-    """The DCP kernels' specialisations (``kernels_triton.dcp``), with their own page sizes."""
-    import triton  # noqa: PLC0415
-
-    for op, kernel, specs, threads_of in (
-            ("csr", dcp.dcp_token_csr_kernel, dcp.csr_specializations(index_types),
-             lambda c: launch_grid.dcp_token_csr_launch(1, 1, 1, 1).threads),
-            ("table", dcp.dcp_page_table_kernel, dcp.table_specializations(index_types),
-             lambda c: launch_grid.dcp_page_table_launch(1, 1, c["PAGE_SIZE"]).threads)):
-        jitted = triton.runtime.jit.JITFunction(getattr(kernel, "fn", kernel), do_not_specialize=dcp.RUNTIME_INTS[op],
-                                                do_not_specialize_on_alignment=dcp.POINTERS[op])
-        for signature, constexprs in specs:
-            yield Specialization(jitted, signature, constexprs, max(1, threads_of(constexprs) // warp_size))
 
 
 def compile_one(spec: Specialization, target):
@@ -326,117 +258,5 @@ def main(argv=None) -> int:
     return 0
 
 
-def _decode_metadata_specializations(warp_size, page_sizes, index_types):
-    """The decode-metadata kernel's specialisations (``decode_metadata.specializations``)."""
-    import triton  # noqa: PLC0415
-
-    from . import decode_metadata  # noqa: PLC0415
-
-    kernel = triton.runtime.jit.JITFunction(decode_metadata._decode_metadata_kernel,
-                                            do_not_specialize=decode_metadata.RUNTIME_INTS,
-                                            do_not_specialize_on_alignment=decode_metadata.POINTERS)
-    for signature, constexprs in decode_metadata.specializations(page_sizes, index_types):
-        threads = launch_grid.decode_metadata_launch(1, 1, constexprs["PAGE_SIZE"]).threads
-        yield Specialization(kernel, signature, constexprs, max(1, threads // warp_size))
-
-
-def _cache_locs_specializations(warp_size, page_sizes, index_types):
-    """The cache-locations kernel's specialisations (``kernels_triton.cache_locs``)."""
-    import triton  # noqa: PLC0415
-
-    from . import cache_locs  # noqa: PLC0415
-
-    kernel = getattr(cache_locs.cache_locs_kernel, "fn", cache_locs.cache_locs_kernel)
-    jitted = triton.runtime.jit.JITFunction(kernel, do_not_specialize=cache_locs.RUNTIME_INTS,
-                                            do_not_specialize_on_alignment=cache_locs.POINTERS)
-    threads = launch_grid.cache_locs_launch(1, 1, 1).threads
-    for signature, constexprs in cache_locs.specializations(index_types, page_sizes):
-        yield Specialization(jitted, signature, constexprs, max(1, threads // warp_size))
-
-
-def _compact_csr_specializations(warp_size, index_types):
-    """The compacted CSR's specialisations (``kernels_triton.compact_csr``)."""
-    from . import compact_csr  # noqa: PLC0415
-
-    threads = launch_grid.compact_csr_launch(1, 1, 1, 1).threads
-    jitted = _jit_kernel(compact_csr.compact_csr_kernel, compact_csr)
-    for signature, constexprs in compact_csr.specializations(index_types):
-        yield Specialization(jitted, signature, constexprs, max(1, threads // warp_size))
-
-
-def _prefix_extend_csr_specializations(warp_size, index_types):
-    """The prefix+extend CSR's specialisations (``kernels_triton.prefix_extend_csr``)."""
-    from . import prefix_extend_csr  # noqa: PLC0415
-
-    threads = launch_grid.prefix_extend_csr_launch(1, 1).threads
-    jitted = _jit_kernel(prefix_extend_csr.prefix_extend_csr_kernel, prefix_extend_csr)
-    for signature, constexprs in prefix_extend_csr.specializations(index_types):
-        yield Specialization(jitted, signature, constexprs, max(1, threads // warp_size))
-
-
-def _jit_kernel(kernel, module):
-    """A fresh ``JITFunction`` of ``kernel``'s function with ``module``'s specialisation rules."""
-    import triton  # noqa: PLC0415
-
-    return triton.runtime.jit.JITFunction(getattr(kernel, "fn", kernel), do_not_specialize=module.RUNTIME_INTS,
-                                          do_not_specialize_on_alignment=module.POINTERS)
-
-
-# -- the ragged CSR's block table, the prefill-aware table, the merged token CSR (their kernels_triton modules) --
-
-from . import merged_token_csr, pa_swa_table, ragged_page_table, spec_concat_page_table  # noqa: E402
-
-
-def _jitted_specializations(module, name, specs, warp_size, threads_of):
-    """``Specialization``s of kernel ``name`` of ``module`` (its ``KERNEL_PARAMETERS``) for the ``(kernel name,
-    signature, constexprs)`` of ``specs``, ``threads_of(constexprs)`` threads per program."""
-    import triton  # noqa: PLC0415
-
-    function, pointers, ints = module.KERNEL_PARAMETERS[name]
-    kernel = triton.runtime.jit.JITFunction(function, do_not_specialize=ints, do_not_specialize_on_alignment=pointers)
-    for _, signature, constexprs in specs:
-        yield Specialization(kernel, signature, constexprs, max(1, threads_of(constexprs) // warp_size))
-
-
-def _ragged_specializations(warp_size, page_sizes, index_types):
-    """The ragged page table's specialisations (``ragged_page_table.specializations``)."""
-    specs = ragged_page_table.specializations(page_sizes, index_types)
-    return _jitted_specializations(ragged_page_table, "ragged", specs, warp_size,
-                                   lambda c: launch_grid.mapped_page_table_launch(1, 1, c["PAGE_SIZE"]).threads)
-
-
-def _pa_swa_specializations(warp_size, index_types):
-    """The prefill-aware table's specialisations (``pa_swa_table.specializations``; page size 1 only)."""
-    return _jitted_specializations(pa_swa_table, "pa_swa", pa_swa_table.specializations(index_types), warp_size,
-                                   lambda c: launch_grid.mapped_page_table_launch(1, 1, 1).threads)
-
-
-def _merged_specializations(warp_size, index_types):
-    """The merged token CSR's specialisations (``merged_token_csr.specializations``)."""
-    return _jitted_specializations(merged_token_csr, "merged", merged_token_csr.specializations(index_types),
-                                   warp_size, lambda c: launch_grid.token_csr_launch(1, 1, 1).threads)
-
-
-def _concat_specializations(warp_size, index_types):
-    """The speculative concat table's specialisations (``spec_concat_page_table.specializations``)."""
-    specs = spec_concat_page_table.specializations(index_types)
-    return _jitted_specializations(spec_concat_page_table, "concat", specs, warp_size,
-                                   lambda c: launch_grid.mapped_page_table_launch(1, 1, 1).threads)
-
-
 if __name__ == "__main__":
     raise SystemExit(main())
-
-
-def _compact_draft_rows_specializations(warp_size, index_types):
-    """The compact-draft-rows kernel's specialisations (``kernels_triton.compact_draft_rows``)."""
-    import triton  # noqa: PLC0415
-
-    from . import compact_draft_rows  # noqa: PLC0415
-
-    kernel = getattr(compact_draft_rows.compact_draft_rows_kernel, "fn", compact_draft_rows.compact_draft_rows_kernel)
-    jitted = triton.runtime.jit.JITFunction(kernel, do_not_specialize=compact_draft_rows.RUNTIME_INTS,
-                                            do_not_specialize_on_alignment=compact_draft_rows.POINTERS)
-    threads = launch_grid.compact_draft_rows_launch(1, 1).threads
-    for signature, constexprs in compact_draft_rows.specializations(index_types):
-        yield Specialization(jitted, signature, constexprs, max(1, threads // warp_size))

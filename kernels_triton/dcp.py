@@ -28,6 +28,7 @@ from kvdispatch import grid as launch_grid
 from . import launch as _launch
 from . import native
 from .page_table import divide, page_shift
+from .specialization import Specialization, jit_function, warps
 from .token_csr import packed_words as csr_packed_words
 from .token_csr import row_header
 
@@ -304,7 +305,20 @@ def _signature(parameters, constexprs, types):
     return signature
 
 
-def csr_specializations(index_types=("i32", "i64"), dcp_sizes=SPECIALISED_DCP_SIZES):
+def compile_specializations(warp_size, page_sizes, index_types):
+    """Both kernels' ``Specialization``s (``kernels_triton.specialization``): the token CSR's, then the page
+    table's at its own ``SPECIALISED_PAGE_SIZES`` (``page_sizes`` unused)."""
+    csr_kernel = jit_function(dcp_token_csr_kernel, POINTERS["csr"], RUNTIME_INTS["csr"])
+    threads = launch_grid.dcp_token_csr_launch(1, 1, 1, 1).threads
+    for signature, constexprs in _csr_ast_sources(index_types):
+        yield Specialization(csr_kernel, signature, constexprs, warps(threads, warp_size))
+    table_kernel = jit_function(dcp_page_table_kernel, POINTERS["table"], RUNTIME_INTS["table"])
+    for signature, constexprs in _table_ast_sources(index_types):
+        threads = launch_grid.dcp_page_table_launch(1, 1, constexprs["PAGE_SIZE"]).threads
+        yield Specialization(table_kernel, signature, constexprs, warps(threads, warp_size))
+
+
+def _csr_ast_sources(index_types, dcp_sizes=SPECIALISED_DCP_SIZES):
     """``(signature, constexprs)`` of the DCP token-CSR kernel: per DCP size, start, rounding, out dtype and
     index dtype on the usual grid with unit strides; then the other flags (strided index vectors, wide
     indexing, a folded grid) once each."""
@@ -319,8 +333,7 @@ def csr_specializations(index_types=("i32", "i64"), dcp_sizes=SPECIALISED_DCP_SI
         yield _signature(CSR_PARAMETERS, constexprs, types), constexprs
 
 
-def table_specializations(index_types=("i32", "i64"), page_sizes=SPECIALISED_PAGE_SIZES,
-                          dcp_sizes=SPECIALISED_DCP_SIZES):
+def _table_ast_sources(index_types, page_sizes=SPECIALISED_PAGE_SIZES, dcp_sizes=SPECIALISED_DCP_SIZES):
     """``(signature, constexprs)`` of the DCP page-table kernel: per page size, DCP size, rounding (or a fill
     value, rounding down) and index dtype on the usual grid; then the other flags once each; then a v2p of either
     dtype per page size."""
@@ -339,3 +352,7 @@ def table_specializations(index_types=("i32", "i64"), page_sizes=SPECIALISED_PAG
         else:
             types.update(v2p_ptr=f"*{v2p}")
         yield _signature(TABLE_PARAMETERS, constexprs, types), constexprs
+
+
+# The ops this module launches: ``kernels_triton.KERNELS`` reads them from this source, without importing it.
+OP_LAUNCHERS = {"dcp_token_csr": build_dcp_token_indices, "dcp_page_table": build_dcp_page_table}

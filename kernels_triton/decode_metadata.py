@@ -21,6 +21,7 @@ from . import launch as _launch
 from . import native
 from .mapped_tables import _divide, _row_limit, _signature
 from .page_table import page_shift
+from .specialization import Specialization, jit_function, warps
 
 PARAMETERS = ("table_ptr", "pool_ptr", "lens_ptr", "cache_ptr", "cu_k_ptr", "page_table_ptr", "swa_ptr",
               "mapping_ptr", "full_v2p_ptr", "swa_v2p_ptr", "cu_q_ptr", "qlens_ptr", "loc_ptr", "swa_loc_ptr",
@@ -214,7 +215,15 @@ def build_decode_metadata(req_to_token, req_pool_indices, seq_lens, cache_seqlen
     return cache_seqlens
 
 
-def specializations(page_sizes, index_types=("i32", "i64")):
+def compile_specializations(warp_size, page_sizes, index_types):
+    """The kernel's ``Specialization``s (``kernels_triton.specialization``), those of ``_ast_sources``."""
+    kernel = jit_function(decode_metadata_kernel, POINTERS, RUNTIME_INTS)
+    for signature, constexprs in _ast_sources(page_sizes, index_types):
+        threads = launch_grid.decode_metadata_launch(1, 1, constexprs["PAGE_SIZE"]).threads
+        yield Specialization(kernel, signature, constexprs, warps(threads, warp_size))
+
+
+def _ast_sources(page_sizes, index_types):
     """The usual specialisations for ``page_sizes``: ``(signature, constexprs)`` for ``triton.compiler.ASTSource``,
     per option set (lengths only, then those of the SGLang call sites), grid form and index dtype (maps and
     locations int64)."""
@@ -228,3 +237,6 @@ def specializations(page_sizes, index_types=("i32", "i64")):
         constexprs = constexprs_for(page_size, folded_grid=folded, **options)
         yield _signature(PARAMETERS, types, constexprs), constexprs
 
+
+# The ops this module launches: ``kernels_triton.KERNELS`` reads them from this source, without importing it.
+OP_LAUNCHERS = {"decode_metadata": build_decode_metadata}

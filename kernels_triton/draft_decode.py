@@ -27,6 +27,7 @@ from kvdispatch.reference import draft_prefix_cap
 
 from . import launch as _launch
 from . import native
+from .specialization import Specialization, jit_function, warps
 
 PARAMETERS = ("table_ptr", "pool_ptr", "lens_ptr", "indptr_ptr", "out_ptr", "table_rows", "table_cols",
               "table_row_stride", "out_width", "out_row_stride", "indptr_row_stride", "pool_stride", "lens_stride",
@@ -346,7 +347,16 @@ def build_draft_decode_indices(req_to_token, req_pool_indices, seq_lens, kv_indp
     return out
 
 
-def specializations(index_types=("i32", "i64"), page_sizes=SPECIALISED_PAGE_SIZES):
+def compile_specializations(warp_size, page_sizes, index_types):
+    """The kernel's ``Specialization``s (``kernels_triton.specialization``), those of ``_ast_sources`` (at its own
+    ``SPECIALISED_PAGE_SIZES``: ``page_sizes`` unused)."""
+    kernel = jit_function(draft_decode_kernel, POINTERS, RUNTIME_INTS)
+    threads = launch_grid.draft_decode_launch(1, 1, 1).threads
+    for signature, constexprs in _ast_sources(index_types):
+        yield Specialization(kernel, signature, constexprs, warps(threads, warp_size))
+
+
+def _ast_sources(index_types, page_sizes=SPECIALISED_PAGE_SIZES):
     """Every specialisation engines ask for at ``page_sizes``: yields ``(signature, constexprs)`` for
     ``triton.compiler.ASTSource`` (Triton >= 3.3). Per page size and index dtype (the pool, length and
     positions vectors): int64 or int32 ``out`` with an int32 ``kv_indptr`` (SGLang's Triton and FlashInfer
@@ -382,3 +392,7 @@ def _specialisation(index, out_type, constexprs):
     signature = {name: types.get(name, "*i32" if name in POINTERS else "i64") for name in PARAMETERS}
     signature.update({name: "constexpr" for name in constexprs})
     return signature, constexprs
+
+
+# The ops this module launches: ``kernels_triton.KERNELS`` reads them from this source, without importing it.
+OP_LAUNCHERS = {"draft_decode": build_draft_decode_indices}

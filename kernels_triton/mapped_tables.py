@@ -25,6 +25,7 @@ from kvdispatch import grid as launch_grid
 from . import launch as _launch
 from . import native
 from .page_table import page_shift
+from .specialization import Specialization, jit_function, warps
 
 MHA_PARAMETERS = ("table_ptr", "pool_ptr", "lens_ptr", "page_table_ptr", "swa_ptr", "mapping_ptr", "table_rows",
                   "table_cols", "table_row_stride", "width", "page_table_stride", "swa_width", "swa_stride",
@@ -336,7 +337,17 @@ def build_translated_page_table(req_to_token, req_pool_indices, seq_lens, v2p, o
     return out
 
 
-def specializations(page_sizes, index_types=("i32", "i64")):
+def compile_specializations(warp_size, page_sizes, index_types):
+    """Both kernels' ``Specialization``s (``kernels_triton.specialization``), those of ``_ast_sources``, page size
+    by page size."""
+    kernels = {name: jit_function(*parameters) for name, parameters in KERNEL_PARAMETERS.items()}
+    for page_size in page_sizes:
+        threads = launch_grid.mapped_page_table_launch(1, 1, page_size).threads
+        for name, signature, constexprs in _ast_sources((page_size,), index_types):
+            yield Specialization(kernels[name], signature, constexprs, warps(threads, warp_size))
+
+
+def _ast_sources(page_sizes, index_types):
     """Every specialisation of both kernels for ``page_sizes``: yields ``(kernel name, signature, constexprs)``
     for ``triton.compiler.ASTSource`` (Triton >= 3.3), per option set, grid form, index dtype (the pool and
     length vectors) and lookup dtype (``full_to_swa``, ``v2p``)."""
@@ -366,3 +377,7 @@ def _signature(parameters, pointer_types, constexprs) -> dict:
     signature = {name: pointer_types.get(name, "*i32") if name.endswith("_ptr") else "i64" for name in parameters}
     signature.update({name: "constexpr" for name in constexprs})
     return signature
+
+
+# The ops this module launches: ``kernels_triton.KERNELS`` reads them from this source, without importing it.
+OP_LAUNCHERS = {"mha_page_table": build_mha_page_table, "translated_page_table": build_translated_page_table}

@@ -18,6 +18,7 @@ from kvdispatch import grid as launch_grid
 from . import launch as _launch
 from . import native
 from .mapped_tables import _signature
+from .specialization import Specialization, jit_function, warps
 
 MERGED_PARAMETERS = ("prefix_indptr_ptr", "prefix_ptr", "start_ptr", "lens_ptr", "extend_ptr", "indptr_out_ptr",
                      "out_ptr", "batch", "prefix_count", "extend_count", "total", "prefix_indptr_stride",
@@ -117,7 +118,16 @@ def build_merged_kv_indices(prefix_kv_indptr, prefix_kv_indices, extend_start_lo
     return out
 
 
-def specializations(index_types=("i32", "i64")):
+def compile_specializations(warp_size, page_sizes, index_types):
+    """The kernel's ``Specialization``s (``kernels_triton.specialization``), those of ``_ast_sources`` (no page
+    size: ``page_sizes`` unused)."""
+    kernel = jit_function(*KERNEL_PARAMETERS["merged"])
+    threads = launch_grid.token_csr_launch(1, 1, 1).threads
+    for _, signature, constexprs in _ast_sources(index_types):
+        yield Specialization(kernel, signature, constexprs, warps(threads, warp_size))
+
+
+def _ast_sources(index_types):
     """The specialisations: yields ``(kernel name, signature, constexprs)`` per grid form, index-vector dtype
     (the CSRs' bounds and lengths), entry dtype (both arrays and ``out``) and ``kv_indptr_out`` dtype; a mixed
     set of dtypes compiles at its first call."""
@@ -128,3 +138,7 @@ def specializations(index_types=("i32", "i64")):
                      indptr_out_ptr=f"*{indptr}")
         constexprs = merged_constexprs(folded)
         yield "merged", _signature(MERGED_PARAMETERS, types, constexprs), constexprs
+
+
+# The ops this module launches: ``kernels_triton.KERNELS`` reads them from this source, without importing it.
+OP_LAUNCHERS = {"merged_token_csr": build_merged_kv_indices}

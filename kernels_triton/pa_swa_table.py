@@ -17,6 +17,7 @@ from kvdispatch import grid as launch_grid
 from . import launch as _launch
 from . import native
 from .mapped_tables import _launch_plan, _signature
+from .specialization import Specialization, jit_function, warps
 
 PA_PARAMETERS = ("table_ptr", "pool_ptr", "lens_ptr", "prefill_ptr", "out_ptr", "kv_lens_ptr", "table_rows",
                  "table_cols", "table_row_stride", "prefill_count", "width", "out_row_stride", "kv_lens_stride",
@@ -93,7 +94,16 @@ def build_pa_swa_table(req_to_token, req_pool_indices, seq_lens, prefill_lens, o
     return out
 
 
-def specializations(index_types=("i32", "i64")):
+def compile_specializations(warp_size, page_sizes, index_types):
+    """The kernel's ``Specialization``s (``kernels_triton.specialization``), those of ``_ast_sources`` (page size 1
+    only: ``page_sizes`` unused)."""
+    kernel = jit_function(*KERNEL_PARAMETERS["pa_swa"])
+    threads = launch_grid.mapped_page_table_launch(1, 1, 1).threads
+    for _, signature, constexprs in _ast_sources(index_types):
+        yield Specialization(kernel, signature, constexprs, warps(threads, warp_size))
+
+
+def _ast_sources(index_types):
     """Every specialisation: yields ``(kernel name, signature, constexprs)`` per grid form, index-vector dtype and
     ``prefill_lens`` dtype."""
     for (unit, folded), index, prefill in itertools.product(itertools.product((False, True), repeat=2), index_types,
@@ -101,3 +111,7 @@ def specializations(index_types=("i32", "i64")):
         types = dict(pool_ptr=f"*{index}", lens_ptr=f"*{index}", prefill_ptr=f"*{prefill}")
         constexprs = pa_constexprs(unit, folded)
         yield "pa_swa", _signature(PA_PARAMETERS, types, constexprs), constexprs
+
+
+# The ops this module launches: ``kernels_triton.KERNELS`` reads them from this source, without importing it.
+OP_LAUNCHERS = {"pa_swa_table": build_pa_swa_table}

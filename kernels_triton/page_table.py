@@ -18,6 +18,7 @@ from kvdispatch import grid as launch_grid
 
 from . import launch as _launch
 from . import native
+from .specialization import Specialization, jit_function, warps
 
 # The kernel's parameters, in the order it takes them. A call with no option (page size 1 included), whose
 # table and output sizes and strides are all below 2**31 (any real ones), reads only the first six: the
@@ -346,7 +347,15 @@ def plan_key_and_arguments(req_to_token, req_pool_indices, seq_lens, out, page_s
 SPECIALISED_PAGE_SIZES = (1, 16, 32, 64, 128, 96)
 
 
-def specializations(page_sizes=SPECIALISED_PAGE_SIZES, index_types=("i32", "i64")):
+def compile_specializations(warp_size, page_sizes, index_types):
+    """The kernel's ``Specialization``s (``kernels_triton.specialization``), those of ``_ast_sources``."""
+    kernel = jit_function(page_table_kernel, POINTERS, RUNTIME_INTS)
+    for signature, constexprs in _ast_sources(page_sizes, index_types):
+        threads = launch_grid.page_table_launch(1, 1, constexprs["PAGE_SIZE"]).threads
+        yield Specialization(kernel, signature, constexprs, warps(threads, warp_size))
+
+
+def _ast_sources(page_sizes, index_types):
     """Every specialisation the launcher can produce for ``page_sizes``: yields ``(signature, constexprs)``
     in the form ``triton.compiler.ASTSource`` takes (Triton >= 3.3), for each option combination, grid
     form and index dtype (the same for the pool, length and start vectors). Rounding toward zero (as
@@ -361,3 +370,7 @@ def specializations(page_sizes=SPECIALISED_PAGE_SIZES, index_types=("i32", "i64"
         constexprs = constexprs_for(page_size, has_start, *options)
         signature.update({name: "constexpr" for name in constexprs})
         yield signature, constexprs
+
+
+# The ops this module launches: ``kernels_triton.KERNELS`` reads them from this source, without importing it.
+OP_LAUNCHERS = {"page_table": build_page_table}

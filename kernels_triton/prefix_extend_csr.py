@@ -19,6 +19,7 @@ from kvdispatch import grid as launch_grid
 
 from . import launch as _launch
 from . import native
+from .specialization import Specialization, jit_function, warps
 
 PARAMETERS = ("prefix_lens_ptr", "prefix_starts_ptr", "extend_lens_ptr", "extend_starts_ptr", "indptr_ptr", "out_ptr",
               "out_len", "extend_base", "prefix_lens_stride", "prefix_starts_stride", "extend_lens_stride",
@@ -90,7 +91,16 @@ def build_prefix_extend_kv_indices(prefix_lens, prefix_starts, extend_lens, exte
     return out
 
 
-def specializations(index_types=("i32", "i64")):
+def compile_specializations(warp_size, page_sizes, index_types):
+    """The kernel's ``Specialization``s (``kernels_triton.specialization``), those of ``_ast_sources`` (no page
+    size: ``page_sizes`` unused)."""
+    kernel = jit_function(prefix_extend_csr_kernel, POINTERS, RUNTIME_INTS)
+    threads = launch_grid.prefix_extend_csr_launch(1, 1).threads
+    for signature, constexprs in _ast_sources(index_types):
+        yield Specialization(kernel, signature, constexprs, warps(threads, warp_size))
+
+
+def _ast_sources(index_types):
     """``(signature, constexprs)`` per index dtype of the lengths and starts, of ``kv_indptr`` and of ``out`` on
     the usual grid, then a folded grid once."""
     combos = [(lens, indptr, out, False) for lens, indptr, out in itertools.product(index_types, index_types,
@@ -102,3 +112,7 @@ def specializations(index_types=("i32", "i64")):
         signature.update({name: f"*{lens}" for name in POINTERS[:4]}, indptr_ptr=f"*{indptr}", out_ptr=f"*{out}")
         signature.update({name: "constexpr" for name in flags})
         yield signature, flags
+
+
+# The ops this module launches: ``kernels_triton.KERNELS`` reads them from this source, without importing it.
+OP_LAUNCHERS = {"prefix_extend_csr": build_prefix_extend_kv_indices}

@@ -11,9 +11,12 @@ import itertools
 import triton
 import triton.language as tl
 
+from kvdispatch import grid as launch_grid
+
 from . import launch as _launch
 from . import native
 from .mapped_tables import _common_constexprs, _launch_plan, _mha_row, _signature
+from .specialization import Specialization, jit_function, warps
 
 RAGGED_PARAMETERS = ("kv_ptr", "indptr_ptr", "page_table_ptr", "swa_ptr", "mapping_ptr", "total", "width",
                      "page_table_stride", "swa_width", "swa_stride", "mapping_len", "indptr_stride")
@@ -83,7 +86,15 @@ def build_ragged_page_table(kv_indices, kv_indptr, page_table, page_size, swa_pa
     return page_table
 
 
-def specializations(page_sizes, index_types=("i32", "i64")):
+def compile_specializations(warp_size, page_sizes, index_types):
+    """The kernel's ``Specialization``s (``kernels_triton.specialization``), those of ``_ast_sources``."""
+    kernel = jit_function(*KERNEL_PARAMETERS["ragged"])
+    for _, signature, constexprs in _ast_sources(page_sizes, index_types):
+        threads = launch_grid.mapped_page_table_launch(1, 1, constexprs["PAGE_SIZE"]).threads
+        yield Specialization(kernel, signature, constexprs, warps(threads, warp_size))
+
+
+def _ast_sources(page_sizes, index_types):
     """The specialisations for ``page_sizes``: yields ``(kernel name, signature, constexprs)``, per option set,
     grid form, CSR dtype (``kv_indices`` and ``kv_indptr`` of one dtype, as engines allocate them; a mixed
     pair compiles at its first call) and mapping dtype."""
@@ -94,3 +105,7 @@ def specializations(page_sizes, index_types=("i32", "i64")):
         types = dict(kv_ptr=f"*{index}", indptr_ptr=f"*{index}", mapping_ptr=f"*{lookup}" if swa else f"*{index}")
         constexprs = ragged_constexprs(page_size, swa, round_toward_zero, unit, folded)
         yield "ragged", _signature(RAGGED_PARAMETERS, types, constexprs), constexprs
+
+
+# The ops this module launches: ``kernels_triton.KERNELS`` reads them from this source, without importing it.
+OP_LAUNCHERS = {"ragged_page_table": build_ragged_page_table}

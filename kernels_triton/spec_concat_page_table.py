@@ -17,6 +17,7 @@ from kvdispatch import grid as launch_grid
 from . import launch as _launch
 from . import native
 from .mapped_tables import _launch_plan, _signature
+from .specialization import Specialization, jit_function, warps
 
 CONCAT_PARAMETERS = ("a_ptr", "b_ptr", "lens_a_ptr", "lens_b_ptr", "out_ptr", "draft_tokens", "width_a", "a_stride",
                      "width_b", "b_stride", "width", "out_stride", "lens_a_stride", "lens_b_stride")
@@ -76,9 +77,22 @@ def build_spec_concat_page_table(page_table_a, page_table_b, seq_lens_a, seq_len
     return out
 
 
-def specializations(index_types=("i32", "i64")):
+def compile_specializations(warp_size, page_sizes, index_types):
+    """The kernel's ``Specialization``s (``kernels_triton.specialization``), those of ``_ast_sources`` (no page
+    size: ``page_sizes`` unused)."""
+    kernel = jit_function(*KERNEL_PARAMETERS["concat"])
+    threads = launch_grid.mapped_page_table_launch(1, 1, 1).threads
+    for _, signature, constexprs in _ast_sources(index_types):
+        yield Specialization(kernel, signature, constexprs, warps(threads, warp_size))
+
+
+def _ast_sources(index_types):
     """Every specialisation: yields ``(kernel name, signature, constexprs)`` per grid form and length dtype."""
     for folded, index in itertools.product((False, True), index_types):
         constexprs = concat_constexprs(folded)
         types = dict(lens_a_ptr=f"*{index}", lens_b_ptr=f"*{index}")
         yield "concat", _signature(CONCAT_PARAMETERS, types, constexprs), constexprs
+
+
+# The ops this module launches: ``kernels_triton.KERNELS`` reads them from this source, without importing it.
+OP_LAUNCHERS = {"spec_concat_page_table": build_spec_concat_page_table}

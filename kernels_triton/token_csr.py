@@ -21,6 +21,7 @@ from kvdispatch import grid as launch_grid
 from . import launch as _launch
 from . import native
 from .page_table import page_shift
+from .specialization import Specialization, jit_function, warps
 
 # The kernel's parameters, in the order it takes them. A call whose index vectors are contiguous and whose
 # table and output sizes and strides are all below 2**31 (any real ones) reads only the first eight (the
@@ -256,7 +257,16 @@ def plan_key_and_arguments(req_to_token, req_pool_indices, seq_lens, kv_indptr, 
     return key, args
 
 
-def specializations(index_types=("i32", "i64"), entry_page_sizes=SPECIALISED_ENTRY_PAGE_SIZES):
+def compile_specializations(warp_size, page_sizes, index_types):
+    """The kernel's ``Specialization``s (``kernels_triton.specialization``), those of ``_ast_sources`` (no page
+    size: ``page_sizes`` unused)."""
+    kernel = jit_function(token_csr_kernel, POINTERS, RUNTIME_INTS)
+    threads = launch_grid.token_csr_launch(1, 1, 1).threads
+    for signature, constexprs in _ast_sources(index_types):
+        yield Specialization(kernel, signature, constexprs, warps(threads, warp_size))
+
+
+def _ast_sources(index_types, entry_page_sizes=SPECIALISED_ENTRY_PAGE_SIZES):
     """Every specialisation the launcher can produce for ``entry_page_sizes``: yields ``(signature,
     constexprs)`` for ``triton.compiler.ASTSource`` (Triton >= 3.3). Ordinary calls (int32 out, entry page
     size 1, no mapping): per start option, unit strides, wide indexing, grid form and index dtype (the same
@@ -295,3 +305,7 @@ def _specialisation(index, out_type, mapping_type, constexprs, v2p_type=None):
     signature = {name: types.get(name, "*i32" if name in POINTERS else "i64") for name in PARAMETERS}
     signature.update({name: "constexpr" for name in constexprs})
     return signature, constexprs
+
+
+# The ops this module launches: ``kernels_triton.KERNELS`` reads them from this source, without importing it.
+OP_LAUNCHERS = {"token_csr": build_token_indices}

@@ -68,7 +68,7 @@ def test_cupy_flag_bits_match_the_cuda_macros():
 
 
 def test_specialised_page_sizes_have_one_source():
-    default = inspect.signature(page_table.specializations).parameters["page_sizes"].default
+    default = inspect.signature(crosscompile.specializations).parameters["page_sizes"].default
     assert default is page_table.SPECIALISED_PAGE_SIZES
     assert crosscompile.PAGE_SIZES is page_table.SPECIALISED_PAGE_SIZES
     assert all(1 <= size <= grid.MAX_PAGE_SIZE for size in page_table.SPECIALISED_PAGE_SIZES)
@@ -83,3 +83,20 @@ def test_every_cuda_launch_names_a_kernel_of_the_source():
 
     launched = set(re.findall(r'_kernel_call\("(\w+)"', Path(build.__file__).with_name("launch.py").read_text()))
     assert launched == set(build.KERNELS) and len(build.KERNELS) == len(set(build.KERNELS))
+
+
+@pytest.mark.parametrize("package", ["kernels_triton", "kernels_cupy"])
+def test_kernel_tables_are_the_submodules_op_launchers(package):
+    """Each backend's ``KERNELS``, read from its submodules' sources, names every op once and is what their
+    ``OP_LAUNCHERS`` hold once imported; no submodule's table is missed."""
+    import importlib  # noqa: PLC0415
+    from pathlib import Path  # noqa: PLC0415
+
+    kernels = importlib.import_module(package).KERNELS
+    assert set(kernels) == set(dispatch.OPS)
+    modules = {name: importlib.import_module(f"{package}.{name}") for name, _ in kernels.values()}
+    for name, module in modules.items():
+        assert module.OP_LAUNCHERS == {key: getattr(module, launcher) for key, (owner, launcher) in kernels.items()
+                                       if owner == name}
+    sources = Path(importlib.import_module(package).__file__).parent.glob("*.py")
+    assert {path.stem for path in sources if "\nOP_LAUNCHERS" in path.read_text()} == set(modules)

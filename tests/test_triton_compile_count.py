@@ -30,7 +30,7 @@ def _triton_binder(module):
         from triton.runtime.jit import create_function_from_signature
     except ImportError as exc:  # pragma: no cover - other Triton layouts
         pytest.skip(f"this Triton has no create_function_from_signature/make_backend: {exc}")
-    jit = crosscompile._jit(module)
+    jit = next(module.compile_specializations(32, crosscompile.PAGE_SIZES, ("i32",))).kernel
     return create_function_from_signature(jit.signature, jit.params, make_backend(GPUTarget("cuda", 90, 32)))
 
 

@@ -9,6 +9,7 @@ default run deselects: the ``compile-triton`` lane (the installed, newest Triton
 run them (``-m crosscompile``). The command's own tests compile a handful of specialisations for one target.
 """
 
+import collections
 import dataclasses
 import itertools
 import os
@@ -18,7 +19,8 @@ import pytest
 
 pytest.importorskip("triton")
 
-from kernels_triton import crosscompile, dcp, token_csr  # noqa: E402
+import kernels_triton  # noqa: E402
+from kernels_triton import crosscompile, dcp, launch, token_csr  # noqa: E402
 from kvdispatch import cli  # noqa: E402
 
 TARGETS = {crosscompile.target_name(target): target for target in crosscompile.TARGETS}
@@ -109,6 +111,23 @@ def test_pdl_specialisations_compile_with_the_grid_dependency_instructions(pdl_r
         assert "PDL=1" in row["label"] and row["binary_bytes"] > 0, row
         assert row["griddepcontrol"] == ("launch_dependents", "wait"), row
         assert row["native_parameters"] is None, row
+
+
+def test_every_kernel_module_contributes():
+    """``specializations`` walks every module of the backend's kernel table once, each contributes, and together
+    they compile every kernel a launcher launches."""
+    modules = crosscompile.kernel_modules()
+    assert [module.__name__ for module in modules] == [
+        f"kernels_triton.{name}" for name in dict.fromkeys(module for module, _ in kernels_triton.KERNELS.values())]
+    specs = list(crosscompile.specializations())
+    per_module = collections.Counter(spec.kernel.fn.__module__ for spec in specs)
+    assert set(per_module) == {module.__name__ for module in modules}
+    for module in modules:
+        own = list(module.compile_specializations(32, crosscompile.PAGE_SIZES, ("i32", "i64")))
+        assert per_module[module.__name__] == len(own) > 0, module.__name__
+    launched = {launcher.kernel.fn.__name__ for launcher in launch._launchers
+                if launcher.kernel.fn.__module__.startswith("kernels_triton.")}
+    assert launched == {spec.kernel.__name__ for spec in specs}
 
 
 def test_pdl_specialisations_are_one_per_kernel_with_pdl_set():
