@@ -891,8 +891,8 @@ extern "C" __global__ void kv_prefix_extend_csr(
 // ---- One decode step's metadata (semantics: kvdispatch/ops/decode_metadata.py) ----
 //
 // Grid: kvdispatch.grid.decode_metadata_launch (at least one row and one program per row). Thread 0 of row b's
-// first program writes cache_seqlens[b] and the running sums through b, summing rows 0..b itself (no program
-// waits for another); the row's programs write its pages as kv_mha_page_table does; every program takes its
+// last program (the one with the fewest pages to write) writes cache_seqlens[b] and the running sums through
+// b, summing rows 0..b itself (no program waits for another); the row's programs write its pages as kv_mha_page_table does; every program takes its
 // share of the SWA cache locations, strided over the whole grid. Its own flag bits (the shared ones: KV_WIDE_POOL,
 // KV_WIDE_LENS, KV_FOLDED_GRID, KV_WIDE_MAPPING for full_to_swa):
 #define KV_DM_K_LEADING (1LL << 40)    // cu_seqlens_k has batch + 1 entries (entry 0 gets 0)
@@ -953,7 +953,7 @@ extern "C" __global__ void kv_decode_metadata(
     KV_GRID_WAIT();
     const kv_i64 page_size = kv_specialised_page_size(page_size_arg), b = blockIdx.x;
     const kv_i64 program = kv_row_program(KV_HAS(KV_FOLDED_GRID)), programs = kv_row_programs(KV_HAS(KV_FOLDED_GRID));
-    if (program == 0 && threadIdx.x == 0) {
+    if (program == programs - 1 && threadIdx.x == 0) {  // the row's last: the fewest pages to write
         if (b < batch) {
             const int wide_lens = KV_HAS(KV_WIDE_LENS);
             cache_seqlens[b * cache_stride] =

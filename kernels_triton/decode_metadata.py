@@ -1,9 +1,10 @@
 """One decode step's metadata in one launch (``kvdispatch.update_decode_metadata``), on the grid
 ``kvdispatch.grid.decode_metadata_launch``.
 
-Program ``(b, 0)`` writes row ``b``'s length and its prefix sums, summing the lengths of rows ``0..b`` itself
-(``DECODE_METADATA_SUM_BLOCK`` at a time): no program waits for another. Program ``(b, k)`` writes its blocks
-of row ``b``'s pages as the mapped page tables do (``mapped_tables.py``: ``_row_limit``, ``_divide``), and every
+Program ``(b, T - 1)``, the last of row ``b``'s ``T`` (the one with the fewest pages to write, so its sums
+run beside the row's first pages), writes row ``b``'s length and its prefix sums, summing the lengths of rows
+``0..b`` itself (``DECODE_METADATA_SUM_BLOCK`` at a time): no program waits for another. Program ``(b, k)``
+writes its blocks of row ``b``'s pages as the mapped page tables do (``mapped_tables.py``: ``_row_limit``, ``_divide``), and every
 program takes its share of the sliding-window cache locations, strided over the whole grid.
 """
 
@@ -110,7 +111,7 @@ def _decode_metadata_kernel(
     row = tl.program_id(0).to(tl.int64)
     program = _launch.program_in_row(FOLDED_GRID)
     programs = _launch.programs_in_row(FOLDED_GRID)
-    if program == 0:
+    if program == programs - 1:
         if row < batch:
             term = tl.load(lens_ptr + row * lens_stride).to(tl.int64) + seqlen_offset
             tl.store(cache_ptr + row * cache_stride, term.to(tl.int32))
