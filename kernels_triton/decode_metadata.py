@@ -4,8 +4,8 @@
 Program ``(b, T - 1)``, the last of row ``b``'s ``T`` (the one with the fewest pages to write, so its sums
 run beside the row's first pages), writes row ``b``'s length and its prefix sums, summing the lengths of rows
 ``0..b`` itself (``DECODE_METADATA_SUM_BLOCK`` at a time): no program waits for another. Program ``(b, k)``
-writes its blocks of row ``b``'s pages as the mapped page tables do (``mapped_tables.py``: ``_row_limit``, ``_divide``), and every
-program takes its share of the sliding-window cache locations, strided over the whole grid.
+writes its blocks of row ``b``'s pages as the mapped page tables do (``mapped_tables.py``: ``_row_limit``,
+``_divide``), and every program takes its share of the sliding-window cache locations, strided over the grid.
 """
 
 from __future__ import annotations
