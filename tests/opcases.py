@@ -414,7 +414,7 @@ BUILDERS["cache_locs"] = _cache_locs
 def _ragged_page_table(d: _Draw, k: Knobs):
     lengths = d.values(-3, (k.pages + 2) * k.page_size, k.batch)  # some empty, some past the table's width
     bounds = torch.cat([torch.zeros(1, dtype=torch.int64), torch.cumsum(lengths, 0)]) + d.integer(-2, 4)
-    total = d.integer(0, k.batch * (k.pages + 2) * k.page_size)  # the last rows may run past the end
+    total = d.integer(0, k.batch * (k.pages + 2) * k.page_size + 1)  # the last rows may run past the end
     out_rows = k.batch + d.integer(0, 3)
     arguments = dict(kv_indices=d.vector(d.values(-2 * k.page_size, 1 << 12, total), contiguous=True),
                      kv_indptr=d.vector(bounds),
