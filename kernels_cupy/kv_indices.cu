@@ -592,14 +592,15 @@ extern "C" __global__ void kv_draft_decode(
         // The per-step window over the prefix and the draft slots: step it keeps min(count + it, step_window)
         // entries, the prefix's tail then the latest min(it, step_window) draft slots; the widths of the earlier
         // segments are saturated sums, as min(n + it, V) = min(n, V - it) + min(it, V) for n, it >= 0. The
-        // segment's work is one item per (step, block of tail entries), steps first, dealt over the row's
-        // programs, so the steps' dependent loads run side by side; block 0's item of a step also writes its
-        // draft slots and kv_indptr entry. No step copies more than min(count, V, cols, out_width) entries.
+        // segment's work is one item per (step, block of tail entries), dealt over the row's programs: program k
+        // takes the blocks k, k + T, ... of every step, and with fewer blocks than programs the steps run on
+        // different programs, side by side. Block 0's item of a step also writes its draft slots and kv_indptr
+        // entry. No step copies more than min(count, V, cols, out_width) entries.
         const kv_i64 threads = blockDim.x, programs = kv_row_programs(KV_HAS(KV_FOLDED_GRID));
         const kv_i64 most = kv_min(kv_min(count, kv_max(step_window, 0)), kv_min(cols, out_width));
         const kv_i64 blocks = kv_max((most + items - 1) / items, 1);
         for (kv_i64 item = first / items; item < num_steps * blocks; item += programs) {
-            const kv_i64 it = item % num_steps + 1, lo = item / num_steps * items;
+            const kv_i64 it = item / blocks + 1, lo = item % blocks * items;
             const kv_i64 chain = kv_min(it, step_window), room = kv_max(step_window - it, 0);
             const kv_i64 before = kv_min(kv_counted_sum(seq_lens, lens_stride, request, room, limit,
                                                         KV_HAS(KV_WIDE_LENS)) + request * chain, limit);
