@@ -599,11 +599,16 @@ extern "C" __global__ void kv_draft_decode(
         const kv_i64 threads = blockDim.x, programs = kv_row_programs(KV_HAS(KV_FOLDED_GRID));
         const kv_i64 most = kv_min(kv_min(count, kv_max(step_window, 0)), kv_min(cols, out_width));
         const kv_i64 blocks = kv_max((most + items - 1) / items, 1);
+        // A program's items of one step are consecutive: each step's sum is taken once.
+        kv_i64 summed_step = 0, before = 0;
         for (kv_i64 item = first / items; item < num_steps * blocks; item += programs) {
             const kv_i64 it = item / blocks + 1, lo = item % blocks * items;
             const kv_i64 chain = kv_min(it, step_window), room = kv_max(step_window - it, 0);
-            const kv_i64 before = kv_min(kv_counted_sum(seq_lens, lens_stride, request, room, limit,
-                                                        KV_HAS(KV_WIDE_LENS)) + request * chain, limit);
+            if (it != summed_step) {
+                before = kv_min(kv_counted_sum(seq_lens, lens_stride, request, room, limit, KV_HAS(KV_WIDE_LENS))
+                                + request * chain, limit);
+                summed_step = it;
+            }
             const kv_i64 keep = kv_min(count + it, step_window), tail = keep - chain;
             const kv_i64 offset = kv_min(before * topk + branch * keep, limit);
             const kv_i64 tail_end = row_readable ? kv_min(kv_min(tail, kv_max(out_width - offset, 0)),

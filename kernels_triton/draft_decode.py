@@ -93,7 +93,7 @@ def _draft_decode_kernel(
                          floor_remainder - PAGE_SIZE, floor_remainder)
     slot_start = length + branch * ((remainder + num_steps + PAGE_SIZE - 1) // PAGE_SIZE * PAGE_SIZE)
     if HAS_STEP_WINDOW:
-        _windowed_steps(first, leads, row_ptr, row_readable, length, count, slot_start, segment, request, branch,
+        _windowed_steps(first, row_ptr, row_readable, length, count, slot_start, segment, request, branch,
                         topk, num_steps, step_window, lens_ptr, lens_stride, positions_ptr, positions_stride,
                         table_cols, v2p_ptr, v2p_len, out_ptr, out_row_stride, out_width, indptr_ptr,
                         indptr_row_stride, write_indptr_start, TOKENS_PER_PROGRAM, SUM_BLOCK, SLOT_BLOCK, PAGE_SIZE,
@@ -163,50 +163,51 @@ def _copy_prefix(first, row_ptr, length, count, sink, table_cols, v2p_ptr, v2p_l
 
 
 @triton.jit
-def _windowed_steps(first, leads, row_ptr, row_readable, length, count, slot_start, segment, request, branch, topk,
+def _windowed_steps(first, row_ptr, row_readable, length, count, slot_start, segment, request, branch, topk,
                     num_steps, window, lens_ptr, lens_stride, positions_ptr, positions_stride, table_cols, v2p_ptr,
                     v2p_len, out_ptr, out_row_stride, out_width, indptr_ptr, indptr_row_stride, write_indptr_start,
                     TOKENS_PER_PROGRAM: tl.constexpr, SUM_BLOCK: tl.constexpr, SLOT_BLOCK: tl.constexpr,
                     PAGE_SIZE: tl.constexpr, OFFSET_LIMIT: tl.constexpr, HAS_POSITIONS: tl.constexpr,
                     HAS_V2P: tl.constexpr, FOLDED_GRID: tl.constexpr, ENTRY_PAGE_SIZE: tl.constexpr):
     """A segment with a step window ``window``: in step ``it``, its ``keep = min(count + it, window)`` entries,
-    the prefix's last ``tail = keep - min(it, window)`` tokens then the latest ``min(it, window)`` draft slots,
-    after the widths of the segments before it (``min(n + it, window) = min(n, window - it) + min(it, window)``
-    for ``n, it >= 0``, so each sum is a saturated prefix sum).
+    the prefix's last ``keep - min(it, window)`` tokens then the latest ``min(it, window)`` draft slots, after the
+    widths of the segments before it (``min(n + it, window) = min(n, window - it) + min(it, window)`` for ``n,
+    it >= 0``, so each sum is a saturated prefix sum).
 
-    Every step's tail lies inside step 1's (the tails shrink as ``it`` grows), so program ``p`` loads its
-    blocks ``p, p + T, ...`` of step 1's tail once and stores each into every step that keeps it, as the
-    prefix of the plain build is copied: no load waits for a step's offset. Program 0 also writes the draft
-    slots and ``kv_indptr``."""
-    stride = _launch.programs_in_row(FOLDED_GRID).to(tl.int64) * TOKENS_PER_PROGRAM
+    The segment's work is a list of items, one per (step, block of TOKENS_PER_PROGRAM tail entries), steps
+    first; program ``k`` of the row's ``T`` takes items ``k, k + T, ...``, so the steps, each a chain of
+    dependent loads, run on different programs. Block 0's item of a step also writes that step's draft slots
+    and ``kv_indptr`` entry."""
+    programs = _launch.programs_in_row(FOLDED_GRID).to(tl.int64)
     token = tl.arange(0, TOKENS_PER_PROGRAM).to(tl.int64)
     slot = tl.arange(0, SLOT_BLOCK).to(tl.int64)
     indptr_dtype = indptr_ptr.dtype.element_ty
-    widest = tl.minimum(count + 1, window) - tl.minimum(1, window)  # step 1's tail
-    tail_start = length - widest
-    # Entry u of step 1's tail reads position tail_start + u (below the table's width) and lands, in step it,
-    # at column offset(it) + u - (widest - tail(it)), at most u + num_steps past out's first: later entries
-    # land nowhere.
-    tail_end = tl.minimum(tl.minimum(widest, tl.maximum(table_cols - tail_start, 0)), out_width + num_steps)
-    for block in range(first, tl.where(row_readable, tail_end, 0), stride):
+    # No step copies more tail entries than min(count, window), the table's width or out's (``tail_end``).
+    most = tl.minimum(tl.minimum(count, tl.maximum(window, 0)), tl.minimum(table_cols, out_width))
+    blocks = tl.maximum((most + TOKENS_PER_PROGRAM - 1) // TOKENS_PER_PROGRAM, 1)
+    for item in range(first // TOKENS_PER_PROGRAM, num_steps * blocks, programs):
+        step = item // blocks
+        block = (item % blocks) * TOKENS_PER_PROGRAM
+        it = step + 1
+        chain = tl.minimum(it, window).to(tl.int64)
+        room = tl.maximum(window - it, 0).to(tl.int64)
+        before = tl.minimum(_saturated_prefix_sum(lens_ptr, lens_stride, request, room, SUM_BLOCK, OFFSET_LIMIT)
+                            + request * chain, OFFSET_LIMIT)
+        keep = tl.minimum(count + it, window)
+        offset = tl.minimum(before * topk + branch * keep, OFFSET_LIMIT)
+        tail = keep - chain
+        row_out = out_ptr + step * out_row_stride
+        # The tail's entries e read position length - tail + e; they end where a position or a column would pass
+        # the table's or out's width.
+        tail_end = tl.minimum(tl.minimum(tail, tl.maximum(out_width - offset, 0)),
+                              tl.maximum(table_cols - length + tail, 0))
         entry = block + token
-        position = tail_start + entry
-        copied = (entry < tail_end) & (position >= 0)
+        position = length - tail + entry
+        copied = (entry < tl.where(row_readable, tail_end, 0)) & (position >= 0)
         values = _stored_values(_table_values(row_ptr, position, copied, ENTRY_PAGE_SIZE), copied, v2p_ptr,
                                 v2p_len, out_ptr, PAGE_SIZE, HAS_V2P)
-        for step in range(num_steps):
-            it = step + 1
-            keep, tail, offset = _window_step(it, window, count, request, branch, topk, lens_ptr, lens_stride,
-                                              SUM_BLOCK, OFFSET_LIMIT)
-            column = offset + entry - (widest - tail)
-            tl.store(out_ptr + step * out_row_stride + column, values,
-                     mask=copied & (entry >= widest - tail) & (column < out_width))
-    if leads:
-        for step in range(num_steps):
-            it = step + 1
-            keep, tail, offset = _window_step(it, window, count, request, branch, topk, lens_ptr, lens_stride,
-                                              SUM_BLOCK, OFFSET_LIMIT)
-            chain = keep - tail
+        tl.store(row_out + offset + entry, values, mask=copied)
+        if block == 0:
             for first_slot in range(0, tl.where(row_readable, chain, 0), SLOT_BLOCK):
                 later = first_slot + slot
                 slot_position = slot_start + it - chain + later
@@ -214,10 +215,8 @@ def _windowed_steps(first, leads, row_ptr, row_readable, length, count, slot_sta
                 slot_values = _stored_values(_table_values(row_ptr, slot_position, readable, ENTRY_PAGE_SIZE),
                                              readable, v2p_ptr, v2p_len, out_ptr, PAGE_SIZE, HAS_V2P)
                 column = offset + tail + later
-                tl.store(out_ptr + step * out_row_stride + column, slot_values,
-                         mask=readable & (column < out_width))
+                tl.store(row_out + column, slot_values, mask=readable & (column < out_width))
             if HAS_POSITIONS:
-                room = tl.maximum(window - it, 0).to(tl.int64)
                 end = tl.minimum(_saturated_prefix_sum(positions_ptr, positions_stride, segment + 1, room, SUM_BLOCK,
                                                        OFFSET_LIMIT) + (segment + 1) * chain, OFFSET_LIMIT)
             else:
@@ -225,18 +224,6 @@ def _windowed_steps(first, leads, row_ptr, row_readable, length, count, slot_sta
             tl.store(indptr_ptr + step * indptr_row_stride + segment + 1, end.to(indptr_dtype))
             if (segment == 0) & (write_indptr_start != 0):
                 tl.store(indptr_ptr + step * indptr_row_stride, tl.zeros((), indptr_dtype))
-
-
-@triton.jit
-def _window_step(it, window, count, request, branch, topk, lens_ptr, lens_stride, SUM_BLOCK: tl.constexpr,
-                 OFFSET_LIMIT: tl.constexpr):
-    """Step ``it``'s ``(keep, tail, offset)`` of a segment with a step window (``_windowed_steps``)."""
-    chain = tl.minimum(it, window).to(tl.int64)
-    room = tl.maximum(window - it, 0).to(tl.int64)
-    before = tl.minimum(_saturated_prefix_sum(lens_ptr, lens_stride, request, room, SUM_BLOCK, OFFSET_LIMIT)
-                        + request * chain, OFFSET_LIMIT)
-    keep = tl.minimum(count + it, window)
-    return keep, keep - chain, tl.minimum(before * topk + branch * keep, OFFSET_LIMIT)
 
 
 @triton.jit
