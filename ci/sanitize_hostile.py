@@ -291,29 +291,51 @@ STORAGE_SPOILERS = {"released": lambda t: (resized(t, 0), None),
                     "shrunk": lambda t: (resized(t, t.nbytes - t.itemsize), None), "byte-offset": byte_offset}
 
 
-def run(device, backends, verbose, shard=(0, 1)):
-    """Run the cases of ``shard`` = (k, n): those whose ordinal is k modulo n (all data is still drawn, so
-    every shard sees the cases the whole run would)."""
-    g = torch.Generator().manual_seed(0)
-    cases = mismatches = ordinal = 0
+class Tally:
+    """One group of cases of ``shard`` = (k, n): of the cases offered, those whose ordinal (from 0, within the
+    group) is k modulo n are run and counted."""
 
-    def selected():
+    def __init__(self, shard, verbose):
+        self.shard, self.verbose = shard, verbose
+        self.offered = self.cases = self.mismatches = 0
+
+    def selected(self):
         """Whether the next case is this shard's (then it is counted)."""
-        nonlocal ordinal, cases
-        ordinal += 1
-        mine = (ordinal - 1) % shard[1] == shard[0]
-        cases += mine
+        self.offered += 1
+        mine = (self.offered - 1) % self.shard[1] == self.shard[0]
+        self.cases += mine
         return mine
 
-    def check(what, got, expected):
-        nonlocal mismatches
-        if not torch.equal(got.cpu(), expected):
-            mismatches += 1
-            bad = (got.cpu() != expected).nonzero()
-            print(f"MISMATCH {what}: {bad.shape[0]} entries differ, first at {bad[0].tolist()}", flush=True)
+    def compare(self, what, pairs):
+        """Each ``(got, expected)`` of ``pairs`` whose ``got`` differs is a mismatch (printed)."""
+        for i, (got, expected) in enumerate(pairs):
+            if not torch.equal(got.cpu(), expected):
+                self.mismatches += 1
+                bad = (got.cpu() != expected).nonzero()
+                print(f"MISMATCH {what}{f' output {i}' if i else ''}: {bad.shape[0]} entries differ, first at "
+                      f"{bad[0].tolist()}", flush=True)
+
+    def launch_and_compare(self, what, launch, pairs):
+        """Run ``launch()``, which writes the poisoned ``got`` of each ``(got, expected)`` of ``pairs``, then
+        compare them with the reference's ``expected``; an exception is one mismatch (printed)."""
+        try:
+            launch()
+            self.compare(what, pairs)
+        except Exception:
+            self.mismatches += 1
+            print(f"ERROR {what}:\n{traceback.format_exc()}", flush=True)
+        if self.verbose:
+            print("ran", what, flush=True)
+
+
+def run(device, backends, verbose, shard=(0, 1)):
+    """Run the cases of ``shard`` = (k, n) (``Tally``; all data is still drawn, so every shard sees the cases the
+    whole run would): ``(cases, mismatches)``."""
+    g = torch.Generator().manual_seed(0)
+    tally = Tally(shard, verbose)
 
     def page_table_case(what, data, cpu, page_size, with_start, seqlen_offset, fill_value):
-        if not selected():
+        if not tally.selected():
             return
         width = 5
         out = torch.full((BATCH, width), POISON, dtype=torch.int32, device=device)
@@ -323,14 +345,14 @@ def run(device, backends, verbose, shard=(0, 1)):
         start, start_cpu = (data["start"], cpu["start"]) if with_start else (None, None)
         ops.page_table.reference(cpu["table"], cpu["pool"], cpu["lens"], expected, page_size, start_cpu,
                                    seqlen_offset, expected_seq, fill_value)
-        launch_and_check(what, lambda: kvdispatch.create_flashmla_kv_indices(
+        tally.launch_and_compare(what, lambda: kvdispatch.create_flashmla_kv_indices(
             data["table"], data["pool"], data["lens"], out, page_size=page_size, kv_start_idx=start,
             seqlen_offset=seqlen_offset, seq_lens_out=seq_out, fill_value=fill_value, backend=backend),
             ((out, expected), (seq_out, expected_seq)))
 
     def token_csr_case(what, data, cpu, indptr, total, with_start, out_dtype=torch.int32, entry_page_size=1,
                        token_mapping=None, v2p=None, page_size=1):
-        if not selected():
+        if not tally.selected():
             return
         flat = torch.full((total,), POISON, dtype=out_dtype, device=device)
         expected = flat.cpu().clone()
@@ -338,7 +360,7 @@ def run(device, backends, verbose, shard=(0, 1)):
         ops.token_csr.reference(cpu["table"], cpu["pool"], cpu["lens"], indptr, expected, start_cpu,
                                       entry_page_size, None if token_mapping is None else token_mapping.cpu(),
                                       None if v2p is None else v2p.cpu(), page_size)
-        launch_and_check(what, lambda: kvdispatch.create_flashinfer_kv_indices(
+        tally.launch_and_compare(what, lambda: kvdispatch.create_flashinfer_kv_indices(
             data["table"], data["pool"], data["lens"], indptr.to(data["pool"].dtype).to(device), flat,
             kv_start_idx=start, entry_page_size=entry_page_size, token_mapping=token_mapping, v2p=v2p,
             page_size=page_size, backend=backend),
@@ -347,7 +369,7 @@ def run(device, backends, verbose, shard=(0, 1)):
     def mapped_case(what, op, data, cpu, page_size, lookup, **options):
         """The MHA page table (``lookup``: full_to_swa, None for none) or the translated one (``lookup``: v2p)
         into exact-size tables: the MHA ones 5 and 7 pages wide, the translated one 5."""
-        if not selected():
+        if not tally.selected():
             return
         outs = [torch.full((BATCH, width), POISON, dtype=torch.int32, device=device) for width in (5, 7)]
         expected = [out.cpu().clone() for out in outs]
@@ -365,11 +387,11 @@ def run(device, backends, verbose, shard=(0, 1)):
             launch = lambda: kvdispatch.create_translated_page_table(  # noqa: E731
                 data["table"], data["pool"], data["lens"], lookup, outs[0], page_size=page_size, backend=backend,
                 **options)
-        launch_and_check(what, launch, tuple(zip(outs, expected)))
+        tally.launch_and_compare(what, launch, tuple(zip(outs, expected)))
 
     def draft_decode_case(what, data, cpu, page_size, width, positions=None, v2p=None, window_size=0, sink_size=0,
                           out_dtype=torch.int64, entry_page_size=1, step_window=0):
-        if not selected():
+        if not tally.selected():
             return
         steps, topk = 3, 2
         out = torch.full((steps, width), POISON, dtype=out_dtype, device=device)
@@ -379,27 +401,14 @@ def run(device, backends, verbose, shard=(0, 1)):
                        entry_page_size=entry_page_size, step_window=step_window)
         ops.draft_decode.reference(cpu["table"], cpu["pool"], cpu["lens"], expected_indptr, expected,
                                              positions=positions, v2p=v2p, **options)
-        launch_and_check(what, lambda: kvdispatch.create_draft_decode_kv_indices(
+        tally.launch_and_compare(what, lambda: kvdispatch.create_draft_decode_kv_indices(
             data["table"], data["pool"], data["lens"], indptr, out, backend=backend, **options,
             positions=None if positions is None else positions.to(device),
             v2p=None if v2p is None else v2p.to(device)), ((out, expected), (indptr, expected_indptr)))
 
-    def launch_and_check(what, launch, pairs):
-        """Run ``launch()``, then compare each ``(got, expected)`` of ``pairs``; an exception is a mismatch."""
-        nonlocal mismatches
-        try:
-            launch()
-            for i, (got, expected) in enumerate(pairs):
-                check(what + (f" output {i}" if i else ""), got, expected)
-        except Exception:
-            mismatches += 1
-            print(f"ERROR {what}:\n{traceback.format_exc()}", flush=True)
-        if verbose:
-            print("ran", what, flush=True)
-
     def dcp_csr_case(what, data, cpu, indptr, total, with_start, dcp_size, dcp_rank, out_dtype):
         """The DCP token CSR, the lengths taken as the rank's counts; rounding toward zero with an int64 out."""
-        if not selected():
+        if not tally.selected():
             return
         flat = torch.full((total,), POISON, dtype=out_dtype, device=device)
         expected = flat.cpu().clone()
@@ -407,19 +416,19 @@ def run(device, backends, verbose, shard=(0, 1)):
         toward_zero = out_dtype == torch.int64
         ops.dcp_token_csr.reference(cpu["table"], cpu["pool"], cpu["lens"], indptr, expected, dcp_size,
                                           dcp_rank, start_cpu, toward_zero)
-        launch_and_check(what, lambda: kvdispatch.create_dcp_kv_indices(
+        tally.launch_and_compare(what, lambda: kvdispatch.create_dcp_kv_indices(
             data["table"], data["pool"], data["lens"], indptr.to(data["pool"].dtype).to(device), flat,
             dcp_size=dcp_size, dcp_rank=dcp_rank, kv_start_idx=start, round_toward_zero=toward_zero, backend=backend),
             ((flat, expected),))
 
     def dcp_table_case(what, data, cpu, page_size, dcp_size, dcp_rank, fill_value):
-        if not selected():
+        if not tally.selected():
             return
         out = torch.full((BATCH, 3), POISON, dtype=torch.int32, device=device)
         expected = out.cpu().clone()
         ops.dcp_page_table.reference(cpu["table"], cpu["pool"], cpu["lens"], expected, page_size, dcp_size,
                                        dcp_rank, fill_value)
-        launch_and_check(what, lambda: kvdispatch.create_dcp_page_table(
+        tally.launch_and_compare(what, lambda: kvdispatch.create_dcp_page_table(
             data["table"], data["pool"], data["lens"], out, page_size=page_size, dcp_size=dcp_size, dcp_rank=dcp_rank,
             fill_value=fill_value, backend=backend), ((out, expected),))
 
@@ -427,8 +436,7 @@ def run(device, backends, verbose, shard=(0, 1)):
         """``function`` on ``args`` with every tensor ``shift`` elements past the start of its allocation
         (compared with the torch backend on CPU copies), or with the tensor ``spoilt`` = (name, kind) spoilt as
         ``STORAGE_SPOILERS[kind]`` does (refused with a ValueError naming it, every other output its poison)."""
-        nonlocal mismatches
-        if not selected():
+        if not tally.selected():
             return
         call = dict(args)
         try:
@@ -438,7 +446,7 @@ def run(device, backends, verbose, shard=(0, 1)):
                 call.update({k: element_offset(v, shift) for k, v in args.items() if isinstance(v, torch.Tensor)})
                 getattr(kvdispatch, function)(**call, backend=backend)
                 for name in outputs:
-                    check(f"{what} {name}", call[name], expected[name])
+                    tally.compare(f"{what} {name}", [(call[name], expected[name])])
             else:
                 name, kind = spoilt
                 call[name], keep = STORAGE_SPOILERS[kind](args[name])  # noqa: F841  (keep: its allocation)
@@ -452,7 +460,7 @@ def run(device, backends, verbose, shard=(0, 1)):
                     if output != name and not bool((call[output] == POISON).all()):
                         raise AssertionError(f"{output} written by a refused call")
         except Exception:
-            mismatches += 1
+            tally.mismatches += 1
             print(f"ERROR {what}:\n{traceback.format_exc()}", flush=True)
         if verbose:
             print("ran", what, flush=True)
@@ -601,7 +609,7 @@ def run(device, backends, verbose, shard=(0, 1)):
                 cpu = {k: v.cpu() for k, v in data.items()}
                 v2p = torch.randint(-2, 2**20, (rows * cols // 16 - 3,), generator=g)
                 for packed, translated in itertools.product((False, True), repeat=2):
-                    if not selected():
+                    if not tally.selected():
                         continue
                     outs = [torch.full((4 * BATCH + 3,), POISON, dtype=torch.int64, device=device)
                             for _ in range(3 if translated else 1)]
@@ -611,7 +619,7 @@ def run(device, backends, verbose, shard=(0, 1)):
                         for option, maps, written in zip(options, (v2p, v2p.to(device)), (expected, outs)):
                             option.update(positions_out=written[1], page_size=16, full_v2p=maps, full_out=written[2])
                     ops.cache_locs.reference(cpu["table"], cpu["pool"], cpu["start"], expected[0], **options[0])
-                    launch_and_check(f"{backend} cache_locs {str(dtype)[6:]} {spoil[0]} packed={packed} "
+                    tally.launch_and_compare(f"{backend} cache_locs {str(dtype)[6:]} {spoil[0]} packed={packed} "
                                      f"translated={translated}", lambda: kvdispatch.create_cache_locs(
                                          data["table"], data["pool"], data["start"], outs[0], backend=backend,
                                          **options[1]), list(zip(outs, expected)))
@@ -619,14 +627,14 @@ def run(device, backends, verbose, shard=(0, 1)):
         # suffix starts), a draft table narrower and a target table shorter than some of the rows.
         for dtype in (torch.int32, torch.int64):
             for spoil in hostile_requests(BATCH + 3, 5 * 16 + 7, dtype == torch.int64):
-                if not selected():
+                if not tally.selected():
                     continue
                 data, rows, cols = make(16, dtype, device, g, spoil)
                 verify = torch.randint(0, 2**40, (BATCH, 5), generator=g).to(device)
                 draft = torch.full((rows + 2, 48), POISON, dtype=dtype, device=device)
                 arguments = (data["table"], data["pool"], data["start"], data["lens"], verify)
                 expected = ops.compact_draft_rows.reference(*(t.cpu() for t in arguments), draft.cpu().clone())
-                launch_and_check(f"{backend} compact_draft_rows {str(dtype)[6:]} {spoil[0]}",
+                tally.launch_and_compare(f"{backend} compact_draft_rows {str(dtype)[6:]} {spoil[0]}",
                                  lambda: kvdispatch.build_compact_draft_rows(*arguments, draft, backend=backend),
                                  [(draft, expected)])
         for function, args, outputs in storage_calls(device, g):
@@ -639,16 +647,15 @@ def run(device, backends, verbose, shard=(0, 1)):
         if device.type == "cuda":
             torch.cuda.synchronize(device)  # surfaces a device-side fault here, under this backend's name
         print(f"backend {backend}: done", flush=True)
-    more = run_table_ops(device, backends, verbose, shard)
-    cases, mismatches = cases + more[0], mismatches + more[1]
+    tallies = [tally, run_table_ops(device, backends, verbose, shard)]
     for hostile in HOSTILE_OPS:
-        for ordinal, (what, launch, out, expected) in enumerate(hostile(device, backends)):
-            if ordinal % shard[1] == shard[0]:
-                cases += 1
-                mismatches += compared(what, launch, out, expected, verbose)
+        tallies.append(Tally(shard, verbose))
+        for what, launch, out, expected in hostile(device, backends):
+            if tallies[-1].selected():
+                tallies[-1].launch_and_compare(what, launch, ((out, expected),))
         if device.type == "cuda":
             torch.cuda.synchronize(device)
-    return cases, mismatches
+    return sum(t.cases for t in tallies), sum(t.mismatches for t in tallies)
 
 
 def main(argv=None) -> int:
@@ -682,21 +689,6 @@ def main(argv=None) -> int:
     cases, mismatches = run(device, backends, args.verbose, (int(k) - 1, int(n)))
     print(f"{cases} cases, {mismatches} mismatches", flush=True)
     return 1 if mismatches or not cases else 0
-
-
-def compared(what, launch, out, expected, verbose):
-    """Run ``launch()`` and compare ``out`` with ``expected``: 1 for a mismatch or an exception (printed), else 0."""
-    try:
-        launch()
-        if torch.equal(out.cpu(), expected):
-            return 0
-        print(f"MISMATCH {what}", flush=True)
-    except Exception:
-        print(f"ERROR {what}:\n{traceback.format_exc()}", flush=True)
-    finally:
-        if verbose:
-            print("ran", what, flush=True)
-    return 1
 
 
 # The compacted CSR (``create_compact_kv_indices``): request lengths, source starts and output offsets at the
@@ -829,30 +821,17 @@ def ragged_bounds(total, wide):
 
 def run_table_ops(device, backends, verbose, shard=(0, 1)):
     """The ragged page table's cases, the MHA table's seqlen_offset, the prefill-aware table's, the merged token
-    CSR's and the speculative concat table's (``shard`` as for ``run``): ``(cases, mismatches)``."""
-    cases, mismatches = 0, 0
+    CSR's and the speculative concat table's (``shard`` as for ``run``): their ``Tally``."""
     g = torch.Generator().manual_seed(1)
-    ordinal = 0
+    tally = Tally(shard, verbose)
 
     def case(what, launch, reference, outs):
-        nonlocal ordinal, cases, mismatches
-        ordinal += 1
-        if (ordinal - 1) % shard[1] != shard[0]:
+        """``reference`` writes the expected copies of the poisoned ``outs``, ``launch`` the ``outs``."""
+        if not tally.selected():
             return
-        cases += 1
         expected = [out.cpu().clone() for out in outs]
         reference(expected)
-        try:
-            launch()
-            for i, (got, want) in enumerate(zip(outs, expected)):
-                if not torch.equal(got.cpu(), want):
-                    mismatches += 1
-                    print(f"MISMATCH {what} output {i}", flush=True)
-        except Exception:
-            mismatches += 1
-            print(f"ERROR {what}:\n{traceback.format_exc()}", flush=True)
-        if verbose:
-            print("ran", what, flush=True)
+        tally.launch_and_compare(what, launch, list(zip(outs, expected)))
 
     for backend in backends:
         for page_size, dtype in itertools.product(MAPPED_PAGE_SIZES, (torch.int32, torch.int64)):
@@ -953,7 +932,7 @@ def run_table_ops(device, backends, verbose, shard=(0, 1)):
                      outs)
         if device.type == "cuda":
             torch.cuda.synchronize(device)
-    return cases, mismatches
+    return tally
 
 
 if __name__ == "__main__":

@@ -660,9 +660,12 @@ def test_option_cases_run_every_backend_and_their_baseline(capsys, tmp_path):
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the Triton interpreter on CPU tensors: conftest turns it on "
                     "only where there is no GPU")
-@pytest.mark.parametrize("name", [n for n in OPTION_TINY if n.startswith("draft_decode")])
-def test_draft_option_baselines_write_the_references_indptr(name):
-    """The bench compares ``out``; the draft baselines' ``kv_indptr`` (SGLang's: entry 0 untouched) is the op's."""
+@pytest.mark.parametrize("name, baseline", [
+    *[(n, b) for n, b in OPTION_TINY.items() if n.startswith("draft_decode")],
+    ("draft_decode:2x256x3x2:p16", "draft-loop"), ("draft_decode:3x100x4x1", "draft-loop")])
+def test_draft_baselines_write_the_references_indptr(name, baseline):
+    """The bench compares ``out``; the draft baselines' ``kv_indptr`` (SGLang's: entry 0 untouched, the last
+    entry the row's total) is the op's."""
     case = bench.Case.parse(name)
     x = bench.make_inputs(case, torch.device("cpu"), seed=3)
     segments = case.batch * case.topk
@@ -671,6 +674,6 @@ def test_draft_option_baselines_write_the_references_indptr(name):
                                num_steps=case.steps, topk=case.topk, page_size=case.page_size, positions=x.positions,
                                entry_page_size=case.entry_page_size, step_window=case.step_window,
                                write_indptr_start=False)
-    fn = bench.bind(bench.option_baseline(case), x, case)
+    fn = bench.bind(baseline, x, case)
     assert bench.check_eager(fn, x) == ""
     assert torch.equal(x.kv_indptr[:, 1: segments + 1], indptr[:, 1: segments + 1])

@@ -15,12 +15,13 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import importlib
 import itertools
 
 import pytest
 import torch
 
-from kvdispatch import ops
+import kernels_cupy
 import kvdispatch
 from host_path_stubs import CONTEXT, FUNCTION, STREAM_BASE, build, install, sibling, siblings, unsigned
 from kernels_cupy import launch as cupy_launch
@@ -28,60 +29,25 @@ from kernels_cupy import native as cupy_native
 from kvdispatch import _debug, _validate, dispatch, host_path
 
 triton = pytest.importorskip("triton")
-from kernels_triton import dcp, decode_metadata, draft_decode, mapped_tables, page_table, token_csr  # noqa: E402
+import kernels_triton  # noqa: E402
 from kernels_triton import launch as triton_launch  # noqa: E402
-from kernels_triton import merged_token_csr, pa_swa_table, ragged_page_table, spec_concat_page_table  # noqa: E402
+from kernels_triton import mapped_tables  # noqa: E402
 
 OPS = tuple(host_path.REPLAYED)
 LAUNCHERS = ("cupy", "triton")
 TRITON_THREADS, TRITON_SHARED = 128, 24
-# op -> (the Triton backend's function, its launcher), (the CuPy backend's function), the validator
-TRITON = {"page_table": (page_table.build_page_table, page_table.launcher),
-          "token_csr": (token_csr.build_token_indices, token_csr.launcher),
-          "draft_decode": (draft_decode.build_draft_decode_indices, draft_decode.launcher),
-          "dcp_token_csr": (dcp.build_dcp_token_indices, dcp.csr_launcher),
-          "dcp_page_table": (dcp.build_dcp_page_table, dcp.table_launcher),
-          "mha_page_table": (mapped_tables.build_mha_page_table, mapped_tables.mha_launcher),
-          "translated_page_table": (mapped_tables.build_translated_page_table, mapped_tables.translated_launcher),
-          "decode_metadata": (decode_metadata.build_decode_metadata, decode_metadata.launcher),
-          "ragged_page_table": (ragged_page_table.build_ragged_page_table, ragged_page_table.ragged_launcher),
-          "pa_swa_table": (pa_swa_table.build_pa_swa_table, pa_swa_table.pa_launcher),
-          "merged_token_csr": (merged_token_csr.build_merged_kv_indices, merged_token_csr.merged_launcher),
-          "spec_concat_page_table": (spec_concat_page_table.build_spec_concat_page_table,
-                                     spec_concat_page_table.concat_launcher)}
-CUPY = {"page_table": cupy_launch.build_page_table, "token_csr": cupy_launch.build_token_indices,
-        "draft_decode": cupy_launch.build_draft_decode_indices, "dcp_token_csr": cupy_launch.build_dcp_token_indices,
-        "dcp_page_table": cupy_launch.build_dcp_page_table, "mha_page_table": cupy_launch.build_mha_page_table,
-        "translated_page_table": cupy_launch.build_translated_page_table,
-        "decode_metadata": cupy_launch.build_decode_metadata,
-        "ragged_page_table": cupy_launch.build_ragged_page_table,
-        "pa_swa_table": cupy_launch.build_pa_swa_table,
-        "merged_token_csr": cupy_launch.build_merged_kv_indices,
-        "spec_concat_page_table": cupy_launch.build_spec_concat_page_table}
-CHECKS = {"page_table": ops.page_table.check_arguments, "token_csr": ops.token_csr.check_arguments,
-          "draft_decode": ops.draft_decode.check_arguments,
-          "dcp_token_csr": lambda *a: ops.dcp_token_csr.check_arguments(*a[:5], a[7], *a[5:7], a[8]),
-          "dcp_page_table": ops.dcp_page_table.check_arguments,
-          "mha_page_table": ops.mha_page_table.check_arguments,
-          "translated_page_table": ops.translated_page_table.check_arguments,
-          "decode_metadata": ops.decode_metadata.check_arguments,
-          "ragged_page_table": ops.ragged_page_table.check_arguments,
-          "pa_swa_table": ops.pa_swa_table.check_arguments,
-          "merged_token_csr": ops.merged_token_csr.check_arguments,
-          "spec_concat_page_table": ops.spec_concat_page_table.check_arguments}
+# Every launcher of the Triton kernel modules that launch the ops (their plans are the stubs' recorders).
+TRITON_KERNEL_LAUNCHERS = list({id(value): value for module in
+                                {importlib.import_module(f"kernels_triton.{name}") for name, _ in
+                                 kernels_triton.KERNELS.values()}
+                                for value in vars(module).values()
+                                if isinstance(value, triton_launch.KernelLauncher)}.values())
 
-from kernels_triton import cache_locs as triton_cache_locs  # noqa: E402
 
-TRITON["cache_locs"] = (triton_cache_locs.build_cache_locs, triton_cache_locs.launcher)
-CUPY["cache_locs"] = cupy_launch.build_cache_locs
-CHECKS["cache_locs"] = ops.cache_locs.check_arguments
-
-from kernels_triton import compact_draft_rows as triton_compact_draft_rows  # noqa: E402
-
-TRITON["compact_draft_rows"] = (triton_compact_draft_rows.build_compact_draft_rows,
-                                triton_compact_draft_rows.launcher)
-CUPY["compact_draft_rows"] = cupy_launch.build_compact_draft_rows
-CHECKS["compact_draft_rows"] = ops.compact_draft_rows.check_arguments
+def python_check(op, args):
+    """The op's validator on ``args`` (public arguments, replay order)."""
+    declared = dispatch.OPS[op]
+    return declared.check(**dict(zip(declared.parameters, args)))
 
 
 @pytest.fixture(scope="module")
@@ -109,7 +75,7 @@ def stubs(built, monkeypatch):
     monkeypatch.setattr(cupy_native, "kernel_and_context", lambda index, call: (FUNCTION, stubs.context))
     stubs.recorder = recorder = Recorder()
     monkeypatch.setattr(cupy_launch, "_runtime_module", recorder)
-    for _, launcher in TRITON.values():
+    for launcher in TRITON_KERNEL_LAUNCHERS:
         monkeypatch.setattr(launcher, "plan", functools.partial(_recording_plan, launcher, recorder))
         monkeypatch.setattr(launcher, "compiled", {})
         monkeypatch.setattr(launcher, "native_kernels", {})
@@ -143,9 +109,9 @@ def python_path(stubs, op, launcher, args, register=True):
     or None when it launched nothing."""
     stubs.recorder.launched.clear()
     if launcher == "cupy":
-        run = functools.partial(CUPY[op], *args)
+        run = functools.partial(kernels_cupy.kernel(op), *args)
     else:
-        run = functools.partial(TRITON[op][0], *args, pdl=False)
+        run = functools.partial(kernels_triton.kernel(op), *args, pdl=False)
     if register:
         host_path.call_and_register(op, None, args, run)
     else:
@@ -476,7 +442,7 @@ def _placed(base, byte_offset, like):
 
 def _python_refuses(op, args):
     try:
-        CHECKS[op](*args)
+        python_check(op, args)
     except ValueError as exc:
         assert "shares memory" in str(exc)
         return True
@@ -572,7 +538,7 @@ def test_backend_requests_have_their_own_plans(stubs):
     stubs.module.approve(host_path.OPS[op], 0, "cupy", host_path.LAUNCHERS["cupy"])
     stubs.module.approve(host_path.OPS[op], 0, None, host_path.LAUNCHERS["cupy"])
     stubs.recorder.launched.clear()
-    host_path.call_and_register(op, "cupy", args, functools.partial(CUPY[op], *args))
+    host_path.call_and_register(op, "cupy", args, functools.partial(kernels_cupy.kernel(op), *args))
     assert stubs.module.replay(host_path.OPS[op], "cupy", *args) is args[4]
     for backend in (None, "auto", "CuPy", 3):
         assert stubs.module.replay(host_path.OPS[op], backend, *args) is NotImplemented, backend
@@ -644,7 +610,7 @@ def test_the_public_call_registers_and_its_next_call_is_replayed(stubs, monkeypa
 
     def call(device, op, backend, *args):  # the selector's choice of ``launcher`` and its Python path
         host_path.on_selected(launcher, gpu, op, backend)
-        run = CUPY[op] if launcher == "cupy" else functools.partial(TRITON[op][0], pdl=False)
+        run = kernels_cupy.kernel(op) if launcher == "cupy" else functools.partial(kernels_triton.kernel(op), pdl=False)
         run(*args[:-1])
 
     monkeypatch.setattr(dispatch, "call", call)
@@ -726,13 +692,6 @@ def test_the_packed_read_stream_registers_a_replayable_plan(stubs, start, out_dt
 
 
 # The compacted CSR and the prefix+extend CSR.
-from kernels_triton import compact_csr, prefix_extend_csr  # noqa: E402
-
-TRITON.update(compact_csr=(compact_csr.build_compact_kv_indices, compact_csr.launcher),
-              prefix_extend_csr=(prefix_extend_csr.build_prefix_extend_kv_indices, prefix_extend_csr.launcher))
-CUPY.update(compact_csr=cupy_launch.build_compact_kv_indices,
-            prefix_extend_csr=cupy_launch.build_prefix_extend_kv_indices)
-CHECKS.update(compact_csr=ops.compact_csr.check_arguments, prefix_extend_csr=ops.prefix_extend_csr.check_arguments)
 _random_args_before_csr_ops = random_args
 _hostile_args_before_csr_ops = hostile_args
 

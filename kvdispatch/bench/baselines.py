@@ -210,15 +210,16 @@ def _draft_loop_kernel(table, pool_idx, lengths, positions, out, indptr, table_s
     slot = tl.arange(0, ITER_UPPER)
     tl.store(dst + length + slot, tl.load(row + start + slot, mask=slot < it), mask=slot < it)
     z = b * topk + k
+    z = tl.where(z == 0, batch * topk, z)  # the first branch writes the row's end, entry 0 stays untouched
     index = tl.arange(0, TOKENS_UPPER)
     value = tl.sum(tl.load(positions + index, mask=index < z, other=0)) + z * it
-    tl.store(indptr + s * indptr_stride + tl.where(z == 0, batch * topk, z), value)
+    tl.store(indptr + s * indptr_stride + z, value)
 
 
 def draft_loop(req_to_token, req_pool_indices, seq_lens, positions, out, kv_indptr, num_steps, topk, page_size):
     """Every draft step's token CSR on the grid ``(num_steps, batch, topk)``, one program per step, request and
-    branch (``kvdispatch.create_draft_decode_kv_indices``'s layout; the last kv_indptr entry written by the first
-    program of each step, entry 0 left untouched)."""
+    branch (``kvdispatch.create_draft_decode_kv_indices``'s layout; the last kv_indptr entry, the row's total, written
+    by the first program of each step, entry 0 left untouched)."""
     batch = req_pool_indices.shape[0]
     grid = (num_steps, batch, topk)
     _draft_loop_kernel[grid](
