@@ -88,8 +88,8 @@ def make_case(batch, page_size, *, max_pages=6, index_dtype=torch.int32, with_st
 
 
 def assert_same(actual, expected, what):
-    """``actual`` (any device) equals ``expected`` (CPU) exactly; else an error naming the first difference."""
-    actual = actual.cpu()
+    """``actual`` equals ``expected`` exactly (either on any device); else an error naming the first difference."""
+    actual, expected = actual.cpu(), expected.cpu()
     if not torch.equal(actual, expected):
         bad = (actual != expected).nonzero()
         first = tuple(bad[0].tolist())
