@@ -210,6 +210,24 @@ def test_draft_decode_prefixes_loop_over_their_blocks(bounded, window):
     _check_bounded(bounded, 4)
 
 
+@pytest.mark.parametrize("blocks", (1, BUDGET + 1))
+def test_draft_decode_step_window_deals_each_steps_blocks_over_the_programs(bounded, blocks):
+    """One segment on ``BUDGET`` programs, five steps: a window of one block (fewer blocks than programs: the
+    steps side by side) and of more blocks than programs (each step's blocks dealt over all of them)."""
+    g = generator()
+    tokens = grid.items_per_program(grid.DRAFT_DECODE)
+    window = blocks * tokens - 5
+    cols = window + tokens + 40
+    table = _slot_table(2, cols, g)
+    for lengths in (torch.tensor([cols - 30]), draw(1, window // 2, 1, g), torch.tensor([2**40])):
+        case = dict(req_to_token=table, req_pool_indices=torch.tensor([1], dtype=torch.int32), seq_lens=lengths,
+                    num_steps=5, topk=1, page_size=1, positions=None, window_size=0, sink_size=0, v2p=None,
+                    write_indptr_start=True, round_toward_zero=False, entry_page_size=1, step_window=window)
+        check_draft_decode("triton", case, torch.int32, torch.int64, width=window + 2, loop=False)
+    assert len(set(bounded)) == 1, bounded
+    _check_bounded(bounded, 1)
+
+
 # -- decode context parallel ----------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("dcp_size", (2, 3))

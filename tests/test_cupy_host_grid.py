@@ -223,7 +223,7 @@ def test_translated_page_table(bounded, specialised, max_pages):
 @BOUNDS
 @BUILDS
 @EACH_BOUND_AND_BUILD
-@pytest.mark.parametrize("variant", ("plain", "window-v2p", "positions"))
+@pytest.mark.parametrize("variant", ("plain", "window-v2p", "positions", "step-window", "short-step-window"))
 def test_draft_decode(bounded, specialised, variant):
     g = torch.Generator().manual_seed(len(variant))
     topk, steps, page_size = 2, 3, 4
@@ -232,6 +232,8 @@ def test_draft_decode(bounded, specialised, variant):
     items = grid.items_per_program(grid.DRAFT_DECODE)
     full = BLOCKS * items + 7
     window, sink = (full - 100, 9) if variant == "window-v2p" else (0, 0)
+    # A step window of more blocks than programs, and of one block (the steps on different programs).
+    step_window = {"step-window": full - 100, "short-step-window": items // 2}.get(variant, 0)
     table = _table(BATCH + 1, full + 40, g)
     pool, lengths = _pool(BATCH + 1), torch.zeros(BATCH, dtype=torch.int64)
     positions = torch.zeros(BATCH * topk, dtype=torch.int32) if variant == "positions" else None
@@ -246,12 +248,13 @@ def test_draft_decode(bounded, specialised, variant):
 
     fit()
     args = (table, pool, lengths, indptr[indptr_index], out[out_index], steps, topk, page_size, positions, window,
-            sink, v2p, True, False)
+            sink, v2p, True, False, 1, step_window)
     call = launch.draft_decode_call(*args)
     _check_bounded(call, programs, items, full)
     _replayed(call, specialised, outputs,
               lambda i, o: ops.draft_decode.reference(table, pool, lengths, i, o, steps, topk, page_size,
-                                                                positions, window, sink, v2p, True, False),
+                                                                positions, window, sink, v2p, True, False, 1,
+                                                                step_window),
               _lengths_scenarios(lengths, full, g, fit), f"draft decode ({variant})")
 
 
