@@ -111,6 +111,24 @@ def pages_below(positions, page_limit, PAGE_SIZE: tl.constexpr):
 
 
 @triton.jit
+def member_items(items, members, member):
+    """``[begin, end)``, the consecutive share of ``items`` items (a group's overflow blocks) that member
+    ``member`` of ``members`` programs takes: ``ceil(items / members)`` each, fewer or none for the last."""
+    share = (items + members - 1) // members
+    begin = member * share
+    return begin, tl.minimum(begin + share, items)
+
+
+@triton.jit
+def locate_item(item, ends, counts, member_rows):
+    """``(row, index)`` of item ``item`` of a list of the rows' items in row order: ``row`` the row (an index
+    into ``member_rows``, ``tl.arange`` over the rows) it falls in, ``index`` its place among that row's items;
+    ``ends`` the inclusive prefix sums of the rows' item ``counts``."""
+    row = tl.sum((ends <= item).to(tl.int32), 0)
+    return row, item - tl.sum(tl.where(member_rows == row, ends - counts, 0), 0)
+
+
+@triton.jit
 def wait_for_producer(PDL: tl.constexpr):
     """Under programmatic dependent launch (PDL), wait until the kernel before this one on the stream has
     finished and its writes are visible (``griddepcontrol.wait``); the kernels call it before their first

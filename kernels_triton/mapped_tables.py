@@ -8,8 +8,11 @@ Two kernels, one per op, with the page table's row logic (``page_table.py``) and
   scaled (``kvdispatch.create_translated_page_table``).
 
 Program ``(b, k)`` owns pages ``[k * PAGES_PER_PROGRAM, (k + 1) * PAGES_PER_PROGRAM)`` of row ``b``; a program
-past its row's pages loads and stores nothing. Sizes and strides are runtime ints (one compilation per page
-size and option set, whatever the shapes), in 64-bit arithmetic; masks are blocks only.
+past its row's pages loads and stores nothing. The MHA table's program ``k`` of a row of ``T`` then handles
+the row's blocks ``k + T, k + 2T, ...``; the translated table shares the blocks past each row's first ``T``
+among the programs of its group of rows, as the page table does (``page_table._page_table_kernel``, phase 2).
+Sizes and strides are runtime ints (one compilation per page size and option set, whatever the shapes), in
+64-bit arithmetic; masks are blocks only.
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ from kvdispatch import grid as launch_grid
 
 from . import launch as _launch
 from . import native
-from .page_table import page_shift
+from .page_table import GROUP_ROWS, page_shift
 from .specialization import Specialization, jit_function, warps
 
 MHA_PARAMETERS = ("table_ptr", "pool_ptr", "lens_ptr", "page_table_ptr", "swa_ptr", "mapping_ptr", "table_rows",
@@ -152,10 +155,13 @@ def _translated_page_table_kernel(
     ``multiplier`` is not 1; HAS_DELTA: ``seq_len_delta`` is not 0 (else neither is read). WIDE_INDEXING: some
     size, stride or the map's length is ``WIDE`` or more (``translated_packed_words``): the full-width
     parameters are read; otherwise ``packed_table`` (rows | row stride << 32) and ``packed_out`` (page limit |
-    out row stride << 32) stand in for them. Program ``k`` of a row handles its blocks of PAGES_PER_PROGRAM
-    columns ``k, k + T, ...`` (``T``: ``launch.programs_in_row``) up to the row's live columns; with HAS_FILL up
-    to ``fill_width`` (the columns a row may write), the columns past the live ones getting ``fill_value``
-    (``fill_value`` and ``fill_width`` are not read without it)."""
+    out row stride << 32) stand in for them. Program ``k`` of a row handles its block ``k`` of
+    PAGES_PER_PROGRAM columns (``T``: ``launch.programs_in_row``); the row's further blocks, up to its live
+    columns (with HAS_FILL up to ``fill_width``, the columns a row may write, the columns past the live ones
+    getting ``fill_value``; ``fill_value`` and ``fill_width`` are not read without it), are shared by the
+    programs of its group of ``GROUP_ROWS`` rows as the page table's overflow blocks are
+    (``page_table._page_table_kernel``, phase 2) when a row has several programs and some row can have more
+    than ``T`` blocks; otherwise program ``k`` handles its row's blocks ``k + T, k + 2T, ...``."""
     _launch.wait_for_producer(PDL)
     if UNIT_STRIDES:
         pool_stride, lens_stride = 1, 1
@@ -165,10 +171,125 @@ def _translated_page_table_kernel(
         packed_table, packed_out = packed_table.to(tl.int64), packed_out.to(tl.int64)
         table_rows, table_row_stride = packed_table & 0xFFFFFFFF, packed_table >> 32
         page_limit, out_row_stride = packed_out & 0xFFFFFFFF, packed_out >> 32
-    pool = tl.load(pool_ptr + row * pool_stride)  # in its stored dtype
-    length = tl.load(lens_ptr + row * lens_stride).to(tl.int64)
-    if HAS_DELTA:  # an int64 length clamped into [-2**62, 2**62] first (no table comes near): no wrap
+    # Overflow blocks (a row's blocks past its first T) are shared within the row's group when a row can have
+    # them and has several programs, as in the page table (``page_table._page_table_kernel``, phase 2).
+    programs = _launch.programs_in_row(FOLDED_GRID)
+    program = _launch.program_in_row(FOLDED_GRID)
+    page_bound = fill_width if HAS_FILL else page_limit
+    deal = (programs > 1) & (programs * PAGES_PER_PROGRAM < page_bound)
+    batch = tl.num_programs(0)
+    group_first = row - row % GROUP_ROWS
+    group_rows = group_first + tl.arange(0, GROUP_ROWS)
+    in_group = group_rows < tl.where(deal, batch, 0)
+    row_ptr, length, live_length, out_row, row_end = _translated_row(
+        row, table_ptr, pool_ptr, lens_ptr, out_ptr, table_rows, table_row_stride, page_limit, out_row_stride,
+        seq_len_delta, pool_stride, lens_stride, fill_width, PAGE_SIZE, HAS_DELTA, WIDE_INDEXING, HAS_FILL)
+    if not HAS_FILL:
+        # The group's lengths, loaded with the row's inputs so that they overlap its first gather.
+        group_lengths = tl.load(lens_ptr + group_rows * lens_stride, mask=in_group, other=0)
+    if not WIDE_INDEXING:
+        v2p_len = v2p_len.to(tl.int32)  # the map is shorter than 2**31 too: 32-bit compares
+    _translated_pages(first, row_ptr, length, live_length, page_limit, v2p_ptr, v2p_len, out_row, multiplier,
+                      fill_value, fill_width, PAGE_SIZE, PAGE_SHIFT, PAGES_PER_PROGRAM, HAS_MULTIPLIER, HAS_FILL)
+    if deal:
+        # As in the page table (``page_table._page_table_kernel``, phase 2): with HAS_FILL member m of the
+        # group's M programs takes the items m, m + M, ...; otherwise the row's programs handle its blocks
+        # below passes * T themselves and member m the items [m * s, (m + 1) * s), s = ceil(items / M).
+        members = tl.minimum(batch - group_first, GROUP_ROWS).to(tl.int64) * programs
+        member = (row - group_first) * programs + program
+        if HAS_FILL:
+            per_row = (fill_width.to(tl.int64) + (PAGES_PER_PROGRAM - 1)) // PAGES_PER_PROGRAM - programs
+            items = tl.minimum(batch - group_first, GROUP_ROWS).to(tl.int64) * per_row
+            for item in range(member, items, members):
+                _translated_overflow_block(
+                    group_first + item // per_row, (programs + item % per_row) * PAGES_PER_PROGRAM, table_ptr,
+                    pool_ptr, lens_ptr, v2p_ptr, out_ptr, v2p_len, table_rows, table_row_stride, page_limit,
+                    out_row_stride, multiplier, seq_len_delta, pool_stride, lens_stride, fill_value, fill_width,
+                    PAGE_SIZE, PAGE_SHIFT, PAGES_PER_PROGRAM, HAS_MULTIPLIER, HAS_DELTA, WIDE_INDEXING, HAS_FILL)
+        else:
+            # Nothing to share unless some row of the group has more than T blocks: one reduction decides it.
+            longest = _delta_length(tl.max(group_lengths, 0), seq_len_delta, HAS_DELTA)
+            if longest > programs.to(tl.int64) * (PAGES_PER_PROGRAM * PAGE_SIZE):
+                overflow, passes = _translated_overflow_counts(group_lengths, in_group, seq_len_delta, page_limit,
+                                                               programs, PAGE_SIZE, PAGES_PER_PROGRAM, HAS_DELTA)
+                step = programs * PAGES_PER_PROGRAM
+                for later in range(first + step, tl.minimum(row_end, passes * step), step):
+                    _translated_pages(later, row_ptr, length, live_length, page_limit, v2p_ptr, v2p_len, out_row,
+                                      multiplier, fill_value, fill_width, PAGE_SIZE, PAGE_SHIFT, PAGES_PER_PROGRAM,
+                                      HAS_MULTIPLIER, HAS_FILL)
+                items = tl.sum(overflow, 0)
+                if items > 0:
+                    item, items_end = _launch.member_items(items, members, member)
+                    if item < items_end:
+                        ends = tl.cumsum(overflow, 0)
+                        while item < items_end:
+                            in_group_row, index = _launch.locate_item(item, ends, overflow, group_rows - group_first)
+                            block = passes * programs + index
+                            _translated_overflow_block(
+                                group_first + in_group_row, block * PAGES_PER_PROGRAM, table_ptr, pool_ptr, lens_ptr,
+                                v2p_ptr, out_ptr, v2p_len, table_rows, table_row_stride, page_limit, out_row_stride,
+                                multiplier, seq_len_delta, pool_stride, lens_stride, fill_value, fill_width,
+                                PAGE_SIZE, PAGE_SHIFT, PAGES_PER_PROGRAM, HAS_MULTIPLIER, HAS_DELTA, WIDE_INDEXING,
+                                HAS_FILL)
+                            item += 1
+    else:
+        step = programs * PAGES_PER_PROGRAM
+        for later in range(first + step, row_end, step):
+            _translated_pages(later, row_ptr, length, live_length, page_limit, v2p_ptr, v2p_len, out_row,
+                              multiplier, fill_value, fill_width, PAGE_SIZE, PAGE_SHIFT, PAGES_PER_PROGRAM,
+                              HAS_MULTIPLIER, HAS_FILL)
+    _launch.release_dependents(PDL)
+
+
+@triton.jit
+def _translated_overflow_block(row, first, table_ptr, pool_ptr, lens_ptr, v2p_ptr, out_ptr, v2p_len, table_rows,
+                               table_row_stride, page_limit, out_row_stride, multiplier, seq_len_delta, pool_stride,
+                               lens_stride, fill_value, fill_width, PAGE_SIZE: tl.constexpr,
+                               PAGE_SHIFT: tl.constexpr, PAGES_PER_PROGRAM: tl.constexpr,
+                               HAS_MULTIPLIER: tl.constexpr, HAS_DELTA: tl.constexpr, WIDE_INDEXING: tl.constexpr,
+                               HAS_FILL: tl.constexpr):
+    """Columns ``[first, first + PAGES_PER_PROGRAM)`` of row ``row`` with the row's own setup
+    (``_translated_row``): an overflow item."""
+    row_ptr, length, live_length, out_row, _ = _translated_row(
+        row, table_ptr, pool_ptr, lens_ptr, out_ptr, table_rows, table_row_stride, page_limit, out_row_stride,
+        seq_len_delta, pool_stride, lens_stride, fill_width, PAGE_SIZE, HAS_DELTA, WIDE_INDEXING, HAS_FILL)
+    _translated_pages(first, row_ptr, length, live_length, page_limit, v2p_ptr, v2p_len, out_row, multiplier,
+                      fill_value, fill_width, PAGE_SIZE, PAGE_SHIFT, PAGES_PER_PROGRAM, HAS_MULTIPLIER, HAS_FILL)
+
+
+@triton.jit
+def _translated_overflow_counts(lengths, in_group, seq_len_delta, page_limit, programs, PAGE_SIZE: tl.constexpr,
+                                PAGES_PER_PROGRAM: tl.constexpr, HAS_DELTA: tl.constexpr):
+    """``(overflow, passes)`` of a group of rows from their lengths alone, as ``page_table._overflow_counts``
+    (blocks below ``page_limit`` and the row's length). At least the row's real overflow: an unreadable row
+    is counted as far as its length reaches, and its surplus items write nothing (its live length is 0 in
+    ``_translated_overflow_block``). Never used with HAS_FILL, where every row covers ``fill_width``."""
+    pages = _launch.pages_below(_delta_length(lengths, seq_len_delta, HAS_DELTA), page_limit, PAGE_SIZE)
+    blocks = tl.where(in_group, (pages + (PAGES_PER_PROGRAM - 1)) // PAGES_PER_PROGRAM, 0)
+    passes = tl.maximum(tl.min(tl.where(in_group, blocks, 2**62), 0) // programs, 1)
+    return tl.maximum(blocks - passes * programs, 0), passes
+
+
+@triton.jit
+def _delta_length(length, seq_len_delta, HAS_DELTA: tl.constexpr):
+    """``seq_lens[b] + seq_len_delta`` in int64: with a delta an int64 length is clamped into [-2**62, 2**62]
+    first (no table comes near), so the sum cannot wrap."""
+    length = length.to(tl.int64)
+    if HAS_DELTA:
         length = tl.minimum(tl.maximum(length, -(2**62)), 2**62) + seq_len_delta
+    return length
+
+
+@triton.jit
+def _translated_row(row, table_ptr, pool_ptr, lens_ptr, out_ptr, table_rows, table_row_stride, page_limit,
+                    out_row_stride, seq_len_delta, pool_stride, lens_stride, fill_width, PAGE_SIZE: tl.constexpr,
+                    HAS_DELTA: tl.constexpr, WIDE_INDEXING: tl.constexpr, HAS_FILL: tl.constexpr):
+    """``(row_ptr, length, live_length, out_row, row_end)`` of ``row`` (int64): the table row read (row 0 in
+    place of an unreadable one), the positions read and written below, its ``out`` row and the columns its
+    programs cover (``fill_width`` with HAS_FILL, else its live pages: at most ``page_limit``, 0 when
+    unreadable)."""
+    pool = tl.load(pool_ptr + row * pool_stride)  # in its stored dtype
+    length = _delta_length(tl.load(lens_ptr + row * lens_stride), seq_len_delta, HAS_DELTA)
     if WIDE_INDEXING:
         pool = pool.to(tl.int64)
         readable = (pool >= 0) & (pool < table_rows)
@@ -182,7 +303,6 @@ def _translated_page_table_kernel(
             readable = pool.to(tl.uint64, bitcast=True) < table_rows.to(tl.uint64)
         row_offset = (pool.to(tl.int32).to(tl.uint32, bitcast=True).to(tl.uint64)
                       * table_row_stride.to(tl.uint64)).to(tl.int64, bitcast=True)
-        v2p_len = v2p_len.to(tl.int32)  # the map is shorter than 2**31 too: 32-bit compares
     # The loads do not wait for the row test (in their mask it cost up to 5%, docs/performance.md): an
     # unreadable row reads row 0 instead, inside its first page_limit pages (0 for a table without rows),
     # and the map, and writes nothing.
@@ -190,17 +310,11 @@ def _translated_page_table_kernel(
     out_row = out_ptr + row * out_row_stride
     # An unreadable row's limit is 0, below every position (masks combine blocks only).
     live_length = tl.where(readable, length, 0)
-    _translated_pages(first, row_ptr, length, live_length, page_limit, v2p_ptr, v2p_len, out_row, multiplier,
-                      fill_value, fill_width, PAGE_SIZE, PAGE_SHIFT, PAGES_PER_PROGRAM, HAS_MULTIPLIER, HAS_FILL)
-    step = _launch.programs_in_row(FOLDED_GRID) * PAGES_PER_PROGRAM
     if HAS_FILL:
         row_end = fill_width
     else:
         row_end = _launch.pages_below(live_length, page_limit, PAGE_SIZE)
-    for later in range(first + step, row_end, step):
-        _translated_pages(later, row_ptr, length, live_length, page_limit, v2p_ptr, v2p_len, out_row, multiplier,
-                          fill_value, fill_width, PAGE_SIZE, PAGE_SHIFT, PAGES_PER_PROGRAM, HAS_MULTIPLIER, HAS_FILL)
-    _launch.release_dependents(PDL)
+    return row_ptr, length, live_length, out_row, row_end
 
 
 @triton.jit

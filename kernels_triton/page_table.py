@@ -1,9 +1,12 @@
 """Paged block table (FlashMLA-style) on the grid ``(batch, programs_per_row)`` of ``kvdispatch.grid``.
 
-Program ``(b, k)`` of a row of ``T`` programs handles the blocks ``k, k + T, ...`` of ``PAGES_PER_PROGRAM``
-pages of row ``b`` of ``out``, up to the row's real pages. It loads the row's pool index, length and start
-together, gathers one slot per page of a block in one round trip, and stores the pages (16-byte accesses
-with streaming cache hints on page-1 rows the launcher found 16-byte aligned).
+Program ``(b, k)`` of a row of ``T`` programs handles block ``k`` of ``PAGES_PER_PROGRAM`` pages of row ``b``
+of ``out`` (phase 1). A row's blocks past its first ``T`` (its overflow, up to its real pages) are shared by
+the programs of its group of ``GROUP_ROWS`` rows (phase 2), so a few long rows among short ones are served by
+many programs rather than by their own ``T``; with one program per row (the batch at or above the budget)
+each program instead handles its row's blocks ``k + T, k + 2T, ...`` itself. It loads the row's
+pool index, length and start together, gathers one slot per page of a block in one round trip, and stores
+the pages (16-byte accesses with streaming cache hints on page-1 rows the launcher found 16-byte aligned).
 """
 
 from __future__ import annotations
@@ -34,6 +37,9 @@ RUNTIME_INTS = tuple(name for name in PARAMETERS if not name.endswith("_ptr"))
 CONSTEXPRS = ("PAGE_SIZE", "PAGE_SHIFT", "PAGES_PER_PROGRAM", "HAS_START", "HAS_SEQ_LENS_OUT", "HAS_FILL",
               "HAS_OFFSET", "UNIT_STRIDES", "WIDE_INDEXING", "FOLDED_GRID", "ROUND_TOWARD_ZERO", "PDL")
 WIDE = _launch.WIDE
+# Rows whose programs share their overflow blocks (phase 2 of ``_page_table_kernel``): a fixed size, so the
+# batch adds no compilation, and a scan of one warp's width.
+GROUP_ROWS = tl.constexpr(32)
 
 
 def _page_table_kernel(
@@ -49,10 +55,20 @@ def _page_table_kernel(
     """``out[b, p] = table[pool[b], start[b] + p * PAGE_SIZE] // PAGE_SIZE`` for the program's blocks of
     pages (floor division; truncation toward zero with ROUND_TOWARD_ZERO).
 
-    Program ``k`` of row ``b`` handles the blocks of ``PAGES_PER_PROGRAM`` pages ``k, k + T, ...`` (``T``:
-    ``launch.programs_in_row``): its first block as a width-sized grid's program does, then the row's
-    further blocks up to its real pages (the width's with HAS_FILL), read on the device. ``seq_lens_out``
-    is written once per row, by program 0.
+    Phase 1: program ``k`` of row ``b`` handles block ``k`` of ``PAGES_PER_PROGRAM`` pages (``T``:
+    ``launch.programs_in_row``) as a width-sized grid's program does. Phase 2: rows ``[g, g + GROUP_ROWS)``
+    (``g`` a multiple of GROUP_ROWS) form a group of ``M`` programs; the blocks of each of its rows past the
+    first ``T`` up to the pages the row's length reaches (``_overflow_counts``: the row's real pages or more,
+    read on the device; the width's with HAS_FILL) form one list in row order, and member ``m = (b - g) * T +
+    k`` takes its items ``[m * s, (m + 1) * s)``, ``s = ceil(items / M)``: consecutive blocks, mostly of one
+    row. It locates each one's row and block through the prefix sum of the group's overflow counts, which it
+    computes itself (one load of GROUP_ROWS lengths issued with the row's inputs, a reduction within a warp,
+    the prefix sum only where the program has an item; with HAS_FILL every row has the same count and no
+    scan runs; no inter-program synchronisation), and gives it the row's own setup (``_overflow_block``). The
+    list holds at most the width's blocks per row, whatever the lengths. Phase 2 runs only when some row can
+    overflow (``T`` blocks short of the page bound) and a row has several programs; otherwise (one program
+    per row, or ``T`` covering the width) program ``k`` handles its row's blocks ``k + T, k + 2T, ...``
+    itself. ``seq_lens_out`` is written once per row, by program 0.
 
     PAGE_SHIFT: log2(PAGE_SIZE) for powers of two, else -1. HAS_OFFSET: ``seqlen_offset`` is not 0 (else
     it is not read). UNIT_STRIDES: the index vectors are contiguous (the usual case), so their element
@@ -65,70 +81,236 @@ def _page_table_kernel(
     """
     _launch.wait_for_producer(PDL)
     row = tl.program_id(0)
-    first = _launch.program_in_row(FOLDED_GRID) * PAGES_PER_PROGRAM
+    program = _launch.program_in_row(FOLDED_GRID)
+    first = program * PAGES_PER_PROGRAM
     if UNIT_STRIDES:
         pool_stride, lens_stride, start_stride = 1, 1, 1
     if not HAS_OFFSET:
         seqlen_offset = 0
     # Independent scalar loads, issued together; pool and length stay in their stored dtype.
-    pool = tl.load(pool_ptr + row * pool_stride)
-    length = tl.load(lens_ptr + row * lens_stride)
-    if HAS_START:
-        start = tl.load(start_ptr + row * start_stride).to(tl.int64)
+    pool, length, start = _row_inputs(row, pool_ptr, lens_ptr, start_ptr, pool_stride, lens_stride, start_stride,
+                                      HAS_START)
     if HAS_SEQ_LENS_OUT:
         if first == 0:
             tl.store(seq_lens_out_ptr + row, (length.to(tl.int64) + seqlen_offset).to(tl.int32))
 
-    # Page p is written iff p < W and its first token lies inside the request and inside the table row, on
-    # a readable row: 0 <= pool < R (and start >= 0), p * PAGE_SIZE < L and p * PAGE_SIZE < C - start. Per
-    # row: the table row's address and the column and position limits a block's pages are tested against
-    # (``_page_block``).
+    # Overflow blocks (a row's blocks past its first T) exist only when T blocks fall short of the pages a
+    # row may have (``_row_pages``); then, and when a row has several programs, they are shared within the
+    # row's group (phase 2). A single program per row (the batch at or above the budget) keeps the row's own
+    # loop.
+    programs = _launch.programs_in_row(FOLDED_GRID)
+    if HAS_FILL or HAS_START or WIDE_INDEXING:
+        page_bound = out_width
+    else:
+        page_bound = (packed_out.to(tl.int64) & 0x7FFFFFFF).to(tl.int32)
+    deal = (programs > 1) & (programs * PAGES_PER_PROGRAM < page_bound)
+    # The row's group: GROUP_ROWS consecutive rows whose programs share the group's overflow blocks.
+    batch = tl.num_programs(0)
+    group_first = row - row % GROUP_ROWS
+    group_rows = group_first + tl.arange(0, GROUP_ROWS)
+    in_group = group_rows < tl.where(deal, batch, 0)
+    if not HAS_FILL:
+        # The group's lengths, loaded with the row's inputs so that they overlap its first gather.
+        group_lengths = tl.load(lens_ptr + group_rows * lens_stride, mask=in_group, other=0)
+
+    # Phase 1: block k of the row, as a width-sized grid's program k.
+    (row_ptr, out_row, column_limit, position_offset, position_limit, whole_rows, whole_limit, whole_table_row,
+     whole_out_row, pages_end) = _row_block(
+        row, pool, length, start, first, table_ptr, out_ptr, packed_table, packed_out, seqlen_offset, fill_value,
+        out_width, table_rows, table_cols, table_row_stride, out_row_stride, PAGE_SIZE, PAGE_SHIFT,
+        PAGES_PER_PROGRAM, HAS_START, HAS_FILL, HAS_OFFSET, WIDE_INDEXING, ROUND_TOWARD_ZERO)
+    whole_blocks: tl.constexpr = PAGE_SIZE == 1 and not HAS_START and not WIDE_INDEXING
+    if deal:
+        members = tl.minimum(batch - group_first, GROUP_ROWS).to(tl.int64) * programs
+        member = (row - group_first).to(tl.int64) * programs + program
+        if HAS_FILL:
+            # Every row covers the width: the same overflow count for all, no scan. Member m = (row -
+            # group_first) * T + k of the group's M programs takes the items m, m + M, ... of the group's
+            # overflow blocks in row order: the costly ones (a row's real pages) and the fills are spread
+            # over every member.
+            per_row = (out_width.to(tl.int64) + (PAGES_PER_PROGRAM - 1)) // PAGES_PER_PROGRAM - programs
+            items = tl.minimum(batch - group_first, GROUP_ROWS).to(tl.int64) * per_row
+            for item in range(member, items, members):
+                _overflow_block(group_first + item // per_row, (programs + item % per_row) * PAGES_PER_PROGRAM,
+                                table_ptr, pool_ptr, lens_ptr, start_ptr, out_ptr, packed_table, packed_out,
+                                seqlen_offset, fill_value, out_width, table_rows, table_cols, table_row_stride,
+                                out_row_stride, pool_stride, lens_stride, start_stride, PAGE_SIZE, PAGE_SHIFT,
+                                PAGES_PER_PROGRAM, HAS_START, HAS_FILL, HAS_OFFSET, WIDE_INDEXING, ROUND_TOWARD_ZERO)
+        else:
+            # Every row of the group has at least ``passes * T`` blocks (or passes is 1): the row's programs
+            # handle its blocks below passes * T themselves, as without phase 2, and the blocks past them
+            # (``_overflow_counts``) form the group's list in row order. Member m takes the items [m * s,
+            # (m + 1) * s), s = ceil(items / M): consecutive blocks, mostly of one row, located through the
+            # prefix sum of the counts, taken only where the program has an item.
+            # Nothing to share unless some row of the group has more than T blocks: one reduction decides it.
+            longest = _request_length(tl.max(group_lengths, 0), seqlen_offset, HAS_OFFSET)
+            if longest > programs.to(tl.int64) * (PAGES_PER_PROGRAM * PAGE_SIZE):
+                overflow, passes = _overflow_counts(group_lengths, in_group, seqlen_offset, page_bound, programs,
+                                                    PAGE_SIZE, PAGES_PER_PROGRAM, HAS_OFFSET)
+                step = programs * PAGES_PER_PROGRAM
+                for later in range(first + step, tl.minimum(pages_end, passes * step), step):
+                    _page_block(later, row_ptr, out_row, column_limit, position_offset, position_limit, out_width,
+                                fill_value, whole_rows, whole_limit, whole_table_row, whole_out_row, PAGE_SIZE,
+                                PAGE_SHIFT, PAGES_PER_PROGRAM, HAS_FILL, whole_blocks, ROUND_TOWARD_ZERO)
+                items = tl.sum(overflow, 0)
+                if items > 0:
+                    item, items_end = _launch.member_items(items, members, member)
+                    if item < items_end:
+                        ends = tl.cumsum(overflow, 0)  # inclusive prefix sums
+                        while item < items_end:
+                            in_group_row, index = _launch.locate_item(item, ends, overflow, group_rows - group_first)
+                            block = passes * programs + index
+                            _overflow_block(group_first + in_group_row, block * PAGES_PER_PROGRAM, table_ptr,
+                                            pool_ptr, lens_ptr, start_ptr, out_ptr, packed_table, packed_out,
+                                            seqlen_offset, fill_value, out_width, table_rows, table_cols,
+                                            table_row_stride, out_row_stride, pool_stride, lens_stride, start_stride,
+                                            PAGE_SIZE, PAGE_SHIFT, PAGES_PER_PROGRAM, HAS_START, HAS_FILL, HAS_OFFSET,
+                                            WIDE_INDEXING, ROUND_TOWARD_ZERO)
+                            item += 1
+    else:
+        # The row's further blocks, up to its real pages (``_row_pages``), computed after the first block's
+        # gather is on its way.
+        step = programs * PAGES_PER_PROGRAM
+        for later in range(first + step, pages_end, step):
+            _page_block(later, row_ptr, out_row, column_limit, position_offset, position_limit, out_width,
+                        fill_value, whole_rows, whole_limit, whole_table_row, whole_out_row, PAGE_SIZE, PAGE_SHIFT,
+                        PAGES_PER_PROGRAM, HAS_FILL, whole_blocks, ROUND_TOWARD_ZERO)
+    _launch.release_dependents(PDL)
+
+
+@triton.jit
+def _overflow_block(row, first, table_ptr, pool_ptr, lens_ptr, start_ptr, out_ptr, packed_table, packed_out,
+                    seqlen_offset, fill_value, out_width, table_rows, table_cols, table_row_stride, out_row_stride,
+                    pool_stride, lens_stride, start_stride, PAGE_SIZE: tl.constexpr, PAGE_SHIFT: tl.constexpr,
+                    PAGES_PER_PROGRAM: tl.constexpr, HAS_START: tl.constexpr, HAS_FILL: tl.constexpr,
+                    HAS_OFFSET: tl.constexpr, WIDE_INDEXING: tl.constexpr, ROUND_TOWARD_ZERO: tl.constexpr):
+    """The block of pages ``[first, first + PAGES_PER_PROGRAM)`` of row ``row``, with the row's own setup
+    (``_row_inputs``, ``_row_block``): an overflow item of phase 2."""
+    pool, length, start = _row_inputs(row, pool_ptr, lens_ptr, start_ptr, pool_stride, lens_stride, start_stride,
+                                      HAS_START)
+    _row_block(row, pool, length, start, first, table_ptr, out_ptr, packed_table, packed_out, seqlen_offset,
+               fill_value, out_width, table_rows, table_cols, table_row_stride, out_row_stride, PAGE_SIZE,
+               PAGE_SHIFT, PAGES_PER_PROGRAM, HAS_START, HAS_FILL, HAS_OFFSET, WIDE_INDEXING, ROUND_TOWARD_ZERO)
+
+
+@triton.jit
+def _row_block(row, pool, length, start, first, table_ptr, out_ptr, packed_table, packed_out, seqlen_offset,
+               fill_value, out_width, table_rows, table_cols, table_row_stride, out_row_stride,
+               PAGE_SIZE: tl.constexpr, PAGE_SHIFT: tl.constexpr, PAGES_PER_PROGRAM: tl.constexpr,
+               HAS_START: tl.constexpr, HAS_FILL: tl.constexpr, HAS_OFFSET: tl.constexpr,
+               WIDE_INDEXING: tl.constexpr, ROUND_TOWARD_ZERO: tl.constexpr):
+    """The block of pages at ``first`` of row ``row`` (its inputs from ``_row_inputs``); returns the row's
+    geometry, ``_row_geometry``'s tuple, for its further blocks."""
+    geometry = _row_geometry(row, pool, length, start, table_ptr, out_ptr, packed_table, packed_out, seqlen_offset,
+                             out_width, table_rows, table_cols, table_row_stride, out_row_stride, PAGE_SIZE,
+                             HAS_START, HAS_FILL, HAS_OFFSET, WIDE_INDEXING)
+    (row_ptr, out_row, column_limit, position_offset, position_limit, whole_rows, whole_limit, whole_table_row,
+     whole_out_row, _) = geometry
+    whole_blocks: tl.constexpr = PAGE_SIZE == 1 and not HAS_START and not WIDE_INDEXING
+    _page_block(first, row_ptr, out_row, column_limit, position_offset, position_limit, out_width, fill_value,
+                whole_rows, whole_limit, whole_table_row, whole_out_row, PAGE_SIZE, PAGE_SHIFT, PAGES_PER_PROGRAM,
+                HAS_FILL, whole_blocks, ROUND_TOWARD_ZERO)
+    return geometry
+
+
+@triton.jit
+def _row_inputs(row, pool_ptr, lens_ptr, start_ptr, pool_stride, lens_stride, start_stride,
+                HAS_START: tl.constexpr):
+    """``(pool, length, start)`` of row ``row``, pool and length in their stored dtype, the start in int64 (0
+    without HAS_START)."""
+    start = 0
+    pool = tl.load(pool_ptr + row * pool_stride)
+    length = tl.load(lens_ptr + row * lens_stride)
+    if HAS_START:
+        start = tl.load(start_ptr + row * start_stride).to(tl.int64)
+    return pool, length, start
+
+
+@triton.jit
+def _overflow_counts(lengths, in_group, seqlen_offset, page_bound, programs, PAGE_SIZE: tl.constexpr,
+                     PAGES_PER_PROGRAM: tl.constexpr, HAS_OFFSET: tl.constexpr):
+    """``(overflow, passes)`` of a group of rows, from their lengths alone (phase 2 of ``_page_table_kernel``):
+    ``passes``, the row's own passes, is the fewest blocks of a row of the group (below ``page_bound`` and its
+    request length) over ``programs``, at least 1; ``overflow`` (int64, 0 where not ``in_group``) each row's
+    blocks past its first ``passes * programs``. At least the row's real overflow: a row whose pool index or
+    start is out of range, or whose table row ends first, is counted as far as its length reaches, and its
+    surplus items write nothing (``_overflow_block`` masks a block by the row's own limits). Never used with
+    HAS_FILL, where every row covers the width."""
+    pages = _launch.pages_below(_request_length(lengths, seqlen_offset, HAS_OFFSET), page_bound, PAGE_SIZE)
+    blocks = tl.where(in_group, (pages + (PAGES_PER_PROGRAM - 1)) // PAGES_PER_PROGRAM, 0)
+    passes = tl.maximum(tl.min(tl.where(in_group, blocks, 2**62), 0) // programs, 1)
+    return tl.maximum(blocks - passes * programs, 0), passes
+
+
+@triton.jit
+def _readable_narrow(pool, packed_table):
+    """``0 <= pool < rows`` (``packed_words``' rows) as one unsigned compare: negative indices are out of
+    range too."""
+    # Already 64-bit when compiled (the annotation); the interpreter types a small int as 32-bit.
+    packed_table = packed_table.to(tl.int64)
+    if pool.dtype == tl.int32:
+        readable = pool.to(tl.uint32, bitcast=True) < (packed_table & 0xFFFFFFFF).to(tl.uint32)
+    else:
+        readable = pool.to(tl.uint64, bitcast=True) < (packed_table & 0xFFFFFFFF).to(tl.uint64)
+    return readable
+
+
+@triton.jit
+def _row_pages(pool, length, start, packed_table, packed_out, seqlen_offset, out_width, table_rows, table_cols,
+               PAGE_SIZE: tl.constexpr, HAS_START: tl.constexpr, HAS_FILL: tl.constexpr, HAS_OFFSET: tl.constexpr,
+               WIDE_INDEXING: tl.constexpr):
+    """The pages a row's programs cover, in int64: ``W`` with HAS_FILL (every column gets a value or the
+    fill), else its real pages, 0 on an unreadable row; never more than ``W``, whatever the length."""
+    request_length = _request_length(length, seqlen_offset, HAS_OFFSET)
+    if HAS_FILL:
+        pages = out_width.to(tl.int64) + request_length * 0
+    elif HAS_START or WIDE_INDEXING:
+        _, position_limit = _row_64bit(0, pool, request_length, start, table_rows, table_cols, 0)
+        pages = _launch.pages_below(position_limit, out_width, PAGE_SIZE)
+    else:
+        column_limit = (packed_out.to(tl.int64) & 0x7FFFFFFF).to(tl.int32)
+        pages = tl.where(_readable_narrow(pool, packed_table),
+                         _launch.pages_below(request_length, column_limit, PAGE_SIZE), 0)
+    return pages
+
+
+@triton.jit
+def _row_geometry(row, pool, length, start, table_ptr, out_ptr, packed_table, packed_out, seqlen_offset, out_width,
+                  table_rows, table_cols, table_row_stride, out_row_stride, PAGE_SIZE: tl.constexpr,
+                  HAS_START: tl.constexpr, HAS_FILL: tl.constexpr, HAS_OFFSET: tl.constexpr,
+                  WIDE_INDEXING: tl.constexpr):
+    """What ``_page_block`` needs of row ``row`` (its inputs from ``_row_inputs``), and the pages its
+    programs cover (``_row_pages``): ``(row_ptr, out_row, column_limit, position_offset, position_limit,
+    whole_rows, whole_limit, whole_table_row, whole_out_row, pages_end)``.
+
+    Page p is written iff p < W and its first token lies inside the request and inside the table row, on a
+    readable row: 0 <= pool < R (and start >= 0), p * PAGE_SIZE < L and p * PAGE_SIZE < C - start."""
     request_length = _request_length(length, seqlen_offset, HAS_OFFSET)
     if HAS_START or WIDE_INDEXING:
         out_row = out_ptr + row.to(tl.int64) * out_row_stride
-        row_ptr, position_limit = _row_64bit(table_ptr, pool, request_length, start if HAS_START else 0, table_rows,
-                                             table_cols, table_row_stride)
+        row_ptr, position_limit = _row_64bit(table_ptr, pool, request_length, start, table_rows, table_cols,
+                                             table_row_stride)
         column_limit, position_offset = out_width, 0
-        rows_aligned, readable = 0, True
-        whole_table_row, whole_out_row = row_ptr, out_row  # no whole blocks on this path
+        whole_rows = row < 0  # no whole blocks on this path
+        whole_table_row, whole_out_row = row_ptr, out_row
     else:
         # Already 64-bit when compiled (the annotation); the interpreter types a small int as 32-bit.
         packed_table, packed_out = packed_table.to(tl.int64), packed_out.to(tl.int64)
         row_stride32 = (packed_table >> 32).to(tl.uint32)
         column_limit = (packed_out & 0x7FFFFFFF).to(tl.int32)
         out_row = out_ptr + row.to(tl.int64) * (packed_out >> 32)
-        # Unsigned compares: negative indices are out of range too.
-        if pool.dtype == tl.int32:
-            readable = pool.to(tl.uint32, bitcast=True) < (packed_table & 0xFFFFFFFF).to(tl.uint32)
-        else:
-            readable = pool.to(tl.uint64, bitcast=True) < (packed_table & 0xFFFFFFFF).to(tl.uint64)
+        readable = _readable_narrow(pool, packed_table)
         row_ptr, position_limit = _row_narrow(table_ptr, pool, length, readable, row_stride32)
         position_offset = seqlen_offset
-        rows_aligned = (packed_out >> 31) & 1
+        whole_rows = (((packed_out >> 31) & 1) != 0) & readable
         # The rows of the page-1 whole blocks, 16-byte aligned where they are taken. The hints sit on values
         # computed here: a hint on a jit function's argument would not reach the inlined kernel.
         whole_table_row = tl.multiple_of(table_ptr + pool.to(tl.int64) * row_stride32.to(tl.int64), 16)
         whole_out_row = tl.multiple_of(out_row, 16)
-    whole_blocks: tl.constexpr = PAGE_SIZE == 1 and not HAS_START and not WIDE_INDEXING
-
-    _page_block(first, row_ptr, out_row, column_limit, position_offset, position_limit, out_width, fill_value,
-                (rows_aligned != 0) & readable, tl.minimum(request_length, column_limit), whole_table_row,
-                whole_out_row, PAGE_SIZE, PAGE_SHIFT, PAGES_PER_PROGRAM, HAS_FILL, whole_blocks, ROUND_TOWARD_ZERO)
-    # The row's further blocks, up to its real pages (with HAS_FILL every column below the width is written: a
-    # value or the fill), computed after the first block's gather is on its way.
-    if HAS_FILL:
-        pages_end = out_width
-    elif HAS_START or WIDE_INDEXING:
-        pages_end = _launch.pages_below(position_limit, out_width, PAGE_SIZE)
-    else:
-        pages_end = tl.where(readable, _launch.pages_below(request_length, column_limit, PAGE_SIZE), 0)
-    step = _launch.programs_in_row(FOLDED_GRID) * PAGES_PER_PROGRAM
-    for later in range(first + step, pages_end, step):
-        _page_block(later, row_ptr, out_row, column_limit, position_offset, position_limit, out_width, fill_value,
-                    (rows_aligned != 0) & readable, tl.minimum(request_length, column_limit), whole_table_row,
-                    whole_out_row, PAGE_SIZE, PAGE_SHIFT, PAGES_PER_PROGRAM, HAS_FILL, whole_blocks,
-                    ROUND_TOWARD_ZERO)
-    _launch.release_dependents(PDL)
+    pages_end = _row_pages(pool, length, start, packed_table, packed_out, seqlen_offset, out_width, table_rows,
+                           table_cols, PAGE_SIZE, HAS_START, HAS_FILL, HAS_OFFSET, WIDE_INDEXING)
+    return (row_ptr, out_row, column_limit, position_offset, position_limit, whole_rows,
+            tl.minimum(request_length, column_limit), whole_table_row, whole_out_row, pages_end)
 
 
 @triton.jit

@@ -12,7 +12,10 @@ The programs per row follow the device, the batch and the width: at most the blo
 needs, and, given a ``budget`` (the programs one launch may use on the device, ``program_budget`` of its
 multiprocessors), at most ``max(1, budget // batch)``. A CUDA graph captured with buffers sized for the
 maximum context thus launches a bounded number of programs, whose work follows the rows' real lengths at
-replay; without a budget each program owns one block (the width-sized grid).
+replay; without a budget each program owns one block (the width-sized grid). The Triton page table
+(``kernels_triton.page_table``) reads the same grid differently where a row has several programs: program
+``(b, k)`` handles block ``k`` of row ``b``, and the blocks of every row past its first ``T`` are shared by
+the programs of its group of rows, so a few long rows are served by many programs.
 
 Every grid is a 3-tuple within the limits of every supported vendor (``MAX_GRID_*``): a row of up to
 ``MAX_GRID_Y`` programs is ``(batch, programs, 1)``; a wider one is folded into the third dimension,

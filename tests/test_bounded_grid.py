@@ -13,10 +13,10 @@ import pytest
 import torch
 
 import kvdispatch
-from conftest import BACKENDS, DEVICE
+from conftest import BACKENDS, DEVICE, page_table
 from kvcases import POISON, make_case
 from kvdispatch import grid, reference
-from test_backends import _check_page_table, _check_token_csr
+from test_backends import _check_page_table, _check_token_csr, _expected_page_table
 from test_dcp import check_dcp_csr, check_dcp_page_table, packed_indptr
 from test_draft_decode import check as check_draft_decode
 from test_mapped_page_tables import check_mha, check_translated, random_lookup
@@ -117,6 +117,99 @@ def test_a_page_table_plan_serves_longer_and_shorter_rows(bounded, page_size):
     _check_bounded(bounded, 3)
 
 
+@pytest.fixture
+def budget(monkeypatch):
+    """Sets the programs per launch of the Triton plans built after it (``budget(programs)``)."""
+    from kernels_triton import launch as triton_launch
+
+    triton_launch.reset(compiled=True)
+    yield lambda programs: monkeypatch.setattr(grid, "program_budget", lambda multiprocessors: programs)
+    triton_launch.reset(compiled=True)
+
+
+def _hostile_mix(case, long_rows, g):
+    """Lengths and pool entries of ``case`` for the overflow pass: the ``long_rows`` reach the width or pass
+    it (the length dtype's extreme), the others end in their first block or are empty, negative or at the
+    dtype's minimum; a few rows' pool entries lie outside the table (negative, past it, the dtype's
+    extremes)."""
+    info = torch.iinfo(case.seq_lens.dtype)
+    full = (case.width + 1) * case.page_size
+    short = [1, case.page_size + 1, 0, -1, info.min]
+    lengths = [(full, info.max)[i % 2] if i in long_rows else short[i % len(short)] for i in range(case.batch)]
+    case.seq_lens.copy_(torch.tensor(lengths))
+    rows = case.req_to_token.shape[0]
+    pool = case.req_pool_indices.clone()
+    pool_info = torch.iinfo(pool.dtype)
+    for i, bad in zip(range(2, case.batch, 3), (rows, -1, pool_info.max, pool_info.min)):
+        pool[i] = bad
+    pool[long_rows[-1]] = rows  # a long row that cannot be read
+    case.req_pool_indices.copy_(pool)
+
+
+@pytest.mark.parametrize("page_size", (1, 16, 96))
+@pytest.mark.parametrize("option", PAGE_TABLE_OPTIONS)
+@pytest.mark.parametrize("batch, programs, long_rows", [(5, 16, (0, 3)), (7, 20, (1, 2, 6))])
+def test_page_table_overflow_blocks_are_dealt_over_the_grid(budget, page_size, option, batch, programs, long_rows):
+    """A few rows far longer than their ``T`` programs' blocks, the rest short: the blocks past a row's first
+    ``T`` are dealt over every program of the grid, exactly as the reference writes them, into a poisoned
+    output whose guard columns (past the width) and spare rows stay untouched."""
+    budget(programs)
+    g = generator()
+    pages = 4 * BLOCKS * grid.items_per_program(grid.PAGE_TABLE, page_size) + 3
+    case = make_case(batch, page_size, max_pages=pages, device=DEVICE, generator=g,
+                     index_dtype=torch.int64 if option in ("int64", "start") else torch.int32,
+                     with_start=option == "start", strided_table=option == "strided",
+                     fill_value=-1 if option == "fill" else None, seqlen_offset=3 if option == "offset" else 0)
+    _hostile_mix(case, long_rows, g)
+    _check_guarded(case, with_seq_out=option == "offset")
+
+
+def test_overflow_blocks_are_shared_within_groups_of_rows(budget):
+    """A batch of several groups of rows (``page_table.GROUP_ROWS``), the last one partial, long rows in some
+    groups and none in others."""
+    from kernels_triton import page_table as triton_page_table
+
+    batch = 3 * triton_page_table.GROUP_ROWS.value + 5
+    budget(2 * batch)
+    case = make_case(batch, 64, max_pages=3 * grid.items_per_program(grid.PAGE_TABLE, 64) + 1, device=DEVICE,
+                     generator=generator())
+    _hostile_mix(case, (3, 5, 70, batch - 4, batch - 1), generator())
+    _check_guarded(case)
+
+
+@pytest.mark.parametrize("page_size", (1, 64))
+@pytest.mark.parametrize("option", ("none", "offset", "start"))
+def test_page_table_rows_all_long_take_their_common_passes_themselves(budget, page_size, option):
+    """Every row far past its ``T`` programs' blocks, by different amounts: the row's programs take the blocks
+    every row of its group has, the rest is shared; one row reaches past the width."""
+    budget(12)
+    g = generator()
+    items = grid.items_per_program(grid.PAGE_TABLE, page_size)
+    case = make_case(6, page_size, max_pages=9 * items + 5, device=DEVICE, generator=g,
+                     index_dtype=torch.int64 if option == "start" else torch.int32, with_start=option == "start",
+                     seqlen_offset=2 if option == "offset" else 0)
+    lengths = draw(5 * items * page_size, 9 * items * page_size, 6, g)
+    lengths[4] = torch.iinfo(case.seq_lens.dtype).max - 2
+    case.seq_lens.copy_(lengths)
+    _check_guarded(case, with_seq_out=option == "offset")
+
+
+def _check_guarded(case, with_seq_out=False):
+    """The Triton page table of ``case`` into a poisoned store three columns wider than ``out`` and a row
+    taller: ``out`` is the reference's, the rest of the store untouched."""
+    store = torch.full((case.batch + 1, case.width + 3), POISON, dtype=torch.int32, device=DEVICE)
+    out = store[:, : case.width]
+    seq_out = case.seq_lens_out() if with_seq_out else None
+    expected, expected_seq = _expected_page_table(case, out, seq_out)
+    page_table("triton", case.req_to_token, case.req_pool_indices, case.seq_lens, out, page_size=case.page_size,
+               kv_start_idx=case.kv_start_idx, seqlen_offset=case.seqlen_offset, seq_lens_out=seq_out,
+               fill_value=case.fill_value)
+    torch.testing.assert_close(out.cpu(), expected.cpu(), rtol=0, atol=0)
+    assert (store[:, case.width:] == POISON).all() and (store[case.batch:] == POISON).all()
+    if with_seq_out:
+        torch.testing.assert_close(seq_out.cpu(), expected_seq.cpu(), rtol=0, atol=0)
+
+
 def _csr_arguments(case, total):
     """``kv_indptr`` of ``case``'s lengths (gaps of 0..2 entries) into a poisoned ``out`` of ``total`` entries,
     whatever the lengths (the same shapes for every set of lengths)."""
@@ -186,6 +279,43 @@ def test_translated_page_table_rows_loop_over_their_blocks(bounded, page_size, m
                          rows=3)
     assert len(set(bounded)) == 1, bounded
     _check_bounded(bounded, 2)
+
+
+@pytest.mark.parametrize("page_size", (1, 16, 7))
+@pytest.mark.parametrize("multiplier,max_pages,seq_len_delta", [(1, None, 0), (4, "some", 3), (1, None, -2)])
+@pytest.mark.parametrize("dtype", (torch.int32, torch.int64))
+def test_translated_overflow_blocks_are_dealt_over_the_grid(budget, page_size, multiplier, max_pages, seq_len_delta,
+                                                            dtype):
+    """A few rows far longer than their ``T`` programs' blocks (some at the length dtype's extremes), short
+    and empty ones, unreadable pool entries: the overflow blocks dealt over the grid write exactly the
+    reference's output, the guard around it untouched."""
+    budget(16)
+    g = generator()
+    pages = 4 * BLOCKS * grid.items_per_program(grid.MAPPED_PAGE_TABLE, page_size) + 3
+    table = _slot_table(6, pages * page_size, g)
+    info = torch.iinfo(dtype)
+    pool = torch.tensor([3, 1, 6, 0, -1, 5, 2], dtype=dtype)
+    pool[-1] = info.max
+    lengths = torch.tensor([table.shape[1], 1, table.shape[1], info.max, info.max, 0, info.min], dtype=dtype)
+    lengths[1] = -1 if seq_len_delta else page_size + 1
+    v2p = random_lookup(torch.int32, table.numel() // page_size + 3, g)
+    width = pages + 2
+    limit = None if max_pages is None else width - 7
+    check_translated("triton", table, pool, lengths, v2p, width, page_size, multiplier, limit, seq_len_delta,
+                     rows=pool.shape[0] + 1)
+
+
+def test_translated_rows_all_long_take_their_common_passes_themselves(budget):
+    """As for the page table: every row past its programs' blocks by different amounts."""
+    budget(12)
+    g = generator()
+    page_size = 16
+    items = grid.items_per_program(grid.MAPPED_PAGE_TABLE, page_size)
+    table = _slot_table(6, (9 * items + 5) * page_size, g)
+    pool = torch.randperm(6, generator=g)
+    lengths = draw(5 * items * page_size, 9 * items * page_size, 6, g)
+    v2p = random_lookup(torch.int32, table.numel() // page_size + 3, g)
+    check_translated("triton", table, pool, lengths, v2p, 9 * items + 7, page_size, rows=7)
 
 
 # -- draft decode ---------------------------------------------------------------------------------------------
