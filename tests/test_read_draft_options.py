@@ -251,11 +251,12 @@ def loop_step_window(case, out, indptr):
 @pytest.mark.representative("window")
 @pytest.mark.parametrize("backend", [None, *BACKENDS])
 @pytest.mark.parametrize("window", (1, 3, 30))
-@pytest.mark.parametrize("option", ("plain", "positions", "entry_pages", "v2p"))
+@pytest.mark.parametrize("option", ("plain", "positions", "entry_pages", "v2p", "narrow_out"))
 def test_draft_decode_step_window(backend, window, option):
     """``backend`` None: the reference against the loop (without v2p); else the backend against the reference,
-    bad data included, into guarded outputs."""
-    from test_draft_decode import check, random_case
+    bad data included, into guarded outputs (``narrow_out``: a third of the width the steps use, so that
+    segments are cut at its end)."""
+    from test_draft_decode import check, random_case, used_width
 
     g = generator()
     for page_size, bad in ((1, False), (16, True), (7, True)):
@@ -263,7 +264,8 @@ def test_draft_decode_step_window(backend, window, option):
                            v2p=torch.int64 if option == "v2p" else None, bad=bad)
         case.update(entry_page_size=4 if option == "entry_pages" else 1, step_window=window)
         if backend is not None:
-            check(backend, case, torch.int64, torch.int32, width=None, loop=False)
+            width = max(1, used_width(case) // 3) if option == "narrow_out" else None
+            check(backend, case, torch.int64, torch.int32, width=width, loop=False)
             continue
         if option == "v2p":
             continue
