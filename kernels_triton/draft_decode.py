@@ -197,15 +197,16 @@ def _windowed_steps(first, row_ptr, row_readable, length, count, slot_start, seg
         offset = tl.minimum(before * topk + branch * keep, OFFSET_LIMIT)
         tail = keep - chain
         row_out = out_ptr + step * out_row_stride
-        # The tail's entries e read position length - tail + e up to the table's width, and are stored where the
-        # column offset + e lies inside out. The reads do not depend on the offset, so they wait for no sum.
-        read_end = tl.minimum(tail, tl.maximum(table_cols - length + tail, 0))
+        # The tail's entries e read position length - tail + e; they end where a position or a column would pass
+        # the table's or out's width.
+        tail_end = tl.minimum(tl.minimum(tail, tl.maximum(out_width - offset, 0)),
+                              tl.maximum(table_cols - length + tail, 0))
         entry = block + token
         position = length - tail + entry
-        read = (entry < tl.where(row_readable, read_end, 0)) & (position >= 0)
-        values = _stored_values(_table_values(row_ptr, position, read, ENTRY_PAGE_SIZE), read, v2p_ptr, v2p_len,
-                                out_ptr, PAGE_SIZE, HAS_V2P)
-        tl.store(row_out + offset + entry, values, mask=read & (entry < out_width - offset))
+        copied = (entry < tl.where(row_readable, tail_end, 0)) & (position >= 0)
+        values = _stored_values(_table_values(row_ptr, position, copied, ENTRY_PAGE_SIZE), copied, v2p_ptr,
+                                v2p_len, out_ptr, PAGE_SIZE, HAS_V2P)
+        tl.store(row_out + offset + entry, values, mask=copied)
         if block == 0:
             for first_slot in range(0, tl.where(row_readable, chain, 0), SLOT_BLOCK):
                 later = first_slot + slot
