@@ -111,6 +111,17 @@ def pages_below(positions, page_limit, PAGE_SIZE: tl.constexpr):
 
 
 @triton.jit
+def group_overflow(pages, in_group, programs, PAGES_PER_PROGRAM: tl.constexpr):
+    """``(overflow, passes)`` of a group of rows of ``programs`` programs each, from the pages each row may
+    write (``pages``, int64): ``passes``, the passes a row's programs make over its own blocks, is the fewest
+    blocks of a row of the group over ``programs``, at least 1; ``overflow`` (0 where not ``in_group``) each
+    row's blocks past its first ``passes * programs``, the items its group's programs share."""
+    blocks = tl.where(in_group, (pages + (PAGES_PER_PROGRAM - 1)) // PAGES_PER_PROGRAM, 0)
+    passes = tl.maximum(tl.min(tl.where(in_group, blocks, 2**62), 0) // programs, 1)
+    return tl.maximum(blocks - passes * programs, 0), passes
+
+
+@triton.jit
 def member_items(items, members, member):
     """``[begin, end)``, the consecutive share of ``items`` items (a group's overflow blocks) that member
     ``member`` of ``members`` programs takes: ``ceil(items / members)`` each, fewer or none for the last."""

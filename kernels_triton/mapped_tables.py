@@ -195,12 +195,12 @@ def _translated_page_table_kernel(
         # As in the page table (``page_table._page_table_kernel``, phase 2): with HAS_FILL member m of the
         # group's M programs takes the items m, m + M, ...; otherwise the row's programs handle its blocks
         # below passes * T themselves and member m the items [m * s, (m + 1) * s), s = ceil(items / M).
-        members = tl.minimum(batch - group_first, GROUP_ROWS).to(tl.int64) * programs
+        group_size = tl.minimum(batch - group_first, GROUP_ROWS).to(tl.int64)
+        members = group_size * programs
         member = (row - group_first) * programs + program
         if HAS_FILL:
             per_row = (fill_width.to(tl.int64) + (PAGES_PER_PROGRAM - 1)) // PAGES_PER_PROGRAM - programs
-            items = tl.minimum(batch - group_first, GROUP_ROWS).to(tl.int64) * per_row
-            for item in range(member, items, members):
+            for item in range(member, group_size * per_row, members):
                 _translated_overflow_block(
                     group_first + item // per_row, (programs + item % per_row) * PAGES_PER_PROGRAM, table_ptr,
                     pool_ptr, lens_ptr, v2p_ptr, out_ptr, v2p_len, table_rows, table_row_stride, page_limit,
@@ -260,14 +260,12 @@ def _translated_overflow_block(row, first, table_ptr, pool_ptr, lens_ptr, v2p_pt
 @triton.jit
 def _translated_overflow_counts(lengths, in_group, seq_len_delta, page_limit, programs, PAGE_SIZE: tl.constexpr,
                                 PAGES_PER_PROGRAM: tl.constexpr, HAS_DELTA: tl.constexpr):
-    """``(overflow, passes)`` of a group of rows from their lengths alone, as ``page_table._overflow_counts``
-    (blocks below ``page_limit`` and the row's length). At least the row's real overflow: an unreadable row
+    """``(overflow, passes)`` of a group of rows from their lengths alone (``launch.group_overflow`` of the
+    pages below ``page_limit`` and each row's length). At least the row's real overflow: an unreadable row
     is counted as far as its length reaches, and its surplus items write nothing (its live length is 0 in
     ``_translated_overflow_block``). Never used with HAS_FILL, where every row covers ``fill_width``."""
     pages = _launch.pages_below(_delta_length(lengths, seq_len_delta, HAS_DELTA), page_limit, PAGE_SIZE)
-    blocks = tl.where(in_group, (pages + (PAGES_PER_PROGRAM - 1)) // PAGES_PER_PROGRAM, 0)
-    passes = tl.maximum(tl.min(tl.where(in_group, blocks, 2**62), 0) // programs, 1)
-    return tl.maximum(blocks - passes * programs, 0), passes
+    return _launch.group_overflow(pages, in_group, programs, PAGES_PER_PROGRAM)
 
 
 @triton.jit

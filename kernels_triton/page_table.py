@@ -95,7 +95,7 @@ def _page_table_kernel(
             tl.store(seq_lens_out_ptr + row, (length.to(tl.int64) + seqlen_offset).to(tl.int32))
 
     # Overflow blocks (a row's blocks past its first T) exist only when T blocks fall short of the pages a
-    # row may have (``_row_pages``); then, and when a row has several programs, they are shared within the
+    # row may have (``_row_geometry``); then, and when a row has several programs, they are shared within the
     # row's group (phase 2). A single program per row (the batch at or above the budget) keeps the row's own
     # loop.
     programs = _launch.programs_in_row(FOLDED_GRID)
@@ -121,7 +121,8 @@ def _page_table_kernel(
         PAGES_PER_PROGRAM, HAS_START, HAS_FILL, HAS_OFFSET, WIDE_INDEXING, ROUND_TOWARD_ZERO)
     whole_blocks: tl.constexpr = PAGE_SIZE == 1 and not HAS_START and not WIDE_INDEXING
     if deal:
-        members = tl.minimum(batch - group_first, GROUP_ROWS).to(tl.int64) * programs
+        group_size = tl.minimum(batch - group_first, GROUP_ROWS).to(tl.int64)
+        members = group_size * programs
         member = (row - group_first).to(tl.int64) * programs + program
         if HAS_FILL:
             # Every row covers the width: the same overflow count for all, no scan. Member m = (row -
@@ -129,8 +130,7 @@ def _page_table_kernel(
             # overflow blocks in row order: the costly ones (a row's real pages) and the fills are spread
             # over every member.
             per_row = (out_width.to(tl.int64) + (PAGES_PER_PROGRAM - 1)) // PAGES_PER_PROGRAM - programs
-            items = tl.minimum(batch - group_first, GROUP_ROWS).to(tl.int64) * per_row
-            for item in range(member, items, members):
+            for item in range(member, group_size * per_row, members):
                 _overflow_block(group_first + item // per_row, (programs + item % per_row) * PAGES_PER_PROGRAM,
                                 table_ptr, pool_ptr, lens_ptr, start_ptr, out_ptr, packed_table, packed_out,
                                 seqlen_offset, fill_value, out_width, table_rows, table_cols, table_row_stride,
@@ -168,7 +168,7 @@ def _page_table_kernel(
                                             WIDE_INDEXING, ROUND_TOWARD_ZERO)
                             item += 1
     else:
-        # The row's further blocks, up to its real pages (``_row_pages``), computed after the first block's
+        # The row's further blocks, up to its real pages (``_row_geometry``), computed after the first block's
         # gather is on its way.
         step = programs * PAGES_PER_PROGRAM
         for later in range(first + step, pages_end, step):
@@ -229,49 +229,13 @@ def _row_inputs(row, pool_ptr, lens_ptr, start_ptr, pool_stride, lens_stride, st
 @triton.jit
 def _overflow_counts(lengths, in_group, seqlen_offset, page_bound, programs, PAGE_SIZE: tl.constexpr,
                      PAGES_PER_PROGRAM: tl.constexpr, HAS_OFFSET: tl.constexpr):
-    """``(overflow, passes)`` of a group of rows, from their lengths alone (phase 2 of ``_page_table_kernel``):
-    ``passes``, the row's own passes, is the fewest blocks of a row of the group (below ``page_bound`` and its
-    request length) over ``programs``, at least 1; ``overflow`` (int64, 0 where not ``in_group``) each row's
-    blocks past its first ``passes * programs``. At least the row's real overflow: a row whose pool index or
-    start is out of range, or whose table row ends first, is counted as far as its length reaches, and its
-    surplus items write nothing (``_overflow_block`` masks a block by the row's own limits). Never used with
-    HAS_FILL, where every row covers the width."""
+    """``(overflow, passes)`` of a group of rows, from their lengths alone (phase 2 of ``_page_table_kernel``;
+    ``launch.group_overflow`` of the pages below ``page_bound`` and each row's request length). At least the
+    row's real overflow: a row whose pool index or start is out of range, or whose table row ends first, is
+    counted as far as its length reaches, and its surplus items write nothing (``_overflow_block`` masks a
+    block by the row's own limits). Never used with HAS_FILL, where every row covers the width."""
     pages = _launch.pages_below(_request_length(lengths, seqlen_offset, HAS_OFFSET), page_bound, PAGE_SIZE)
-    blocks = tl.where(in_group, (pages + (PAGES_PER_PROGRAM - 1)) // PAGES_PER_PROGRAM, 0)
-    passes = tl.maximum(tl.min(tl.where(in_group, blocks, 2**62), 0) // programs, 1)
-    return tl.maximum(blocks - passes * programs, 0), passes
-
-
-@triton.jit
-def _readable_narrow(pool, packed_table):
-    """``0 <= pool < rows`` (``packed_words``' rows) as one unsigned compare: negative indices are out of
-    range too."""
-    # Already 64-bit when compiled (the annotation); the interpreter types a small int as 32-bit.
-    packed_table = packed_table.to(tl.int64)
-    if pool.dtype == tl.int32:
-        readable = pool.to(tl.uint32, bitcast=True) < (packed_table & 0xFFFFFFFF).to(tl.uint32)
-    else:
-        readable = pool.to(tl.uint64, bitcast=True) < (packed_table & 0xFFFFFFFF).to(tl.uint64)
-    return readable
-
-
-@triton.jit
-def _row_pages(pool, length, start, packed_table, packed_out, seqlen_offset, out_width, table_rows, table_cols,
-               PAGE_SIZE: tl.constexpr, HAS_START: tl.constexpr, HAS_FILL: tl.constexpr, HAS_OFFSET: tl.constexpr,
-               WIDE_INDEXING: tl.constexpr):
-    """The pages a row's programs cover, in int64: ``W`` with HAS_FILL (every column gets a value or the
-    fill), else its real pages, 0 on an unreadable row; never more than ``W``, whatever the length."""
-    request_length = _request_length(length, seqlen_offset, HAS_OFFSET)
-    if HAS_FILL:
-        pages = out_width.to(tl.int64) + request_length * 0
-    elif HAS_START or WIDE_INDEXING:
-        _, position_limit = _row_64bit(0, pool, request_length, start, table_rows, table_cols, 0)
-        pages = _launch.pages_below(position_limit, out_width, PAGE_SIZE)
-    else:
-        column_limit = (packed_out.to(tl.int64) & 0x7FFFFFFF).to(tl.int32)
-        pages = tl.where(_readable_narrow(pool, packed_table),
-                         _launch.pages_below(request_length, column_limit, PAGE_SIZE), 0)
-    return pages
+    return _launch.group_overflow(pages, in_group, programs, PAGES_PER_PROGRAM)
 
 
 @triton.jit
@@ -280,8 +244,9 @@ def _row_geometry(row, pool, length, start, table_ptr, out_ptr, packed_table, pa
                   HAS_START: tl.constexpr, HAS_FILL: tl.constexpr, HAS_OFFSET: tl.constexpr,
                   WIDE_INDEXING: tl.constexpr):
     """What ``_page_block`` needs of row ``row`` (its inputs from ``_row_inputs``), and the pages its
-    programs cover (``_row_pages``): ``(row_ptr, out_row, column_limit, position_offset, position_limit,
-    whole_rows, whole_limit, whole_table_row, whole_out_row, pages_end)``.
+    programs cover (``pages_end``, in int64: ``W`` with HAS_FILL, every column getting a value or the fill,
+    else its real pages, 0 on an unreadable row, never more than ``W``): ``(row_ptr, out_row, column_limit,
+    position_offset, position_limit, whole_rows, whole_limit, whole_table_row, whole_out_row, pages_end)``.
 
     Page p is written iff p < W and its first token lies inside the request and inside the table row, on a
     readable row: 0 <= pool < R (and start >= 0), p * PAGE_SIZE < L and p * PAGE_SIZE < C - start."""
@@ -293,13 +258,18 @@ def _row_geometry(row, pool, length, start, table_ptr, out_ptr, packed_table, pa
         column_limit, position_offset = out_width, 0
         whole_rows = row < 0  # no whole blocks on this path
         whole_table_row, whole_out_row = row_ptr, out_row
+        pages_end = _launch.pages_below(position_limit, out_width, PAGE_SIZE)
     else:
         # Already 64-bit when compiled (the annotation); the interpreter types a small int as 32-bit.
         packed_table, packed_out = packed_table.to(tl.int64), packed_out.to(tl.int64)
         row_stride32 = (packed_table >> 32).to(tl.uint32)
         column_limit = (packed_out & 0x7FFFFFFF).to(tl.int32)
         out_row = out_ptr + row.to(tl.int64) * (packed_out >> 32)
-        readable = _readable_narrow(pool, packed_table)
+        # Unsigned compares: negative indices are out of range too.
+        if pool.dtype == tl.int32:
+            readable = pool.to(tl.uint32, bitcast=True) < (packed_table & 0xFFFFFFFF).to(tl.uint32)
+        else:
+            readable = pool.to(tl.uint64, bitcast=True) < (packed_table & 0xFFFFFFFF).to(tl.uint64)
         row_ptr, position_limit = _row_narrow(table_ptr, pool, length, readable, row_stride32)
         position_offset = seqlen_offset
         whole_rows = (((packed_out >> 31) & 1) != 0) & readable
@@ -307,8 +277,9 @@ def _row_geometry(row, pool, length, start, table_ptr, out_ptr, packed_table, pa
         # computed here: a hint on a jit function's argument would not reach the inlined kernel.
         whole_table_row = tl.multiple_of(table_ptr + pool.to(tl.int64) * row_stride32.to(tl.int64), 16)
         whole_out_row = tl.multiple_of(out_row, 16)
-    pages_end = _row_pages(pool, length, start, packed_table, packed_out, seqlen_offset, out_width, table_rows,
-                           table_cols, PAGE_SIZE, HAS_START, HAS_FILL, HAS_OFFSET, WIDE_INDEXING)
+        pages_end = tl.where(readable, _launch.pages_below(request_length, column_limit, PAGE_SIZE), 0)
+    if HAS_FILL:
+        pages_end = out_width.to(tl.int64) + request_length * 0
     return (row_ptr, out_row, column_limit, position_offset, position_limit, whole_rows,
             tl.minimum(request_length, column_limit), whole_table_row, whole_out_row, pages_end)
 
