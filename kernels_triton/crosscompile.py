@@ -1,9 +1,10 @@
-"""Ahead-of-time compilation of every kernel specialisation for a GPU target, on any machine.
+"""Ahead-of-time compilation of the kernel specialisations for a GPU target, on any machine.
 
 ``kvdispatch compile [TARGET ...]`` runs it for users (a check, before a deployment, that the installed Triton
 builds the kernels for the deployment's GPUs); the CI lanes ``compile-triton`` and ``triton-oldest`` use it to
-prove that every kernel builds for NVIDIA and AMD targets without a GPU, and to report binary size, registers
-and shared memory.
+prove, without a GPU, that every kernel builds for NVIDIA and AMD targets with every option (the ``pairwise``
+selection: every value of each option together with every value of every other), and to report binary size,
+registers and shared memory.
 It builds its own ``JITFunction`` objects from the kernels' Python source, so it works even when
 ``TRITON_INTERPRET=1`` made ``@triton.jit`` return interpreted functions.
 
@@ -21,7 +22,7 @@ import contextlib
 import dataclasses
 import functools
 import importlib
-import json
+import itertools
 import multiprocessing
 import os
 import re
@@ -119,24 +120,69 @@ def is_ordinary(spec: Specialization) -> bool:
     return all(value is (name == "UNIT_STRIDES") for name, value in spec.constexprs.items() if isinstance(value, bool))
 
 
+def _features(spec: Specialization) -> set:
+    """What a specialisation fixes: each constexpr's value, each pointer's dtype and the warps."""
+    return ({("constexpr", name, repr(value)) for name, value in spec.constexprs.items()}
+            | {("pointer", name, kind) for name, kind in spec.signature.items() if kind.startswith("*")}
+            | {("num_warps", spec.num_warps)})
+
+
+def _pairs(spec: Specialization) -> set:
+    return set(itertools.combinations(sorted(_features(spec)), 2))
+
+
+def pairwise(specs: list[Specialization]) -> list[Specialization]:
+    """A subset of ``specs``, in their order, in which every pair of features (two constexprs' values, a
+    constexpr's value and a pointer's dtype, ...) that any specialisation of a kernel has together appears
+    together in one chosen specialisation of that kernel: every ``is_ordinary`` one, then, greedily, the one
+    that adds the most pairs not yet covered. Each option's code is thus built with every value of every other
+    option, at a small fraction of the product's compilations."""
+    chosen = set()
+    for kernel in dict.fromkeys(spec.kernel.__name__ for spec in specs):  # a JITFunction's hash compiles it
+        own = [index for index, spec in enumerate(specs) if spec.kernel.__name__ == kernel]
+        pair_ids: dict = {}
+        masks = {}
+        for index in own:
+            mask = 0
+            for pair in _pairs(specs[index]):
+                mask |= 1 << pair_ids.setdefault(pair, len(pair_ids))
+            masks[index] = mask
+        covered = 0
+        for index in own:
+            if is_ordinary(specs[index]):
+                chosen.add(index)
+                covered |= masks[index]
+        every = (1 << len(pair_ids)) - 1
+        while covered != every:
+            best = max(own, key=lambda index: (masks[index] & ~covered).bit_count())
+            chosen.add(best)
+            covered |= masks[best]
+    return [spec for index, spec in enumerate(specs) if index in chosen]
+
+
 @dataclass(frozen=True)
 class Selection:
     """Which specialisations to compile: those of ``page_sizes`` and ``index_types``; ``ordinary``: only the
-    ``is_ordinary`` ones; ``pdl``: the ``pdl_specializations`` instead (none for a HIP target)."""
+    ``is_ordinary`` ones; ``pairs``: the ``pairwise`` subset; ``pdl``: the ``pdl_specializations`` instead
+    (none for a HIP target)."""
 
     page_sizes: tuple = PAGE_SIZES
     index_types: tuple = ("i32", "i64")
     ordinary: bool = False
+    pairs: bool = False
     pdl: bool = False
 
     def specializations(self, target) -> list[Specialization]:
         if self.pdl:
             return list(pdl_specializations(target[2])) if target[0] == "cuda" else []
-        specs = specializations(target[2], self.page_sizes, self.index_types)
-        return [spec for spec in specs if is_ordinary(spec)] if self.ordinary else list(specs)
+        specs = list(specializations(target[2], self.page_sizes, self.index_types))
+        if self.ordinary:
+            return [spec for spec in specs if is_ordinary(spec)]
+        return pairwise(specs) if self.pairs else specs
 
 
 ORDINARY = Selection(ordinary=True)
+PAIRS = Selection(pairs=True)
 
 
 def default_jobs() -> int:
@@ -228,35 +274,3 @@ def parse_target(text: str):
                          f"{', '.join(map(target_name, TARGETS))}")
     backend, arch, warp = parts
     return backend, int(arch) if arch.isdigit() else arch, int(warp)
-
-
-def main(argv=None) -> int:
-    """``python -m kernels_triton.crosscompile [--json] [backend:arch:warp ...]``: compile every
-    specialisation for each target (default: ``TARGETS``) and print a table (or JSON)."""
-    import argparse  # noqa: PLC0415
-
-    parser = argparse.ArgumentParser(prog="python -m kernels_triton.crosscompile", description=main.__doc__)
-    parser.add_argument("targets", nargs="*", help="backend:arch:warp_size, e.g. cuda:90:32 or hip:gfx942:64")
-    parser.add_argument("--json", action="store_true", help="print the reports as JSON")
-    parser.add_argument("--page-sizes", default=",".join(map(str, PAGE_SIZES)))
-    parser.add_argument("--index-types", default="i32,i64")
-    parser.add_argument("--pdl", action="store_true",
-                        help="compile one specialisation per kernel with programmatic dependent launch (NVIDIA only)")
-    parser.add_argument("--jobs", type=int, help="worker processes (default: one per CPU)")
-    options = parser.parse_args(argv)
-    targets = [parse_target(t) for t in options.targets] or list(TARGETS)
-    selection = Selection(tuple(int(p) for p in options.page_sizes.split(",")),
-                          tuple(options.index_types.split(",")), pdl=options.pdl)
-    reports = [r for rows in cross_compile(targets, selection, jobs=options.jobs).values() for r in rows]
-    if options.json:
-        print(json.dumps([dataclasses.asdict(r) for r in reports]))
-        return 0
-    for r in reports:
-        print(f"{r.target:12} {r.label:100} warps={r.num_warps} binary={r.binary_bytes}B "
-              f"regs={r.registers} shared={r.shared_bytes}B"
-              + (f" griddepcontrol={','.join(r.griddepcontrol)}" if r.griddepcontrol else ""))
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

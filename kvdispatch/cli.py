@@ -163,11 +163,13 @@ def _compile(args) -> int:
         targets = [crosscompile.parse_target(text) for text in args.targets] or list(crosscompile.TARGETS)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
-    selection = crosscompile.Selection(ordinary=not args.all, pdl=args.pdl)
+    selection = crosscompile.Selection(ordinary=not (args.all or args.pairs), pairs=args.pairs, pdl=args.pdl)
     jobs = args.jobs or crosscompile.default_jobs()
     every = len(crosscompile.Selection().specializations(targets[0]))
     what = ("the programmatic-dependent-launch specialisation of each kernel (NVIDIA targets)" if args.pdl
             else f"all {every} specialisations" if args.all
+            else f"every option paired with every other ({len(selection.specializations(targets[0]))} of {every} "
+                 f"specialisations)" if args.pairs
             else f"the ordinary specialisations ({len(selection.specializations(targets[0]))} of {every}; "
                  f"--all: every one)")
     compilations = sum(len(selection.specializations(target)) for target in targets)
@@ -224,14 +226,18 @@ def build_parser() -> argparse.ArgumentParser:
                     "Blackwell, AMD CDNA3 and CDNA4) in worker processes, with progress lines, and print one\n"
                     "line per target: a check, before a deployment, that the installed Triton builds kvdispatch\n"
                     "for its GPUs. By default the ordinary specialisations (what calls without options use: a\n"
-                    "few minutes on two cores); --all compiles every one the launchers can ask for (some twenty\n"
-                    "times as many). Triton's cache is a private temporary directory, removed at the end,\n"
-                    "unless --cache-dir names one.",
+                    "few minutes on two cores); --pairs builds every value of each option together with every\n"
+                    "value of every other (about twice as many); --all every specialisation the launchers can ask\n"
+                    "for (some twenty times as many). Triton's cache is a private temporary directory, removed\n"
+                    "at the end, unless --cache-dir names one.",
         formatter_class=argparse.RawDescriptionHelpFormatter)
     compile_.add_argument("targets", nargs="*", metavar="TARGET",
                           help="backend:arch:warp_size, e.g. cuda:90:32 or hip:gfx942:64")
     which = compile_.add_mutually_exclusive_group()
     which.add_argument("--all", action="store_true", help="every specialisation, not only the ordinary ones")
+    which.add_argument("--pairs", action="store_true",
+                       help="the ordinary specialisations and enough others that each option is built with every "
+                            "value of every other option")
     which.add_argument("--pdl", action="store_true",
                        help="each kernel's specialisation with programmatic dependent launch (NVIDIA targets)")
     compile_.add_argument("--jobs", "-j", type=_positive, metavar="N",

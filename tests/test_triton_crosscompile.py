@@ -1,10 +1,11 @@
-"""Every kernel specialisation the launchers can produce compiles for NVIDIA Hopper/Blackwell and AMD
-CDNA3/CDNA4, on this machine, without a GPU; and ``kvdispatch compile``: its options, its Triton cache and its
+"""Every kernel compiles for NVIDIA Hopper/Blackwell and AMD CDNA3/CDNA4 with every option, on this machine,
+without a GPU (the pairwise selection: each ordinary specialisation, and each value of every option built
+together with each value of every other); and ``kvdispatch compile``: its options, its Triton cache and its
 progress lines.
 
 Compilation runs in ``crosscompile``'s worker processes (spawned without ``TRITON_INTERPRET``, under which
 Triton's code generator does not work), all targets in one pool, with a Triton cache of their own. Compiling
-every specialisation takes minutes on two cores, so those tests carry the ``crosscompile`` mark, which the
+the selection takes minutes on two cores, so those tests carry the ``crosscompile`` mark, which the
 default run deselects: the ``compile-triton`` lane (the installed, newest Triton) and the ``triton-oldest`` lane
 run them (``-m crosscompile``). The command's own tests compile a handful of specialisations for one target.
 """
@@ -37,7 +38,7 @@ def reports():
     """Rows per target; prints one summary line per target."""
     import triton
 
-    results = _compile_every_target(crosscompile.Selection())
+    results = _compile_every_target(crosscompile.PAIRS)
     for name, rows in results.items():
         registers = [r["registers"] for r in rows if r["registers"] is not None]
         print(f"\n  Triton {triton.__version__}, {name}: {len(rows)} specialisations compiled; binary "
@@ -52,9 +53,9 @@ def _expected_count():
 
 @pytest.mark.crosscompile
 @pytest.mark.parametrize("target", list(TARGETS))
-def test_every_specialisation_compiles(reports, target):
+def test_pairwise_specialisations_compile(reports, target):
     rows = reports[target]
-    assert len(rows) == _expected_count()
+    assert [row["label"] for row in rows] == [s.label for s in crosscompile.PAIRS.specializations(TARGETS[target])]
     assert len({row["label"] for row in rows}) == len(rows)
     for row in rows:
         assert row["binary_bytes"] > 0, row
@@ -72,7 +73,7 @@ def test_every_specialisation_compiles(reports, target):
 @pytest.mark.crosscompile
 @pytest.mark.parametrize("target", list(TARGETS))
 def test_native_launch_parameters(reports, target):
-    """Every specialisation takes its runtime arguments then Triton's two scratch pointers, all 8 bytes
+    """Every specialisation compiled takes its runtime arguments then Triton's two scratch pointers, all 8 bytes
     wide, as kvdispatch/host_path.c passes them: on NVIDIA read from the PTX entry, on AMD from the
     AMDGPU metadata's kernel arguments (hidden ones after them are the runtime's), on the target's
     wavefronts."""
@@ -187,6 +188,26 @@ def test_ordinary_specialisations_are_those_without_options():
         assert not any(v for k, v in spec.constexprs.items() if isinstance(v, bool) and k != "UNIT_STRIDES"), spec.label
 
 
+def test_pairwise_selection_builds_every_option_with_every_other():
+    """Per kernel, every pair of features (constexpr values, pointer dtypes, warps) that some specialisation has
+    together is in a chosen one; every ordinary specialisation is chosen; the order is the full list's; and the
+    selection is a small part of the product."""
+    every = crosscompile.Selection().specializations(crosscompile.TARGETS[0])
+    chosen = crosscompile.PAIRS.specializations(crosscompile.TARGETS[0])
+    labels = [s.label for s in chosen]
+    assert labels == [s.label for s in every if s.label in set(labels)]
+    assert {s.label for s in every if crosscompile.is_ordinary(s)} <= set(labels)
+    for kernel in {s.kernel.__name__ for s in every}:
+        def pairs(specs, kernel=kernel):
+            return set().union(*(crosscompile._pairs(s) for s in specs if s.kernel.__name__ == kernel))
+        assert pairs(chosen) == pairs(every), kernel
+    assert len(chosen) * 5 < len(every)
+    page_table = [s for s in chosen if s.kernel.__name__ == "_page_table_kernel"]
+    for name in ("HAS_START", "HAS_FILL", "WIDE_INDEXING", "ROUND_TOWARD_ZERO"):
+        for page_size in crosscompile.PAGE_SIZES:
+            assert any(s.constexprs[name] and s.constexprs["PAGE_SIZE"] == page_size for s in page_table), name
+
+
 class _FakeCrossCompile:
     """Stands in for ``crosscompile.cross_compile``: records its arguments and reports ``total`` compilations of
     10 and 30 bytes per target, calling ``progress`` after each."""
@@ -210,6 +231,8 @@ class _FakeCrossCompile:
               cache_dir=None)),
     (["hip:gfx942:64", "--all", "-j", "3", "--cache-dir", "kernels"],
      dict(targets=[("hip", "gfx942", 64)], selection=crosscompile.Selection(), jobs=3, cache_dir="kernels")),
+    (["--pairs"], dict(targets=list(crosscompile.TARGETS), selection=crosscompile.PAIRS,
+                       jobs=crosscompile.default_jobs(), cache_dir=None)),
     (["cuda:100:32", "--pdl", "--jobs", "1"],
      dict(targets=[("cuda", 100, 32)], selection=crosscompile.Selection(ordinary=True, pdl=True), jobs=1,
           cache_dir=None)),
@@ -226,6 +249,7 @@ def test_compile_command_options(monkeypatch, capsys, argv, expected):
     (["rocm:gfx942:64"], "target 'rocm:gfx942:64': expected backend:arch:warp_size"),
     (["--jobs", "0"], "argument --jobs/-j: expected a positive whole number, got '0'"),
     (["--all", "--pdl"], "argument --pdl: not allowed with argument --all"),
+    (["--all", "--pairs"], "argument --pairs: not allowed with argument --all"),
 ])
 def test_compile_command_rejects_bad_options(monkeypatch, capsys, argv, message):
     fake = _FakeCrossCompile()
