@@ -146,6 +146,7 @@ def _hostile_mix(case, long_rows, g):
     case.req_pool_indices.copy_(pool)
 
 
+@pytest.mark.representative("option")
 @pytest.mark.parametrize("page_size", (1, 16, 96))
 @pytest.mark.parametrize("option", PAGE_TABLE_OPTIONS)
 @pytest.mark.parametrize("batch, programs, long_rows", [(5, 16, (0, 3)), (7, 20, (1, 2, 6))])
@@ -262,6 +263,7 @@ def test_mha_page_table_rows_loop_over_their_blocks(bounded, page_size, swa):
     _check_bounded(bounded, 2)
 
 
+@pytest.mark.representative("page_size")
 @pytest.mark.parametrize("page_size", (1, 16, 7))
 @pytest.mark.parametrize("multiplier,max_pages,seq_len_delta", [(1, None, 0), (4, "some", 3), (1, None, -2)])
 def test_translated_page_table_rows_loop_over_their_blocks(bounded, page_size, multiplier, max_pages,
@@ -281,6 +283,7 @@ def test_translated_page_table_rows_loop_over_their_blocks(bounded, page_size, m
     _check_bounded(bounded, 2)
 
 
+@pytest.mark.representative("page_size")
 @pytest.mark.parametrize("page_size", (1, 16, 7))
 @pytest.mark.parametrize("multiplier,max_pages,seq_len_delta", [(1, None, 0), (4, "some", 3), (1, None, -2)])
 @pytest.mark.parametrize("dtype", (torch.int32, torch.int64))

@@ -1,5 +1,6 @@
 """kv_indices.cu compiles offline for NVIDIA (nvcc) and AMD (hipcc; clang-19 for gfx942) and stays within the
-portable subset that NVRTC, hipRTC and the host shim all accept. Skips (with the reason) where a compiler is missing."""
+portable subset that NVRTC, hipRTC and the host shim all accept. Skips (with the reason) where a compiler is missing.
+The default run compiles one case of each parametrized compilation; the cpu-exhaustive lane the others."""
 
 import os
 import re
@@ -28,6 +29,7 @@ def _compile_or_skip(function, arch, defines=()):
         pytest.skip(str(exc))
 
 
+@pytest.mark.representative()
 @pytest.mark.parametrize("arch", ("sm_90", "sm_100"))
 def test_nvcc(arch):
     result = _compile_or_skip(build.compile_cuda, arch)
@@ -37,6 +39,7 @@ def test_nvcc(arch):
     print(f"nvcc {arch}: {result.output_bytes} bytes, registers {result.registers}")
 
 
+@pytest.mark.representative()
 @pytest.mark.parametrize("defines", SPECIALISATIONS, ids=lambda d: "-".join(f"{k}{v}" for k, v in d))
 def test_nvcc_specialisations(defines):
     result = _compile_or_skip(build.compile_cuda, "sm_90", defines)
@@ -44,6 +47,7 @@ def test_nvcc_specialisations(defines):
     assert set(re.findall(r"(\d+) bytes spill stores", result.log)) == {"0"}
 
 
+@pytest.mark.representative()
 @pytest.mark.parametrize("defines", SPECIALISATIONS, ids=lambda d: "-".join(f"{k}{v}" for k, v in d))
 def test_hipcc_specialisations(defines):
     result = _compile_or_skip(build.compile_hip, "gfx90a", defines)
@@ -57,6 +61,7 @@ def test_hipcc_gfx90a():
     print(f"hipcc gfx90a: {result.output_bytes} bytes, VGPRs {result.registers}")
 
 
+@pytest.mark.representative()
 @pytest.mark.parametrize("arch", [a for a in build.HIP_ARCHS if a != "gfx90a"])
 def test_hipcc_newer_archs(arch):
     try:
@@ -67,6 +72,7 @@ def test_hipcc_newer_archs(arch):
     print(f"hipcc {arch}: {result.output_bytes} bytes, VGPRs {result.registers}")
 
 
+@pytest.mark.representative()
 @pytest.mark.parametrize("arch", ("gfx942", "gfx950"))
 def test_clang_hip(arch):
     try:
@@ -77,6 +83,7 @@ def test_clang_hip(arch):
     print(f"{build.HIP_CLANG} {arch}: {result.output_bytes} bytes of assembly, VGPRs {result.registers}")
 
 
+@pytest.mark.exhaustive  # the compile-hip lane checks the same accesses
 def test_clang_hip_page1_copy_is_wide():
     """The page-1 copy's 16-byte chunks compile to 16-byte global accesses on gfx942; a gather
     specialisation (page size 64, no fill) has none, so the check tells the two paths apart."""
@@ -125,6 +132,7 @@ def _ptx_entries(arch, defines):
     return dict(re.findall(r"\.entry (\w+)\((.*?)\n}", ptx, re.S))
 
 
+@pytest.mark.representative()
 @pytest.mark.parametrize("arch", ("sm_90", "sm_100"))
 def test_nvcc_pdl_specialisation_has_the_grid_dependency_instructions(arch):
     entries = _ptx_entries(arch, (("KV_PAGE_SIZE", 64), ("KV_FLAGS", 0), ("KV_PDL", 1)))
@@ -133,6 +141,7 @@ def test_nvcc_pdl_specialisation_has_the_grid_dependency_instructions(arch):
         assert "griddepcontrol.wait" in body and "griddepcontrol.launch_dependents" in body, name
 
 
+@pytest.mark.representative()
 @pytest.mark.parametrize("arch, defines", (("sm_90", ()), ("sm_80", (("KV_PDL", 1),))))
 def test_nvcc_without_pdl_has_no_grid_dependency_instructions(arch, defines):
     assert not any("griddepcontrol" in body for body in _ptx_entries(arch, defines).values())

@@ -163,7 +163,8 @@ def _run_cli(argv):
     return json.loads(result.stdout.splitlines()[-1])
 
 
-@pytest.mark.parametrize("argv", [["--version"], ["info"], ["info", "--json"], ["demo", "--device", "cpu"]])
+@pytest.mark.representative()
+@pytest.mark.parametrize("argv", [["demo", "--device", "cpu"], ["--version"], ["info"], ["info", "--json"]])
 def test_commands_but_bench_import_no_bench_triton_or_kernels(argv):
     run = _run_cli(argv)
     assert run["status"] == 0, run["out"]
