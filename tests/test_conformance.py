@@ -31,6 +31,7 @@ import torch
 
 from conftest import BACKENDS, DEVICE, HAS_GPU, through
 from kvcases import POISON, assert_same
+from kernels_cupy import build as cupy_build
 from kvdispatch import dispatch
 from opcases import BUILDERS, Knobs, build, expected, refill
 
@@ -98,6 +99,23 @@ def test_matches_the_reference(key, backend, knobs, seed):
 @pytest.mark.parametrize("seed", SEEDS)
 def test_hostile_data_matches_the_reference(key, backend, knobs, seed):
     check_against_the_reference(build(key, seed, knobs, device=DEVICE, hostile=True), backend)
+
+
+# A batch of more than two passes of the CUDA source's sums over the earlier rows (a row's offset in a packed
+# output, a running sum), and not a whole number of them.
+OFFSET_PASS = int(re.search(r"constexpr int kv_offset_pass = (\d+);", cupy_build.source()).group(1))
+LONG_BATCH = 2 * OFFSET_PASS + 5
+
+
+@pytest.mark.representative("key")
+@pytest.mark.parametrize("backend", BUILDS)
+@pytest.mark.parametrize("key", OP_KEYS)
+@pytest.mark.parametrize("options", (False, True), ids=("plain", "options"))
+@pytest.mark.parametrize("hostile", (False, True), ids=("valid", "hostile"))
+def test_long_batches_match_the_reference(key, backend, options, hostile):
+    """Every row's offset or running sum over all the rows before it."""
+    check_against_the_reference(build(key, 7, Knobs(LONG_BATCH, 4, 2, options), device=DEVICE, hostile=hostile),
+                                backend)
 
 
 def names(message: str, argument: str) -> bool:
