@@ -59,6 +59,26 @@ def run_pytest_lane(name, lane):
     return _pytest(lane["args"])
 
 
+def run_pytest_asan_lane(name, lane):
+    """pytest with the host build of the CUDA source (``tests/cuda_host.py``) compiled under AddressSanitizer, its
+    runtime preloaded (Python is not built with it; libstdc++ too, so that C++ exceptions thrown by PyTorch pass
+    its interceptor): a kernel's access outside an allocation stops the run, and the sanitizer's report is
+    printed."""
+    compiler = shutil.which(os.environ.get("CXX", "g++")) or "g++"
+    runtime = [subprocess.check_output([compiler, f"-print-file-name={library}"], text=True).strip()
+               for library in ("libasan.so", "libstdc++.so")]
+    if not all(os.path.isabs(path) for path in runtime):
+        raise LaneError(f"lane {name} needs AddressSanitizer's runtime (libasan), which {compiler} does not have")
+    with tempfile.TemporaryDirectory() as tmp:
+        env = {"CUDA_HOST_CXXFLAGS": "-fsanitize=address -fno-omit-frame-pointer", "LD_PRELOAD": " ".join(runtime),
+               "ASAN_OPTIONS": f"detect_leaks=0:halt_on_error=1:log_path={tmp}/asan"}
+        passed, failed = _pytest(lane["args"], env)
+        reports = sorted(Path(tmp).glob("asan*"))
+        for report in reports:
+            print(report.read_text(), flush=True)
+        return passed, max(failed, len(reports))
+
+
 def run_pytest_venv_lane(name, lane):
     """pytest in a virtual environment that sees this one's packages, with ``packages`` installed over them
     (another Triton version, say)."""
@@ -203,8 +223,8 @@ def _hostile_data(lane) -> bool:
     return ok
 
 
-RUNNERS = {"pytest": run_pytest_lane, "pytest-venv": run_pytest_venv_lane, "compile-cuda": run_compile_cuda,
-           "compile-hip": run_compile_hip, "gpu": run_gpu}
+RUNNERS = {"pytest": run_pytest_lane, "pytest-asan": run_pytest_asan_lane, "pytest-venv": run_pytest_venv_lane,
+           "compile-cuda": run_compile_cuda, "compile-hip": run_compile_hip, "gpu": run_gpu}
 
 
 def main(argv) -> int:

@@ -4,8 +4,10 @@ This is how CI without a GPU tests the CUDA/HIP source itself: the same kernels,
 geometry and arguments as the CuPy launcher (``kernels_cupy.launch``), every thread run in turn. The grid is
 the launcher's, bounded by the program budget of the CPU's probe (``kvdispatch.grid.program_budget``), so the
 kernels' programs stride over their rows' blocks as on a GPU.
-The shared library is built once per source hash into the ``cuda-host`` directory of the build cache
-(``kvdispatch._build_cache``: private to the current user, refused otherwise) and loaded with ctypes.
+The shared library is built once per source hash (and ``$CUDA_HOST_CXXFLAGS``, more compiler options) into the
+``cuda-host`` directory of the build cache (``kvdispatch._build_cache``: private to the current user, refused
+otherwise) and loaded with ctypes. The ``cupy-host-asan`` lane builds it under AddressSanitizer, so that every
+access of a kernel outside an allocation stops the run.
 """
 
 from __future__ import annotations
@@ -26,6 +28,8 @@ from kvdispatch import _build_cache
 from kvdispatch import ops
 
 SHIM_PATH = Path(__file__).with_name("cuda_host_shim.h")
+# More compiler options for the host build, e.g. AddressSanitizer's (the cupy-host-asan lane); part of the build's key.
+EXTRA_FLAGS_ENV = "CUDA_HOST_CXXFLAGS"
 
 
 def build_dir() -> Path:
@@ -40,15 +44,17 @@ def library(defines: tuple = ()) -> ctypes.CDLL:
     unit = ("".join(f"#define {name} {value}\n" for name, value in defines)
             + f'#include "{SHIM_PATH}"\n#include "{build.SOURCE_PATH}"\n'
             + "".join(f"KV_HOST_EXPORT({name})\n" for name in build.KERNELS))
-    digest = hashlib.sha256((unit + build.source() + SHIM_PATH.read_text()).encode()).hexdigest()[:16]
+    extra_flags = os.environ.get(EXTRA_FLAGS_ENV, "").split()
+    digest = hashlib.sha256((unit + build.source() + SHIM_PATH.read_text() + " ".join(extra_flags)).encode()
+                            ).hexdigest()[:16]
     compiler = shutil.which(os.environ.get("CXX", "g++")) or shutil.which("g++")
     if compiler is None:
         raise RuntimeError("the host build of kv_indices.cu needs a C++ compiler (g++ or $CXX)")
 
     def compile_to(partial: Path) -> None:
-        done = subprocess.run([compiler, "-x", "c++", build.STD_FLAG, "-O2", "-shared", "-fPIC", "-Wall",
-                               "-Wno-unknown-pragmas", "-o", str(partial), "-"], input=unit, capture_output=True,
-                              text=True)
+        done = subprocess.run([compiler, "-x", "c++", build.STD_FLAG, "-O2", *extra_flags, "-shared", "-fPIC",
+                               "-Wall", "-Wno-unknown-pragmas", "-o", str(partial), "-"], input=unit,
+                              capture_output=True, text=True)
         if done.returncode != 0:
             raise RuntimeError(f"host build of kv_indices.cu failed:\n{done.stdout}{done.stderr}")
 
