@@ -467,27 +467,6 @@ extern "C" __global__ void kv_translated_page_table(
 constexpr int kv_draft_unroll = 4;
 constexpr int kv_sum_unroll = 8;
 
-// Earlier rows per pass of a thread's running sums over them (the cache locations' and merged CSR's offsets,
-// the decode metadata's prefix sums): each pass issues its rows' loads before adding any of them.
-constexpr int kv_offset_pass = 16;
-
-// The terms of one pass: a row's value, and for a CSR's bounds the one after the pass's last row.
-constexpr int kv_pass_terms = kv_offset_pass + 1;
-
-// terms[k] = values[(i0 + k) * stride] for k < n, 0 for n <= k < kv_pass_terms: every load issued before any is
-// used.
-__device__ inline void kv_load_terms(const void* __restrict__ values, kv_i64 stride, kv_i64 i0, kv_i64 n, bool wide,
-                                     kv_i64 (&terms)[kv_pass_terms]) {
-    if (wide) {
-#pragma unroll
-        for (int k = 0; k < kv_pass_terms; ++k) terms[k] = k < n ? ((const kv_i64*)values)[(i0 + k) * stride] : 0;
-    } else {
-#pragma unroll
-        for (int k = 0; k < kv_pass_terms; ++k)
-            terms[k] = k < n ? (kv_i64)((const int*)values)[(i0 + k) * stride] : 0;
-    }
-}
-
 // sum(min(max(values[i * stride], 0), cap) for i0 <= i < i0 + n), n <= kv_sum_unroll: every load first. An
 // int32 term is clamped in 32 bits (cap32 = min(cap, 2**31 - 1)).
 __device__ inline kv_i64 kv_clamped_terms(const void* __restrict__ values, kv_i64 stride, kv_i64 i0, kv_i64 n,
@@ -939,17 +918,18 @@ extern "C" __global__ void kv_prefix_extend_csr(
 #define KV_DM_WIDE_SWA_V2P (1LL << 54)
 
 // The low 32 bits of sum(low32(values[i] + offset) for i <= row), in unsigned arithmetic (no overflow).
+// Four independent sums, so that the loads of a long batch overlap.
+__device__ inline unsigned int kv_term(const void* values, kv_i64 i, kv_i64 stride, kv_i64 offset, int wide) {
+    return (unsigned int)((kv_u64)kv_load_index(values, i * stride, wide) + (kv_u64)offset);
+}
+
 __device__ inline int kv_running_sum(const void* values, kv_i64 stride, kv_i64 row, kv_i64 offset, int wide) {
-    unsigned int sum = 0;
-    for (kv_i64 i0 = 0; i0 <= row; i0 += kv_offset_pass) {
-        const kv_i64 n = kv_min(row + 1 - i0, kv_offset_pass);
-        kv_i64 terms[kv_pass_terms];
-        kv_load_terms(values, stride, i0, n, wide, terms);
-#pragma unroll
-        for (int k = 0; k < kv_offset_pass; ++k)
-            if (k < n) sum += (unsigned int)((kv_u64)terms[k] + (kv_u64)offset);
-    }
-    return (int)sum;
+    unsigned int sums[4] = {0, 0, 0, 0};
+    kv_i64 i = 0;
+    for (; i + 3 <= row; i += 4)
+        for (int k = 0; k < 4; ++k) sums[k] += kv_term(values, i + k, stride, offset, wide);
+    for (; i <= row; ++i) sums[0] += kv_term(values, i, stride, offset, wide);
+    return (int)(sums[0] + sums[1] + sums[2] + sums[3]);
 }
 
 // min(max(v2p[max(slot, 0) / page_size], 0), 2**31 - 1), 0 past the map.
@@ -1066,14 +1046,9 @@ __device__ inline kv_i64 kv_packed_offset(const void* __restrict__ start, kv_i64
                                           const void* __restrict__ end, kv_i64 end_stride, bool wide_end,
                                           kv_i64 count, kv_i64 limit) {
     kv_i64 total = 0;
-    for (kv_i64 i0 = 0; i0 < count && total < limit; i0 += kv_offset_pass) {
-        const kv_i64 n = kv_min(count - i0, kv_offset_pass);
-        kv_i64 starts[kv_pass_terms], ends[kv_pass_terms];
-        kv_load_terms(start, start_stride, i0, n, wide_start, starts);
-        kv_load_terms(end, end_stride, i0, n, wide_end, ends);
-#pragma unroll
-        for (int k = 0; k < kv_offset_pass; ++k)  // a row past n adds kv_slice_length(0, 0) = 0
-            total = kv_min(total + kv_slice_length(starts[k], ends[k], limit), limit);
+    for (kv_i64 i = 0; i < count && total < limit; ++i) {
+        total = kv_min(total + kv_slice_length(kv_load_index(start, i * start_stride, wide_start),
+                                               kv_load_index(end, i * end_stride, wide_end), limit), limit);
     }
     return total;
 }
@@ -1239,15 +1214,18 @@ struct kv_merged_parts {
     kv_i64 start, prefix, first, extend;
 };
 
-// Request i's parts from s_i = prefix_indptr[i], prefix_indptr[i + 1], t_i = start[i] and lens[i] as loaded.
-__device__ inline kv_merged_parts kv_merged_parts_from(kv_i64 start, kv_i64 end, kv_i64 first, kv_i64 length,
-                                                       kv_i64 prefix_count, kv_i64 extend_count) {
+__device__ inline kv_merged_parts kv_merged_parts_of(const void* prefix_indptr, kv_i64 prefix_indptr_stride,
+                                                     const void* start, kv_i64 start_stride, const void* lens,
+                                                     kv_i64 lens_stride, kv_i64 i, kv_i64 prefix_count,
+                                                     kv_i64 extend_count, kv_i64 flags) {
     kv_merged_parts r;
-    r.start = start;
-    r.prefix = start >= 0 && start < prefix_count ? kv_max(kv_min(kv_max(end, -1), prefix_count) - start, 0) : 0;
-    r.first = first;
-    const kv_i64 count = kv_min(kv_max(length, -1), extend_count);
-    r.extend = first >= 0 && first < extend_count ? kv_max(kv_min(count, extend_count - first), 0) : 0;
+    r.start = kv_load_index(prefix_indptr, i * prefix_indptr_stride, KV_HAS(KV_WIDE_INDPTR));
+    const kv_i64 end = kv_load_index(prefix_indptr, (i + 1) * prefix_indptr_stride, KV_HAS(KV_WIDE_INDPTR));
+    r.prefix = r.start >= 0 && r.start < prefix_count ? kv_max(kv_min(kv_max(end, -1), prefix_count) - r.start, 0)
+                                                      : 0;
+    r.first = kv_load_index(start, i * start_stride, KV_HAS(KV_WIDE_START));
+    const kv_i64 count = kv_min(kv_max(kv_load_index(lens, i * lens_stride, KV_HAS(KV_WIDE_LENS)), -1), extend_count);
+    r.extend = r.first >= 0 && r.first < extend_count ? kv_max(kv_min(count, extend_count - r.first), 0) : 0;
     return r;
 }
 
@@ -1258,28 +1236,14 @@ extern "C" __global__ void kv_merged_token_csr(
     kv_i64 start_stride, kv_i64 lens_stride, kv_i64 items, kv_i64 flags) {
     KV_GRID_WAIT();
     const kv_i64 b = blockIdx.x, program = kv_row_program(KV_HAS(KV_FOLDED_GRID));
-    const bool wide_bounds = KV_HAS(KV_WIDE_INDPTR), wide_start = KV_HAS(KV_WIDE_START);
-    const bool wide_lens = KV_HAS(KV_WIDE_LENS);
-    const kv_merged_parts r = kv_merged_parts_from(
-        kv_load_index(prefix_indptr, b * prefix_indptr_stride, wide_bounds),
-        kv_load_index(prefix_indptr, (b + 1) * prefix_indptr_stride, wide_bounds),
-        kv_load_index(start, b * start_stride, wide_start), kv_load_index(lens, b * lens_stride, wide_lens),
-        prefix_count, extend_count);
-    kv_i64 begin = 0;  // the earlier rows' parts, each at most prefix_count or extend_count: no sum wraps
-    for (kv_i64 i0 = 0; i0 < b; i0 += kv_offset_pass) {
-        const kv_i64 n = kv_min(b - i0, kv_offset_pass);
-        kv_i64 bounds[kv_pass_terms], firsts[kv_pass_terms], lengths[kv_pass_terms];
-        kv_load_terms(prefix_indptr, prefix_indptr_stride, i0, n + 1, wide_bounds, bounds);
-        kv_load_terms(start, start_stride, i0, n, wide_start, firsts);
-        kv_load_terms(lens, lens_stride, i0, n, wide_lens, lengths);
-#pragma unroll
-        for (int k = 0; k < kv_offset_pass; ++k) {
-            if (k >= n) break;
-            const kv_merged_parts earlier =
-                kv_merged_parts_from(bounds[k], bounds[k + 1], firsts[k], lengths[k], prefix_count, extend_count);
-            begin += earlier.prefix + earlier.extend;
-        }
+    kv_i64 begin = 0;
+    for (kv_i64 i = 0; i < b; ++i) {
+        const kv_merged_parts earlier = kv_merged_parts_of(prefix_indptr, prefix_indptr_stride, start, start_stride,
+                                                           lens, lens_stride, i, prefix_count, extend_count, flags);
+        begin += earlier.prefix + earlier.extend;
     }
+    const kv_merged_parts r = kv_merged_parts_of(prefix_indptr, prefix_indptr_stride, start, start_stride, lens,
+                                                 lens_stride, b, prefix_count, extend_count, flags);
     const kv_i64 length = r.prefix + r.extend;
     const bool wide_indptr = KV_HAS(KV_WIDE_MAPPING), wide_out = KV_HAS(KV_WIDE_OUT);
     if (program == 0 && threadIdx.x == 0) {

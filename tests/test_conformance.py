@@ -101,10 +101,10 @@ def test_hostile_data_matches_the_reference(key, backend, knobs, seed):
     check_against_the_reference(build(key, seed, knobs, device=DEVICE, hostile=True), backend)
 
 
-# A batch of more than two passes of the CUDA source's sums over the earlier rows (a row's offset in a packed
-# output, a running sum), and not a whole number of them.
-OFFSET_PASS = int(re.search(r"constexpr int kv_offset_pass = (\d+);", cupy_build.source()).group(1))
-LONG_BATCH = 2 * OFFSET_PASS + 5
+# A batch of more than four passes of the CUDA source's widest unrolled sum over earlier rows (a row's offset in
+# a packed output, a running sum), and not a whole number of them.
+SUM_UNROLL = int(re.search(r"constexpr int kv_sum_unroll = (\d+);", cupy_build.source()).group(1))
+LONG_BATCH = 4 * SUM_UNROLL + 5
 
 
 @pytest.mark.representative("key")
