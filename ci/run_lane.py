@@ -59,6 +59,10 @@ def run_pytest_lane(name, lane):
     return _pytest(lane["args"])
 
 
+# tests/cuda_host.py's variable of more compiler options for the host build (checked equal by a test).
+HOST_BUILD_FLAGS_ENV = "CUDA_HOST_CXXFLAGS"
+
+
 def run_pytest_asan_lane(name, lane):
     """pytest with the host build of the CUDA source (``tests/cuda_host.py``) compiled under AddressSanitizer, its
     runtime preloaded (Python is not built with it; libstdc++ too, so that C++ exceptions thrown by PyTorch pass
@@ -70,7 +74,7 @@ def run_pytest_asan_lane(name, lane):
     if not all(os.path.isabs(path) for path in runtime):
         raise LaneError(f"lane {name} needs AddressSanitizer's runtime (libasan), which {compiler} does not have")
     with tempfile.TemporaryDirectory() as tmp:
-        env = {"CUDA_HOST_CXXFLAGS": "-fsanitize=address -fno-omit-frame-pointer", "LD_PRELOAD": " ".join(runtime),
+        env = {HOST_BUILD_FLAGS_ENV: "-fsanitize=address -fno-omit-frame-pointer", "LD_PRELOAD": " ".join(runtime),
                "ASAN_OPTIONS": f"detect_leaks=0:halt_on_error=1:log_path={tmp}/asan"}
         passed, failed = _pytest(lane["args"], env)
         reports = sorted(Path(tmp).glob("asan*"))

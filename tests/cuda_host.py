@@ -6,7 +6,7 @@ the launcher's, bounded by the program budget of the CPU's probe (``kvdispatch.g
 kernels' programs stride over their rows' blocks as on a GPU.
 The shared library is built once per source hash (and ``$CUDA_HOST_CXXFLAGS``, more compiler options) into the
 ``cuda-host`` directory of the build cache (``kvdispatch._build_cache``: private to the current user, refused
-otherwise) and loaded with ctypes. The ``cupy-host-asan`` lane builds it under AddressSanitizer, so that every
+otherwise) and loaded with ctypes. The ``cupy-host`` CI lane builds it under AddressSanitizer, so that every
 access of a kernel outside an allocation stops the run.
 """
 
@@ -28,7 +28,7 @@ from kvdispatch import _build_cache
 from kvdispatch import ops
 
 SHIM_PATH = Path(__file__).with_name("cuda_host_shim.h")
-# More compiler options for the host build, e.g. AddressSanitizer's (the cupy-host-asan lane); part of the build's key.
+# More compiler options for the host build, e.g. AddressSanitizer's (the cupy-host lane); part of the build's key.
 EXTRA_FLAGS_ENV = "CUDA_HOST_CXXFLAGS"
 
 

@@ -100,3 +100,17 @@ def test_kernel_tables_are_the_submodules_op_launchers(package):
                                        if owner == name}
     sources = Path(importlib.import_module(package).__file__).parent.glob("*.py")
     assert {path.stem for path in sources if "\nOP_LAUNCHERS" in path.read_text()} == set(modules)
+
+
+def test_asan_lane_sets_the_host_builds_flag_variable():
+    """The cupy-host lane passes AddressSanitizer's options through the variable the host build reads."""
+    import importlib.util
+    from pathlib import Path
+
+    import cuda_host
+
+    path = Path(__file__).resolve().parents[1] / "ci" / "run_lane.py"
+    spec = importlib.util.spec_from_file_location("run_lane", path)
+    run_lane = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(run_lane)
+    assert run_lane.HOST_BUILD_FLAGS_ENV == cuda_host.EXTRA_FLAGS_ENV
