@@ -77,10 +77,14 @@ def run_pytest_asan_lane(name, lane):
         env = {HOST_BUILD_FLAGS_ENV: "-fsanitize=address -fno-omit-frame-pointer", "LD_PRELOAD": " ".join(runtime),
                "ASAN_OPTIONS": f"detect_leaks=0:halt_on_error=1:log_path={tmp}/asan"}
         passed, failed = _pytest(lane["args"], env)
-        reports = sorted(Path(tmp).glob("asan*"))
-        for report in reports:
-            print(report.read_text(), flush=True)
-        return passed, max(failed, len(reports))
+        # The runtime also logs a warning that it supports swapcontext only in part: the host build's barriers
+        # switch fibers through it, annotated for the sanitizer, so only a report of an error counts.
+        errors = 0
+        for report in sorted(Path(tmp).glob("asan*")):
+            text = report.read_text()
+            print(text, flush=True)
+            errors += "ERROR: AddressSanitizer" in text
+        return passed, max(failed, errors)
 
 
 def run_pytest_venv_lane(name, lane):

@@ -3,8 +3,8 @@
 // Every scalar parameter is 64-bit, so a launcher can pass plain integers (CuPy passes a Python int
 // as int64) and pointers as integers too.
 // One source for NVRTC, hipRTC, nvcc, hipcc and the host build (tests/cuda_host_shim.h): no #include, builtin
-// types only, no intrinsics (but the PDL instructions below), no shared memory or barriers, nothing that assumes
-// a warp width.
+// types only, no intrinsics (but the PDL instructions below), no warp operations or atomics, nothing that assumes
+// a warp width; threads share data only in kv_block_sum, through shared memory between barriers.
 // Grid (from kvdispatch.grid): blockIdx.x = request, blockIdx.y = program of the row (plus blockIdx.z *
 // gridDim.y on a grid folded into its third dimension, KV_FOLDED_GRID). A row is cut into blocks of `items`
 // consecutive pages/tokens; program k of a row's T programs (T = gridDim.y, times gridDim.z when folded)
@@ -89,6 +89,41 @@ __device__ inline kv_i64 kv_row_programs(bool folded) {
 
 __device__ inline kv_i64 kv_load_index(const void* base, kv_i64 i, int wide) {
     return wide ? ((const kv_i64*)base)[i] : (kv_i64)((const int*)base)[i];
+}
+
+// The most threads a program has (kvdispatch.grid.threads_per_program), and the partial sums the second level
+// of kv_block_sum takes (every program has at least as many threads).
+constexpr int kv_max_threads = 256;
+constexpr int kv_block_sum_lanes = 16;
+
+__device__ inline kv_u64 kv_add_below(kv_u64 a, kv_u64 b, kv_u64 limit) {
+    const kv_u64 sum = a + b;
+    return sum < limit ? sum : limit;
+}
+
+// The sum of every thread's `partial` over the block, returned to every thread: min(a + b, limit) for each
+// pair taken, so the exact sum saturated at `limit` when every partial lies in [0, limit] and 2 * limit < 2**64,
+// and with limit = 2**64 - 1 the sum modulo 2**64. Every thread of the block must call it (it meets the
+// others at barriers). One sum a block where each thread would otherwise take all of it: the cost of a sum
+// over a batch's earlier rows stops growing with the threads and programs that need it.
+__device__ inline kv_u64 kv_block_sum(kv_u64 partial, kv_u64 limit) {
+    __shared__ kv_u64 partials[kv_max_threads];
+    __shared__ kv_u64 lanes[kv_block_sum_lanes];
+    const unsigned int thread = threadIdx.x, threads = blockDim.x;
+    partials[thread] = partial;
+    __syncthreads();
+    if (thread < kv_block_sum_lanes) {
+        kv_u64 lane = 0;
+        for (unsigned int i = thread; i < threads; i += kv_block_sum_lanes)
+            lane = kv_add_below(lane, partials[i], limit);
+        lanes[thread] = lane;
+    }
+    __syncthreads();
+    kv_u64 total = 0;
+#pragma unroll
+    for (int i = 0; i < kv_block_sum_lanes; ++i) total = kv_add_below(total, lanes[i], limit);
+    __syncthreads();  // before the next call writes the scratch again
+    return total;
 }
 
 // Division by a positive divisor: C++ `/` truncates toward zero; unless `toward_zero`, rounded down.
@@ -917,19 +952,13 @@ extern "C" __global__ void kv_prefix_extend_csr(
 #define KV_DM_WIDE_FULL_V2P (1LL << 53)
 #define KV_DM_WIDE_SWA_V2P (1LL << 54)
 
-// The low 32 bits of sum(low32(values[i] + offset) for i <= row), in unsigned arithmetic (no overflow).
-// Four independent sums, so that the loads of a long batch overlap.
-__device__ inline unsigned int kv_term(const void* values, kv_i64 i, kv_i64 stride, kv_i64 offset, int wide) {
-    return (unsigned int)((kv_u64)kv_load_index(values, i * stride, wide) + (kv_u64)offset);
-}
-
+// The low 32 bits of sum(low32(values[i] + offset) for i <= row), in unsigned arithmetic (no overflow). A
+// block sum: every thread of the block must call it.
 __device__ inline int kv_running_sum(const void* values, kv_i64 stride, kv_i64 row, kv_i64 offset, int wide) {
-    unsigned int sums[4] = {0, 0, 0, 0};
-    kv_i64 i = 0;
-    for (; i + 3 <= row; i += 4)
-        for (int k = 0; k < 4; ++k) sums[k] += kv_term(values, i + k, stride, offset, wide);
-    for (; i <= row; ++i) sums[0] += kv_term(values, i, stride, offset, wide);
-    return (int)(sums[0] + sums[1] + sums[2] + sums[3]);
+    kv_u64 partial = 0;
+    for (kv_i64 i = threadIdx.x; i <= row; i += blockDim.x)
+        partial += (unsigned int)((kv_u64)kv_load_index(values, i * stride, wide) + (kv_u64)offset);
+    return (int)(unsigned int)kv_block_sum(partial, ~0ULL);
 }
 
 // min(max(v2p[max(slot, 0) / page_size], 0), 2**31 - 1), 0 past the map.
@@ -959,21 +988,26 @@ extern "C" __global__ void kv_decode_metadata(
     KV_GRID_WAIT();
     const kv_i64 page_size = kv_specialised_page_size(page_size_arg), b = blockIdx.x;
     const kv_i64 program = kv_row_program(KV_HAS(KV_FOLDED_GRID)), programs = kv_row_programs(KV_HAS(KV_FOLDED_GRID));
-    if (program == programs - 1 && threadIdx.x == 0) {  // the row's last: the fewest pages to write
+    if (program == programs - 1) {  // the row's last: the fewest pages to write; its threads take the sums
         if (b < batch) {
             const int wide_lens = KV_HAS(KV_WIDE_LENS);
-            cache_seqlens[b * cache_stride] =
-                (int)(unsigned int)((kv_u64)kv_load_index(seq_lens, b * lens_stride, wide_lens) + (kv_u64)offset);
-            cu_seqlens_k[(b + (KV_HAS(KV_DM_K_LEADING) ? 1 : 0)) * cu_k_stride] =
-                kv_running_sum(seq_lens, lens_stride, b, offset, wide_lens);
-            const kv_i64 q_at = (b + (KV_HAS(KV_DM_Q_LEADING) ? 1 : 0)) * cu_q_stride;
-            if (KV_HAS(KV_DM_Q_CUMSUM)) cu_seqlens_q[q_at] = kv_running_sum(qlens, qlens_stride, b, 0,
-                                                                            KV_HAS(KV_DM_WIDE_QLENS));
-            if (KV_HAS(KV_DM_Q_STRIDED)) cu_seqlens_q[q_at] = (int)(unsigned int)((kv_u64)(b + 1) * (kv_u64)q_stride);
+            const int k_sum = kv_running_sum(seq_lens, lens_stride, b, offset, wide_lens);
+            const int q_sum = KV_HAS(KV_DM_Q_CUMSUM) ? kv_running_sum(qlens, qlens_stride, b, 0,
+                                                                      KV_HAS(KV_DM_WIDE_QLENS)) : 0;
+            if (threadIdx.x == 0) {
+                cache_seqlens[b * cache_stride] =
+                    (int)(unsigned int)((kv_u64)kv_load_index(seq_lens, b * lens_stride, wide_lens) + (kv_u64)offset);
+                cu_seqlens_k[(b + (KV_HAS(KV_DM_K_LEADING) ? 1 : 0)) * cu_k_stride] = k_sum;
+                const kv_i64 q_at = (b + (KV_HAS(KV_DM_Q_LEADING) ? 1 : 0)) * cu_q_stride;
+                if (KV_HAS(KV_DM_Q_CUMSUM)) cu_seqlens_q[q_at] = q_sum;
+                if (KV_HAS(KV_DM_Q_STRIDED))
+                    cu_seqlens_q[q_at] = (int)(unsigned int)((kv_u64)(b + 1) * (kv_u64)q_stride);
+            }
         }
-        if (b == 0 && KV_HAS(KV_DM_K_LEADING)) cu_seqlens_k[0] = 0;
-        if (b == 0 && KV_HAS(KV_DM_Q_LEADING) && (KV_HAS(KV_DM_Q_CUMSUM) || KV_HAS(KV_DM_Q_STRIDED)))
-            cu_seqlens_q[0] = 0;
+        if (b == 0 && threadIdx.x == 0) {
+            if (KV_HAS(KV_DM_K_LEADING)) cu_seqlens_k[0] = 0;
+            if (KV_HAS(KV_DM_Q_LEADING) && (KV_HAS(KV_DM_Q_CUMSUM) || KV_HAS(KV_DM_Q_STRIDED))) cu_seqlens_q[0] = 0;
+        }
     }
     if (KV_HAS(KV_DM_TABLE) && b < batch) {
         const kv_mapped_row r = kv_mapped_row_of(req_pool_indices, pool_stride, seq_lens, lens_stride, rows, cols,
@@ -1041,16 +1075,17 @@ __device__ inline kv_i64 kv_slice_length(kv_i64 start, kv_i64 end, kv_i64 limit)
     return difference < (kv_u64)limit ? (kv_i64)difference : limit;
 }
 
-// sum(kv_slice_length(start[i], end[i]) for i < count), at most `limit`: exact.
+// sum(kv_slice_length(start[i], end[i]) for i < count), at most `limit` (<= 2**62): exact. A block sum: every
+// thread of the block must call it.
 __device__ inline kv_i64 kv_packed_offset(const void* __restrict__ start, kv_i64 start_stride, bool wide_start,
                                           const void* __restrict__ end, kv_i64 end_stride, bool wide_end,
                                           kv_i64 count, kv_i64 limit) {
-    kv_i64 total = 0;
-    for (kv_i64 i = 0; i < count && total < limit; ++i) {
-        total = kv_min(total + kv_slice_length(kv_load_index(start, i * start_stride, wide_start),
-                                               kv_load_index(end, i * end_stride, wide_end), limit), limit);
+    kv_i64 partial = 0;
+    for (kv_i64 i = threadIdx.x; i < count && partial < limit; i += blockDim.x) {
+        partial = kv_min(partial + kv_slice_length(kv_load_index(start, i * start_stride, wide_start),
+                                                   kv_load_index(end, i * end_stride, wide_end), limit), limit);
     }
-    return total;
+    return (kv_i64)kv_block_sum((kv_u64)partial, (kv_u64)limit);
 }
 
 // A table value x through a page-level map: v2p[x / P] * P + x % P (the low 64 bits) for x >= 0 whose page
@@ -1066,7 +1101,7 @@ __device__ inline kv_i64 kv_translated_value(kv_i64 x, kv_i64 page_size, const v
 
 // Request b = blockIdx.x: entry j < len_b lands at offset_b + j and reads table[pool_b, start_b + j]. Packed
 // (KV_CACHE_LOCS_PACKED): len_b = end_b - start_b (0 when negative) and offset_b the sum of the earlier
-// lengths, which each thread sums itself (no second launch, no host sync); else len_b = width, offset_b =
+// lengths, which each program sums with its threads (no second launch, no host sync); else len_b = width, offset_b =
 // b * width. Written where the position lies in [0, cols), the destination below out_len and the pool row in
 // [0, rows): out, with KV_POSITIONS the position, with KV_V2P / KV_MAPPING the value through full_v2p /
 // swa_v2p. Flags: KV_WIDE_POOL, KV_WIDE_OUT, KV_FOLDED_GRID, KV_WIDE_POSITIONS, KV_WIDE_V2P (full_v2p int64),
@@ -1205,8 +1240,8 @@ extern "C" __global__ void kv_pa_swa_table(
 // Request i's prefix part: p_i = min(max(prefix_indptr[i + 1], -1), prefix_count) - s_i from s_i =
 // prefix_indptr[i] (0 when s_i lies outside [0, prefix_count)), its extend part e_i = min(max(lens[i], -1),
 // extend_count - t_i) from t_i = start[i] (0 when t_i lies outside [0, extend_count)), both at least 0, so every
-// sum below is exact. Each thread sums the earlier rows' lengths itself (the row's first entry: no
-// synchronisation between threads); program (b, 0) writes indptr_out[b + 1] (and (0, 0) indptr_out[0] = 0).
+// sum below is exact. Each program sums the earlier rows' lengths with its threads (the row's first entry);
+// program (b, 0) writes indptr_out[b + 1] (and (0, 0) indptr_out[0] = 0).
 // Flags: KV_WIDE_INDPTR (prefix_indptr), KV_WIDE_START (start), KV_WIDE_LENS (lens), KV_WIDE_TOKENS (prefix),
 // KV_WIDE_EXTEND (extend), KV_WIDE_OUT (out), KV_WIDE_MAPPING (indptr_out), KV_FOLDED_GRID.
 #define KV_WIDE_EXTEND KV_WIDE_POSITIONS  // extend is int64 (this kernel reads no positions)
@@ -1236,12 +1271,13 @@ extern "C" __global__ void kv_merged_token_csr(
     kv_i64 start_stride, kv_i64 lens_stride, kv_i64 items, kv_i64 flags) {
     KV_GRID_WAIT();
     const kv_i64 b = blockIdx.x, program = kv_row_program(KV_HAS(KV_FOLDED_GRID));
-    kv_i64 begin = 0;
-    for (kv_i64 i = 0; i < b; ++i) {
+    kv_u64 partial = 0;
+    for (kv_i64 i = threadIdx.x; i < b; i += blockDim.x) {
         const kv_merged_parts earlier = kv_merged_parts_of(prefix_indptr, prefix_indptr_stride, start, start_stride,
                                                            lens, lens_stride, i, prefix_count, extend_count, flags);
-        begin += earlier.prefix + earlier.extend;
+        partial += (kv_u64)(earlier.prefix + earlier.extend);
     }
+    const kv_i64 begin = (kv_i64)kv_block_sum(partial, ~0ULL);
     const kv_merged_parts r = kv_merged_parts_of(prefix_indptr, prefix_indptr_stride, start, start_stride, lens,
                                                  lens_stride, b, prefix_count, extend_count, flags);
     const kv_i64 length = r.prefix + r.extend;

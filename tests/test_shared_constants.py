@@ -67,6 +67,14 @@ def test_cupy_flag_bits_match_the_cuda_macros():
     assert sorted(python.values()) == [1 << bit for bit in range(len(python))]  # distinct single bits
 
 
+def test_block_sum_scratch_fits_every_program():
+    """kv_block_sum's shared scratch holds a partial per thread of the largest program, and its second level's
+    lanes are threads of the smallest."""
+    constants = dict(re.findall(r"^constexpr int (kv_\w+) = (\d+);", cupy_build.source(), re.MULTILINE))
+    assert int(constants["kv_max_threads"]) == grid.threads_per_program(1 << 30)
+    assert int(constants["kv_block_sum_lanes"]) <= grid.threads_per_program(1)
+
+
 def test_specialised_page_sizes_have_one_source():
     default = inspect.signature(crosscompile.specializations).parameters["page_sizes"].default
     assert default is page_table.SPECIALISED_PAGE_SIZES
