@@ -492,56 +492,21 @@ extern "C" __global__ void kv_translated_page_table(
 // blockIdx.x = segment z = b * topk + k (request b, branch k); the row's blocks are `items` prefix tokens
 // each, up to the last one that can land in out. A prefix token is loaded once and stored into every step's
 // row; program 0 of the row also writes the branch's draft slots and its kv_indptr entries, after its blocks.
-// Without shared memory, every thread of a program sums the prefix lengths of the earlier requests itself
-// (the same addresses for all threads of a block), once whatever its blocks, so the sums are kept to a few
-// instructions a term, and the row's loads are issued before them: their latency overlaps the sums'
-// arithmetic.
+// A program sums the prefix lengths of the earlier requests once whatever its blocks, with its threads
+// (kv_counted_sum), after the row's loads are issued: their latency overlaps the sum.
 
 // Independent loads a draft thread keeps in flight: prefix tokens per pass (kvdispatch.grid gives each thread
-// four), and terms per pass of its sums (benchmarks/cupy_draft_variants.py: 8 against 16).
+// four).
 constexpr int kv_draft_unroll = 4;
-constexpr int kv_sum_unroll = 8;
 
-// sum(min(max(values[i * stride], 0), cap) for i0 <= i < i0 + n), n <= kv_sum_unroll: every load first. An
-// int32 term is clamped in 32 bits (cap32 = min(cap, 2**31 - 1)).
-__device__ inline kv_i64 kv_clamped_terms(const void* __restrict__ values, kv_i64 stride, kv_i64 i0, kv_i64 n,
-                                          kv_i64 cap, int cap32, bool wide) {
-    kv_i64 total = 0;
-    if (wide) {
-        kv_i64 term[kv_sum_unroll];
-#pragma unroll
-        for (int k = 0; k < kv_sum_unroll; ++k) term[k] = k < n ? ((const kv_i64*)values)[(i0 + k) * stride] : 0;
-#pragma unroll
-        for (int k = 0; k < kv_sum_unroll; ++k) total += kv_min(kv_max(term[k], 0), cap);
-    } else {
-        int term[kv_sum_unroll];
-#pragma unroll
-        for (int k = 0; k < kv_sum_unroll; ++k) term[k] = k < n ? ((const int*)values)[(i0 + k) * stride] : 0;
-#pragma unroll
-        for (int k = 0; k < kv_sum_unroll; ++k) {
-            const int clamped = term[k] > 0 ? term[k] : 0;
-            total += clamped < cap32 ? clamped : cap32;
-        }
-    }
-    return total;
-}
-
-// sum(min(max(values[i], 0), cap) for i < count), at most `limit`: exact, never wraps (every term lies in
-// [0, cap], cap <= 2**32, and count < 2**31, so the total stays below 2**63). Contiguous values are read at
-// constant offsets.
+// min(sum(min(max(values[i * stride], 0), cap) for i < count), limit): exact, never wraps (every term lies in
+// [0, cap], cap <= 2**32, and count < 2**31). A block sum: every thread of the block must call it.
 __device__ inline kv_i64 kv_counted_sum(const void* __restrict__ values, kv_i64 stride, kv_i64 count, kv_i64 cap,
                                         kv_i64 limit, bool wide) {
-    const int cap32 = (int)kv_min(cap, 0x7FFFFFFF);
-    kv_i64 total = 0, i = 0;
-    if (stride == 1) {
-        for (; i + kv_sum_unroll <= count; i += kv_sum_unroll)
-            total += kv_clamped_terms(values, 1, i, kv_sum_unroll, cap, cap32, wide);
-    } else {
-        for (; i + kv_sum_unroll <= count; i += kv_sum_unroll)
-            total += kv_clamped_terms(values, stride, i, kv_sum_unroll, cap, cap32, wide);
-    }
-    if (i < count) total += kv_clamped_terms(values, stride, i, count - i, cap, cap32, wide);
-    return kv_min(total, limit);
+    kv_u64 partial = 0;
+    for (kv_i64 i = threadIdx.x; i < count; i += blockDim.x)
+        partial += (kv_u64)kv_min(kv_max(kv_load_index(values, i * stride, wide), 0), cap);
+    return kv_min((kv_i64)kv_block_sum(partial, ~0ULL), limit);
 }
 
 // A table value as out stores it: with v2p, v2p[x / P] * P + x % P (the low 64 bits of the exact value) for
@@ -662,11 +627,11 @@ extern "C" __global__ void kv_draft_decode(
                 kv_store_index(out, (it - 1) * out_stride + column, kv_draft_value(kv_draft_entry(row, q, entry_page_size), page_size,
                                                                v2p, v2p_len, translate, wide_v2p), wide_out);
             }
-            if (threadIdx.x != 0) continue;
             const kv_i64 end = KV_HAS(KV_POSITIONS)
                                    ? kv_min(kv_counted_sum(positions, positions_stride, segment + 1, room, limit,
                                                            KV_HAS(KV_WIDE_POSITIONS)) + (segment + 1) * chain, limit)
                                    : kv_min(offset + keep, limit);
+            if (threadIdx.x != 0) continue;
             kv_store_index(kv_indptr, (it - 1) * indptr_stride + segment + 1, end, KV_HAS(KV_WIDE_INDPTR));
             if (segment == 0 && KV_HAS(KV_INDPTR_START))
                 kv_store_index(kv_indptr, (it - 1) * indptr_stride, 0, KV_HAS(KV_WIDE_INDPTR));
@@ -729,10 +694,10 @@ extern "C" __global__ void kv_draft_decode(
             if (column < out_width) kv_store_index(out, (it - 1) * out_stride + column, v, wide_out);
         }
     }
-    if (threadIdx.x != 0) return;
-    const bool wide_indptr = KV_HAS(KV_WIDE_INDPTR);
     const kv_i64 through = KV_HAS(KV_POSITIONS) ? kv_counted_sum(positions, positions_stride, segment + 1, cap, limit,
                                                                  KV_HAS(KV_WIDE_POSITIONS)) : 0;
+    if (threadIdx.x != 0) return;
+    const bool wide_indptr = KV_HAS(KV_WIDE_INDPTR);
     for (kv_i64 it = 1; it <= num_steps; ++it) {
         const kv_i64 end = KV_HAS(KV_POSITIONS)
                                ? kv_min(through + (segment + 1) * it, limit)
@@ -1081,7 +1046,7 @@ __device__ inline kv_i64 kv_packed_offset(const void* __restrict__ start, kv_i64
                                           const void* __restrict__ end, kv_i64 end_stride, bool wide_end,
                                           kv_i64 count, kv_i64 limit) {
     kv_i64 partial = 0;
-    for (kv_i64 i = threadIdx.x; i < count && partial < limit; i += blockDim.x) {
+    for (kv_i64 i = threadIdx.x; i < count; i += blockDim.x) {
         partial = kv_min(partial + kv_slice_length(kv_load_index(start, i * start_stride, wide_start),
                                                    kv_load_index(end, i * end_stride, wide_end), limit), limit);
     }
