@@ -119,12 +119,19 @@ def test_a_page_table_plan_serves_longer_and_shorter_rows(bounded, page_size):
 
 @pytest.fixture
 def budget(monkeypatch):
-    """Sets the programs per launch of the Triton plans built after it (``budget(programs)``)."""
+    """Sets the programs per launch of the Triton and CUDA-source plans built after it (``budget(programs)``)."""
+    from kernels_cupy import launch as cupy_launch
     from kernels_triton import launch as triton_launch
 
     triton_launch.reset(compiled=True)
+    cupy_launch.forget_geometry()
     yield lambda programs: monkeypatch.setattr(grid, "program_budget", lambda multiprocessors: programs)
     triton_launch.reset(compiled=True)
+    cupy_launch.forget_geometry()
+
+
+# The page tables whose rows share the blocks of their long rows within groups: Triton and the CUDA source.
+SHARING = pytest.mark.parametrize("backend", [b for b in BACKENDS if b in ("triton", "cupy", "cupy-host")])
 
 
 def _hostile_mix(case, long_rows, g):
@@ -150,7 +157,9 @@ def _hostile_mix(case, long_rows, g):
 @pytest.mark.parametrize("page_size", (1, 16, 96))
 @pytest.mark.parametrize("option", PAGE_TABLE_OPTIONS)
 @pytest.mark.parametrize("batch, programs, long_rows", [(5, 16, (0, 3)), (7, 20, (1, 2, 6))])
-def test_page_table_overflow_blocks_are_dealt_over_the_grid(budget, page_size, option, batch, programs, long_rows):
+@SHARING
+def test_page_table_overflow_blocks_are_dealt_over_the_grid(budget, page_size, option, batch, programs, long_rows,
+                                                            backend):
     """A few rows far longer than their ``T`` programs' blocks, the rest short: the blocks past a row's first
     ``T`` are dealt over every program of the grid, exactly as the reference writes them, into a poisoned
     output whose guard columns (past the width) and spare rows stay untouched."""
@@ -162,10 +171,11 @@ def test_page_table_overflow_blocks_are_dealt_over_the_grid(budget, page_size, o
                      with_start=option == "start", strided_table=option == "strided",
                      fill_value=-1 if option == "fill" else None, seqlen_offset=3 if option == "offset" else 0)
     _hostile_mix(case, long_rows, g)
-    _check_guarded(case, with_seq_out=option == "offset")
+    _check_guarded(case, backend, with_seq_out=option == "offset")
 
 
-def test_overflow_blocks_are_shared_within_groups_of_rows(budget):
+@SHARING
+def test_overflow_blocks_are_shared_within_groups_of_rows(budget, backend):
     """A batch of several groups of rows (``page_table.GROUP_ROWS``), the last one partial, long rows in some
     groups and none in others."""
     from kernels_triton import page_table as triton_page_table
@@ -175,12 +185,13 @@ def test_overflow_blocks_are_shared_within_groups_of_rows(budget):
     case = make_case(batch, 64, max_pages=3 * grid.items_per_program(grid.PAGE_TABLE, 64) + 1, device=DEVICE,
                      generator=generator())
     _hostile_mix(case, (3, 5, 70, batch - 4, batch - 1), generator())
-    _check_guarded(case)
+    _check_guarded(case, backend)
 
 
 @pytest.mark.parametrize("page_size", (1, 64))
 @pytest.mark.parametrize("option", ("none", "offset", "start"))
-def test_page_table_rows_all_long_take_their_common_passes_themselves(budget, page_size, option):
+@SHARING
+def test_page_table_rows_all_long_take_their_common_passes_themselves(budget, page_size, option, backend):
     """Every row far past its ``T`` programs' blocks, by different amounts: the row's programs take the blocks
     every row of its group has, the rest is shared; one row reaches past the width."""
     budget(12)
@@ -192,17 +203,17 @@ def test_page_table_rows_all_long_take_their_common_passes_themselves(budget, pa
     lengths = draw(5 * items * page_size, 9 * items * page_size, 6, g)
     lengths[4] = torch.iinfo(case.seq_lens.dtype).max - 2
     case.seq_lens.copy_(lengths)
-    _check_guarded(case, with_seq_out=option == "offset")
+    _check_guarded(case, backend, with_seq_out=option == "offset")
 
 
-def _check_guarded(case, with_seq_out=False):
-    """The Triton page table of ``case`` into a poisoned store three columns wider than ``out`` and a row
-    taller: ``out`` is the reference's, the rest of the store untouched."""
+def _check_guarded(case, backend, with_seq_out=False):
+    """The page table of ``case`` on ``backend`` into a poisoned store three columns wider than ``out`` and a
+    row taller: ``out`` is the reference's, the rest of the store untouched."""
     store = torch.full((case.batch + 1, case.width + 3), POISON, dtype=torch.int32, device=DEVICE)
     out = store[:, : case.width]
     seq_out = case.seq_lens_out() if with_seq_out else None
     expected, expected_seq = _expected_page_table(case, out, seq_out)
-    page_table("triton", case.req_to_token, case.req_pool_indices, case.seq_lens, out, page_size=case.page_size,
+    page_table(backend, case.req_to_token, case.req_pool_indices, case.seq_lens, out, page_size=case.page_size,
                kv_start_idx=case.kv_start_idx, seqlen_offset=case.seqlen_offset, seq_lens_out=seq_out,
                fill_value=case.fill_value)
     torch.testing.assert_close(out.cpu(), expected.cpu(), rtol=0, atol=0)

@@ -200,8 +200,10 @@ def test_mha_page_table(bounded, specialised, swa_width):
 @BUILDS
 @EACH_BOUND_AND_BUILD
 @pytest.mark.parametrize("max_pages", (None, 4))
-def test_translated_page_table(bounded, specialised, max_pages):
-    """``max_pages``: None (the width), or this many blocks and a few pages."""
+@pytest.mark.parametrize("fill_value", (None, -7), ids=("plain", "fill"))
+def test_translated_page_table(bounded, specialised, max_pages, fill_value):
+    """``max_pages``: None (the width), or this many blocks and a few pages; with a fill value, every row's
+    columns past its pages are filled."""
     g = torch.Generator().manual_seed(max_pages or 0)
     programs = bounded(BATCH)
     page_size = 16
@@ -213,10 +215,12 @@ def test_translated_page_table(bounded, specialised, max_pages):
     pages = None if max_pages is None else max_pages * items + 2
     outputs = [_guarded(BATCH + 1, width)]
     (out, index), = outputs
-    call = launch.translated_page_table_call(table, pool, lengths, v2p, out[index], page_size, 3, pages, -2)
+    call = launch.translated_page_table_call(table, pool, lengths, v2p, out[index], page_size, 3, pages, -2,
+                                             fill_value)
     _check_bounded(call, programs, items, width if pages is None else pages)
     _replayed(call, specialised, outputs,
-              lambda o: ops.translated_page_table.reference(table, pool, lengths, v2p, o, page_size, 3, pages, -2),
+              lambda o: ops.translated_page_table.reference(table, pool, lengths, v2p, o, page_size, 3, pages, -2,
+                                                            fill_value),
               _lengths_scenarios(lengths, width * page_size, g), "translated page table")
 
 
