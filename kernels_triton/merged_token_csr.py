@@ -1,6 +1,6 @@
 """Two token CSRs merged row by row (``kvdispatch.create_merged_kv_indices``), on the token CSR's grid
 ``(batch, programs_per_row)`` of ``kvdispatch.grid.token_csr_launch``: program ``(b, k)`` sums the earlier rows'
-lengths itself (blocks of TOKENS requests: the prefix sums on the device, no other launch), then copies row
+lengths itself (blocks of SUM_BLOCK requests: the prefix sums on the device, no other launch), then copies row
 ``b``'s entries ``[k * TOKENS, (k + 1) * TOKENS)`` and every ``programs_in_row``-th block after; program
 ``(b, 0)`` writes ``kv_indptr_out[b + 1]`` (and ``(0, 0)`` its first entry).
 """
@@ -23,7 +23,7 @@ from .specialization import Specialization, jit_function, warps
 MERGED_PARAMETERS = ("prefix_indptr_ptr", "prefix_ptr", "start_ptr", "lens_ptr", "extend_ptr", "indptr_out_ptr",
                      "out_ptr", "batch", "prefix_count", "extend_count", "total", "prefix_indptr_stride",
                      "start_stride", "lens_stride")
-MERGED_CONSTEXPRS = ("TOKENS", "FOLDED_GRID", "PDL")
+MERGED_CONSTEXPRS = ("TOKENS", "SUM_BLOCK", "FOLDED_GRID", "PDL")
 
 
 @triton.jit
@@ -45,8 +45,8 @@ def _parts(prefix_indptr_ptr, start_ptr, lens_ptr, rows, prefix_count, extend_co
 def _merged_token_csr_kernel(
     prefix_indptr_ptr, prefix_ptr, start_ptr, lens_ptr, extend_ptr, indptr_out_ptr, out_ptr, batch: tl.int64,
     prefix_count: tl.int64, extend_count: tl.int64, total: tl.int64, prefix_indptr_stride: tl.int64,
-    start_stride: tl.int64, lens_stride: tl.int64, TOKENS: tl.constexpr, FOLDED_GRID: tl.constexpr,
-    PDL: tl.constexpr,
+    start_stride: tl.int64, lens_stride: tl.int64, TOKENS: tl.constexpr, SUM_BLOCK: tl.constexpr,
+    FOLDED_GRID: tl.constexpr, PDL: tl.constexpr,
 ):
     """Row ``b = program_id(0)`` of the merged CSR (``ops.merged_token_csr.reference``); every length is at most
     its array's size, so the sums are exact in int64."""
@@ -54,8 +54,8 @@ def _merged_token_csr_kernel(
     row = tl.program_id(0).to(tl.int64)
     program = _launch.program_in_row(FOLDED_GRID)
     begin = row * 0
-    for block in range(0, row, TOKENS):
-        earlier = block + tl.arange(0, TOKENS)
+    for block in range(0, row, SUM_BLOCK):
+        earlier = block + tl.arange(0, SUM_BLOCK)
         listed = earlier < row
         earlier = tl.where(listed, earlier, 0)
         _, prefix, _, extend = _parts(prefix_indptr_ptr, start_ptr, lens_ptr, earlier, prefix_count, extend_count,
@@ -91,7 +91,8 @@ _merged_plans = _launch.plan_cache(on_clear=functools.partial(native.forget_plan
 
 def merged_constexprs(folded_grid: bool = False, pdl: bool = False) -> dict:
     """The constexpr arguments of one merged-CSR specialisation."""
-    return dict(TOKENS=launch_grid.items_per_program(launch_grid.TOKEN_CSR), FOLDED_GRID=folded_grid, PDL=pdl)
+    return dict(TOKENS=launch_grid.items_per_program(launch_grid.TOKEN_CSR), SUM_BLOCK=launch_grid.MERGED_SUM_BLOCK,
+                FOLDED_GRID=folded_grid, PDL=pdl)
 
 
 def build_merged_kv_indices(prefix_kv_indptr, prefix_kv_indices, extend_start_loc, extend_seq_lens,

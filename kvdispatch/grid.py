@@ -258,6 +258,10 @@ CACHE_LOCS_OFFSET_LIMIT = 2**32
 CACHE_LOCS_ENTRIES_PER_PROGRAM = 256
 # Lengths of earlier requests summed per pass of a program's packed offset.
 CACHE_LOCS_SUM_BLOCK = 256
+# Two token CSRs merged row by row (``kvdispatch.create_merged_kv_indices``, on the token CSR's grid): lengths of
+# earlier requests summed per pass of a program's row start (a vector of the token CSR's 2,048 costs eight times
+# the lanes where a batch has a few hundred rows).
+MERGED_SUM_BLOCK = 256
 
 
 def cache_locs_launch(batch: int, table_width: int, out_len: int, *, budget: int | None = None) -> Launch:
