@@ -181,204 +181,11 @@ __device__ inline void kv_fill(int* __restrict__ dst, int n, int value) {
     if (tail < n) dst[tail] = value;
 }
 
-// ---- Rows sharing the blocks of their long rows (the group split of the page tables, as in
-// kernels_triton/page_table.py) ----
-//
-// With T programs a row, a row may need more than its T blocks of `items` pages only when T * items falls short
-// of the page bound (the table's width). Then rows [g, g + kv_group_rows) (g a multiple of kv_group_rows) form a
-// group of M = rows x T programs. Each row's own programs take its blocks below passes * T (passes: the fewest
-// blocks of a row of the group over T, at least 1); the blocks past them, counted from each row's length (at
-// least what the row writes: a surplus block writes nothing), form one list in row order, of which member
-// m = (b - g) * T + k takes the consecutive items [m * s, (m + 1) * s), s = ceil(items / M). With a fill value
-// every row covers the width: no scan, and member m takes the items m, m + M, ... (the costly blocks, a row's
-// real pages, and the fills spread over every member).
-constexpr int kv_group_rows = 32;
-__shared__ kv_i64 kv_group_ends[kv_group_rows];  // inclusive prefix sums of the group's rows' overflow blocks
-
-struct kv_group_work {
-    kv_i64 own_end;                     // the row's own programs take its blocks below this page
-    kv_i64 item, items_end, item_step;  // this program's items of the group's list
-    kv_i64 first_row, passes;           // the group's first row; passes as above
-    kv_i64 row_blocks;                  // with a fill value, the items of every row (else 0)
-    kv_i64 cursor;                      // the group's row of the last item located
-};
-
-// This program's share of its group's blocks (lengths: seq_lens[i] + offset, pages of page_size, at most
-// page_bound). Every thread of the block must call it (the scan meets at barriers).
-__device__ inline kv_group_work kv_group_split(const void* __restrict__ lens, kv_i64 lens_stride, bool wide_lens,
-                                               kv_i64 offset, kv_i64 page_size, kv_i64 page_bound, kv_i64 items,
-                                               bool fill, bool folded) {
-    const kv_i64 b = blockIdx.x, programs = kv_row_programs(folded);
-    kv_group_work w;
-    w.first_row = b - b % kv_group_rows;
-    w.cursor = 0;
-    const kv_i64 rows = kv_min((kv_i64)gridDim.x - w.first_row, kv_group_rows);
-    const kv_i64 members = rows * programs, member = (b - w.first_row) * programs + kv_row_program(folded);
-    const kv_i64 bound_blocks = (page_bound + items - 1) / items;
-    if (fill) {
-        w.passes = 1;
-        w.own_end = programs * items;
-        w.row_blocks = bound_blocks - programs;
-        w.item = member;
-        w.items_end = rows * w.row_blocks;
-        w.item_step = members;
-        return w;
-    }
-    __shared__ kv_i64 blocks[kv_group_rows];
-    const unsigned int t = threadIdx.x;
-    if (t < kv_group_rows) {
-        kv_i64 n = 0;
-        if (t < rows) {
-            const kv_i64 length = kv_add_saturated(kv_load_index(lens, (w.first_row + t) * lens_stride, wide_lens),
-                                                   offset);
-            const kv_i64 pages = length > 0 ? kv_min((length - 1) / page_size + 1, page_bound) : 0;
-            n = (pages + items - 1) / items;
-        }
-        blocks[t] = n;
-    }
-    __syncthreads();
-    kv_i64 fewest = bound_blocks;
-    for (int r = 0; r < rows; ++r) fewest = kv_min(fewest, blocks[r]);
-    w.passes = kv_max(fewest / programs, 1);
-    w.own_end = w.passes * programs * items;
-    w.row_blocks = 0;
-    if (t < kv_group_rows) {
-        kv_i64 end = 0;
-        for (int r = 0; r <= (int)t && r < rows; ++r) end += kv_max(blocks[r] - w.passes * programs, 0);
-        kv_group_ends[t] = end;
-    }
-    __syncthreads();
-    const kv_i64 total = kv_group_ends[kv_group_rows - 1], share = (total + members - 1) / members;
-    w.item = kv_min(member * share, total);
-    w.items_end = kv_min(w.item + share, total);
-    w.item_step = 1;
-    return w;
-}
-
-// The row (*row) and first page (*first) of item `item` of the group's list; items in increasing order.
-__device__ inline void kv_group_item(kv_group_work* w, kv_i64 item, kv_i64 programs, kv_i64 items, kv_i64* row,
-                                     kv_i64* first) {
-    if (w->row_blocks > 0) {
-        *row = w->first_row + item / w->row_blocks;
-        *first = (programs + item % w->row_blocks) * items;
-        return;
-    }
-    while (kv_group_ends[w->cursor] <= item) ++w->cursor;
-    const kv_i64 before = w->cursor == 0 ? 0 : kv_group_ends[w->cursor - 1];
-    *row = w->first_row + w->cursor;
-    *first = (w->passes * programs + item - before) * items;
-}
-
-// The blocks of `items` pages a program of a page table writes: its own row's blocks k, k + T, ... up to the
-// row's end (page p < page_bound with p * page_size < limit, or every page below the bound with a fill value)
-// and, where rows share (T > 1 and T * items < page_bound), below passes * T, then its items of its group's
-// list (kv_group_split).
-struct kv_block_walk {
-    kv_group_work group;
-    kv_i64 first, end, step, limit, page_size, item;
-    bool fill, shared;
-};
-
-__device__ inline kv_block_walk kv_walk_start(kv_i64 limit, kv_i64 page_size, kv_i64 page_bound, kv_i64 items,
-                                              bool fill, bool folded) {
-    kv_block_walk w;
-    w.first = kv_row_program(folded) * items;
-    w.step = kv_row_programs(folded) * items;
-    w.end = page_bound;
-    w.limit = limit;
-    w.page_size = page_size;
-    w.fill = fill;
-    w.shared = w.step > items && w.step < page_bound;
-    w.item = 0;
-    w.group.items_end = 0;
-    return w;
-}
-
-// Called after the program's first block (so that the scan's loads overlap its gather): the group's share.
-// Every thread of the block must call it (a barrier-free no-op where rows do not share).
-__device__ inline void kv_walk_share(kv_block_walk* w, const void* __restrict__ lens, kv_i64 lens_stride,
-                                     bool wide_lens, kv_i64 offset, kv_i64 items, bool folded) {
-    if (!w->shared) return;
-    w->group = kv_group_split(lens, lens_stride, wide_lens, offset, w->page_size, w->end, items, w->fill, folded);
-    w->end = kv_min(w->end, w->group.own_end);
-    w->item = w->group.item;
-}
-
-// The next block: its row (*row) and first page (*first); false when the program has none left.
-__device__ inline bool kv_walk_next(kv_block_walk* w, kv_i64 items, bool folded, kv_i64* row, kv_i64* first) {
-    if (w->first < w->end && (w->fill || w->first * w->page_size < w->limit)) {
-        *row = blockIdx.x;
-        *first = w->first;
-        w->first += w->step;
-        return true;
-    }
-    if (w->item >= w->group.items_end) return false;
-    kv_group_item(&w->group, w->item, kv_row_programs(folded), items, row, first);
-    w->item += w->group.item_step;
-    return true;
-}
-
-// What a page-table block needs of its row: the table row from its start, the output row, and the limit of
-// the row's positions: min(L_b, C - start_b) on a readable row, else 0.
-struct kv_page_row {
-    const int* src;
-    int* out;
-    kv_i64 limit;
-};
-
-__device__ inline kv_page_row kv_page_row_of(kv_i64 pool, kv_i64 length, kv_i64 start, const int* __restrict__ table,
-                                             int* __restrict__ out, kv_i64 b, kv_i64 rows, kv_i64 cols,
-                                             kv_i64 table_stride, kv_i64 out_stride) {
-    const bool readable = pool >= 0 && pool < rows && start >= 0 && start < cols;
-    kv_page_row r;
-    r.limit = readable && length > 0 ? kv_min(length, cols - start) : 0;
-    r.src = table + (readable ? pool * table_stride + start : 0);
-    r.out = out + b * out_stride;
-    return r;
-}
-
-// The block of pages [first, min(first + items, width)) of a row: page p is written iff p * page_size < limit
-// (or filled with fill_value).
-__device__ inline void kv_page_block(kv_page_row r, kv_i64 first, kv_i64 width, kv_i64 items, int page_size,
-                                     bool fill, int fill_value, bool toward_zero) {
-    // Offsets inside a block fit in 32 bits: kvdispatch.grid keeps items * page_size <= 65536.
-    const int count = (int)(kv_min(first + items, width) - first);
-    if (page_size == 1) {  // a copy: wide accesses
-        const int written = (int)kv_max(0, kv_min(r.limit - first, count));
-        if (written > 0) kv_copy(r.src + first, r.out + first, written);
-        if (fill) kv_fill(r.out + first + written, count - written, fill_value);
-        return;
-    }
-    // Pages are independent gathers: up to 4 per thread per pass, every load issued before any store.
-    const int* row = r.src + first * page_size;
-    // Page first + i is written iff i * page_size < row_limit; clamped to the block's span, which implies
-    // i < count and fits in 32 bits, so each page's test is one 32-bit compare.
-    const int row_limit = (int)kv_max(0, kv_min(r.limit - first * page_size, (kv_i64)count * page_size));
-    int* dst = r.out + first;
-    const int threads = blockDim.x;
-    for (int base = threadIdx.x; base < count; base += 4 * threads) {
-        int v[4];
-#pragma unroll
-        for (int u = 0; u < 4; ++u) {
-            const int i = base + u * threads;
-            v[u] = i * page_size < row_limit ? row[i * page_size] : 0;
-        }
-#pragma unroll
-        for (int u = 0; u < 4; ++u) {
-            const int i = base + u * threads;
-            if (i >= count) break;
-            if (i * page_size < row_limit) dst[i] = kv_page_div(v[u], page_size, toward_zero);
-            else if (fill) dst[i] = fill_value;
-        }
-    }
-}
-
 // out[b, p] = table[pool_b, start_b + p * page_size] // page_size (floor division, truncation with
 // KV_ROUND_TOWARD_ZERO) for p < pages_b, where pages_b is
 // min(ceil(L_b / page_size), pages the table row can give, width); fill_value on [pages_b, width)
 // when KV_FILL is set. Rows >= B (= gridDim.x) and unwritten columns are left untouched. A row's blocks run
-// to pages_b (to the width with KV_FILL), its own programs' or, past their first pass, its group's
-// (kv_group_split).
+// to pages_b (to the width with KV_FILL).
 // seq_lens_out (KV_LENS_OUT): seq_lens + seqlen_offset (the low 32 bits of the exact sum), written by
 // program 0 of each row.
 // Launched with width 0 it writes only seq_lens_out.
@@ -398,8 +205,8 @@ extern "C" __global__ void kv_page_table(
     const int page_size = (int)page_size_arg;
 #endif
     const kv_i64 b = blockIdx.x;
-    const bool folded = KV_HAS(KV_FOLDED_GRID), fill = KV_HAS(KV_FILL), toward_zero = KV_HAS(KV_ROUND_TOWARD_ZERO);
-    const kv_i64 program = kv_row_program(folded);
+    const kv_i64 program = kv_row_program(KV_HAS(KV_FOLDED_GRID));
+    const kv_i64 step = kv_row_programs(KV_HAS(KV_FOLDED_GRID)) * items;
     // Independent loads, issued before any of them is used.
     const kv_i64 pool = kv_load_index(req_pool_indices, b * pool_stride, KV_HAS(KV_WIDE_POOL));
     const kv_i64 seq_len = kv_load_index(seq_lens, b * lens_stride, KV_HAS(KV_WIDE_LENS));
@@ -407,29 +214,48 @@ extern "C" __global__ void kv_page_table(
         KV_HAS(KV_START) ? kv_load_index(kv_start_idx, b * start_stride, KV_HAS(KV_WIDE_START)) : 0;
     if (KV_HAS(KV_LENS_OUT) && program == 0 && threadIdx.x == 0)
         seq_lens_out[b] = (int)((kv_u64)seq_len + (kv_u64)seqlen_offset);  // unsigned: wraps, never overflows
-    // Page p is written iff its first position p * page_size is below the row's limit: that is
-    // p < min(ceil(L / page_size), ceil((C - start) / page_size)), with no 64-bit division on the path between
-    // the row's loads and the table's.
-    const kv_page_row own = kv_page_row_of(pool, kv_add_saturated(seq_len, seqlen_offset), start, table, out, b, rows,
-                                           cols, table_stride, out_stride);
-    kv_block_walk walk = kv_walk_start(own.limit, page_size, width, items, fill, folded);
-    kv_i64 row, first;
-    if (kv_walk_next(&walk, items, folded, &row, &first))  // the row's first block, before the group's scan
-        kv_page_block(own, first, width, items, page_size, fill, (int)fill_value, toward_zero);
-    kv_walk_share(&walk, seq_lens, lens_stride, KV_HAS(KV_WIDE_LENS), seqlen_offset, items, folded);
-    kv_page_row r = own;
-    for (kv_i64 current = b; kv_walk_next(&walk, items, folded, &row, &first);) {
-        if (row != current) {  // a block of another row of the group
-            const kv_i64 row_start =
-                KV_HAS(KV_START) ? kv_load_index(kv_start_idx, row * start_stride, KV_HAS(KV_WIDE_START)) : 0;
-            r = kv_page_row_of(kv_load_index(req_pool_indices, row * pool_stride, KV_HAS(KV_WIDE_POOL)),
-                               kv_add_saturated(kv_load_index(seq_lens, row * lens_stride, KV_HAS(KV_WIDE_LENS)),
-                                                seqlen_offset),
-                               row_start, table, out, row, rows, cols, table_stride, out_stride);
-            current = row;
+    const kv_i64 length = kv_add_saturated(seq_len, seqlen_offset);
+
+    const bool readable = pool >= 0 && pool < rows && start >= 0 && start < cols;
+    // Page p is written iff its first position p * page_size is below `limit` (the length, cut at
+    // the table's last column): that is p < min(ceil(L / page_size), ceil((C - start) / page_size)),
+    // with no 64-bit division on the path between the row's loads and the table's.
+    const kv_i64 limit = readable && length > 0 ? kv_min(length, cols - start) : 0;
+    const int* src = table + (readable ? pool * table_stride + start : 0);
+    int* const row_out = out + b * out_stride;
+    const bool fill = KV_HAS(KV_FILL);
+    const int threads = blockDim.x;
+    // The block of pages [first, last); page p is written iff p * page_size < limit (or filled).
+    for (kv_i64 first = program * items; first < width && (fill || first * page_size < limit); first += step) {
+        // Offsets inside a block fit in 32 bits: kvdispatch.grid keeps items * page_size <= 65536.
+        const int count = (int)(kv_min(first + items, width) - first);
+        if (page_size == 1) {  // a copy: wide accesses
+            const int written = (int)kv_max(0, kv_min(limit - first, count));
+            if (written > 0) kv_copy(src + first, row_out + first, written);
+            if (fill) kv_fill(row_out + first + written, count - written, (int)fill_value);
+            continue;
         }
-        if (fill || first * page_size < r.limit)
-            kv_page_block(r, first, width, items, page_size, fill, (int)fill_value, toward_zero);
+        // Pages are independent gathers: up to 4 per thread per pass, every load issued before any store.
+        const int* row = src + first * page_size;
+        // Page first + i is written iff i * page_size < row_limit; clamped to the block's span, which
+        // implies i < count and fits in 32 bits, so each page's test is one 32-bit compare.
+        const int row_limit = (int)kv_max(0, kv_min(limit - first * page_size, (kv_i64)count * page_size));
+        int* dst = row_out + first;
+        for (int base = threadIdx.x; base < count; base += 4 * threads) {
+            int v[4];
+#pragma unroll
+            for (int u = 0; u < 4; ++u) {
+                const int i = base + u * threads;
+                v[u] = i * page_size < row_limit ? row[i * page_size] : 0;
+            }
+#pragma unroll
+            for (int u = 0; u < 4; ++u) {
+                const int i = base + u * threads;
+                if (i >= count) break;
+                if (i * page_size < row_limit) dst[i] = kv_page_div(v[u], page_size, KV_HAS(KV_ROUND_TOWARD_ZERO));
+                else if (fill) dst[i] = (int)fill_value;
+            }
+        }
     }
     KV_GRID_RELEASE();
 }
@@ -614,23 +440,16 @@ struct kv_mapped_row {
     kv_i64 first, pool, limit;
 };
 
-__device__ inline kv_mapped_row kv_mapped_row_at(kv_i64 b, const void* pool_ptr, kv_i64 pool_stride,
-                                                 const void* lens_ptr, kv_i64 lens_stride, kv_i64 rows, kv_i64 cols,
-                                                 kv_i64 offset, kv_i64 items, kv_i64 flags) {
+__device__ inline kv_mapped_row kv_mapped_row_of(const void* pool_ptr, kv_i64 pool_stride, const void* lens_ptr,
+                                                 kv_i64 lens_stride, kv_i64 rows, kv_i64 cols, kv_i64 offset,
+                                                 kv_i64 items, kv_i64 flags) {
+    const kv_i64 b = blockIdx.x;
     kv_mapped_row r;
     r.first = kv_row_program(KV_HAS(KV_FOLDED_GRID)) * items;
     r.pool = kv_load_index(pool_ptr, b * pool_stride, KV_HAS(KV_WIDE_POOL));
     const kv_i64 length = kv_add_saturated(kv_load_index(lens_ptr, b * lens_stride, KV_HAS(KV_WIDE_LENS)), offset);
     r.limit = r.pool >= 0 && r.pool < rows ? kv_min(length, cols) : 0;
     return r;
-}
-
-// The program's own row, blockIdx.x.
-__device__ inline kv_mapped_row kv_mapped_row_of(const void* pool_ptr, kv_i64 pool_stride, const void* lens_ptr,
-                                                 kv_i64 lens_stride, kv_i64 rows, kv_i64 cols, kv_i64 offset,
-                                                 kv_i64 items, kv_i64 flags) {
-    return kv_mapped_row_at(blockIdx.x, pool_ptr, pool_stride, lens_ptr, lens_stride, rows, cols, offset, items,
-                            flags);
 }
 
 // The page size: the compile-time one of a specialised build (divisions become shifts), else the argument.
@@ -707,8 +526,7 @@ __device__ inline void kv_translated_block(const int* __restrict__ row, int* __r
 // t = table[pool_b, c * page_size]; v = t < 0 ? 0 : t / page_size; out[b, c] = min(max(v2p[v] * multiplier, 0),
 // 2**31 - 1), exact (0 for v >= v2p_len), for c < columns with c * page_size below min(seq_lens[b] +
 // seq_len_delta, cols); with KV_FILL, fill_value in the row's other columns below `columns`. Everything else
-// is left untouched. A row's blocks are its own programs' or, past their first pass, its group's
-// (kv_group_split).
+// is left untouched.
 extern "C" __global__ void kv_translated_page_table(
     const int* __restrict__ table, const void* __restrict__ req_pool_indices, const void* __restrict__ seq_lens,
     const void* __restrict__ v2p, int* __restrict__ out, kv_i64 rows, kv_i64 cols, kv_i64 table_stride,
@@ -717,25 +535,12 @@ extern "C" __global__ void kv_translated_page_table(
     KV_GRID_WAIT();
     const kv_i64 page_size = kv_specialised_page_size(page_size_arg), b = blockIdx.x;
     const bool folded = KV_HAS(KV_FOLDED_GRID), fill = KV_HAS(KV_FILL), wide_v2p = KV_HAS(KV_WIDE_MAPPING);
-    const kv_mapped_row own = kv_mapped_row_of(req_pool_indices, pool_stride, seq_lens, lens_stride, rows, cols,
-                                               seq_len_delta, items, flags);
-    kv_block_walk walk = kv_walk_start(own.limit, page_size, columns, items, fill, folded);
-    kv_i64 row, first;
-    if (kv_walk_next(&walk, items, folded, &row, &first))  // the row's first block, before the group's scan
-        kv_translated_block(table + own.pool * table_stride, out + b * out_stride, own.limit, first, columns, items,
+    const kv_mapped_row r = kv_mapped_row_of(req_pool_indices, pool_stride, seq_lens, lens_stride, rows, cols,
+                                             seq_len_delta, items, flags);
+    const kv_i64 step = kv_row_programs(folded) * items;
+    for (kv_i64 first = r.first; first < columns && (fill || first * page_size < r.limit); first += step)
+        kv_translated_block(table + r.pool * table_stride, out + b * out_stride, r.limit, first, columns, items,
                             page_size, v2p, v2p_len, wide_v2p, multiplier, fill, (int)fill_value);
-    kv_walk_share(&walk, seq_lens, lens_stride, KV_HAS(KV_WIDE_LENS), seq_len_delta, items, folded);
-    kv_mapped_row r = own;
-    for (kv_i64 current = b; kv_walk_next(&walk, items, folded, &row, &first);) {
-        if (row != current) {  // a block of another row of the group
-            r = kv_mapped_row_at(row, req_pool_indices, pool_stride, seq_lens, lens_stride, rows, cols, seq_len_delta,
-                                 items, flags);
-            current = row;
-        }
-        if (fill || first * page_size < r.limit)
-            kv_translated_block(table + r.pool * table_stride, out + row * out_stride, r.limit, first, columns,
-                                items, page_size, v2p, v2p_len, wide_v2p, multiplier, fill, (int)fill_value);
-    }
     KV_GRID_RELEASE();
 }
 

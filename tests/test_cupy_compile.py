@@ -102,13 +102,11 @@ def test_source_is_in_the_portable_subset():
     for construct in ("#include", "__shfl", "warpSize", "__ldg", "__forceinline__", "template", "int4",
                       "cooperative_groups", "asm", "atomic"):
         assert not re.search(rf"(?<!\w){re.escape(construct)}", code), construct
-    # Shared memory and barriers live in the block sum and the group split alone (the host shim runs a block's
-    # threads as fibers that meet at the barriers).
-    cooperative = [re.search(rf"kv_\w+ {name}\(.*?\n}}\n", code, re.S).group(0)
-                   for name in ("kv_block_sum", "kv_group_split")]
-    cooperative += re.findall(r"^__shared__ [^\n]*\n", code, re.M)  # the group split's list, read by its items
+    # Shared memory and barriers live in the block sum alone (the host shim runs a block's threads as fibers that
+    # meet at its barriers).
+    block_sum = re.search(r"kv_u64 kv_block_sum\(.*?\n}\n", code, re.S).group(0)
     for construct in ("__shared__", "__syncthreads"):
-        assert code.count(construct) == sum(part.count(construct) for part in cooperative), construct
+        assert construct in block_sum and code.count(construct) == block_sum.count(construct), construct
     for name in build.KERNELS:
         assert re.search(rf'extern "C" __global__ void {name}\(', code)
 
