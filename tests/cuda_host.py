@@ -38,12 +38,14 @@ def build_dir() -> Path:
 
 
 @functools.lru_cache(maxsize=None)
-def library(defines: tuple = ()) -> ctypes.CDLL:
-    """Build (if needed) and load the host library; one build per content of the source and the shim and
-    per specialisation ``defines`` (``KernelCall.defines``; none: the generic kernels)."""
+def library(defines: tuple = (), kernels: tuple = tuple(build.KERNELS)) -> ctypes.CDLL:
+    """Build (if needed) and load the host library of ``kernels``; one build per content of the source and the
+    shim, per specialisation ``defines`` (``KernelCall.defines``; none: the generic kernels) and per kernel list.
+    The shim makes every kernel an inline function, so a build compiles only the kernels it exports: a
+    specialisation, built for one kernel, takes about 0.4 s instead of 1.1."""
     unit = ("".join(f"#define {name} {value}\n" for name, value in defines)
             + f'#include "{SHIM_PATH}"\n#include "{build.SOURCE_PATH}"\n'
-            + "".join(f"KV_HOST_EXPORT({name})\n" for name in build.KERNELS))
+            + "".join(f"KV_HOST_EXPORT({name})\n" for name in kernels))
     extra_flags = os.environ.get(EXTRA_FLAGS_ENV, "").split()
     digest = hashlib.sha256((unit + build.source() + SHIM_PATH.read_text() + " ".join(extra_flags)).encode()
                             ).hexdigest()[:16]
@@ -59,7 +61,7 @@ def library(defines: tuple = ()) -> ctypes.CDLL:
             raise RuntimeError(f"host build of kv_indices.cu failed:\n{done.stdout}{done.stderr}")
 
     lib = ctypes.CDLL(str(_build_cache.build(build_dir(), f"kv_indices_{digest}.so", compile_to)))
-    for name in build.KERNELS:
+    for name in kernels:
         getattr(lib, f"host_{name}").argtypes = [ctypes.c_uint, ctypes.c_uint, ctypes.c_uint, ctypes.c_uint,
                                                  ctypes.POINTER(ctypes.c_void_p)]
     return lib
@@ -72,7 +74,7 @@ def run(call: KernelCall | None, specialised: bool = False) -> None:
         return
     values = [ctypes.c_uint64(a & 0xFFFF_FFFF_FFFF_FFFF) for a in call.args]  # every parameter is 8 bytes
     pointers = (ctypes.c_void_p * len(values))(*[ctypes.cast(ctypes.byref(v), ctypes.c_void_p) for v in values])
-    lib = library(call.defines if specialised else ())
+    lib = library(call.defines, (call.kernel,)) if specialised else library()
     getattr(lib, f"host_{call.kernel}")(*call.grid, call.threads, pointers)
 
 

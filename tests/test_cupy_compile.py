@@ -54,6 +54,7 @@ def test_hipcc_specialisations(defines):
     assert set(result.registers) == set(build.KERNELS)
 
 
+@pytest.mark.exhaustive  # the compile-hip lane compiles the same targets
 def test_hipcc_gfx90a():
     result = _compile_or_skip(build.compile_hip, "gfx90a")
     assert result.output_bytes > 0
@@ -61,7 +62,7 @@ def test_hipcc_gfx90a():
     print(f"hipcc gfx90a: {result.output_bytes} bytes, VGPRs {result.registers}")
 
 
-@pytest.mark.representative()
+@pytest.mark.exhaustive  # the compile-hip lane compiles the same targets
 @pytest.mark.parametrize("arch", [a for a in build.HIP_ARCHS if a != "gfx90a"])
 def test_hipcc_newer_archs(arch):
     try:
@@ -72,7 +73,7 @@ def test_hipcc_newer_archs(arch):
     print(f"hipcc {arch}: {result.output_bytes} bytes, VGPRs {result.registers}")
 
 
-@pytest.mark.representative()
+@pytest.mark.exhaustive  # the compile-hip lane compiles the same targets
 @pytest.mark.parametrize("arch", ("gfx942", "gfx950"))
 def test_clang_hip(arch):
     try:

@@ -41,6 +41,7 @@ BUILDS = pytest.mark.parametrize("specialised", (False, True), ids=("generic", "
 
 
 @BUILDS
+@pytest.mark.representative("page_size", "shift")
 @pytest.mark.parametrize("page_size", (1, 3, 64))
 @pytest.mark.parametrize("shift", range(4))
 @pytest.mark.parametrize("round_toward_zero", (False, True))

@@ -86,6 +86,7 @@ def _check_triton_folded(backend, launches):
         assert launches and all(g[2] > 1 and c["FOLDED_GRID"] for g, c in launches), launches
 
 
+@pytest.mark.representative("page_size")
 @pytest.mark.parametrize("backend", BUILDS, indirect=True)
 @pytest.mark.parametrize("page_size", (1, 16, 96, 4096))
 @pytest.mark.parametrize("option", ("plain", "start", "fill", "offset"))
