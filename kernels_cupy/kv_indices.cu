@@ -482,6 +482,10 @@ extern "C" __global__ void kv_mha_page_table(
     for (kv_i64 first = r.first; first < end && first * page_size < limit; first += step) {
         const kv_i64 last = kv_min(first + items, end);
         const int* row = table + r.pool * table_stride;
+        if (page_size == 1 && !swa) {  // a copy of the row's slots: wide accesses
+            kv_copy(row + first, page_table + b * page_table_stride + first, (int)(kv_min(last, limit) - first));
+            continue;
+        }
         for (kv_i64 base = first + threadIdx.x; base < last && base * page_size < limit;
              base += kv_page_unroll * threads) {
             kv_i64 slot[kv_page_unroll];
@@ -1213,6 +1217,11 @@ extern "C" __global__ void kv_ragged_page_table(
     for (kv_i64 first = kv_row_program(KV_HAS(KV_FOLDED_GRID)) * items;
          first < pages_end && first * page_size < limit; first += step) {
         const kv_i64 last = kv_min(first + items, pages_end), threads = blockDim.x;
+        if (page_size == 1 && !swa && !KV_HAS(KV_WIDE_TOKENS)) {  // a copy of the row's slots: wide accesses
+            kv_copy((const int*)kv_indices + begin + first, page_table + b * page_table_stride + first,
+                    (int)(kv_min(last, limit) - first));
+            continue;
+        }
         for (kv_i64 base = first + threadIdx.x; base < last && base * page_size < limit;
              base += kv_page_unroll * threads) {
             kv_i64 slot[kv_page_unroll];

@@ -74,17 +74,22 @@ def test_reference_matches_the_loop(page_size, dtype, toward_zero):
 
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("dtype", (torch.int32, torch.int64))
-def test_backends_match_the_reference_on_bad_data(backend, dtype):
+@pytest.mark.parametrize("swa", (True, False))
+def test_backends_match_the_reference_on_bad_data(backend, dtype, swa):
+    """With the SWA twin and without (at page 1 and int32 indices, a copy of the row's slots), rows of 300
+    slots: several blocks at page 1."""
     g = torch.Generator().manual_seed(3)
     for page_size in (1, 16):
         kv_indices, kv_indptr = _case(g, dtype, total=300)
-        mapping = torch.randint(-5, 1 << 20, (1 << 12,), generator=g)
-        tables = [torch.full((7, w), POISON, dtype=torch.int32, device=DEVICE) for w in (9, 5)]
+        kv_indptr[-1] = 300  # one row reaching the end of the slots
+        mapping = torch.randint(-5, 1 << 20, (1 << 12,), generator=g) if swa else None
+        tables = [torch.full((7, w), POISON, dtype=torch.int32, device=DEVICE) for w in (310, 5)]
         expected = [t.cpu().clone() for t in tables]
-        ops.ragged_page_table.reference(kv_indices, kv_indptr, expected[0], page_size, expected[1], mapping, True)
+        twin = (expected[1], mapping) if swa else (None, None)
+        ops.ragged_page_table.reference(kv_indices, kv_indptr, expected[0], page_size, *twin, True)
+        twin = (tables[1], mapping.to(DEVICE)) if swa else (None, None)
         through(backend, "create_ragged_page_table", kv_indices.to(DEVICE), kv_indptr.to(DEVICE), tables[0],
-                page_size=page_size, swa_page_table=tables[1], full_to_swa=mapping.to(DEVICE),
-                round_toward_zero=True)
+                page_size=page_size, swa_page_table=twin[0], full_to_swa=twin[1], round_toward_zero=True)
         assert torch.equal(tables[0].cpu(), expected[0]) and torch.equal(tables[1].cpu(), expected[1])
 
 
