@@ -130,7 +130,8 @@ def budget(monkeypatch):
     cupy_launch.forget_geometry()
 
 
-# The page tables whose rows share the blocks of their long rows within groups: Triton and the CUDA source.
+# The page tables whose long rows span many blocks of a bounded grid: Triton shares them within groups of rows,
+# the CUDA source walks each row with its own programs (benchmarks/cupy_group_vote.patch shares them too).
 SHARING = pytest.mark.parametrize("backend", [b for b in BACKENDS if b in ("triton", "cupy", "cupy-host")])
 
 
@@ -298,8 +299,9 @@ def test_translated_page_table_rows_loop_over_their_blocks(bounded, page_size, m
 @pytest.mark.parametrize("page_size", (1, 16, 7))
 @pytest.mark.parametrize("multiplier,max_pages,seq_len_delta", [(1, None, 0), (4, "some", 3), (1, None, -2)])
 @pytest.mark.parametrize("dtype", (torch.int32, torch.int64))
+@SHARING
 def test_translated_overflow_blocks_are_dealt_over_the_grid(budget, page_size, multiplier, max_pages, seq_len_delta,
-                                                            dtype):
+                                                            dtype, backend):
     """A few rows far longer than their ``T`` programs' blocks (some at the length dtype's extremes), short
     and empty ones, unreadable pool entries: the overflow blocks dealt over the grid write exactly the
     reference's output, the guard around it untouched."""
@@ -315,11 +317,12 @@ def test_translated_overflow_blocks_are_dealt_over_the_grid(budget, page_size, m
     v2p = random_lookup(torch.int32, table.numel() // page_size + 3, g)
     width = pages + 2
     limit = None if max_pages is None else width - 7
-    check_translated("triton", table, pool, lengths, v2p, width, page_size, multiplier, limit, seq_len_delta,
+    check_translated(backend, table, pool, lengths, v2p, width, page_size, multiplier, limit, seq_len_delta,
                      rows=pool.shape[0] + 1)
 
 
-def test_translated_rows_all_long_take_their_common_passes_themselves(budget):
+@SHARING
+def test_translated_rows_all_long_take_their_common_passes_themselves(budget, backend):
     """As for the page table: every row past its programs' blocks by different amounts."""
     budget(12)
     g = generator()
@@ -329,7 +332,7 @@ def test_translated_rows_all_long_take_their_common_passes_themselves(budget):
     pool = torch.randperm(6, generator=g)
     lengths = draw(5 * items * page_size, 9 * items * page_size, 6, g)
     v2p = random_lookup(torch.int32, table.numel() // page_size + 3, g)
-    check_translated("triton", table, pool, lengths, v2p, 9 * items + 7, page_size, rows=7)
+    check_translated(backend, table, pool, lengths, v2p, 9 * items + 7, page_size, rows=7)
 
 
 # -- draft decode ---------------------------------------------------------------------------------------------
