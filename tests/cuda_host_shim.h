@@ -1,7 +1,7 @@
 // Host build of kv_indices.cu (CI without a GPU): the CUDA keywords become plain C++ and a launch runs
 // every block one after another. A block's threads run one after another too, unless they meet at
-// __syncthreads() (or __syncthreads_or()): then each thread is a fiber (ucontext) that runs until its next
-// barrier, and the block moves on once every thread has arrived. __shared__ variables are per OS thread, hence per block. That is
+// __syncthreads(): then each thread is a fiber (ucontext) that runs until its next barrier, and the block
+// moves on once every thread has arrived. __shared__ variables are per OS thread, hence per block. That is
 // exact for these kernels because their threads communicate only through shared memory at barriers (no warp
 // operations, no atomics). A barrier met by some threads of a block only (undefined on a GPU) aborts.
 //
@@ -50,8 +50,6 @@ struct block_run {
     ucontext_t scheduler;
     std::vector<ucontext_t> contexts;
     std::vector<state> states;
-    std::vector<int> votes;  // each thread's __syncthreads_or predicate at the barrier it waits at
-    int any_vote = 0;        // their OR, what the barrier returns
 #if defined(__SANITIZE_ADDRESS__)
     const void* scheduler_stack = nullptr;
     std::size_t scheduler_stack_bytes = 0;
@@ -130,7 +128,6 @@ inline void run_block(block_run* run, unsigned threads) {
     run->fibers = false;
     run->contexts.resize(threads);
     run->states.assign(threads, state::running);
-    run->votes.assign(threads, 0);
     start_fiber(run, 0);
     if (run->states[0] == state::done) {  // no barrier in thread 0: none in any thread of this block
         for (unsigned t = 1; t < threads; ++t) {
@@ -147,8 +144,6 @@ inline void run_block(block_run* run, unsigned threads) {
         for (unsigned t = 0; t < threads; ++t) done += run->states[t] == state::done;
         if (done == threads) return;
         if (done != 0) divergent_barrier();
-        run->any_vote = 0;
-        for (unsigned t = 0; t < threads; ++t) run->any_vote |= run->votes[t];
         for (unsigned t = 0; t < threads; ++t) resume(run, t);
     }
 }
@@ -192,18 +187,13 @@ void launch(void (*kernel)(Args...), unsigned grid_x, unsigned grid_y, unsigned 
 
 }  // namespace kv_host
 
-// Waits for every thread of the block; returns whether `predicate` was nonzero in any of them.
-inline int __syncthreads_or(int predicate) {
+inline void __syncthreads() {
     kv_host::block_run* run = kv_host::active;
     if (run == nullptr) std::abort();
     if (!run->fibers && run->current != 0) kv_host::divergent_barrier();
-    run->votes[run->current] = predicate != 0;
     run->states[run->current] = kv_host::state::at_barrier;
     kv_host::to_scheduler(run);
-    return run->any_vote;
 }
-
-inline void __syncthreads() { (void)__syncthreads_or(0); }
 
 #define KV_HOST_EXPORT(kernel)                                                                          \
     extern "C" void host_##kernel(unsigned grid_x, unsigned grid_y, unsigned grid_z, unsigned threads,  \
