@@ -132,7 +132,7 @@ def budget(monkeypatch):
 
 # The page tables whose long rows span many blocks of a bounded grid: Triton shares them within groups of rows,
 # the CUDA source walks each row with its own programs (benchmarks/cupy_group_vote.patch shares them too).
-SHARING = pytest.mark.parametrize("backend", [b for b in BACKENDS if b in ("triton", "cupy", "cupy-host")])
+LONG_ROW_BACKENDS = pytest.mark.parametrize("backend", [b for b in BACKENDS if b in ("triton", "cupy", "cupy-host")])
 
 
 def _hostile_mix(case, long_rows, g):
@@ -158,7 +158,7 @@ def _hostile_mix(case, long_rows, g):
 @pytest.mark.parametrize("page_size", (1, 16, 96))
 @pytest.mark.parametrize("option", PAGE_TABLE_OPTIONS)
 @pytest.mark.parametrize("batch, programs, long_rows", [(5, 16, (0, 3)), (7, 20, (1, 2, 6))])
-@SHARING
+@LONG_ROW_BACKENDS
 def test_page_table_overflow_blocks_are_dealt_over_the_grid(budget, page_size, option, batch, programs, long_rows,
                                                             backend):
     """A few rows far longer than their ``T`` programs' blocks, the rest short: the blocks past a row's first
@@ -175,7 +175,7 @@ def test_page_table_overflow_blocks_are_dealt_over_the_grid(budget, page_size, o
     _check_guarded(case, backend, with_seq_out=option == "offset")
 
 
-@SHARING
+@LONG_ROW_BACKENDS
 def test_overflow_blocks_are_shared_within_groups_of_rows(budget, backend):
     """A batch of several groups of rows (``page_table.GROUP_ROWS``), the last one partial, long rows in some
     groups and none in others."""
@@ -191,7 +191,7 @@ def test_overflow_blocks_are_shared_within_groups_of_rows(budget, backend):
 
 @pytest.mark.parametrize("page_size", (1, 64))
 @pytest.mark.parametrize("option", ("none", "offset", "start"))
-@SHARING
+@LONG_ROW_BACKENDS
 def test_page_table_rows_all_long_take_their_common_passes_themselves(budget, page_size, option, backend):
     """Every row far past its ``T`` programs' blocks, by different amounts: the row's programs take the blocks
     every row of its group has, the rest is shared; one row reaches past the width."""
@@ -299,7 +299,7 @@ def test_translated_page_table_rows_loop_over_their_blocks(bounded, page_size, m
 @pytest.mark.parametrize("page_size", (1, 16, 7))
 @pytest.mark.parametrize("multiplier,max_pages,seq_len_delta", [(1, None, 0), (4, "some", 3), (1, None, -2)])
 @pytest.mark.parametrize("dtype", (torch.int32, torch.int64))
-@SHARING
+@LONG_ROW_BACKENDS
 def test_translated_overflow_blocks_are_dealt_over_the_grid(budget, page_size, multiplier, max_pages, seq_len_delta,
                                                             dtype, backend):
     """A few rows far longer than their ``T`` programs' blocks (some at the length dtype's extremes), short
@@ -321,7 +321,7 @@ def test_translated_overflow_blocks_are_dealt_over_the_grid(budget, page_size, m
                      rows=pool.shape[0] + 1)
 
 
-@SHARING
+@LONG_ROW_BACKENDS
 def test_translated_rows_all_long_take_their_common_passes_themselves(budget, backend):
     """As for the page table: every row past its programs' blocks by different amounts."""
     budget(12)

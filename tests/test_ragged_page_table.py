@@ -76,8 +76,8 @@ def test_reference_matches_the_loop(page_size, dtype, toward_zero):
 @pytest.mark.parametrize("dtype", (torch.int32, torch.int64))
 @pytest.mark.parametrize("swa", (True, False))
 def test_backends_match_the_reference_on_bad_data(backend, dtype, swa):
-    """With the SWA twin and without (at page 1 and int32 indices, a copy of the row's slots), rows of 300
-    slots: several blocks at page 1."""
+    """With the SWA twin and without (at page 1 and int32 indices, a copy of the row's slots); the last row
+    reaches the end of the 300 slots."""
     g = torch.Generator().manual_seed(3)
     for page_size in (1, 16):
         kv_indices, kv_indptr = _case(g, dtype, total=300)
