@@ -175,6 +175,19 @@ def test_page_table_overflow_blocks_are_dealt_over_the_grid(budget, page_size, o
     _check_guarded(case, backend, with_seq_out=option == "offset")
 
 
+@pytest.mark.parametrize("page_size", (1, 16))
+@LONG_ROW_BACKENDS
+def test_page_table_fill_reaches_the_width_past_short_rows(budget, page_size, backend):
+    """With a fill value, every row ending within its ``T`` programs' blocks of a table far wider: no block is
+    shared, and the fill past those blocks reaches the width; the guard columns and spare row stay untouched."""
+    budget(16)
+    g = generator()
+    items = grid.items_per_program(grid.PAGE_TABLE, page_size)
+    case = make_case(5, page_size, max_pages=4 * BLOCKS * items + 3, device=DEVICE, generator=g, fill_value=-1)
+    case.seq_lens.copy_(draw(0, 3 * items * page_size, 5, g))
+    _check_guarded(case, backend)
+
+
 @LONG_ROW_BACKENDS
 def test_overflow_blocks_are_shared_within_groups_of_rows(budget, backend):
     """A batch of several groups of rows (``page_table.GROUP_ROWS``), the last one partial, long rows in some
