@@ -334,6 +334,24 @@ def test_translated_overflow_blocks_are_dealt_over_the_grid(budget, page_size, m
                      rows=pool.shape[0] + 1)
 
 
+@pytest.mark.parametrize("page_size", (1, 16))
+@pytest.mark.parametrize("long_rows", (True, False))
+@LONG_ROW_BACKENDS
+def test_translated_fill_reaches_the_width_past_every_row(budget, page_size, long_rows, backend):
+    """With a fill value (SGLang's zero tail): short, empty and unreadable rows, with or without a few far
+    longer than their ``T`` programs' blocks, in a table far wider: the live pages and the fill past them up to
+    the width are the reference's, the guard around them untouched."""
+    budget(16)
+    g = generator()
+    pages = 4 * BLOCKS * grid.items_per_program(grid.MAPPED_PAGE_TABLE, page_size) + 3
+    table = _slot_table(6, pages * page_size, g)
+    pool = torch.tensor([3, 1, 6, 0, -1, 5, 2], dtype=torch.int32)
+    full = table.shape[1] if long_rows else 2 * page_size
+    lengths = torch.tensor([full, 1, full, page_size + 1, full, 0, 3 * page_size - 1], dtype=torch.int32)
+    v2p = random_lookup(torch.int32, table.numel() // page_size + 3, g)
+    check_translated(backend, table, pool, lengths, v2p, pages + 2, page_size, rows=pool.shape[0] + 1, fill_value=0)
+
+
 @LONG_ROW_BACKENDS
 def test_translated_rows_all_long_take_their_common_passes_themselves(budget, backend):
     """As for the page table: every row past its programs' blocks by different amounts."""

@@ -62,15 +62,18 @@ def loop_mha(table, pool, lens, page_table, swa_page_table, full_to_swa, page_si
     return result, swa
 
 
-def loop_translated(table, pool, lens, v2p, out, page_size, multiplier, max_pages, seq_len_delta):
+def loop_translated(table, pool, lens, v2p, out, page_size, multiplier, max_pages, seq_len_delta, fill_value=None):
     """The translated page table contract as plain loops; returns the expected ``out``."""
     table, lookup, result = table.tolist(), v2p.tolist(), out.clone()
     columns = out.shape[1] if max_pages is None else max_pages
     for b, (row, length) in enumerate(zip(pool.tolist(), lens.tolist())):
-        for c in range(min(_row_pages(table, row, length + seq_len_delta, page_size), columns)):
+        live = min(_row_pages(table, row, length + seq_len_delta, page_size), columns)
+        for c in range(live):
             token = table[row][c * page_size]
             page = 0 if token < 0 else token // page_size
             result[b, c] = min(max(lookup[page] * multiplier, 0), I32_MAX) if page < len(lookup) else 0
+        if fill_value is not None:
+            result[b, live:columns] = fill_value
     return result
 
 
@@ -111,23 +114,23 @@ def check_mha(backend, table, pool, lens, width, page_size, swa_width=None, full
 
 
 def check_translated(backend, table, pool, lens, v2p, width, page_size, multiplier=1, max_pages=None,
-                     seq_len_delta=0, rows=None):
+                     seq_len_delta=0, rows=None, fill_value=None):
     """As ``check_mha``, for the translated page table."""
     batch = pool.shape[0]
     rows = batch if rows is None else rows
     store, view = guarded((rows, width))
     expected = store.cpu().clone()
     ops.translated_page_table.reference(table, pool, lens, v2p, middle(expected, (rows, width)), page_size,
-                                          multiplier, max_pages, seq_len_delta)
+                                          multiplier, max_pages, seq_len_delta, fill_value)
     loop = loop_translated(table, pool, lens, v2p, torch.full((rows, width), POISON, dtype=torch.int32), page_size,
-                           multiplier, max_pages, seq_len_delta)
+                           multiplier, max_pages, seq_len_delta, fill_value)
     assert_same(middle(expected, (rows, width)), loop, "reference vs loop")
     if backend is None:
         return
     move = copy_to_device
     result = translated_page_table(backend, move(table), move(pool), move(lens), move(v2p), view,
                                    page_size=page_size, multiplier=multiplier, max_pages=max_pages,
-                                   seq_len_delta=seq_len_delta)
+                                   seq_len_delta=seq_len_delta, fill_value=fill_value)
     assert result.data_ptr() == view.data_ptr()
     assert_same(store, expected, f"{backend} translated page table (whole allocation)")
 
