@@ -131,7 +131,7 @@ def budget(monkeypatch):
 
 
 # The page tables whose long rows span many blocks of a bounded grid: Triton shares them within groups of rows,
-# the CUDA source walks each row with its own programs (benchmarks/cupy_group_vote.patch shares them too).
+# the CUDA source walks each row with its own programs (benchmarks/cupy_group_*.patch share them too).
 LONG_ROW_BACKENDS = pytest.mark.parametrize("backend", [b for b in BACKENDS if b in ("triton", "cupy", "cupy-host")])
 
 
