@@ -19,7 +19,6 @@ from kvdispatch import grid as launch_grid
 
 from . import launch as _launch
 from . import native
-from .draft_decode import _stored_values
 from .specialization import Specialization, jit_function, warps
 
 PARAMETERS = ("table_ptr", "pool_ptr", "start_ptr", "end_ptr", "out_ptr", "positions_ptr", "full_v2p_ptr",
@@ -73,11 +72,11 @@ def _cache_locs_kernel(
             tl.store(positions_ptr + destination, position.to(positions_ptr.dtype.element_ty), mask=live)
         if TRANSLATE_FULL:
             tl.store(full_out_ptr + destination,
-                     _stored_values(values, live, full_v2p_ptr, full_v2p_len, full_out_ptr, PAGE_SIZE, True),
+                     _launch.stored_values(values, live, full_v2p_ptr, full_v2p_len, full_out_ptr, PAGE_SIZE, True),
                      mask=live)
         if TRANSLATE_SWA:
             tl.store(swa_out_ptr + destination,
-                     _stored_values(values, live, swa_v2p_ptr, swa_v2p_len, swa_out_ptr, PAGE_SIZE, True),
+                     _launch.stored_values(values, live, swa_v2p_ptr, swa_v2p_len, swa_out_ptr, PAGE_SIZE, True),
                      mask=live)
     _launch.release_dependents(PDL)
 

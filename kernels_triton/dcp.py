@@ -29,8 +29,6 @@ from . import launch as _launch
 from . import native
 from .page_table import divide, page_shift
 from .specialization import Specialization, jit_function, warps
-from .token_csr import packed_words as csr_packed_words
-from .token_csr import row_header
 
 WIDE = _launch.WIDE
 
@@ -63,14 +61,14 @@ def _dcp_token_csr_kernel(
     ``j`` below ``min(lens[b], ceil((C - first_b) / DCP_SIZE))`` whose target lies in ``[0, out_len)``, where
     ``first_b`` is the first position ``>= start[b]`` (0 without a start) congruent to ``dcp_rank``.
 
-    WIDE_INDEXING: some size or stride is ``WIDE`` or more (``token_csr.packed_words``), so the full-width
+    WIDE_INDEXING: some size or stride is ``WIDE`` or more (``launch.csr_packed_words``), so the full-width
     parameters are read; otherwise ``packed_table`` and ``packed_sizes`` stand in for them. UNIT_STRIDES,
     FOLDED_GRID: as in the token-CSR kernel, whose blocks of tokens a row's programs share out the same way.
     """
     _launch.wait_for_producer(PDL)
     if UNIT_STRIDES:
         start_stride = 1
-    row, pool, length, target_start, table_rows, table_cols, table_row_stride, out_len = row_header(
+    row, pool, length, target_start, table_rows, table_cols, table_row_stride, out_len = _launch.csr_row_header(
         pool_ptr, lens_ptr, indptr_ptr, packed_table, packed_sizes, table_rows, table_cols, table_row_stride,
         out_len, pool_stride, lens_stride, indptr_stride, UNIT_STRIDES, WIDE_INDEXING)
     rank = dcp_rank.to(tl.int64)
@@ -243,7 +241,7 @@ def build_dcp_token_indices(req_to_token, req_pool_indices, local_seq_lens, kv_i
     strides = (req_pool_indices.stride(0), local_seq_lens.stride(0), kv_indptr.stride(0),
                kv_start_idx.stride(0) if has_start else 1)
     unit_strides = strides == (1, 1, 1, 1)
-    packed = csr_packed_words(rows, table_stride, cols, out_len)
+    packed = _launch.csr_packed_words(rows, table_stride, cols, out_len)
     batch, span = req_pool_indices.shape[0], min(-(-cols // dcp_size), out_len)
     key = (out.get_device(), batch, span, dcp_size, req_pool_indices.dtype, local_seq_lens.dtype, kv_indptr.dtype,
            kv_start_idx.dtype if has_start else None, unit_strides, packed is None, out.dtype, round_toward_zero, pdl)

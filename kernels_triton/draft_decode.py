@@ -103,8 +103,8 @@ def _draft_decode_kernel(
     slot = tl.arange(0, SLOT_BLOCK).to(tl.int64)
     slots_read = tl.where(leads & row_readable, num_steps, 0)
     first_slots = _slot_mask(slot, slot_start, slots_read, table_cols)
-    first_values = _stored_values(_table_values(row_ptr, slot_start + slot, first_slots, ENTRY_PAGE_SIZE),
-                                  first_slots, v2p_ptr, v2p_len, out_ptr, PAGE_SIZE, HAS_V2P)
+    first_values = _launch.stored_values(_table_values(row_ptr, slot_start + slot, first_slots, ENTRY_PAGE_SIZE),
+                                         first_slots, v2p_ptr, v2p_len, out_ptr, PAGE_SIZE, HAS_V2P)
 
     if row_readable & (first < count):
         _copy_prefix(first, row_ptr, length, count, sink, table_cols, v2p_ptr, v2p_len, out_ptr, out_row_stride,
@@ -117,8 +117,8 @@ def _draft_decode_kernel(
         for first_slot in range(SLOT_BLOCK, slots_read, SLOT_BLOCK):  # more than SLOT_BLOCK steps
             later = first_slot + slot
             readable = _slot_mask(later, slot_start, slots_read, table_cols)
-            values = _stored_values(_table_values(row_ptr, slot_start + later, readable, ENTRY_PAGE_SIZE), readable,
-                                    v2p_ptr, v2p_len, out_ptr, PAGE_SIZE, HAS_V2P)
+            values = _launch.stored_values(_table_values(row_ptr, slot_start + later, readable, ENTRY_PAGE_SIZE),
+                                           readable, v2p_ptr, v2p_len, out_ptr, PAGE_SIZE, HAS_V2P)
             _store_slots(out_ptr, values, readable, later, first_slot, num_steps, base, segments_before, branch,
                          count, out_row_stride, out_width, OFFSET_LIMIT)
         indptr_dtype = indptr_ptr.dtype.element_ty
@@ -155,7 +155,7 @@ def _copy_prefix(first, row_ptr, length, count, sink, table_cols, v2p_ptr, v2p_l
     position = tl.where(token < tl.minimum(sink, count), token, length - count + token)
     copied = (token < count) & (position < table_cols)
     values = _table_values(row_ptr, position, copied, ENTRY_PAGE_SIZE)
-    values = _stored_values(values, copied, v2p_ptr, v2p_len, out_ptr, PAGE_SIZE, HAS_V2P)
+    values = _launch.stored_values(values, copied, v2p_ptr, v2p_len, out_ptr, PAGE_SIZE, HAS_V2P)
     for step in range(num_steps):
         it = step + 1
         column = tl.minimum(base + segments_before * it + branch * (count + it), OFFSET_LIMIT) + token
@@ -204,16 +204,16 @@ def _windowed_steps(first, row_ptr, row_readable, length, count, slot_start, seg
         entry = block + token
         position = length - tail + entry
         copied = (entry < tl.where(row_readable, tail_end, 0)) & (position >= 0)
-        values = _stored_values(_table_values(row_ptr, position, copied, ENTRY_PAGE_SIZE), copied, v2p_ptr,
-                                v2p_len, out_ptr, PAGE_SIZE, HAS_V2P)
+        values = _launch.stored_values(_table_values(row_ptr, position, copied, ENTRY_PAGE_SIZE), copied, v2p_ptr,
+                                       v2p_len, out_ptr, PAGE_SIZE, HAS_V2P)
         tl.store(row_out + offset + entry, values, mask=copied)
         if block == 0:
             for first_slot in range(0, tl.where(row_readable, chain, 0), SLOT_BLOCK):
                 later = first_slot + slot
                 slot_position = slot_start + it - chain + later
                 readable = (later < chain) & (slot_position >= 0) & (slot_position < table_cols)
-                slot_values = _stored_values(_table_values(row_ptr, slot_position, readable, ENTRY_PAGE_SIZE),
-                                             readable, v2p_ptr, v2p_len, out_ptr, PAGE_SIZE, HAS_V2P)
+                slot_values = _launch.stored_values(_table_values(row_ptr, slot_position, readable, ENTRY_PAGE_SIZE),
+                                                    readable, v2p_ptr, v2p_len, out_ptr, PAGE_SIZE, HAS_V2P)
                 column = offset + tail + later
                 tl.store(row_out + column, slot_values, mask=readable & (column < out_width))
             if HAS_POSITIONS:
@@ -268,19 +268,6 @@ def _saturated_prefix_sum(values_ptr, stride, count, cap, SUM_BLOCK: tl.constexp
         terms = tl.load(values_ptr + index * stride, mask=index < count, other=0).to(tl.int64)
         total = tl.minimum(total + tl.sum(tl.minimum(tl.maximum(terms, 0), cap)), OFFSET_LIMIT)
     return total
-
-
-@triton.jit
-def _stored_values(values, loaded, v2p_ptr, v2p_len, out_ptr, PAGE_SIZE: tl.constexpr, HAS_V2P: tl.constexpr):
-    """Table values as ``out`` stores them: with v2p, ``v2p[x // P] * P + x % P`` (int64, wrapping as the low
-    64 bits of the exact value) where ``x >= 0``, the page is inside v2p and its entry is non-negative, else 0."""
-    if HAS_V2P:
-        value = values.to(tl.int64)
-        page = value // PAGE_SIZE
-        inside = (value >= 0) & (page < v2p_len)
-        mapped = tl.load(v2p_ptr + page, mask=loaded & inside, other=0).to(tl.int64)
-        values = tl.where(inside & (mapped >= 0), mapped * PAGE_SIZE + (value - page * PAGE_SIZE), 0)
-    return values.to(out_ptr.dtype.element_ty)
 
 
 draft_decode_kernel = triton.jit(_draft_decode_kernel, do_not_specialize=RUNTIME_INTS,

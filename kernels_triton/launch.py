@@ -51,7 +51,7 @@ LAUNCH_MODES = _env.LAUNCH_MODES[LAUNCH_ENV]
 # varies them freely must not grow the cache without bound.
 MAX_PLANS = 4096
 # A size or stride this large does not fit the 32-bit fields the kernels pack their parameters into
-# (``page_table.packed_words``, ``token_csr.packed_words``): such a call reads the full-width ones.
+# (each kernel module's ``packed_words``, ``csr_packed_words``): such a call reads the full-width ones.
 WIDE = 2**31
 
 # Triton's interpreter (CPU tensors, device index -1) replaces functions of ``triton.language`` for the length
@@ -122,6 +122,44 @@ def group_overflow(pages, in_group, programs, PAGES_PER_PROGRAM: tl.constexpr):
 
 
 @triton.jit
+def stored_values(values, loaded, v2p_ptr, v2p_len, out_ptr, PAGE_SIZE: tl.constexpr, HAS_V2P: tl.constexpr):
+    """Table values as ``out`` stores them: with v2p, ``v2p[x // P] * P + x % P`` (int64, wrapping as the low
+    64 bits of the exact value) where ``x >= 0``, the page is inside v2p and its entry is non-negative, else 0."""
+    if HAS_V2P:
+        value = values.to(tl.int64)
+        page = value // PAGE_SIZE
+        inside = (value >= 0) & (page < v2p_len)
+        mapped = tl.load(v2p_ptr + page, mask=loaded & inside, other=0).to(tl.int64)
+        values = tl.where(inside & (mapped >= 0), mapped * PAGE_SIZE + (value - page * PAGE_SIZE), 0)
+    return values.to(out_ptr.dtype.element_ty)
+
+
+@triton.jit
+def csr_row_header(pool_ptr, lens_ptr, indptr_ptr, packed_table, packed_sizes, table_rows, table_cols,
+                   table_row_stride, out_len, pool_stride, lens_stride, indptr_stride, UNIT_STRIDES: tl.constexpr,
+                   WIDE_INDEXING: tl.constexpr):
+    """``(row, pool, length, target_start, table_rows, table_cols, table_row_stride, out_len)`` of a CSR
+    kernel's program: its row's pool index, length and first target position in int64 (loads issued together),
+    and the sizes, unpacked from ``packed_table`` and ``packed_sizes`` unless WIDE_INDEXING (``csr_packed_words``)."""
+    if UNIT_STRIDES:
+        pool_stride, lens_stride, indptr_stride = 1, 1, 1
+    if not WIDE_INDEXING:
+        # Already 64-bit when compiled (the annotation); the interpreter types a small int as 32-bit.
+        packed_table, packed_sizes = packed_table.to(tl.int64), packed_sizes.to(tl.int64)
+        table_rows, table_row_stride = packed_table & 0xFFFFFFFF, packed_table >> 32
+        table_cols, out_len = packed_sizes & 0xFFFFFFFF, packed_sizes >> 32
+    row = tl.program_id(0)
+    pool = tl.load(pool_ptr + row * pool_stride).to(tl.int64)
+    length = tl.load(lens_ptr + row * lens_stride).to(tl.int64)
+    target_start = tl.load(indptr_ptr + row * indptr_stride)
+    if target_start.dtype == tl.int64:
+        # A row starting beyond +-2**62 lands wholly outside out, and so does one starting at the bound:
+        # clamped, the offsets below cannot wrap (sizes stay far below 2**62).
+        target_start = tl.minimum(tl.maximum(target_start, -(2**62)), 2**62)
+    return row, pool, length, target_start.to(tl.int64), table_rows, table_cols, table_row_stride, out_len
+
+
+@triton.jit
 def member_items(items, members, member):
     """``[begin, end)``, the consecutive share of ``items`` items (a group's overflow blocks) that member
     ``member`` of ``members`` programs takes: ``ceil(items / members)`` each, fewer or none for the last."""
@@ -154,6 +192,15 @@ def release_dependents(PDL: tl.constexpr):
     the kernels call it after their last store. Compiles to nothing without PDL."""
     if PDL:
         tl.extra.cuda.gdc_launch_dependents()
+
+
+def csr_packed_words(rows: int, table_stride: int, cols: int, out_len: int) -> tuple[int, int] | None:
+    """A CSR kernel's ``packed_table`` (rows | table row stride << 32) and ``packed_sizes`` (cols | out_len
+    << 32), so that a call's parameters fit one constant-cache line; None when a value is ``WIDE`` or more
+    (the kernel then reads the full-width parameters)."""
+    if (rows | table_stride | cols | out_len) >= WIDE:  # one of them is (none is negative)
+        return None
+    return rows | table_stride << 32, cols | out_len << 32
 
 
 def launch_mode() -> str:

@@ -26,7 +26,7 @@ from .specialization import Specialization, jit_function, warps
 # The kernel's parameters, in the order it takes them. A call whose index vectors are contiguous and whose
 # table and output sizes and strides are all below 2**31 (any real ones) reads only the first eight (the
 # start pointer only with a start): the five pointers every call needs, two words that pack the sizes in
-# 32-bit fields (``packed_words``) and the start pointer, 64 bytes, one line of the constant bank. Each
+# 32-bit fields (``launch.csr_packed_words``) and the start pointer, 64 bytes, one line of the constant bank. Each
 # further line read cost the page-table kernel 1.5-3% on the H200 (benchmarks/ablation.py); this kernel
 # read two and replayed 2-6% slower than a one-line copy (benchmarks/csr_layout.py).
 PARAMETERS = ("table_ptr", "pool_ptr", "lens_ptr", "indptr_ptr", "out_ptr", "packed_table", "packed_sizes",
@@ -68,7 +68,7 @@ def _token_csr_kernel(
     (``v2p_ptr`` and ``v2p_len`` are None with ``V2P_PAGE_SIZE`` 0).
 
     UNIT_STRIDES: the index vectors are contiguous (their strides are not read). WIDE_INDEXING: some size
-    or stride is ``WIDE`` or more (``packed_words``), so the full-width parameters are read; otherwise
+    or stride is ``WIDE`` or more (``launch.csr_packed_words``), so the full-width parameters are read; otherwise
     ``packed_table`` and ``packed_sizes`` stand in for them. FOLDED_GRID: the row's programs span the
     grid's second and third dimensions (``launch.program_in_row``). PDL: launched with programmatic dependent
     launch (``launch.wait_for_producer``).
@@ -76,7 +76,7 @@ def _token_csr_kernel(
     _launch.wait_for_producer(PDL)
     if UNIT_STRIDES:
         start_stride = 1
-    row, pool, length, target_start, table_rows, table_cols, table_row_stride, out_len = row_header(
+    row, pool, length, target_start, table_rows, table_cols, table_row_stride, out_len = _launch.csr_row_header(
         pool_ptr, lens_ptr, indptr_ptr, packed_table, packed_sizes, table_rows, table_cols, table_row_stride,
         out_len, pool_stride, lens_stride, indptr_stride, UNIT_STRIDES, WIDE_INDEXING)
     if HAS_START:
@@ -130,31 +130,6 @@ def _copy_tokens(first, end, table_ptr, pool, table_row_stride, start, target_st
 
 
 @triton.jit
-def row_header(pool_ptr, lens_ptr, indptr_ptr, packed_table, packed_sizes, table_rows, table_cols, table_row_stride,
-               out_len, pool_stride, lens_stride, indptr_stride, UNIT_STRIDES: tl.constexpr,
-               WIDE_INDEXING: tl.constexpr):
-    """``(row, pool, length, target_start, table_rows, table_cols, table_row_stride, out_len)`` of a CSR
-    kernel's program: its row's pool index, length and first target position in int64 (loads issued together),
-    and the sizes, unpacked from ``packed_table`` and ``packed_sizes`` unless WIDE_INDEXING (``packed_words``)."""
-    if UNIT_STRIDES:
-        pool_stride, lens_stride, indptr_stride = 1, 1, 1
-    if not WIDE_INDEXING:
-        # Already 64-bit when compiled (the annotation); the interpreter types a small int as 32-bit.
-        packed_table, packed_sizes = packed_table.to(tl.int64), packed_sizes.to(tl.int64)
-        table_rows, table_row_stride = packed_table & 0xFFFFFFFF, packed_table >> 32
-        table_cols, out_len = packed_sizes & 0xFFFFFFFF, packed_sizes >> 32
-    row = tl.program_id(0)
-    pool = tl.load(pool_ptr + row * pool_stride).to(tl.int64)
-    length = tl.load(lens_ptr + row * lens_stride).to(tl.int64)
-    target_start = tl.load(indptr_ptr + row * indptr_stride)
-    if target_start.dtype == tl.int64:
-        # A row starting beyond +-2**62 lands wholly outside out, and so does one starting at the bound:
-        # clamped, the offsets below cannot wrap (sizes stay far below 2**62).
-        target_start = tl.minimum(tl.maximum(target_start, -(2**62)), 2**62)
-    return row, pool, length, target_start.to(tl.int64), table_rows, table_cols, table_row_stride, out_len
-
-
-@triton.jit
 def _entry_values(row_ptr, position, copied, ENTRY_PAGE_SIZE: tl.constexpr, ENTRY_SHIFT: tl.constexpr):
     """``row[q // E] * E + q % E`` in int64 at the (non-negative) positions ``q``, loaded under ``copied``."""
     if ENTRY_SHIFT >= 0:
@@ -193,15 +168,6 @@ def constexprs_for(has_start: bool, unit_strides: bool = True, wide_indexing: bo
                 V2P_PAGE_SIZE=v2p_page_size, PDL=pdl)
 
 
-def packed_words(rows: int, table_stride: int, cols: int, out_len: int) -> tuple[int, int] | None:
-    """The kernel's ``packed_table`` (rows | table row stride << 32) and ``packed_sizes`` (cols | out_len
-    << 32), so that a call's parameters fit one constant-cache line; None when a value is ``WIDE`` or more
-    (the kernel then reads the full-width parameters)."""
-    if (rows | table_stride | cols | out_len) >= WIDE:  # one of them is (none is negative)
-        return None
-    return rows | table_stride << 32, cols | out_len << 32
-
-
 def _build_plan(key, out, args):
     """The launch plan of ``key`` (``plan_key_and_arguments``), launching ``args`` when it compiles
     (``launch.build_plan``)."""
@@ -235,7 +201,7 @@ def plan_key_and_arguments(req_to_token, req_pool_indices, seq_lens, kv_indptr, 
     """The launch-plan key of a call and the kernel's runtime arguments (tensors in the pointer slots). Key:
     device index, batch, min(C * entry_page_size, N) (the geometry depends on nothing else:
     ``kvdispatch.grid.token_csr_launch``), the dtypes of the pool, length, indptr and start vectors (None: no
-    start), unit strides, wide indexing (no ``packed_words``), then the options: out's dtype, the entry page
+    start), unit strides, wide indexing (no ``launch.csr_packed_words``), then the options: out's dtype, the entry page
     size and the mapping's dtype (None: no mapping), pdl, then v2p's dtype and page size (None and 0: no v2p)."""
     has_start = kv_start_idx is not None
     rows, cols = req_to_token.shape
@@ -243,7 +209,7 @@ def plan_key_and_arguments(req_to_token, req_pool_indices, seq_lens, kv_indptr, 
     pool_stride, lens_stride, indptr_stride = req_pool_indices.stride(0), seq_lens.stride(0), kv_indptr.stride(0)
     start_stride = kv_start_idx.stride(0) if has_start else 1
     unit_strides = pool_stride == 1 and lens_stride == 1 and indptr_stride == 1 and start_stride == 1
-    packed = packed_words(rows, table_stride, cols, out_len)
+    packed = _launch.csr_packed_words(rows, table_stride, cols, out_len)
     packed_table, packed_sizes = packed or (0, 0)
     has_mapping = token_mapping is not None
     key = (out.get_device(), req_pool_indices.shape[0], min(cols * entry_page_size, out_len), req_pool_indices.dtype,

@@ -73,6 +73,29 @@ def _contiguous_vector(name, t, device):
         raise ValueError(f"{name} must be contiguous (stride 1), got strides {t.stride()}")
 
 
+def _index_table(name, t, device, min_rows, min_cols, rows_are="", cols_are=""):
+    """An int32/int64 2-D output with a contiguous last dimension, at least ``min_rows`` rows and
+    ``min_cols`` columns, rows that share no memory, on ``device``; ``rows_are``/``cols_are`` name the
+    bounds in the errors."""
+    _tensor(name, t)
+    if t.dtype not in _INDEX_DTYPES:
+        raise TypeError(f"{name} must have dtype torch.int32 or torch.int64, got {t.dtype}")
+    if t.dim() != 2:
+        raise ValueError(f"{name} must be 2-D, got shape {tuple(t.shape)}")
+    if t.stride(-1) != 1 and t.shape[-1] > 1:
+        raise ValueError(f"{name} must have a contiguous last dimension (stride 1), got strides {t.stride()}")
+    rows, cols = t.shape
+    if rows < min_rows:
+        raise ValueError(f"{name} must have at least {min_rows} rows ({rows_are}), got shape {tuple(t.shape)}")
+    if cols < min_cols:
+        raise ValueError(f"{name} must have at least {min_cols} columns ({cols_are}), got shape {tuple(t.shape)}")
+    if t.device != device:
+        raise ValueError(f"{name} is on {t.device}, expected {device} (the device of req_to_token)")
+    if rows > 1 and t.stride(0) < cols:
+        raise ValueError(f"rows of {name} share memory: its row stride {t.stride(0)} is below its width {cols} "
+                         f"(shape {tuple(t.shape)})")
+
+
 def _python_int(name, value, low, high):
     if isinstance(value, bool) or not isinstance(value, int):
         raise TypeError(f"{name} must be a Python int, got {type(value).__name__}")

@@ -390,15 +390,15 @@ def test_packed_words_hold_32_bit_fields_or_nothing():
 
 
 def test_csr_packed_words_hold_32_bit_fields_or_nothing():
-    """The token CSR's two parameter words: rows | row stride << 32 and cols | out length << 32; None (the
+    """The CSR kernels' two parameter words: rows | row stride << 32 and cols | out length << 32; None (the
     full-width parameters) as soon as one value reaches 2**31."""
-    top = token_csr.WIDE - 1
-    packed_table, packed_sizes = token_csr.packed_words(top, top - 1, 5, top - 2)
+    top = launch.WIDE - 1
+    packed_table, packed_sizes = launch.csr_packed_words(top, top - 1, 5, top - 2)
     assert (packed_table & 0xFFFFFFFF, packed_table >> 32) == (top, top - 1)
     assert (packed_sizes & 0xFFFFFFFF, packed_sizes >> 32) == (5, top - 2)
-    assert token_csr.packed_words(0, 0, 0, 0) == (0, 0)
+    assert launch.csr_packed_words(0, 0, 0, 0) == (0, 0)
     for wide in ((top + 1, 1, 1, 1), (1, top + 1, 1, 1), (1, 1, top + 1, 1), (1, 1, 1, top + 1)):
-        assert token_csr.packed_words(*wide) is None, wide
+        assert launch.csr_packed_words(*wide) is None, wide
 
 
 @pytest.mark.parametrize("with_start", (False, True))

@@ -11,11 +11,11 @@ import torch
 from torch import Tensor
 
 from .._debug import _first_bad, _host_rows, _lookup_pages
-from .._validate import _INT32_MAX, _check_apart, _contiguous_vector, _index_vector, _python_int, _tensor
+from .._validate import (_INT32_MAX, _check_apart, _contiguous_vector, _index_table, _index_vector, _python_int,
+                         _tensor)
 from ..grid import CACHE_LOCS_OFFSET_LIMIT, MAX_PAGE_SIZE
 from ..reference import BOUND, _clamped_pool, _store, _translated
 from ..op import declare
-from .draft_decode import _index_table
 
 __all__ = ["create_cache_locs"]
 

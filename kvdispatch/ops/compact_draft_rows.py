@@ -11,10 +11,9 @@ import torch
 from torch import Tensor
 
 from .._debug import _first_bad
-from .._validate import _INT32_MAX, _check_apart, _index_vector, _tensor
+from .._validate import _INT32_MAX, _check_apart, _index_table, _index_vector, _tensor
 from ..reference import BOUND
 from ..op import declare
-from .draft_decode import _index_table
 
 __all__ = ["build_compact_draft_rows"]
 

@@ -11,36 +11,13 @@ import torch
 from torch import Tensor
 
 from .._debug import _check_rows, _first_bad, _first_bad_entry, _host_rows, _lookup_pages
-from .._validate import (_INDEX_DTYPES, _INT32_MAX, _check_apart, _common, _contiguous_vector, _index_vector,
-                         _python_int, _tensor)
+from .._validate import (_INT32_MAX, _check_apart, _common, _contiguous_vector, _index_table,
+                         _index_vector, _python_int)
 from ..grid import DRAFT_MAX_STEPS, DRAFT_MAX_TOPK, DRAFT_OFFSET_LIMIT, MAX_PAGE_SIZE
 from ..reference import BOUND, _clamped_pool, _store, _translated, draft_prefix_cap
 from ..op import declare
 
 __all__ = ["create_draft_decode_kv_indices"]
-
-
-def _index_table(name, t, device, min_rows, min_cols):
-    """An int32/int64 2-D output with a contiguous last dimension, at least ``min_rows`` rows and
-    ``min_cols`` columns, rows that share no memory, on ``device``."""
-    _tensor(name, t)
-    if t.dtype not in _INDEX_DTYPES:
-        raise TypeError(f"{name} must have dtype torch.int32 or torch.int64, got {t.dtype}")
-    if t.dim() != 2:
-        raise ValueError(f"{name} must be 2-D, got shape {tuple(t.shape)}")
-    if t.stride(-1) != 1 and t.shape[-1] > 1:
-        raise ValueError(f"{name} must have a contiguous last dimension (stride 1), got strides {t.stride()}")
-    rows, cols = t.shape
-    if rows < min_rows:
-        raise ValueError(f"{name} must have at least {min_rows} rows (num_steps), got shape {tuple(t.shape)}")
-    if cols < min_cols:
-        raise ValueError(f"{name} must have at least {min_cols} columns (req_pool_indices.shape[0] * topk + 1), "
-                         f"got shape {tuple(t.shape)}")
-    if t.device != device:
-        raise ValueError(f"{name} is on {t.device}, expected {device} (the device of req_to_token)")
-    if rows > 1 and t.stride(0) < cols:
-        raise ValueError(f"rows of {name} share memory: its row stride {t.stride(0)} is below its width {cols} "
-                         f"(shape {tuple(t.shape)})")
 
 
 def _check_draft_positions(positions, topk, num_steps, cap, width, step_window=0):
@@ -135,10 +112,11 @@ def check_arguments(req_to_token, req_pool_indices, seq_lens, kv_indptr, out, nu
     segments = batch * topk
     if segments > _INT32_MAX:
         raise ValueError(f"req_pool_indices.shape[0] * topk must be at most {_INT32_MAX}, got {segments}")
-    _index_table("out", out, device, num_steps, 0)
+    _index_table("out", out, device, num_steps, 0, rows_are="num_steps")
     if out.shape[1] > DRAFT_OFFSET_LIMIT:
         raise ValueError(f"out must be at most {DRAFT_OFFSET_LIMIT} columns wide, got shape {tuple(out.shape)}")
-    _index_table("kv_indptr", kv_indptr, device, num_steps, segments + 1)
+    _index_table("kv_indptr", kv_indptr, device, num_steps, segments + 1, rows_are="num_steps",
+                 cols_are="req_pool_indices.shape[0] * topk + 1")
     if positions is not None:
         _index_vector("positions", positions, device, segments, at_least=True)
     if v2p is not None:
