@@ -121,6 +121,22 @@ def group_overflow(pages, in_group, programs, PAGES_PER_PROGRAM: tl.constexpr):
     return tl.maximum(blocks - passes * programs, 0), passes
 
 
+# Columns a fill_part store covers at once.
+FILL_CHUNK = tl.constexpr(1024)
+
+
+@triton.jit
+def fill_part(out_row, start, end, part, parts, fill_value):
+    """Part ``part`` of ``parts`` of the columns ``[start, end)`` of an int32 row, ``fill_value`` in each (stores
+    alone): a row's pure fill, past the blocks its real pages reach, cut among the row's programs."""
+    each = (tl.maximum(end - start, 0) + parts - 1) // parts
+    begin = start + part * each
+    stop = tl.minimum(begin + each, end)
+    for at in range(begin, stop, FILL_CHUNK):
+        column = at + tl.arange(0, FILL_CHUNK)
+        tl.store(out_row + column, fill_value.to(tl.int32), mask=column < stop)
+
+
 @triton.jit
 def stored_values(values, loaded, v2p_ptr, v2p_len, out_ptr, PAGE_SIZE: tl.constexpr, HAS_V2P: tl.constexpr):
     """Table values as ``out`` stores them: with v2p, ``v2p[x // P] * P + x % P`` (int64, wrapping as the low

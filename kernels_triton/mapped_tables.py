@@ -156,12 +156,13 @@ def _translated_page_table_kernel(
     size, stride or the map's length is ``WIDE`` or more (``translated_packed_words``): the full-width
     parameters are read; otherwise ``packed_table`` (rows | row stride << 32) and ``packed_out`` (page limit |
     out row stride << 32) stand in for them. Program ``k`` of a row handles its block ``k`` of
-    PAGES_PER_PROGRAM columns (``T``: ``launch.programs_in_row``); the row's further blocks, up to its live
-    columns (with HAS_FILL up to ``fill_width``, the columns a row may write, the columns past the live ones
-    getting ``fill_value``; ``fill_value`` and ``fill_width`` are not read without it), are shared by the
-    programs of its group of ``GROUP_ROWS`` rows as the page table's overflow blocks are
-    (``page_table._page_table_kernel``, phase 2) when a row has several programs and some row can have more
-    than ``T`` blocks; otherwise program ``k`` handles its row's blocks ``k + T, k + 2T, ...``."""
+    PAGES_PER_PROGRAM columns (``T``: ``launch.programs_in_row``). With HAS_FILL the columns past the live
+    ones, up to ``fill_width`` (the columns a row may write), get ``fill_value`` (neither is read without it).
+    When a row has several programs and some row can have more than ``T`` blocks, the row's further blocks up
+    to its live columns are shared by the programs of its group of ``GROUP_ROWS`` rows as the page table's
+    overflow blocks are (``page_table._page_table_kernel``, phase 2), and the fill past them is cut among the
+    row's own programs (``launch.fill_part``: stores alone); otherwise program ``k`` handles its row's blocks
+    ``k + T, k + 2T, ...``."""
     _launch.wait_for_producer(PDL)
     if UNIT_STRIDES:
         pool_stride, lens_stride = 1, 1
@@ -184,54 +185,49 @@ def _translated_page_table_kernel(
     row_ptr, length, live_length, out_row, row_end = _translated_row(
         row, table_ptr, pool_ptr, lens_ptr, out_ptr, table_rows, table_row_stride, page_limit, out_row_stride,
         seq_len_delta, pool_stride, lens_stride, fill_width, PAGE_SIZE, HAS_DELTA, WIDE_INDEXING, HAS_FILL)
-    if not HAS_FILL:
-        # The group's lengths, loaded with the row's inputs so that they overlap its first gather.
-        group_lengths = tl.load(lens_ptr + group_rows * lens_stride, mask=in_group, other=0)
+    # The group's lengths, loaded with the row's inputs so that they overlap its first gather.
+    group_lengths = tl.load(lens_ptr + group_rows * lens_stride, mask=in_group, other=0)
     if not WIDE_INDEXING:
         v2p_len = v2p_len.to(tl.int32)  # the map is shorter than 2**31 too: 32-bit compares
     _translated_pages(first, row_ptr, length, live_length, page_limit, v2p_ptr, v2p_len, out_row, multiplier,
                       fill_value, fill_width, PAGE_SIZE, PAGE_SHIFT, PAGES_PER_PROGRAM, HAS_MULTIPLIER, HAS_FILL)
     if deal:
-        # As in the page table (``page_table._page_table_kernel``, phase 2): with HAS_FILL member m of the
-        # group's M programs takes the items m, m + M, ...; otherwise the row's programs handle its blocks
-        # below passes * T themselves and member m the items [m * s, (m + 1) * s), s = ceil(items / M).
+        # As in the page table (``page_table._page_table_kernel``, phase 2): the row's programs handle its blocks
+        # below passes * T themselves and member m the items [m * s, (m + 1) * s), s = ceil(items / M), of the
+        # blocks past them that the rows' live pages reach; with HAS_FILL each row's programs then fill their
+        # parts of the columns past its counted blocks (``launch.fill_part``: stores alone).
         group_size = tl.minimum(batch - group_first, GROUP_ROWS).to(tl.int64)
         members = group_size * programs
         member = (row - group_first) * programs + program
+        fill_from = programs.to(tl.int64)  # the row's first block of pure fill
+        # Nothing to share unless some row of the group has more than T blocks: one reduction decides it.
+        longest = _delta_length(tl.max(group_lengths, 0), seq_len_delta, HAS_DELTA)
+        if longest > programs.to(tl.int64) * (PAGES_PER_PROGRAM * PAGE_SIZE):
+            overflow, passes = _translated_overflow_counts(group_lengths, in_group, seq_len_delta, page_limit,
+                                                           programs, PAGE_SIZE, PAGES_PER_PROGRAM, HAS_DELTA)
+            step = programs * PAGES_PER_PROGRAM
+            for later in range(first + step, tl.minimum(row_end, passes * step), step):
+                _translated_pages(later, row_ptr, length, live_length, page_limit, v2p_ptr, v2p_len, out_row,
+                                  multiplier, fill_value, fill_width, PAGE_SIZE, PAGE_SHIFT, PAGES_PER_PROGRAM,
+                                  HAS_MULTIPLIER, HAS_FILL)
+            fill_from = passes * programs + tl.sum(tl.where(group_rows == row, overflow, 0), 0)
+            items = tl.sum(overflow, 0)
+            if items > 0:
+                item, items_end = _launch.member_items(items, members, member)
+                if item < items_end:
+                    ends = tl.cumsum(overflow, 0)
+                    while item < items_end:
+                        in_group_row, index = _launch.locate_item(item, ends, overflow, group_rows - group_first)
+                        block = passes * programs + index
+                        _translated_overflow_block(
+                            group_first + in_group_row, block * PAGES_PER_PROGRAM, table_ptr, pool_ptr, lens_ptr,
+                            v2p_ptr, out_ptr, v2p_len, table_rows, table_row_stride, page_limit, out_row_stride,
+                            multiplier, seq_len_delta, pool_stride, lens_stride, fill_value, fill_width,
+                            PAGE_SIZE, PAGE_SHIFT, PAGES_PER_PROGRAM, HAS_MULTIPLIER, HAS_DELTA, WIDE_INDEXING,
+                            HAS_FILL)
+                        item += 1
         if HAS_FILL:
-            per_row = (fill_width.to(tl.int64) + (PAGES_PER_PROGRAM - 1)) // PAGES_PER_PROGRAM - programs
-            for item in range(member, group_size * per_row, members):
-                _translated_overflow_block(
-                    group_first + item // per_row, (programs + item % per_row) * PAGES_PER_PROGRAM, table_ptr,
-                    pool_ptr, lens_ptr, v2p_ptr, out_ptr, v2p_len, table_rows, table_row_stride, page_limit,
-                    out_row_stride, multiplier, seq_len_delta, pool_stride, lens_stride, fill_value, fill_width,
-                    PAGE_SIZE, PAGE_SHIFT, PAGES_PER_PROGRAM, HAS_MULTIPLIER, HAS_DELTA, WIDE_INDEXING, HAS_FILL)
-        else:
-            # Nothing to share unless some row of the group has more than T blocks: one reduction decides it.
-            longest = _delta_length(tl.max(group_lengths, 0), seq_len_delta, HAS_DELTA)
-            if longest > programs.to(tl.int64) * (PAGES_PER_PROGRAM * PAGE_SIZE):
-                overflow, passes = _translated_overflow_counts(group_lengths, in_group, seq_len_delta, page_limit,
-                                                               programs, PAGE_SIZE, PAGES_PER_PROGRAM, HAS_DELTA)
-                step = programs * PAGES_PER_PROGRAM
-                for later in range(first + step, tl.minimum(row_end, passes * step), step):
-                    _translated_pages(later, row_ptr, length, live_length, page_limit, v2p_ptr, v2p_len, out_row,
-                                      multiplier, fill_value, fill_width, PAGE_SIZE, PAGE_SHIFT, PAGES_PER_PROGRAM,
-                                      HAS_MULTIPLIER, HAS_FILL)
-                items = tl.sum(overflow, 0)
-                if items > 0:
-                    item, items_end = _launch.member_items(items, members, member)
-                    if item < items_end:
-                        ends = tl.cumsum(overflow, 0)
-                        while item < items_end:
-                            in_group_row, index = _launch.locate_item(item, ends, overflow, group_rows - group_first)
-                            block = passes * programs + index
-                            _translated_overflow_block(
-                                group_first + in_group_row, block * PAGES_PER_PROGRAM, table_ptr, pool_ptr, lens_ptr,
-                                v2p_ptr, out_ptr, v2p_len, table_rows, table_row_stride, page_limit, out_row_stride,
-                                multiplier, seq_len_delta, pool_stride, lens_stride, fill_value, fill_width,
-                                PAGE_SIZE, PAGE_SHIFT, PAGES_PER_PROGRAM, HAS_MULTIPLIER, HAS_DELTA, WIDE_INDEXING,
-                                HAS_FILL)
-                            item += 1
+            _launch.fill_part(out_row, fill_from * PAGES_PER_PROGRAM, fill_width, program, programs, fill_value)
     else:
         step = programs * PAGES_PER_PROGRAM
         for later in range(first + step, row_end, step):
@@ -263,7 +259,7 @@ def _translated_overflow_counts(lengths, in_group, seq_len_delta, page_limit, pr
     """``(overflow, passes)`` of a group of rows from their lengths alone (``launch.group_overflow`` of the
     pages below ``page_limit`` and each row's length). At least the row's real overflow: an unreadable row
     is counted as far as its length reaches, and its surplus items write nothing (its live length is 0 in
-    ``_translated_overflow_block``). Never used with HAS_FILL, where every row covers ``fill_width``."""
+    ``_translated_overflow_block``); with HAS_FILL the columns past them are filled by the row's own programs."""
     pages = _launch.pages_below(_delta_length(lengths, seq_len_delta, HAS_DELTA), page_limit, PAGE_SIZE)
     return _launch.group_overflow(pages, in_group, programs, PAGES_PER_PROGRAM)
 
