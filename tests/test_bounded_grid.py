@@ -220,6 +220,22 @@ def test_page_table_rows_all_long_take_their_common_passes_themselves(budget, pa
     _check_guarded(case, backend, with_seq_out=option == "offset")
 
 
+@pytest.mark.parametrize("page_size", (1, 64))
+@pytest.mark.parametrize("fill", (False, True))
+@LONG_ROW_BACKENDS
+def test_page_table_rows_alike_and_long_take_every_block_themselves(budget, page_size, fill, backend):
+    """Every row of the same length, far past its ``T`` programs' blocks (the full-length shape): no block is
+    left to share, each row's programs write all of it and, with a fill value, the columns past it up to the
+    width."""
+    budget(12)
+    g = generator()
+    items = grid.items_per_program(grid.PAGE_TABLE, page_size)
+    case = make_case(6, page_size, max_pages=9 * items + 5, device=DEVICE, generator=g,
+                     fill_value=-1 if fill else None)
+    case.seq_lens.fill_(int(draw(5 * items * page_size, 7 * items * page_size, 1, g)))
+    _check_guarded(case, backend)
+
+
 def _check_guarded(case, backend, with_seq_out=False):
     """The page table of ``case`` on ``backend`` into a poisoned store three columns wider than ``out`` and a
     row taller: ``out`` is the reference's, the rest of the store untouched."""
@@ -364,6 +380,21 @@ def test_translated_rows_all_long_take_their_common_passes_themselves(budget, ba
     lengths = draw(5 * items * page_size, 9 * items * page_size, 6, g)
     v2p = random_lookup(torch.int32, table.numel() // page_size + 3, g)
     check_translated(backend, table, pool, lengths, v2p, 9 * items + 7, page_size, rows=7)
+
+
+@pytest.mark.parametrize("fill_value", (None, 0))
+@LONG_ROW_BACKENDS
+def test_translated_rows_alike_and_long_take_every_block_themselves(budget, fill_value, backend):
+    """As for the page table: every row of the same length, far past its programs' blocks."""
+    budget(12)
+    g = generator()
+    page_size = 16
+    items = grid.items_per_program(grid.MAPPED_PAGE_TABLE, page_size)
+    table = _slot_table(6, (9 * items + 5) * page_size, g)
+    pool = torch.randperm(6, generator=g)
+    lengths = draw(5 * items * page_size, 7 * items * page_size, 1, g).expand(6).clone()
+    v2p = random_lookup(torch.int32, table.numel() // page_size + 3, g)
+    check_translated(backend, table, pool, lengths, v2p, 9 * items + 7, page_size, rows=7, fill_value=fill_value)
 
 
 # -- draft decode ---------------------------------------------------------------------------------------------
