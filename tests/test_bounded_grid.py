@@ -368,31 +368,22 @@ def test_translated_fill_reaches_the_width_past_every_row(budget, page_size, lon
     check_translated(backend, table, pool, lengths, v2p, pages + 2, page_size, rows=pool.shape[0] + 1, fill_value=0)
 
 
+@pytest.mark.parametrize("lengths_are, fill_value", [("different", None), ("alike", None), ("alike", 0)])
 @LONG_ROW_BACKENDS
-def test_translated_rows_all_long_take_their_common_passes_themselves(budget, backend):
-    """As for the page table: every row past its programs' blocks by different amounts."""
+def test_translated_rows_all_long(budget, lengths_are, fill_value, backend):
+    """As for the page table: every row past its programs' blocks, by different amounts (the row's programs
+    take the blocks every row of its group has, the rest is shared) or by one (the full-length shape: each
+    row's programs take all of it, and with a fill value the columns past it)."""
     budget(12)
     g = generator()
     page_size = 16
     items = grid.items_per_program(grid.MAPPED_PAGE_TABLE, page_size)
     table = _slot_table(6, (9 * items + 5) * page_size, g)
     pool = torch.randperm(6, generator=g)
-    lengths = draw(5 * items * page_size, 9 * items * page_size, 6, g)
-    v2p = random_lookup(torch.int32, table.numel() // page_size + 3, g)
-    check_translated(backend, table, pool, lengths, v2p, 9 * items + 7, page_size, rows=7)
-
-
-@pytest.mark.parametrize("fill_value", (None, 0))
-@LONG_ROW_BACKENDS
-def test_translated_rows_alike_and_long_take_every_block_themselves(budget, fill_value, backend):
-    """As for the page table: every row of the same length, far past its programs' blocks."""
-    budget(12)
-    g = generator()
-    page_size = 16
-    items = grid.items_per_program(grid.MAPPED_PAGE_TABLE, page_size)
-    table = _slot_table(6, (9 * items + 5) * page_size, g)
-    pool = torch.randperm(6, generator=g)
-    lengths = draw(5 * items * page_size, 7 * items * page_size, 1, g).expand(6).clone()
+    if lengths_are == "alike":
+        lengths = draw(5 * items * page_size, 7 * items * page_size, 1, g).expand(6).clone()
+    else:
+        lengths = draw(5 * items * page_size, 9 * items * page_size, 6, g)
     v2p = random_lookup(torch.int32, table.numel() // page_size + 3, g)
     check_translated(backend, table, pool, lengths, v2p, 9 * items + 7, page_size, rows=7, fill_value=fill_value)
 
