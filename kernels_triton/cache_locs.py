@@ -19,7 +19,7 @@ from kvdispatch import grid as launch_grid
 
 from . import launch as _launch
 from . import native
-from .specialization import Specialization, jit_function, warps
+from .specialization import Specialization, ast_signature, jit_function, warps
 
 PARAMETERS = ("table_ptr", "pool_ptr", "start_ptr", "end_ptr", "out_ptr", "positions_ptr", "full_v2p_ptr",
               "full_out_ptr", "swa_v2p_ptr", "swa_out_ptr", "table_rows", "table_cols", "table_row_stride",
@@ -187,9 +187,7 @@ def _specialisation(index, table, constexprs):
             types.update({f"{kind}_v2p_ptr": "*i64", f"{kind}_out_ptr": "*i64"})
         else:
             constexprs.update({f"{kind}_v2p_ptr": None, f"{kind}_out_ptr": None})
-    signature = {name: types.get(name, "*i32" if name in POINTERS else "i64") for name in PARAMETERS}
-    signature.update({name: "constexpr" for name in constexprs})
-    return signature, constexprs
+    return ast_signature(PARAMETERS, constexprs, types), constexprs
 
 
 # The ops this module launches: ``kernels_triton.KERNELS`` reads them from this source, without importing it.

@@ -17,7 +17,7 @@ from kvdispatch import grid as launch_grid
 
 from . import launch as _launch
 from . import native
-from .specialization import Specialization, jit_function, warps
+from .specialization import Specialization, ast_signature, jit_function, warps
 
 PARAMETERS = ("draft_ptr", "target_ptr", "pool_ptr", "start_ptr", "lens_ptr", "verify_ptr", "draft_rows",
               "draft_cols", "draft_row_stride", "target_rows", "target_cols", "target_row_stride", "verify_width",
@@ -122,9 +122,7 @@ def _ast_sources(index_types):
 def _specialisation(table, index, constexprs):
     types = dict(draft_ptr=f"*{table}", target_ptr=f"*{table}", pool_ptr=f"*{index}", start_ptr="*i64",
                  lens_ptr=f"*{index}", verify_ptr="*i64")
-    signature = {name: types.get(name, "i64") for name in PARAMETERS}
-    signature.update({name: "constexpr" for name in constexprs})
-    return signature, dict(constexprs)
+    return ast_signature(PARAMETERS, constexprs, types), dict(constexprs)
 
 
 # The ops this module launches: ``kernels_triton.KERNELS`` reads them from this source, without importing it.

@@ -28,7 +28,7 @@ from kvdispatch import grid as launch_grid
 from . import launch as _launch
 from . import native
 from .page_table import divide, page_shift
-from .specialization import Specialization, jit_function, warps
+from .specialization import Specialization, ast_signature, jit_function, warps
 
 WIDE = _launch.WIDE
 
@@ -297,12 +297,6 @@ SPECIALISED_PAGE_SIZES = (1, 16, 32, 64)
 SPECIALISED_DCP_SIZES = (2, 4, 8)
 
 
-def _signature(parameters, constexprs, types):
-    signature = {name: types.get(name, "*i32" if name.endswith("_ptr") else "i64") for name in parameters}
-    signature.update({name: "constexpr" for name in constexprs})
-    return signature
-
-
 def compile_specializations(warp_size, page_sizes, index_types):
     """Both kernels' ``Specialization``s (``kernels_triton.specialization``): the token CSR's, then the page
     table's at its own ``SPECIALISED_PAGE_SIZES`` (``page_sizes`` unused)."""
@@ -328,7 +322,7 @@ def _csr_ast_sources(index_types, dcp_sizes=SPECIALISED_DCP_SIZES):
         constexprs = csr_constexprs(size, start, rtz, unit, wide, folded)
         types = dict(pool_ptr=f"*{index}", lens_ptr=f"*{index}", indptr_ptr=f"*{index}", out_ptr=f"*{out}",
                      start_ptr=f"*{index}" if start else "*i32")
-        yield _signature(CSR_PARAMETERS, constexprs, types), constexprs
+        yield ast_signature(CSR_PARAMETERS, constexprs, types), constexprs
 
 
 def _table_ast_sources(index_types, page_sizes=SPECIALISED_PAGE_SIZES, dcp_sizes=SPECIALISED_DCP_SIZES):
@@ -349,7 +343,7 @@ def _table_ast_sources(index_types, page_sizes=SPECIALISED_PAGE_SIZES, dcp_sizes
             constexprs.update(v2p_ptr=None)
         else:
             types.update(v2p_ptr=f"*{v2p}")
-        yield _signature(TABLE_PARAMETERS, constexprs, types), constexprs
+        yield ast_signature(TABLE_PARAMETERS, constexprs, types), constexprs
 
 
 # The ops this module launches: ``kernels_triton.KERNELS`` reads them from this source, without importing it.

@@ -20,9 +20,9 @@ from kvdispatch import grid as launch_grid
 
 from . import launch as _launch
 from . import native
-from .mapped_tables import _divide, _row_limit, _signature
+from .mapped_tables import _divide, _row_limit
 from .page_table import page_shift
-from .specialization import Specialization, jit_function, warps
+from .specialization import Specialization, ast_signature, jit_function, warps
 
 PARAMETERS = ("table_ptr", "pool_ptr", "lens_ptr", "cache_ptr", "cu_k_ptr", "page_table_ptr", "swa_ptr",
               "mapping_ptr", "full_v2p_ptr", "swa_v2p_ptr", "cu_q_ptr", "qlens_ptr", "loc_ptr", "swa_loc_ptr",
@@ -236,7 +236,7 @@ def _ast_sources(page_sizes, index_types):
         types = dict(pool_ptr=f"*{index}", lens_ptr=f"*{index}", qlens_ptr=f"*{index}", mapping_ptr="*i64",
                      full_v2p_ptr="*i64", swa_v2p_ptr="*i64", loc_ptr="*i64", swa_loc_ptr="*i64")
         constexprs = constexprs_for(page_size, folded_grid=folded, **options)
-        yield _signature(PARAMETERS, types, constexprs), constexprs
+        yield ast_signature(PARAMETERS, constexprs, types), constexprs
 
 
 # The ops this module launches: ``kernels_triton.KERNELS`` reads them from this source, without importing it.

@@ -27,7 +27,7 @@ from kvdispatch.reference import draft_prefix_cap
 
 from . import launch as _launch
 from . import native
-from .specialization import Specialization, jit_function, warps
+from .specialization import Specialization, ast_signature, jit_function, warps
 
 PARAMETERS = ("table_ptr", "pool_ptr", "lens_ptr", "indptr_ptr", "out_ptr", "table_rows", "table_cols",
               "table_row_stride", "out_width", "out_row_stride", "indptr_row_stride", "pool_stride", "lens_stride",
@@ -376,9 +376,7 @@ def _specialisation(index, out_type, constexprs):
         types.update(v2p_ptr="*i64", v2p_len="i32")
     else:
         constexprs.update(v2p_ptr=None, v2p_len=None)
-    signature = {name: types.get(name, "*i32" if name in POINTERS else "i64") for name in PARAMETERS}
-    signature.update({name: "constexpr" for name in constexprs})
-    return signature, constexprs
+    return ast_signature(PARAMETERS, constexprs, types), constexprs
 
 
 # The ops this module launches: ``kernels_triton.KERNELS`` reads them from this source, without importing it.

@@ -28,7 +28,7 @@ from kvdispatch import grid as launch_grid
 from . import launch as _launch
 from . import native
 from .page_table import GROUP_ROWS, page_shift
-from .specialization import Specialization, jit_function, warps
+from .specialization import Specialization, ast_signature, jit_function, warps
 
 MHA_PARAMETERS = ("table_ptr", "pool_ptr", "lens_ptr", "page_table_ptr", "swa_ptr", "mapping_ptr", "table_rows",
                   "table_cols", "table_row_stride", "width", "page_table_stride", "swa_width", "swa_stride",
@@ -465,7 +465,7 @@ def _ast_sources(page_sizes, index_types):
             continue  # without SWA the mapping pointer is a placeholder of one type; offsets: SGLang's division
         types = dict(pool_ptr=f"*{index}", lens_ptr=f"*{index}", mapping_ptr=f"*{lookup}" if swa else f"*{index}")
         constexprs = mha_constexprs(page_size, swa, round_toward_zero, unit, folded, has_offset=offset)
-        yield "mha", _signature(MHA_PARAMETERS, types, constexprs), constexprs
+        yield "mha", ast_signature(MHA_PARAMETERS, constexprs, types), constexprs
     # Wide indexing (tables or rows 2**31 entries apart) once per page size and dtype pair, with every option.
     for page_size, (multiplied, delta, unit, folded, wide), index, lookup in itertools.product(
             page_sizes, itertools.product((False, True), repeat=5), index_types, ("i32", "i64")):
@@ -473,18 +473,12 @@ def _ast_sources(page_sizes, index_types):
             continue
         types = dict(pool_ptr=f"*{index}", lens_ptr=f"*{index}", v2p_ptr=f"*{lookup}")
         constexprs = translated_constexprs(page_size, multiplied, delta, unit, folded, wide)
-        yield "translated", _signature(TRANSLATED_PARAMETERS, types, constexprs), constexprs
+        yield "translated", ast_signature(TRANSLATED_PARAMETERS, constexprs, types), constexprs
     # A fill (SGLang's zero tail), with and without a length delta, on the usual grid.
     for page_size, delta, index, lookup in itertools.product(page_sizes, (False, True), index_types, ("i32", "i64")):
         types = dict(pool_ptr=f"*{index}", lens_ptr=f"*{index}", v2p_ptr=f"*{lookup}")
         constexprs = translated_constexprs(page_size, False, delta, has_fill=True)
-        yield "translated", _signature(TRANSLATED_PARAMETERS, types, constexprs), constexprs
-
-
-def _signature(parameters, pointer_types, constexprs) -> dict:
-    signature = {name: pointer_types.get(name, "*i32") if name.endswith("_ptr") else "i64" for name in parameters}
-    signature.update({name: "constexpr" for name in constexprs})
-    return signature
+        yield "translated", ast_signature(TRANSLATED_PARAMETERS, constexprs, types), constexprs
 
 
 # The ops this module launches: ``kernels_triton.KERNELS`` reads them from this source, without importing it.

@@ -17,8 +17,7 @@ from kvdispatch import grid as launch_grid
 
 from . import launch as _launch
 from . import native
-from .mapped_tables import _signature
-from .specialization import Specialization, jit_function, warps
+from .specialization import Specialization, ast_signature, jit_function, warps
 
 MERGED_PARAMETERS = ("prefix_indptr_ptr", "prefix_ptr", "start_ptr", "lens_ptr", "extend_ptr", "indptr_out_ptr",
                      "out_ptr", "batch", "prefix_count", "extend_count", "total", "prefix_indptr_stride",
@@ -138,7 +137,7 @@ def _ast_sources(index_types):
                      prefix_ptr=f"*{entries}", extend_ptr=f"*{entries}", out_ptr=f"*{entries}",
                      indptr_out_ptr=f"*{indptr}")
         constexprs = merged_constexprs(folded)
-        yield "merged", _signature(MERGED_PARAMETERS, types, constexprs), constexprs
+        yield "merged", ast_signature(MERGED_PARAMETERS, constexprs, types), constexprs
 
 
 # The ops this module launches: ``kernels_triton.KERNELS`` reads them from this source, without importing it.

@@ -16,8 +16,8 @@ from kvdispatch import grid as launch_grid
 
 from . import launch as _launch
 from . import native
-from .mapped_tables import _launch_plan, _signature
-from .specialization import Specialization, jit_function, warps
+from .mapped_tables import _launch_plan
+from .specialization import Specialization, ast_signature, jit_function, warps
 
 PA_PARAMETERS = ("table_ptr", "pool_ptr", "lens_ptr", "prefill_ptr", "out_ptr", "kv_lens_ptr", "table_rows",
                  "table_cols", "table_row_stride", "prefill_count", "width", "out_row_stride", "kv_lens_stride",
@@ -110,7 +110,7 @@ def _ast_sources(index_types):
                                                             ("i32", "i64")):
         types = dict(pool_ptr=f"*{index}", lens_ptr=f"*{index}", prefill_ptr=f"*{prefill}")
         constexprs = pa_constexprs(unit, folded)
-        yield "pa_swa", _signature(PA_PARAMETERS, types, constexprs), constexprs
+        yield "pa_swa", ast_signature(PA_PARAMETERS, constexprs, types), constexprs
 
 
 # The ops this module launches: ``kernels_triton.KERNELS`` reads them from this source, without importing it.

@@ -21,7 +21,7 @@ from kvdispatch import grid as launch_grid
 
 from . import launch as _launch
 from . import native
-from .specialization import Specialization, jit_function, warps
+from .specialization import Specialization, ast_signature, jit_function, warps
 
 # The kernel's parameters, in the order it takes them. A call with no option (page size 1 included), whose
 # table and output sizes and strides are all below 2**31 (any real ones), reads only the first six: the
@@ -519,10 +519,8 @@ def _ast_sources(page_sizes, index_types):
              if not (f[0] and f[4]) and not (f[7] and any(f[i] for i in (1, 2, 4, 5)))]
     for page_size, (has_start, *options), index in itertools.product(page_sizes, flags, index_types):
         types = dict(pool_ptr=f"*{index}", lens_ptr=f"*{index}", start_ptr=f"*{index}" if has_start else "*i32")
-        signature = {name: types.get(name, "*i32" if name in POINTERS else "i64") for name in PARAMETERS}
         constexprs = constexprs_for(page_size, has_start, *options)
-        signature.update({name: "constexpr" for name in constexprs})
-        yield signature, constexprs
+        yield ast_signature(PARAMETERS, constexprs, types), constexprs
 
 
 # The ops this module launches: ``kernels_triton.KERNELS`` reads them from this source, without importing it.

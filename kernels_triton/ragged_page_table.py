@@ -15,8 +15,8 @@ from kvdispatch import grid as launch_grid
 
 from . import launch as _launch
 from . import native
-from .mapped_tables import _common_constexprs, _launch_plan, _mha_row, _signature
-from .specialization import Specialization, jit_function, warps
+from .mapped_tables import _common_constexprs, _launch_plan, _mha_row
+from .specialization import Specialization, ast_signature, jit_function, warps
 
 RAGGED_PARAMETERS = ("kv_ptr", "indptr_ptr", "page_table_ptr", "swa_ptr", "mapping_ptr", "total", "width",
                      "page_table_stride", "swa_width", "swa_stride", "mapping_len", "indptr_stride")
@@ -104,7 +104,7 @@ def _ast_sources(page_sizes, index_types):
             continue  # without SWA the mapping pointer is a placeholder (kv_indptr)
         types = dict(kv_ptr=f"*{index}", indptr_ptr=f"*{index}", mapping_ptr=f"*{lookup}" if swa else f"*{index}")
         constexprs = ragged_constexprs(page_size, swa, round_toward_zero, unit, folded)
-        yield "ragged", _signature(RAGGED_PARAMETERS, types, constexprs), constexprs
+        yield "ragged", ast_signature(RAGGED_PARAMETERS, constexprs, types), constexprs
 
 
 # The ops this module launches: ``kernels_triton.KERNELS`` reads them from this source, without importing it.

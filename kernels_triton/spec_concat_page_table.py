@@ -16,8 +16,8 @@ from kvdispatch import grid as launch_grid
 
 from . import launch as _launch
 from . import native
-from .mapped_tables import _launch_plan, _signature
-from .specialization import Specialization, jit_function, warps
+from .mapped_tables import _launch_plan
+from .specialization import Specialization, ast_signature, jit_function, warps
 
 CONCAT_PARAMETERS = ("a_ptr", "b_ptr", "lens_a_ptr", "lens_b_ptr", "out_ptr", "draft_tokens", "width_a", "a_stride",
                      "width_b", "b_stride", "width", "out_stride", "lens_a_stride", "lens_b_stride")
@@ -91,7 +91,7 @@ def _ast_sources(index_types):
     for folded, index in itertools.product((False, True), index_types):
         constexprs = concat_constexprs(folded)
         types = dict(lens_a_ptr=f"*{index}", lens_b_ptr=f"*{index}")
-        yield "concat", _signature(CONCAT_PARAMETERS, types, constexprs), constexprs
+        yield "concat", ast_signature(CONCAT_PARAMETERS, constexprs, types), constexprs
 
 
 # The ops this module launches: ``kernels_triton.KERNELS`` reads them from this source, without importing it.

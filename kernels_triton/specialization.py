@@ -38,6 +38,16 @@ def jit_function(kernel, pointers, runtime_ints) -> triton.runtime.jit.JITFuncti
                                           do_not_specialize_on_alignment=pointers)
 
 
+def ast_signature(parameters, constexprs, types=None) -> dict:
+    """The ``triton.compiler.ASTSource`` signature of a kernel's ``parameters`` (their names, in order):
+    ``types[name]`` where given, else ``*i32`` for a pointer (a name ending in ``_ptr``) and ``i64``; the names
+    of ``constexprs`` marked ``constexpr``."""
+    types = types or {}
+    signature = {name: types.get(name, "*i32" if name.endswith("_ptr") else "i64") for name in parameters}
+    signature.update({name: "constexpr" for name in constexprs})
+    return signature
+
+
 def warps(threads: int, warp_size: int) -> int:
     """The ``num_warps`` of a program of ``threads`` threads in ``warp_size``-lane warps (at least one)."""
     return max(1, threads // warp_size)

@@ -21,7 +21,7 @@ from kvdispatch import grid as launch_grid
 from . import launch as _launch
 from . import native
 from .page_table import page_shift
-from .specialization import Specialization, jit_function, warps
+from .specialization import Specialization, ast_signature, jit_function, warps
 
 # The kernel's parameters, in the order it takes them. A call whose index vectors are contiguous and whose
 # table and output sizes and strides are all below 2**31 (any real ones) reads only the first eight (the
@@ -268,9 +268,7 @@ def _specialisation(index, out_type, mapping_type, constexprs, v2p_type=None):
         constexprs = dict(constexprs, v2p_ptr=None, v2p_len=None)
     else:
         types.update(v2p_ptr=f"*{v2p_type}", v2p_len="i32")
-    signature = {name: types.get(name, "*i32" if name in POINTERS else "i64") for name in PARAMETERS}
-    signature.update({name: "constexpr" for name in constexprs})
-    return signature, constexprs
+    return ast_signature(PARAMETERS, constexprs, types), constexprs
 
 
 # The ops this module launches: ``kernels_triton.KERNELS`` reads them from this source, without importing it.
