@@ -4,7 +4,7 @@
 Program ``(b, T - 1)``, the last of row ``b``'s ``T`` (the one with the fewest pages to write, so its sums
 run beside the row's first pages), writes row ``b``'s length and its prefix sums, summing the lengths of rows
 ``0..b`` itself (``DECODE_METADATA_SUM_BLOCK`` at a time): no program waits for another. Program ``(b, k)``
-writes its blocks of row ``b``'s pages as the mapped page tables do (``mapped_tables.py``: ``_row_limit``,
+writes its blocks of row ``b``'s pages as the mapped page tables do (``mapped_tables.py``: ``row_limit``,
 ``_divide``), and every program takes its share of the sliding-window cache locations, strided over the grid.
 """
 
@@ -20,7 +20,7 @@ from kvdispatch import grid as launch_grid
 
 from . import launch as _launch
 from . import native
-from .mapped_tables import _divide, _row_limit
+from .mapped_tables import _divide, row_limit
 from .page_table import page_shift
 from .specialization import Specialization, ast_signature, jit_function, warps
 
@@ -130,7 +130,7 @@ def _decode_metadata_kernel(
     if HAS_TABLE:
         if row < batch:
             first = program * PAGES_PER_PROGRAM
-            pool, limit = _row_limit(pool_ptr, lens_ptr, row, pool_stride, lens_stride, table_rows, table_cols,
+            pool, limit = row_limit(pool_ptr, lens_ptr, row, pool_stride, lens_stride, table_rows, table_cols,
                                      seqlen_offset, True)
             row_ptr = table_ptr + pool * table_row_stride  # dereferenced below the limit only
             span = tl.maximum(width, swa_width)

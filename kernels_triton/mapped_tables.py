@@ -45,7 +45,7 @@ TRANSLATED_CONSTEXPRS = ("PAGE_SIZE", "PAGE_SHIFT", "PAGES_PER_PROGRAM", "HAS_MU
 
 
 @triton.jit
-def _row_limit(pool_ptr, lens_ptr, row, pool_stride, lens_stride, table_rows, table_cols, length_offset,
+def row_limit(pool_ptr, lens_ptr, row, pool_stride, lens_stride, table_rows, table_cols, length_offset,
                HAS_OFFSET: tl.constexpr):
     """``(pool, limit)`` of row ``row``: its pool index (int64) and the positions its pages may start below,
     ``min(L, C)`` with ``L = seq_lens[row] + length_offset`` on a readable row, 0 otherwise. With an offset an
@@ -89,17 +89,17 @@ def _mha_page_table_kernel(
         pool_stride, lens_stride = 1, 1
     row = tl.program_id(0).to(tl.int64)
     first = _launch.program_in_row(FOLDED_GRID) * PAGES_PER_PROGRAM
-    pool, limit = _row_limit(pool_ptr, lens_ptr, row, pool_stride, lens_stride, table_rows, table_cols, seqlen_offset,
+    pool, limit = row_limit(pool_ptr, lens_ptr, row, pool_stride, lens_stride, table_rows, table_cols, seqlen_offset,
                              HAS_OFFSET)
     row_ptr = table_ptr + pool * table_row_stride  # only dereferenced below the limit, 0 on an unreadable row
-    _mha_row(first, row_ptr, limit, page_table_ptr + row * page_table_stride, width, swa_ptr + row * swa_stride,
+    mha_row(first, row_ptr, limit, page_table_ptr + row * page_table_stride, width, swa_ptr + row * swa_stride,
              swa_width, mapping_ptr, mapping_len, PAGE_SIZE, PAGE_SHIFT, PAGES_PER_PROGRAM, HAS_SWA,
              ROUND_TOWARD_ZERO, FOLDED_GRID)
     _launch.release_dependents(PDL)
 
 
 @triton.jit
-def _mha_row(first, row_ptr, limit, page_table_row, width, swa_row, swa_width, mapping_ptr, mapping_len,
+def mha_row(first, row_ptr, limit, page_table_row, width, swa_row, swa_width, mapping_ptr, mapping_len,
              PAGE_SIZE: tl.constexpr, PAGE_SHIFT: tl.constexpr, PAGES_PER_PROGRAM: tl.constexpr,
              HAS_SWA: tl.constexpr, ROUND_TOWARD_ZERO: tl.constexpr, FOLDED_GRID: tl.constexpr):
     """The blocks of a row this program owns (``_mha_pages`` each): the one of page ``first``, then every
@@ -355,7 +355,7 @@ _mha_plans = _launch.plan_cache(on_clear=functools.partial(native.forget_plans, 
 _translated_plans = _launch.plan_cache(on_clear=functools.partial(native.forget_plans, "translated_page_table"))
 
 
-def _common_constexprs(page_size: int, unit_strides: bool, folded_grid: bool, pdl: bool) -> dict:
+def common_constexprs(page_size: int, unit_strides: bool, folded_grid: bool, pdl: bool) -> dict:
     return dict(PAGE_SIZE=page_size, PAGE_SHIFT=page_shift(page_size),
                 PAGES_PER_PROGRAM=launch_grid.items_per_program(launch_grid.MAPPED_PAGE_TABLE, page_size),
                 UNIT_STRIDES=unit_strides, FOLDED_GRID=folded_grid, PDL=pdl)
@@ -364,7 +364,7 @@ def _common_constexprs(page_size: int, unit_strides: bool, folded_grid: bool, pd
 def mha_constexprs(page_size: int, has_swa: bool, round_toward_zero: bool, unit_strides: bool = True,
                    folded_grid: bool = False, pdl: bool = False, has_offset: bool = False) -> dict:
     """The constexpr arguments of one MHA page-table specialisation."""
-    return dict(_common_constexprs(page_size, unit_strides, folded_grid, pdl), HAS_SWA=has_swa,
+    return dict(common_constexprs(page_size, unit_strides, folded_grid, pdl), HAS_SWA=has_swa,
                 ROUND_TOWARD_ZERO=round_toward_zero, HAS_OFFSET=has_offset)
 
 
@@ -372,7 +372,7 @@ def translated_constexprs(page_size: int, has_multiplier: bool, has_delta: bool,
                           folded_grid: bool = False, wide_indexing: bool = False, pdl: bool = False,
                           has_fill: bool = False) -> dict:
     """The constexpr arguments of one translated page-table specialisation."""
-    return dict(_common_constexprs(page_size, unit_strides, folded_grid, pdl), HAS_MULTIPLIER=has_multiplier,
+    return dict(common_constexprs(page_size, unit_strides, folded_grid, pdl), HAS_MULTIPLIER=has_multiplier,
                 HAS_DELTA=has_delta, WIDE_INDEXING=wide_indexing, HAS_FILL=has_fill)
 
 
@@ -385,7 +385,7 @@ def translated_packed_words(rows: int, table_stride: int, page_limit: int, out_s
     return rows | table_stride << 32, page_limit | out_stride << 32
 
 
-def _launch_plan(plans, launcher, key, out, args, span, constexprs_of):
+def launch_plan(plans, launcher, key, out, args, span, constexprs_of):
     """Run ``args`` through the plan of ``key`` (building it at its first call): ``key[:3]`` is (device index,
     page size, batch), ``key[3:]`` the rest of the specialisation; ``span`` the pages a row may write."""
     def build():
@@ -414,7 +414,7 @@ def build_mha_page_table(req_to_token, req_pool_indices, seq_lens, page_table, p
             full_to_swa if has_swa else req_pool_indices, rows, cols, req_to_token.stride(0), width,
             page_table.stride(0), swa_width, swa_page_table.stride(0) if has_swa else 0,
             full_to_swa.shape[0] if has_swa else 0, pool_stride, lens_stride, seqlen_offset)
-    _launch_plan(_mha_plans, mha_launcher, key, page_table, args, key[3],
+    launch_plan(_mha_plans, mha_launcher, key, page_table, args, key[3],
                  lambda folded: mha_constexprs(page_size, has_swa, round_toward_zero, unit_strides, folded, pdl,
                                                seqlen_offset != 0))
     return page_table
@@ -439,7 +439,7 @@ def build_translated_page_table(req_to_token, req_pool_indices, seq_lens, v2p, o
     args = (req_to_token, req_pool_indices, seq_lens, v2p, out, packed_table, packed_out, v2p.shape[0], rows,
             table_stride, page_limit, out_stride, multiplier, seq_len_delta, pool_stride, lens_stride,
             fill_value if has_fill else 0, columns)
-    _launch_plan(_translated_plans, translated_launcher, key, out, args, columns,
+    launch_plan(_translated_plans, translated_launcher, key, out, args, columns,
                  lambda folded: translated_constexprs(page_size, has_multiplier, has_delta, unit_strides, folded,
                                                       packed is None, pdl, has_fill))
     return out

@@ -16,7 +16,7 @@ from kvdispatch import grid as launch_grid
 
 from . import launch as _launch
 from . import native
-from .mapped_tables import _launch_plan
+from .mapped_tables import launch_plan
 from .specialization import Specialization, ast_signature, jit_function, warps
 
 PA_PARAMETERS = ("table_ptr", "pool_ptr", "lens_ptr", "prefill_ptr", "out_ptr", "kv_lens_ptr", "table_rows",
@@ -89,7 +89,7 @@ def build_pa_swa_table(req_to_token, req_pool_indices, seq_lens, prefill_lens, o
     args = (req_to_token, req_pool_indices, seq_lens, prefill_lens, out, kv_lens_out, rows, cols,
             req_to_token.stride(0), prefill_lens.shape[0], out.shape[1], out.stride(0), kv_lens_out.stride(0),
             window_size, pool_stride, lens_stride)
-    _launch_plan(_pa_plans, pa_launcher, key, out, args, key[3],
+    launch_plan(_pa_plans, pa_launcher, key, out, args, key[3],
                  lambda folded: pa_constexprs(unit_strides, folded, pdl))
     return out
 

@@ -1,6 +1,6 @@
 """The block table of a ragged token CSR (``kvdispatch.create_ragged_page_table``), on the grid
 ``(batch, programs_per_row)`` of ``kvdispatch.grid.mapped_page_table_launch``, with the MHA page table's page
-logic (``mapped_tables._mha_row``): row ``b``'s tokens are ``kv_indices[kv_indptr[b]:kv_indptr[b + 1]]``.
+logic (``mapped_tables.mha_row``): row ``b``'s tokens are ``kv_indices[kv_indptr[b]:kv_indptr[b + 1]]``.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from kvdispatch import grid as launch_grid
 
 from . import launch as _launch
 from . import native
-from .mapped_tables import _common_constexprs, _launch_plan, _mha_row
+from .mapped_tables import common_constexprs, launch_plan, mha_row
 from .specialization import Specialization, ast_signature, jit_function, warps
 
 RAGGED_PARAMETERS = ("kv_ptr", "indptr_ptr", "page_table_ptr", "swa_ptr", "mapping_ptr", "total", "width",
@@ -46,7 +46,7 @@ def _ragged_page_table_kernel(
     begin = tl.where(readable, start, 0)
     # Both ends clamped into [-1, total] first: the difference is exact.
     limit = tl.where(readable, tl.minimum(tl.maximum(end, -1), total) - begin, 0)
-    _mha_row(first, kv_ptr + begin, limit, page_table_ptr + row * page_table_stride, width, swa_ptr + row * swa_stride,
+    mha_row(first, kv_ptr + begin, limit, page_table_ptr + row * page_table_stride, width, swa_ptr + row * swa_stride,
              swa_width, mapping_ptr, mapping_len, PAGE_SIZE, PAGE_SHIFT, PAGES_PER_PROGRAM, HAS_SWA,
              ROUND_TOWARD_ZERO, FOLDED_GRID)
     _launch.release_dependents(PDL)
@@ -62,7 +62,7 @@ _ragged_plans = _launch.plan_cache(on_clear=functools.partial(native.forget_plan
 def ragged_constexprs(page_size: int, has_swa: bool, round_toward_zero: bool, unit_strides: bool = True,
                       folded_grid: bool = False, pdl: bool = False) -> dict:
     """The constexpr arguments of one ragged page-table specialisation."""
-    return dict(_common_constexprs(page_size, unit_strides, folded_grid, pdl), HAS_SWA=has_swa,
+    return dict(common_constexprs(page_size, unit_strides, folded_grid, pdl), HAS_SWA=has_swa,
                 ROUND_TOWARD_ZERO=round_toward_zero)
 
 
@@ -80,7 +80,7 @@ def build_ragged_page_table(kv_indices, kv_indptr, page_table, page_size, swa_pa
     args = (kv_indices, kv_indptr, page_table, swa_page_table if has_swa else page_table,
             full_to_swa if has_swa else kv_indptr, kv_indices.shape[0], width, page_table.stride(0), swa_width,
             swa_page_table.stride(0) if has_swa else 0, full_to_swa.shape[0] if has_swa else 0, indptr_stride)
-    _launch_plan(_ragged_plans, ragged_launcher, key, page_table, args, key[3],
+    launch_plan(_ragged_plans, ragged_launcher, key, page_table, args, key[3],
                  lambda folded: ragged_constexprs(page_size, has_swa, round_toward_zero, indptr_stride == 1, folded,
                                                   pdl))
     return page_table

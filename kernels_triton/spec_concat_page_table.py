@@ -16,7 +16,7 @@ from kvdispatch import grid as launch_grid
 
 from . import launch as _launch
 from . import native
-from .mapped_tables import _launch_plan
+from .mapped_tables import launch_plan
 from .specialization import Specialization, ast_signature, jit_function, warps
 
 CONCAT_PARAMETERS = ("a_ptr", "b_ptr", "lens_a_ptr", "lens_b_ptr", "out_ptr", "draft_tokens", "width_a", "a_stride",
@@ -73,7 +73,7 @@ def build_spec_concat_page_table(page_table_a, page_table_b, seq_lens_a, seq_len
     args = (page_table_a, page_table_b, seq_lens_a, seq_lens_b, out, draft_tokens, page_table_a.shape[1],
             page_table_a.stride(0), page_table_b.shape[1], page_table_b.stride(0), out.shape[1], out.stride(0),
             seq_lens_a.stride(0), seq_lens_b.stride(0))
-    _launch_plan(_concat_plans, concat_launcher, key, out, args, key[3], lambda folded: concat_constexprs(folded, pdl))
+    launch_plan(_concat_plans, concat_launcher, key, out, args, key[3], lambda folded: concat_constexprs(folded, pdl))
     return out
 
 
