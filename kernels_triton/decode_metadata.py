@@ -131,7 +131,7 @@ def _decode_metadata_kernel(
         if row < batch:
             first = program * PAGES_PER_PROGRAM
             pool, limit = row_limit(pool_ptr, lens_ptr, row, pool_stride, lens_stride, table_rows, table_cols,
-                                     seqlen_offset, True)
+                                    seqlen_offset, True)
             row_ptr = table_ptr + pool * table_row_stride  # dereferenced below the limit only
             span = tl.maximum(width, swa_width)
             end = span if ZERO_TAIL else _launch.pages_below(limit, span, PAGE_SIZE)

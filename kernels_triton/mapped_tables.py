@@ -46,7 +46,7 @@ TRANSLATED_CONSTEXPRS = ("PAGE_SIZE", "PAGE_SHIFT", "PAGES_PER_PROGRAM", "HAS_MU
 
 @triton.jit
 def row_limit(pool_ptr, lens_ptr, row, pool_stride, lens_stride, table_rows, table_cols, length_offset,
-               HAS_OFFSET: tl.constexpr):
+              HAS_OFFSET: tl.constexpr):
     """``(pool, limit)`` of row ``row``: its pool index (int64) and the positions its pages may start below,
     ``min(L, C)`` with ``L = seq_lens[row] + length_offset`` on a readable row, 0 otherwise. With an offset an
     int64 length is clamped into [-2**62, 2**62] first (no table comes near): the sum cannot wrap."""
@@ -90,18 +90,18 @@ def _mha_page_table_kernel(
     row = tl.program_id(0).to(tl.int64)
     first = _launch.program_in_row(FOLDED_GRID) * PAGES_PER_PROGRAM
     pool, limit = row_limit(pool_ptr, lens_ptr, row, pool_stride, lens_stride, table_rows, table_cols, seqlen_offset,
-                             HAS_OFFSET)
+                            HAS_OFFSET)
     row_ptr = table_ptr + pool * table_row_stride  # only dereferenced below the limit, 0 on an unreadable row
     mha_row(first, row_ptr, limit, page_table_ptr + row * page_table_stride, width, swa_ptr + row * swa_stride,
-             swa_width, mapping_ptr, mapping_len, PAGE_SIZE, PAGE_SHIFT, PAGES_PER_PROGRAM, HAS_SWA,
-             ROUND_TOWARD_ZERO, FOLDED_GRID)
+            swa_width, mapping_ptr, mapping_len, PAGE_SIZE, PAGE_SHIFT, PAGES_PER_PROGRAM, HAS_SWA,
+            ROUND_TOWARD_ZERO, FOLDED_GRID)
     _launch.release_dependents(PDL)
 
 
 @triton.jit
 def mha_row(first, row_ptr, limit, page_table_row, width, swa_row, swa_width, mapping_ptr, mapping_len,
-             PAGE_SIZE: tl.constexpr, PAGE_SHIFT: tl.constexpr, PAGES_PER_PROGRAM: tl.constexpr,
-             HAS_SWA: tl.constexpr, ROUND_TOWARD_ZERO: tl.constexpr, FOLDED_GRID: tl.constexpr):
+            PAGE_SIZE: tl.constexpr, PAGE_SHIFT: tl.constexpr, PAGES_PER_PROGRAM: tl.constexpr,
+            HAS_SWA: tl.constexpr, ROUND_TOWARD_ZERO: tl.constexpr, FOLDED_GRID: tl.constexpr):
     """The blocks of a row this program owns (``_mha_pages`` each): the one of page ``first``, then every
     ``launch.programs_in_row``-th block after it, up to the row's last page below ``limit`` positions."""
     if first.to(tl.int64) * PAGE_SIZE < limit:
@@ -415,8 +415,8 @@ def build_mha_page_table(req_to_token, req_pool_indices, seq_lens, page_table, p
             page_table.stride(0), swa_width, swa_page_table.stride(0) if has_swa else 0,
             full_to_swa.shape[0] if has_swa else 0, pool_stride, lens_stride, seqlen_offset)
     launch_plan(_mha_plans, mha_launcher, key, page_table, args, key[3],
-                 lambda folded: mha_constexprs(page_size, has_swa, round_toward_zero, unit_strides, folded, pdl,
-                                               seqlen_offset != 0))
+                lambda folded: mha_constexprs(page_size, has_swa, round_toward_zero, unit_strides, folded, pdl,
+                                              seqlen_offset != 0))
     return page_table
 
 
@@ -440,8 +440,8 @@ def build_translated_page_table(req_to_token, req_pool_indices, seq_lens, v2p, o
             table_stride, page_limit, out_stride, multiplier, seq_len_delta, pool_stride, lens_stride,
             fill_value if has_fill else 0, columns)
     launch_plan(_translated_plans, translated_launcher, key, out, args, columns,
-                 lambda folded: translated_constexprs(page_size, has_multiplier, has_delta, unit_strides, folded,
-                                                      packed is None, pdl, has_fill))
+                lambda folded: translated_constexprs(page_size, has_multiplier, has_delta, unit_strides, folded,
+                                                     packed is None, pdl, has_fill))
     return out
 
 

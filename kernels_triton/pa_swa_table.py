@@ -90,7 +90,7 @@ def build_pa_swa_table(req_to_token, req_pool_indices, seq_lens, prefill_lens, o
             req_to_token.stride(0), prefill_lens.shape[0], out.shape[1], out.stride(0), kv_lens_out.stride(0),
             window_size, pool_stride, lens_stride)
     launch_plan(_pa_plans, pa_launcher, key, out, args, key[3],
-                 lambda folded: pa_constexprs(unit_strides, folded, pdl))
+                lambda folded: pa_constexprs(unit_strides, folded, pdl))
     return out
 
 

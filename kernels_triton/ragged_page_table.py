@@ -47,8 +47,8 @@ def _ragged_page_table_kernel(
     # Both ends clamped into [-1, total] first: the difference is exact.
     limit = tl.where(readable, tl.minimum(tl.maximum(end, -1), total) - begin, 0)
     mha_row(first, kv_ptr + begin, limit, page_table_ptr + row * page_table_stride, width, swa_ptr + row * swa_stride,
-             swa_width, mapping_ptr, mapping_len, PAGE_SIZE, PAGE_SHIFT, PAGES_PER_PROGRAM, HAS_SWA,
-             ROUND_TOWARD_ZERO, FOLDED_GRID)
+            swa_width, mapping_ptr, mapping_len, PAGE_SIZE, PAGE_SHIFT, PAGES_PER_PROGRAM, HAS_SWA,
+            ROUND_TOWARD_ZERO, FOLDED_GRID)
     _launch.release_dependents(PDL)
 
 
@@ -81,8 +81,8 @@ def build_ragged_page_table(kv_indices, kv_indptr, page_table, page_size, swa_pa
             full_to_swa if has_swa else kv_indptr, kv_indices.shape[0], width, page_table.stride(0), swa_width,
             swa_page_table.stride(0) if has_swa else 0, full_to_swa.shape[0] if has_swa else 0, indptr_stride)
     launch_plan(_ragged_plans, ragged_launcher, key, page_table, args, key[3],
-                 lambda folded: ragged_constexprs(page_size, has_swa, round_toward_zero, indptr_stride == 1, folded,
-                                                  pdl))
+                lambda folded: ragged_constexprs(page_size, has_swa, round_toward_zero, indptr_stride == 1, folded,
+                                                 pdl))
     return page_table
 
 
