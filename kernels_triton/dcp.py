@@ -27,7 +27,7 @@ from kvdispatch import grid as launch_grid
 
 from . import launch as _launch
 from . import native
-from .page_table import divide, page_shift
+from .page_table import page_shift
 from .specialization import Specialization, ast_signature, jit_function, warps
 
 WIDE = _launch.WIDE
@@ -105,7 +105,7 @@ def _copy_rank_tokens(first, end, row_ptr, target_ptr, TOKENS_PER_PROGRAM: tl.co
     token = first + tl.arange(0, TOKENS_PER_PROGRAM)
     copied = token < end
     slots = tl.load(row_ptr + token * DCP_SIZE, mask=copied)
-    values = divide(slots, DCP_SIZE, DCP_SHIFT, ROUND_TOWARD_ZERO)
+    values = _launch.divide(slots, DCP_SIZE, DCP_SHIFT, ROUND_TOWARD_ZERO)
     tl.store(target_ptr + token, values.to(target_ptr.dtype.element_ty), mask=copied)
 
 
@@ -171,7 +171,7 @@ def _rank_pages(first, row_ptr, out_row, limit, page_limit, fill_value, out_widt
     # Masks combine blocks only: Triton 3.9's interpreter takes no mask made from a scalar and a block.
     in_row = (page < page_limit) & (position < limit)
     slots = tl.load(row_ptr + page * VIRTUAL_PAGE, mask=in_row, other=0)
-    values = divide(slots, VIRTUAL_PAGE, VIRTUAL_SHIFT, ROUND_TOWARD_ZERO)
+    values = _launch.divide(slots, VIRTUAL_PAGE, VIRTUAL_SHIFT, ROUND_TOWARD_ZERO)
     if HAS_V2P:
         values = tl.where(slots < 0, 0, values)
         physical = tl.load(v2p_ptr + values, mask=in_row & (values < v2p_len), other=0)

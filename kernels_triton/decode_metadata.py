@@ -5,7 +5,7 @@ Program ``(b, T - 1)``, the last of row ``b``'s ``T`` (the one with the fewest p
 run beside the row's first pages), writes row ``b``'s length and its prefix sums, summing the lengths of rows
 ``0..b`` itself (``DECODE_METADATA_SUM_BLOCK`` at a time): no program waits for another. Program ``(b, k)``
 writes its blocks of row ``b``'s pages as the mapped page tables do (``mapped_tables.py``: ``row_limit``,
-``_divide``), and every program takes its share of the sliding-window cache locations, strided over the grid.
+``launch.divide``), and every program takes its share of the sliding-window cache locations, strided over the grid.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from kvdispatch import grid as launch_grid
 
 from . import launch as _launch
 from . import native
-from .mapped_tables import _divide, row_limit
+from .mapped_tables import row_limit
 from .page_table import page_shift
 from .specialization import Specialization, ast_signature, jit_function, warps
 
@@ -51,7 +51,7 @@ def _running_sum(values_ptr, stride, row, offset, SUM_BLOCK: tl.constexpr):
 @triton.jit
 def _through_map(slots, read, v2p_ptr, v2p_len, PAGE_SIZE: tl.constexpr, PAGE_SHIFT: tl.constexpr):
     """``min(max(v2p[max(slot, 0) // PAGE_SIZE], 0), 2**31 - 1)``, 0 past the map."""
-    virtual = _divide(tl.maximum(slots, 0), PAGE_SIZE, PAGE_SHIFT, False)
+    virtual = _launch.divide(tl.maximum(slots, 0), PAGE_SIZE, PAGE_SHIFT, False)
     physical = tl.load(v2p_ptr + virtual, mask=read & (virtual < v2p_len), other=0)
     return tl.minimum(tl.maximum(physical.to(tl.int64), 0), 2**31 - 1).to(tl.int32)
 
@@ -70,7 +70,7 @@ def _metadata_pages(first, row_ptr, limit, page_table_row, width, swa_row, swa_w
     if FULL_V2P:
         values = _through_map(slots, in_row, full_v2p_ptr, full_v2p_len, PAGE_SIZE, PAGE_SHIFT)
     else:
-        values = _divide(slots, PAGE_SIZE, PAGE_SHIFT, False)
+        values = _launch.divide(slots, PAGE_SIZE, PAGE_SHIFT, False)
     if ZERO_TAIL:
         tl.store(page_table_row + page, tl.where(in_row, values, 0), mask=in_table)
     else:
@@ -82,7 +82,7 @@ def _metadata_pages(first, row_ptr, limit, page_table_row, width, swa_row, swa_w
             index = tl.minimum(slots.to(tl.int64), mapping_len - 1)  # negative: a negative slot or an empty map
             mapped = tl.load(mapping_ptr + index, mask=in_row & in_swa & (index >= 0),
                              other=-1).to(tl.int64)
-            swa_values = tl.where(mapped < 0, -1, _divide(mapped, PAGE_SIZE, PAGE_SHIFT, False)).to(tl.int32)
+            swa_values = tl.where(mapped < 0, -1, _launch.divide(mapped, PAGE_SIZE, PAGE_SHIFT, False)).to(tl.int32)
         if ZERO_TAIL:
             tl.store(swa_row + page, tl.where(in_row, swa_values, 0), mask=in_swa)
         else:

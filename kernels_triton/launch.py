@@ -102,6 +102,21 @@ def programs_in_row(FOLDED_GRID: tl.constexpr):
 
 
 @triton.jit
+def divide(values, DIVISOR: tl.constexpr, SHIFT: tl.constexpr, ROUND_TOWARD_ZERO: tl.constexpr):
+    """``values // DIVISOR`` of signed ints, rounding down, or toward zero with ROUND_TOWARD_ZERO. SHIFT:
+    log2(DIVISOR) for powers of two, else -1."""
+    # Triton's ``//`` on signed ints truncates toward zero (as C does), compiled and in the interpreter.
+    if ROUND_TOWARD_ZERO:
+        if SHIFT >= 0:  # a negative value is biased by DIVISOR - 1 first: it cannot overflow
+            sign = values >> (values.dtype.primitive_bitwidth - 1)
+            return (values + (sign & (DIVISOR - 1))) >> SHIFT
+        return values // DIVISOR
+    if SHIFT >= 0:
+        return values >> SHIFT  # arithmetic shift: floor division for negative values too
+    return tl.where(values >= 0, values // DIVISOR, ~((~values) // DIVISOR))
+
+
+@triton.jit
 def pages_below(positions, page_limit, PAGE_SIZE: tl.constexpr):
     """The pages (of ``PAGE_SIZE`` positions) that start below ``positions``, at most ``page_limit`` (>= 0),
     in int64: a row's real pages, the end of its programs' blocks. Exact for every int64 ``positions``

@@ -58,16 +58,6 @@ def row_limit(pool_ptr, lens_ptr, row, pool_stride, lens_stride, table_rows, tab
     return pool, tl.where(readable, tl.minimum(length, table_cols), 0)
 
 
-@triton.jit
-def _divide(values, PAGE_SIZE: tl.constexpr, PAGE_SHIFT: tl.constexpr, ROUND_TOWARD_ZERO: tl.constexpr):
-    """``values // PAGE_SIZE`` rounding down, or toward zero (Triton's ``//`` on signed ints) when asked."""
-    if ROUND_TOWARD_ZERO:
-        return values // PAGE_SIZE
-    if PAGE_SHIFT >= 0:
-        return values >> PAGE_SHIFT  # arithmetic shift: floor for negative values too
-    return tl.where(values >= 0, values // PAGE_SIZE, ~((~values) // PAGE_SIZE))
-
-
 def _mha_page_table_kernel(
     table_ptr, pool_ptr, lens_ptr, page_table_ptr, swa_ptr, mapping_ptr, table_rows: tl.int64,
     table_cols: tl.int64, table_row_stride: tl.int64, width: tl.int64, page_table_stride: tl.int64,
@@ -131,11 +121,11 @@ def _mha_pages(first, row_ptr, limit, page_table_row, width, swa_row, swa_width,
         read = in_table
     # Only dereferenced under in_row, which is empty on an unreadable row.
     slots = tl.load(row_ptr + position, mask=read, other=0)
-    tl.store(page_table_row + page, _divide(slots, PAGE_SIZE, PAGE_SHIFT, ROUND_TOWARD_ZERO), mask=in_table)
+    tl.store(page_table_row + page, _launch.divide(slots, PAGE_SIZE, PAGE_SHIFT, ROUND_TOWARD_ZERO), mask=in_table)
     if HAS_SWA:
         index = tl.minimum(tl.maximum(slots.to(tl.int64), 0), mapping_len.to(tl.int64) - 1)
         mapped = tl.load(mapping_ptr + index, mask=in_swa, other=0)
-        tl.store(swa_row + page, _divide(mapped, PAGE_SIZE, PAGE_SHIFT, ROUND_TOWARD_ZERO).to(tl.int32),
+        tl.store(swa_row + page, _launch.divide(mapped, PAGE_SIZE, PAGE_SHIFT, ROUND_TOWARD_ZERO).to(tl.int32),
                  mask=in_swa)
 
 
@@ -324,7 +314,7 @@ def _translated_pages(first, row_ptr, length, live_length, page_limit, v2p_ptr, 
     read = (page < page_limit) & (position < length)
     live = (page < page_limit) & (position < live_length)
     tokens = tl.load(row_ptr + position, mask=read, other=0)
-    virtual = tl.where(tokens < 0, 0, _divide(tokens, PAGE_SIZE, PAGE_SHIFT, False))
+    virtual = tl.where(tokens < 0, 0, _launch.divide(tokens, PAGE_SIZE, PAGE_SHIFT, False))
     # A virtual page past the map reads nothing and gives 0 (``other``), as a freed page (-1) does.
     physical = tl.load(v2p_ptr + virtual, mask=read & (virtual < v2p_len), other=0)
     if HAS_MULTIPLIER:

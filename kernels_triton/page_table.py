@@ -372,28 +372,11 @@ def _write_pages(source, out_row, page, in_row, in_width, fill_value,
     # ``source`` (each page's slot address) is only dereferenced under in_row, which is empty when the row
     # is unreadable.
     slots = tl.load(source, mask=in_row, other=0)
-    values = divide(slots, PAGE_SIZE, PAGE_SHIFT, ROUND_TOWARD_ZERO)
+    values = _launch.divide(slots, PAGE_SIZE, PAGE_SHIFT, ROUND_TOWARD_ZERO)
     if HAS_FILL:
         tl.store(out_row + page, tl.where(in_row, values, fill_value.to(tl.int32)), mask=in_width)
     else:
         tl.store(out_row + page, values, mask=in_row)
-
-
-@triton.jit
-def divide(slots, DIVISOR: tl.constexpr, SHIFT: tl.constexpr, ROUND_TOWARD_ZERO: tl.constexpr):
-    """``slots // DIVISOR`` of int32 slots, rounding down, or toward zero with ROUND_TOWARD_ZERO. SHIFT:
-    log2(DIVISOR) for powers of two, else -1."""
-    # Triton's ``//`` on signed ints truncates toward zero (as C does), compiled and in the interpreter.
-    if ROUND_TOWARD_ZERO:
-        if SHIFT >= 0:  # a negative slot is biased by DIVISOR - 1 first: it cannot overflow
-            values = (slots + ((slots >> 31) & (DIVISOR - 1))) >> SHIFT
-        else:
-            values = slots // DIVISOR
-    elif SHIFT >= 0:
-        values = slots >> SHIFT  # arithmetic shift: floor division for negative slots too
-    else:
-        values = tl.where(slots >= 0, slots // DIVISOR, ~((~slots) // DIVISOR))
-    return values
 
 
 page_table_kernel = triton.jit(_page_table_kernel, do_not_specialize=RUNTIME_INTS,
