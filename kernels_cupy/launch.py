@@ -1,9 +1,10 @@
 """What each kernel call is (``build.KernelCall``): kernel name, specialisation, grid, threads and typed
 arguments. Shared by the CuPy launcher (GPU) and the host build (CI); neither decides a grid itself,
 ``kvdispatch.grid`` does.
-The backend's builders (``build_page_table``, ``build_token_indices``, ...) describe the call here and hand it
-to ``runtime.py``, imported (with CuPy) at the first launch; each launch is recorded (``host_path.recording``)
-and becomes a replay plan of the compiled host path (``native.replay_launch``), which takes the next such call.
+The backend's launchers (``OP_LAUNCHERS``, each made by ``_launcher`` from the op's ``*_call``) describe the
+call here and hand it to ``runtime.py``, imported (with CuPy) at the first launch; each launch is recorded
+(``host_path.recording``) and becomes a replay plan of the compiled host path (``native.replay_launch``), which
+takes the next such call.
 
 Arguments are plain Python ints in the kernels' parameter order: pointers (0 for an absent tensor),
 element strides (index vectors may be any 1-D view) and values. The builders write each pointer as its tensor
@@ -21,6 +22,7 @@ generic library) runs the same call.
 from __future__ import annotations
 
 import functools
+import inspect
 
 import torch
 
@@ -209,42 +211,6 @@ def _runtime():
     return _runtime_module
 
 
-def build_page_table(req_to_token, req_pool_indices, seq_lens, out, page_size, kv_start_idx=None,
-                     seqlen_offset=0, seq_lens_out=None, fill_value=None, round_toward_zero=False, pdl=False):
-    """Paged block table; semantics of ``kvdispatch.create_flashmla_kv_indices``; ``pdl``: programmatic
-    dependent launch where the device supports it (``with_pdl``). Returns ``out``."""
-    return _launched(page_table_call(req_to_token, req_pool_indices, seq_lens, out, page_size, kv_start_idx,
-                                     seqlen_offset, seq_lens_out, fill_value, round_toward_zero),
-                     req_to_token.device, out, pdl)
-
-
-def build_token_indices(req_to_token, req_pool_indices, seq_lens, kv_indptr, out, kv_start_idx=None,
-                        entry_page_size=1, token_mapping=None, v2p=None, page_size=1, pdl=False):
-    """Token-level CSR indices; semantics of ``kvdispatch.create_flashinfer_kv_indices``; ``pdl`` as for
-    ``build_page_table``. Returns ``out``."""
-    return _launched(token_csr_call(req_to_token, req_pool_indices, seq_lens, kv_indptr, out, kv_start_idx,
-                                    entry_page_size, token_mapping, v2p, page_size), req_to_token.device, out, pdl)
-
-
-def build_mha_page_table(req_to_token, req_pool_indices, seq_lens, page_table, page_size, swa_page_table=None,
-                         full_to_swa=None, round_toward_zero=False, seqlen_offset=0, pdl=False):
-    """TRT-LLM MHA page table; semantics of ``kvdispatch.create_trtllm_mha_page_table``; ``pdl`` as for
-    ``build_page_table``. Returns ``page_table``."""
-    return _launched(mha_page_table_call(req_to_token, req_pool_indices, seq_lens, page_table, page_size,
-                                         swa_page_table, full_to_swa, round_toward_zero, seqlen_offset),
-                     req_to_token.device, page_table, pdl)
-
-
-def build_translated_page_table(req_to_token, req_pool_indices, seq_lens, v2p, out, page_size, multiplier=1,
-                                max_pages=None, seq_len_delta=0, fill_value=None, pdl=False):
-    """Translated page table; semantics of ``kvdispatch.create_translated_page_table``; ``pdl`` as for
-    ``build_page_table``. Returns ``out``."""
-    return _launched(translated_page_table_call(req_to_token, req_pool_indices, seq_lens, v2p, out, page_size,
-                                                multiplier, max_pages, seq_len_delta, fill_value),
-                     req_to_token.device, out, pdl)
-
-
-
 def draft_decode_call(req_to_token, req_pool_indices, seq_lens, kv_indptr, out, num_steps, topk, page_size=1,
                       positions=None, window_size=0, sink_size=0, v2p=None, write_indptr_start=True,
                       round_toward_zero=False, entry_page_size=1, step_window=0) -> KernelCall | None:
@@ -270,18 +236,6 @@ def draft_decode_call(req_to_token, req_pool_indices, seq_lens, kv_indptr, out, 
         0 if v2p is None else v2p.shape[0], entry_page_size, step_window)
     defines = (("KV_FLAGS", flags), ("KV_PAGE_SIZE", page_size), ("KV_ENTRY_PAGE_SIZE", entry_page_size))
     return _kernel_call("kv_draft_decode", defines, launch, args)
-
-
-def build_draft_decode_indices(req_to_token, req_pool_indices, seq_lens, kv_indptr, out, num_steps, topk,
-                               page_size=1, positions=None, window_size=0, sink_size=0, v2p=None,
-                               write_indptr_start=True, round_toward_zero=False, entry_page_size=1, step_window=0,
-                               pdl=False):
-    """Every draft step's token CSR in one launch; semantics of ``kvdispatch.create_draft_decode_kv_indices``;
-    ``pdl`` as for ``build_page_table``. Returns ``out``."""
-    return _launched(draft_decode_call(req_to_token, req_pool_indices, seq_lens, kv_indptr, out, num_steps, topk,
-                                       page_size, positions, window_size, sink_size, v2p, write_indptr_start,
-                                       round_toward_zero, entry_page_size, step_window), req_to_token.device, out,
-                     pdl)
 
 
 def _rounding(round_toward_zero: bool) -> int:
@@ -325,36 +279,37 @@ def dcp_page_table_call(req_to_token, req_pool_indices, local_seq_lens, out, pag
     return _kernel_call("kv_dcp_page_table", defines, launch, args)
 
 
-def build_dcp_token_indices(req_to_token, req_pool_indices, local_seq_lens, kv_indptr, out, dcp_size, dcp_rank,
-                            kv_start_idx=None, round_toward_zero=False, pdl=False):
-    """One DCP rank's token CSR; semantics of ``kvdispatch.create_dcp_kv_indices``; ``pdl`` as for
-    ``build_page_table``. Returns ``out``."""
-    return _launched(dcp_token_csr_call(req_to_token, req_pool_indices, local_seq_lens, kv_indptr, out, dcp_size,
-                                        dcp_rank, kv_start_idx, round_toward_zero), req_to_token.device, out, pdl)
-
-
-def build_dcp_page_table(req_to_token, req_pool_indices, local_seq_lens, out, page_size, dcp_size, dcp_rank,
-                         fill_value=None, round_toward_zero=False, v2p=None, pdl=False):
-    """One DCP rank's block table; semantics of ``kvdispatch.create_dcp_page_table``; ``pdl`` as for
-    ``build_page_table``. Returns ``out``."""
-    return _launched(dcp_page_table_call(req_to_token, req_pool_indices, local_seq_lens, out, page_size, dcp_size,
-                                         dcp_rank, fill_value, round_toward_zero, v2p), req_to_token.device, out, pdl)
-
-
-def _launched(call: KernelCall | None, device, out, pdl=False):
-    """Launch ``call`` (None: nothing to do) on ``device``, with programmatic dependent launch when ``pdl`` is
-    asked for and the device supports it (``with_pdl``); returns ``out``."""
+def _launched(call: KernelCall | None, pdl: bool) -> None:
+    """Launch ``call`` (None: nothing to do) on the device of its tensors, with programmatic dependent launch
+    when ``pdl`` is asked for and the device supports it (``with_pdl``)."""
+    if call is None:
+        return
+    device = call.pointers[0][1].device
     if pdl:
         call = with_pdl(call, pdl, device)
-        if call is not None and call.pdl:
+        if call.pdl:
             _runtime().launch_pdl(call, device)
-            return out
-    if call is not None:
-        _runtime().launch(call, device)
-        launches = host_path.recording()
-        if launches is not None:  # a call that may register a replay plan (kvdispatch.host_path)
-            launches.append(functools.partial(native.replay_launch, call, device.index))
-    return out
+            return
+    _runtime().launch(call, device)
+    launches = host_path.recording()
+    if launches is not None:  # a call that may register a replay plan (kvdispatch.host_path)
+        launches.append(functools.partial(native.replay_launch, call, device.index))
+
+
+def _launcher(describe):
+    """The backend's launcher of an op whose call ``describe`` (a ``*_call`` here) builds: it takes the op's
+    parameters in ``describe``'s order, then ``pdl`` (programmatic dependent launch where the device supports
+    it; ``kvdispatch.dispatch`` passes it positionally, last), and launches the call (``_launched``)."""
+    parameters = len(inspect.signature(describe).parameters)
+
+    def launch(*arguments, pdl=False):
+        if len(arguments) > parameters:
+            arguments, pdl = arguments[:-1], arguments[-1]
+        _launched(describe(*arguments), pdl)
+
+    launch.__qualname__ = f"_launcher({describe.__name__})"
+    launch.__doc__ = f"``{describe.__name__}``'s arguments, then ``pdl``: launches that call (``_launcher``)."
+    return launch
 
 
 # -- one decode step's metadata (kvdispatch.update_decode_metadata) --
@@ -400,16 +355,6 @@ def decode_metadata_call(req_to_token, req_pool_indices, seq_lens, cache_seqlens
     return _kernel_call("kv_decode_metadata", (("KV_PAGE_SIZE", page_size), ("KV_FLAGS", flags)), launch, args)
 
 
-def build_decode_metadata(req_to_token, req_pool_indices, seq_lens, cache_seqlens, cu_seqlens_k, page_size,
-                          seqlen_offset=0, page_table=None, swa_page_table=None, full_to_swa=None, full_v2p=None,
-                          swa_v2p=None, zero_tail=False, cu_seqlens_q=None, qlens=None, q_stride=None,
-                          out_cache_loc=None, swa_out_cache_loc=None, pdl=False):
-    """One decode step's metadata in one launch; semantics of ``kvdispatch.update_decode_metadata``; ``pdl`` as
-    for ``build_page_table``."""
-    call = decode_metadata_call(req_to_token, req_pool_indices, seq_lens, cache_seqlens, cu_seqlens_k, page_size,
-                                seqlen_offset, page_table, swa_page_table, full_to_swa, full_v2p, swa_v2p, zero_tail,
-                                cu_seqlens_q, qlens, q_stride, out_cache_loc, swa_out_cache_loc)
-    return _launched(call, cache_seqlens.device, cache_seqlens, pdl)
 # Per-request slices gathered into cache locations (kvdispatch.create_cache_locs): the kernel's own `layout`
 # bits (the KV_CACHE_LOCS_* values of kv_indices.cu) say which slices and the dtypes the flags do not.
 
@@ -445,17 +390,6 @@ def cache_locs_call(req_to_token, req_pool_indices, start_offset, out, end_offse
     return _kernel_call("kv_cache_locs", defines, launch, args)
 
 
-def build_cache_locs(req_to_token, req_pool_indices, start_offset, out, end_offset=None, width=None,
-                     positions_out=None, page_size=1, full_v2p=None, full_out=None, swa_v2p=None, swa_out=None,
-                     pdl=False):
-    """Per-request slices gathered into cache locations; semantics of ``kvdispatch.create_cache_locs``; ``pdl`` as
-    for ``build_page_table``. Returns ``out``."""
-    return _launched(cache_locs_call(req_to_token, req_pool_indices, start_offset, out, end_offset, width,
-                                     positions_out, page_size, full_v2p, full_out, swa_v2p, swa_out),
-                     req_to_token.device, out, pdl)
-
-
-
 _compact_csr_launch = functools.lru_cache(maxsize=4096)(grid.compact_csr_launch)
 _GEOMETRY_CACHES += (_compact_csr_launch,)
 
@@ -477,15 +411,6 @@ def compact_csr_call(source, lens, kv_indptr, out, row_step=1, source_indptr=Non
     return _kernel_call("kv_compact_csr", (("KV_FLAGS", flags),), launch, args)
 
 
-def build_compact_kv_indices(source, lens, kv_indptr, out, row_step=1, source_indptr=None, offset=0, step=1,
-                             empty_fill=None, max_count=None, pdl=False):
-    """The compacted CSR; semantics of ``kvdispatch.create_compact_kv_indices``; ``pdl`` as for
-    ``build_page_table``. Returns ``out``."""
-    return _launched(compact_csr_call(source, lens, kv_indptr, out, row_step, source_indptr, offset, step, empty_fill,
-                                      max_count), source.device, out, pdl)
-
-
-
 _prefix_extend_csr_launch = functools.lru_cache(maxsize=4096)(grid.prefix_extend_csr_launch)
 _GEOMETRY_CACHES += (_prefix_extend_csr_launch,)
 
@@ -504,14 +429,6 @@ def prefix_extend_csr_call(prefix_lens, prefix_starts, extend_lens, extend_start
             extend_lens.stride(0), extend_starts, extend_starts.stride(0), kv_indptr, kv_indptr.stride(0), out,
             out.shape[0], launch.items_per_program, flags, extend_base)
     return _kernel_call("kv_prefix_extend_csr", (("KV_FLAGS", flags),), launch, args)
-
-
-def build_prefix_extend_kv_indices(prefix_lens, prefix_starts, extend_lens, extend_starts, kv_indptr, out,
-                                   extend_base=0, pdl=False):
-    """The prefix+extend token CSR; semantics of ``kvdispatch.create_prefix_extend_kv_indices``; ``pdl`` as for
-    ``build_page_table``. Returns ``out``."""
-    return _launched(prefix_extend_csr_call(prefix_lens, prefix_starts, extend_lens, extend_starts, kv_indptr, out,
-                                            extend_base), out.device, out, pdl)
 
 
 # -- the block table of a ragged token CSR (kvdispatch.create_ragged_page_table) --------------------------------
@@ -541,14 +458,6 @@ def ragged_page_table_call(kv_indices, kv_indptr, page_table, page_size, swa_pag
     return _kernel_call("kv_ragged_page_table", defines, launch, args)
 
 
-def build_ragged_page_table(kv_indices, kv_indptr, page_table, page_size, swa_page_table=None, full_to_swa=None,
-                            round_toward_zero=False, pdl=False):
-    """Block table of a ragged token CSR; semantics of ``kvdispatch.create_ragged_page_table``; ``pdl`` as for
-    ``build_page_table``. Returns ``page_table``."""
-    return _launched(ragged_page_table_call(kv_indices, kv_indptr, page_table, page_size, swa_page_table,
-                                            full_to_swa, round_toward_zero), kv_indices.device, page_table, pdl)
-
-
 # -- the prefill-aware sliding-window token table (kvdispatch.create_prefill_aware_swa_table) -----------------
 
 
@@ -569,14 +478,6 @@ def pa_swa_table_call(req_to_token, req_pool_indices, seq_lens, prefill_lens, ou
             req_to_token.stride(0), prefill_lens.shape[0], out.shape[1], out.stride(0), kv_lens_out.stride(0),
             window_size, req_pool_indices.stride(0), seq_lens.stride(0), launch.items_per_program, flags)
     return _kernel_call("kv_pa_swa_table", (("KV_FLAGS", flags),), launch, args)
-
-
-def build_pa_swa_table(req_to_token, req_pool_indices, seq_lens, prefill_lens, out, kv_lens_out, window_size,
-                       pdl=False):
-    """Prefill-aware sliding-window token table; semantics of ``kvdispatch.create_prefill_aware_swa_table``;
-    ``pdl`` as for ``build_page_table``. Returns ``out``."""
-    return _launched(pa_swa_table_call(req_to_token, req_pool_indices, seq_lens, prefill_lens, out, kv_lens_out,
-                                       window_size), req_to_token.device, out, pdl)
 
 
 # -- two token CSRs merged row by row (kvdispatch.create_merged_kv_indices) ------------------------------------
@@ -606,16 +507,7 @@ def merged_token_csr_call(prefix_kv_indptr, prefix_kv_indices, extend_start_loc,
     return _kernel_call("kv_merged_token_csr", (("KV_FLAGS", flags),), launch, args)
 
 
-def build_merged_kv_indices(prefix_kv_indptr, prefix_kv_indices, extend_start_loc, extend_seq_lens, extend_kv_indices,
-                            kv_indptr_out, out, pdl=False):
-    """Two token CSRs merged row by row; semantics of ``kvdispatch.create_merged_kv_indices``; ``pdl`` as for
-    ``build_page_table``. Returns ``out``."""
-    return _launched(merged_token_csr_call(prefix_kv_indptr, prefix_kv_indices, extend_start_loc, extend_seq_lens,
-                                           extend_kv_indices, kv_indptr_out, out), out.device, out, pdl)
-
-
 # -- each draft token's prefix-then-expand row (kvdispatch.create_spec_concat_page_table) ----------------------
-
 
 
 def spec_concat_page_table_call(page_table_a, page_table_b, seq_lens_a, seq_lens_b, out,
@@ -632,11 +524,6 @@ def spec_concat_page_table_call(page_table_a, page_table_b, seq_lens_a, seq_lens
     return _kernel_call("kv_spec_concat_page_table", (("KV_FLAGS", flags),), launch, args)
 
 
-def build_spec_concat_page_table(page_table_a, page_table_b, seq_lens_a, seq_lens_b, out, draft_tokens, pdl=False):
-    """Each draft token's prefix-then-expand row; semantics of ``kvdispatch.create_spec_concat_page_table``;
-    ``pdl`` as for ``build_page_table``. Returns ``out``."""
-    return _launched(spec_concat_page_table_call(page_table_a, page_table_b, seq_lens_a, seq_lens_b, out,
-                                                 draft_tokens), out.device, out, pdl)
 # A draft model's compact token-table rows (kvdispatch.build_compact_draft_rows): the kernel's own `layout` bits
 # (the KV_COMPACT_DRAFT_* values of kv_indices.cu) give the dtypes the flags do not.
 
@@ -663,16 +550,24 @@ def compact_draft_rows_call(target_req_to_token, req_pool_indices, suffix_start,
     return _kernel_call("kv_compact_draft_rows", (("KV_FLAGS", flags),), launch, args)
 
 
-def build_compact_draft_rows(target_req_to_token, req_pool_indices, suffix_start, draft_prefix_lens, verify_locs,
-                             draft_req_to_token, pdl=False):
-    """A draft model's compact token-table rows; semantics of ``kvdispatch.build_compact_draft_rows``; ``pdl`` as
-    for ``build_page_table``. Returns ``draft_req_to_token``."""
-    return _launched(compact_draft_rows_call(target_req_to_token, req_pool_indices, suffix_start,
-                                             draft_prefix_lens, verify_locs, draft_req_to_token),
-                     draft_req_to_token.device, draft_req_to_token, pdl)
-
-
 # The ops this module launches: ``kernels_cupy.KERNELS`` reads them from this source, without importing it.
+build_page_table = _launcher(page_table_call)
+build_token_indices = _launcher(token_csr_call)
+build_mha_page_table = _launcher(mha_page_table_call)
+build_translated_page_table = _launcher(translated_page_table_call)
+build_draft_decode_indices = _launcher(draft_decode_call)
+build_dcp_token_indices = _launcher(dcp_token_csr_call)
+build_dcp_page_table = _launcher(dcp_page_table_call)
+build_decode_metadata = _launcher(decode_metadata_call)
+build_cache_locs = _launcher(cache_locs_call)
+build_compact_kv_indices = _launcher(compact_csr_call)
+build_prefix_extend_kv_indices = _launcher(prefix_extend_csr_call)
+build_ragged_page_table = _launcher(ragged_page_table_call)
+build_pa_swa_table = _launcher(pa_swa_table_call)
+build_merged_kv_indices = _launcher(merged_token_csr_call)
+build_spec_concat_page_table = _launcher(spec_concat_page_table_call)
+build_compact_draft_rows = _launcher(compact_draft_rows_call)
+
 OP_LAUNCHERS = {
     "page_table": build_page_table,
     "token_csr": build_token_indices,
