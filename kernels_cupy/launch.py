@@ -308,6 +308,7 @@ def _launcher(describe):
         _launched(describe(*arguments), pdl)
 
     launch.__qualname__ = f"_launcher({describe.__name__})"
+    launch.describe = describe  # the call it launches (the tests' host build runs the same call)
     launch.__doc__ = f"``{describe.__name__}``'s arguments, then ``pdl``: launches that call (``_launcher``)."
     return launch
 
