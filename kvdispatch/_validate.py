@@ -91,9 +91,7 @@ def _index_table(name, t, device, min_rows, min_cols, rows_are="", cols_are=""):
         raise ValueError(f"{name} must have at least {min_cols} columns ({cols_are}), got shape {tuple(t.shape)}")
     if t.device != device:
         raise ValueError(f"{name} is on {t.device}, expected {device} (the device of req_to_token)")
-    if rows > 1 and t.stride(0) < cols:
-        raise ValueError(f"rows of {name} share memory: its row stride {t.stride(0)} is below its width {cols} "
-                         f"(shape {tuple(t.shape)})")
+    _check_rows_apart(t, name)
 
 
 def _python_int(name, value, low, high):
