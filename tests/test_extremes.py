@@ -145,7 +145,7 @@ def spoilt_case(argument, dtype, with_start, page_size, cols, width, g, seqlen_o
 @pytest.mark.parametrize("geometry", sorted(PAGE_GEOMETRIES))
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("with_start", (False, True))
-@pytest.mark.parametrize("seqlen_offset,fill_value", zip(SCALARS, (None, I32_MIN, 0, -1, I32_MAX, 1)))
+@pytest.mark.parametrize("seqlen_offset,fill_value", list(zip(SCALARS, (None, I32_MIN, 0, -1, I32_MAX, 1))))
 def test_page_table_lengths(backend, geometry, dtype, with_start, seqlen_offset, fill_value):
     """``seq_lens`` at the extremes, with every ``seqlen_offset`` extreme: the sum is exact (no empty row
     for ``2**63 - 1 + 1``, no full row for ``-2**63 - 1``)."""
