@@ -280,6 +280,32 @@ def test_draft_decode_step_window(backend, window, option):
         assert_same(indptr, looped_indptr, "reference kv_indptr vs loop")
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("window", (5, 40))
+def test_draft_decode_step_window_many_steps(backend, window):
+    """More steps than a kernel takes side by side and than it loads draft slots per pass (19), with a window
+    shorter and longer than the steps: the reference, the loop and the backend agree."""
+    from test_draft_decode import check, random_case
+
+    g = generator()
+    for page_size, bad in ((1, False), (16, True)):
+        case = random_case(g, torch.int64, page_size, steps=19, positions=bool(page_size > 1), bad=bad)
+        # Room past every request's length for its branches' draft slots.
+        table = case["req_to_token"]
+        room = draw(-3, 5000, table.shape[0] * 4 * 19 * page_size, g).view(table.shape[0], -1).to(table.dtype)
+        case.update(req_to_token=torch.cat([table, room], 1), entry_page_size=1, step_window=window)
+        check(backend, case, torch.int64, torch.int32, loop=False)
+        steps, segments = case["num_steps"], case["req_pool_indices"].shape[0] * case["topk"]
+        out = torch.full((steps, segments * window + 2), POISON, dtype=torch.int64)
+        indptr = torch.full((steps, segments + 2), POISON, dtype=torch.int32)
+        looped, looped_indptr = loop_step_window(case, out.clone(), indptr.clone())
+        options = {k: v for k, v in case.items() if k not in ("req_to_token", "req_pool_indices", "seq_lens")}
+        ops.draft_decode.reference(case["req_to_token"], case["req_pool_indices"], case["seq_lens"], indptr, out,
+                                   **options)
+        assert_same(out, looped, "reference out vs loop")
+        assert_same(indptr, looped_indptr, "reference kv_indptr vs loop")
+
+
 def test_draft_decode_step_window_argument_errors():
     import kvdispatch
 
