@@ -509,7 +509,6 @@ class KernelLauncher:
         self.conventions: dict[tuple, FastConvention | None] = {}
         self.direct_paths: dict[tuple, DirectLaunch | None] = {}
         self.native_kernels: dict[tuple, NativeKernel | None] = {}
-        self.plain_launches = 0
         self._lock = threading.Lock()
 
     @property
@@ -522,7 +521,6 @@ class KernelLauncher:
         (None under the interpreter). A ``PDL`` constexpr that is true also asks for Triton's ``launch_pdl``
         option, which the compiled kernel's metadata keeps: every later launch of it, through ``run`` or its
         C launch function (``DirectLaunch.pdl``), sets the programmatic stream serialisation attribute."""
-        self.plain_launches += 1
         if constexprs.get("PDL"):
             return self.kernel[grid](*args, **constexprs, num_warps=num_warps, launch_pdl=True)
         return self.kernel[grid](*args, **constexprs, num_warps=num_warps)
