@@ -289,7 +289,7 @@ def test_draft_decode_step_window_many_steps(backend, window):
 
     g = generator()
     for page_size, bad in ((1, False), (16, True)):
-        case = random_case(g, torch.int64, page_size, steps=19, positions=bool(page_size > 1), bad=bad)
+        case = random_case(g, torch.int64, page_size, steps=19, positions=page_size > 1, bad=bad)
         # Room past every request's length for its branches' draft slots.
         table = case["req_to_token"]
         room = draw(-3, 5000, table.shape[0] * 4 * 19 * page_size, g).view(table.shape[0], -1).to(table.dtype)
