@@ -31,6 +31,10 @@ SHIM_PATH = Path(__file__).with_name("cuda_host_shim.h")
 EXTRA_FLAGS_ENV = "CUDA_HOST_CXXFLAGS"
 
 
+class CompilerMissing(RuntimeError):
+    """No C++ compiler for the host build (a failed build raises a plain RuntimeError)."""
+
+
 def build_dir() -> Path:
     """The private directory the host builds live in (created 0700 where missing)."""
     return _build_cache.private_dir(_build_cache.root() / "cuda-host")
@@ -50,7 +54,7 @@ def library(defines: tuple = (), kernels: tuple = tuple(build.KERNELS)) -> ctype
                             ).hexdigest()[:16]
     compiler = shutil.which(os.environ.get("CXX", "g++")) or shutil.which("g++")
     if compiler is None:
-        raise RuntimeError("the host build of kv_indices.cu needs a C++ compiler (g++ or $CXX)")
+        raise CompilerMissing("the host build of kv_indices.cu needs a C++ compiler (g++ or $CXX)")
 
     def compile_to(partial: Path) -> None:
         done = subprocess.run([compiler, "-x", "c++", build.STD_FLAG, "-O2", *extra_flags, "-shared", "-fPIC",
