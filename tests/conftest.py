@@ -50,6 +50,21 @@ def skip_module_unless_cupy_serves_the_gpu() -> None:
         pytest.skip(f"CuPy cannot serve this device: {reason}", allow_module_level=True)
 
 
+def require_host_path(device_index: int | None = None):
+    """The compiled host path for ``device_index``; skips where it cannot be here (no C compiler, or off by a
+    setting: ``KVDISPATCH_HIP_HOST_PATH`` on AMD) and fails where it should be and is not (a failed build or
+    self-check)."""
+    from kvdispatch import host_path
+
+    module = host_path.load(device_index)
+    if module is None:
+        reason = host_path.failure()
+        if host_path.compiler() is None or (reason or "").startswith(host_path.NotEnabledError.__name__):
+            pytest.skip(f"the compiled host path is not available here: {reason}")
+        pytest.fail(f"the compiled host path failed here: {reason}")
+    return module
+
+
 BACKENDS = backends_under_test()
 GPU_BACKENDS = [b for b in BACKENDS if b != "torch"]
 

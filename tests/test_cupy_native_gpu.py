@@ -11,7 +11,7 @@ import torch
 
 from kvdispatch import ops
 import kvdispatch
-from conftest import skip_module_unless_cupy_serves_the_gpu
+from conftest import require_host_path, skip_module_unless_cupy_serves_the_gpu
 from kvcases import POISON, assert_same, make_case
 
 skip_module_unless_cupy_serves_the_gpu()
@@ -28,8 +28,7 @@ def cupy_through_c(monkeypatch):
     monkeypatch.setenv(cupy_native.LAUNCH_ENV, "native")
     kvdispatch.reset()
     cupy_native.reset()
-    if host_path.load(torch.cuda.current_device()) is None:
-        pytest.skip(f"the compiled host path is not available here: {host_path.failure()}")
+    require_host_path(torch.cuda.current_device())
     yield
     kvdispatch.reset()
     cupy_native.reset()

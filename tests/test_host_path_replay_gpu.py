@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import kvdispatch
-from conftest import BACKENDS, HAS_GPU
+from conftest import BACKENDS, HAS_GPU, require_host_path
 from kvcases import POISON, assert_same, make_case
 from test_family_graphs import FAMILY_OPS, _case, _refresh, check_replays
 
@@ -24,8 +24,7 @@ REPLAYS = 10
 @pytest.fixture(autouse=True)
 def fresh_selection():
     kvdispatch.reset()
-    if host_path.load(torch.cuda.current_device()) is None:
-        pytest.skip(f"the compiled host path is not available here: {host_path.failure()}")
+    require_host_path(torch.cuda.current_device())
     yield
     kvdispatch.reset()
 

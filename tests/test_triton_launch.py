@@ -7,7 +7,7 @@ import inspect
 import pytest
 import torch
 
-from conftest import DEVICE, HAS_GPU
+from conftest import DEVICE, HAS_GPU, require_host_path
 
 pytest.importorskip("triton")
 
@@ -523,8 +523,8 @@ def _native_launches() -> int:
 def launch_path(request, monkeypatch):
     if request.param == "direct" and HAS_GPU and not _direct_path_here():
         pytest.skip("the installed Triton's launcher has no direct path (Triton 3.6 on NVIDIA has one)")
-    if request.param == "native" and HAS_GPU and host_path.load() is None:
-        pytest.skip(f"the compiled launcher is not available here: {host_path.failure()}")
+    if request.param == "native" and HAS_GPU:
+        require_host_path()
     monkeypatch.setenv(launch.LAUNCH_ENV, request.param)
     launch.reset()
     yield request.param
@@ -554,8 +554,7 @@ def test_gpu_page_table_paths(launch_path, page_size, with_start):
 def test_gpu_compiled_path_serves_again_after_a_reset(monkeypatch):
     """kvdispatch.reset() forgets the selection, not the plans: the first call after it selects Triton again
     (in Python), and the next one goes through C without a new plan."""
-    if host_path.load() is None:
-        pytest.skip(f"the compiled launcher is not available here: {host_path.failure()}")
+    require_host_path()
     monkeypatch.setenv(launch.LAUNCH_ENV, "native")
     launch.reset()
     case = make_case(5, 64, max_pages=20, device=DEVICE)
