@@ -184,31 +184,6 @@ def _poisoned(length, dtype=torch.int32):
     return torch.full((length,), POISON, dtype=dtype, device=DEVICE)
 
 
-def _require_token_csr_keyword(backend, keyword):
-    """Skip unless the public token-CSR builder (for ``backend``) takes ``keyword``."""
-    if backend == "cupy-host":
-        import cuda_host
-
-        builder = cuda_host.create_flashinfer_kv_indices
-    else:
-        builder = kvdispatch.create_flashinfer_kv_indices
-    if keyword not in inspect.signature(builder).parameters:
-        pytest.skip(f"the token-CSR builder of backend {backend} has no {keyword}= keyword yet "
-                    f"(the drop-in forwards to it)")
-
-
-def _require_int64_token_csr_out(compat):
-    """Skip unless the (routed) token-CSR builder writes an int64 ``out``."""
-    table = torch.arange(4, dtype=torch.int32, device=DEVICE).view(1, 4)
-    zero = torch.zeros(1, dtype=torch.int32, device=DEVICE)
-    from kvdispatch.compat.sglang import _common
-
-    try:
-        _common._build_token_csr(table, zero, zero + 1, zero, torch.zeros(1, dtype=torch.int64, device=DEVICE))
-    except TypeError as error:
-        pytest.skip(f"the token-CSR builder does not take an int64 out yet: {error}")
-
-
 def _check_segments(out, offsets, case, starts, lens):
     """Segment ``b`` of ``out`` (at ``offsets[b]``) is request ``b``'s table row from ``starts[b]`` on."""
     table = case.req_to_token.cpu()
@@ -286,8 +261,6 @@ def test_token_csr(backend, index_dtype, out_dtype, window, token_blocks, compat
     """The Triton and FlashInfer backends' token CSR (int64 / int32 ``kv_indices``), whole sequences or a
     sliding window (``kv_start_idx = seq_lens - window lengths``), launched per request or with token
     blocks (grid ``(bs, kv_indices_num_token_blocks(...))``, ``TOKEN_BLOCK_PARALLEL=True``)."""
-    if out_dtype == torch.int64:
-        _require_int64_token_csr_out(compat)
     case = _cases(5, 1, index_dtype, max_pages=200, strided_table=True)
     table, bs = case.req_to_token, case.batch
     lens, starts = case.seq_lens, None
@@ -331,10 +304,6 @@ def _sglang_token_csr(table, rows, starts, lens, kv_indptr, out, entry_page_size
 def test_token_csr_page_granular_and_mapped(backend, entry_page_size, mapped, token_blocks, compat):
     """``ENTRY_PAGE_SIZE`` (one table entry per page; start 7, int32 lengths as in SGLang's grid test) and
     ``token_mapping`` (non-negative ids mapped, negative ones -1), forwarded to the public API."""
-    if entry_page_size != 1:
-        _require_token_csr_keyword(backend, "entry_page_size")
-    if mapped:
-        _require_token_csr_keyword(backend, "token_mapping")
     case = _cases(3, 1 if entry_page_size > 1 else 16, torch.int32, max_pages=12)
     table, bs = case.req_to_token.clone(), case.batch
     start = 7
