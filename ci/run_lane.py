@@ -14,6 +14,7 @@ import sys
 import tempfile
 import tomllib
 import xml.etree.ElementTree as ET
+import zipfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -36,8 +37,9 @@ def _require_tools(name, lane):
         raise LaneError(f"lane {name} needs {tool!r}, which is not on PATH; install it: {hint or tool}")
 
 
-def _pytest(args, env=None, python=sys.executable) -> tuple[int, int]:
-    """Run pytest; returns (passed, failed) from its JUnit report (errors count as failures)."""
+def _pytest(args, env=None, python=sys.executable, skips_fail=False) -> tuple[int, int]:
+    """Run pytest; returns (passed, failed) from its JUnit report (errors count as failures; with
+    ``skips_fail``, skipped tests too)."""
     with tempfile.TemporaryDirectory() as tmp:
         report = Path(tmp) / "report.xml"
         command = [python, "-m", "pytest", "-q", f"--junitxml={report}", *args]
@@ -50,6 +52,9 @@ def _pytest(args, env=None, python=sys.executable) -> tuple[int, int]:
         total, skipped = int(suite.get("tests")), int(suite.get("skipped"))
         failed = int(suite.get("failures")) + int(suite.get("errors"))
         passed = total - skipped - failed
+        if skips_fail and skipped:
+            print(f"{skipped} tests skipped, which this lane does not allow", flush=True)
+            failed += skipped
         if code not in (0, 1) and failed == 0:  # interrupted, internal error, or no tests collected
             failed = 1
         return passed, failed
@@ -100,6 +105,24 @@ def run_pytest_venv_lane(name, lane):
         subprocess.call([python, "-c", "import torch, triton; print('torch', torch.__version__, 'triton', "
                          "triton.__version__)"])
         return _pytest(lane["args"], python=python)
+
+
+def run_pytest_sglang_release_lane(name, lane):
+    """pytest with ``SGLANG_SOURCE`` at the unpacked wheel of ``release`` (``pip download --no-deps``: the
+    tests read its source and load its kernels' modules by path; nothing of it is installed)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        download = [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:",
+                    *lane.get("wheel", []), "-d", tmp, lane["release"]]
+        print("+", " ".join(download), flush=True)
+        wheels = list(Path(tmp).glob("*.whl")) if subprocess.call(download) == 0 else []
+        if len(wheels) != 1:
+            raise LaneError(f"lane {name} could not download the wheel of {lane['release']} (pip needs the index)")
+        source = Path(tmp) / "source"
+        with zipfile.ZipFile(wheels[0]) as wheel:
+            wheel.extractall(source)
+        if not (source / "sglang").is_dir():
+            raise LaneError(f"{wheels[0].name} holds no sglang package")
+        return _pytest(lane["args"], env={"SGLANG_SOURCE": str(source)}, skips_fail=True)
 
 
 def _compile_source(compile_one, targets, optional_targets=()):
@@ -232,6 +255,7 @@ def _hostile_data(lane) -> bool:
 
 
 RUNNERS = {"pytest": run_pytest_lane, "pytest-asan": run_pytest_asan_lane, "pytest-venv": run_pytest_venv_lane,
+           "pytest-sglang-release": run_pytest_sglang_release_lane,
            "compile-cuda": run_compile_cuda, "compile-hip": run_compile_hip, "gpu": run_gpu}
 
 
