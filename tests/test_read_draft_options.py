@@ -248,6 +248,20 @@ def loop_step_window(case, out, indptr):
     return out, indptr
 
 
+def check_step_window_reference(case):
+    """The reference against ``loop_step_window`` on ``case`` (CPU tensors, ``step_window`` set), into poisoned
+    outputs wide enough for every step."""
+    steps, segments = case["num_steps"], case["req_pool_indices"].shape[0] * case["topk"]
+    out = torch.full((steps, segments * case["step_window"] + 2), POISON, dtype=torch.int64)
+    indptr = torch.full((steps, segments + 2), POISON, dtype=torch.int32)
+    looped, looped_indptr = loop_step_window(case, out, indptr)
+    options = {k: v for k, v in case.items() if k not in ("req_to_token", "req_pool_indices", "seq_lens")}
+    ops.draft_decode.reference(case["req_to_token"], case["req_pool_indices"], case["seq_lens"], indptr, out,
+                               **options)
+    assert_same(out, looped, "reference out vs loop")
+    assert_same(indptr, looped_indptr, "reference kv_indptr vs loop")
+
+
 @pytest.mark.representative("window")
 @pytest.mark.parametrize("backend", [None, *BACKENDS])
 @pytest.mark.parametrize("window", (1, 3, 30))
@@ -269,22 +283,15 @@ def test_draft_decode_step_window(backend, window, option):
             continue
         if option == "v2p":
             continue
-        steps, segments = case["num_steps"], case["req_pool_indices"].shape[0] * case["topk"]
-        out = torch.full((steps, segments * window + 2), POISON, dtype=torch.int64)
-        indptr = torch.full((steps, segments + 2), POISON, dtype=torch.int32)
-        looped, looped_indptr = loop_step_window(case, out, indptr)
-        options = {k: v for k, v in case.items() if k not in ("req_to_token", "req_pool_indices", "seq_lens")}
-        ops.draft_decode.reference(case["req_to_token"], case["req_pool_indices"], case["seq_lens"], indptr, out,
-                                   **options)
-        assert_same(out, looped, "reference out vs loop")
-        assert_same(indptr, looped_indptr, "reference kv_indptr vs loop")
+        check_step_window_reference(case)
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("backend", [None, *BACKENDS])
 @pytest.mark.parametrize("window", (5, 40))
 def test_draft_decode_step_window_many_steps(backend, window):
     """More steps than a kernel takes side by side and than it loads draft slots per pass (19), with a window
-    shorter and longer than the steps: the reference, the loop and the backend agree."""
+    shorter and longer than the steps: ``backend`` None: the reference against the loop; else the backend
+    against the reference."""
     from test_draft_decode import check, random_case
 
     g = generator()
@@ -294,16 +301,10 @@ def test_draft_decode_step_window_many_steps(backend, window):
         table = case["req_to_token"]
         room = draw(-3, 5000, table.shape[0] * 4 * 19 * page_size, g).view(table.shape[0], -1).to(table.dtype)
         case.update(req_to_token=torch.cat([table, room], 1), entry_page_size=1, step_window=window)
-        check(backend, case, torch.int64, torch.int32, loop=False)
-        steps, segments = case["num_steps"], case["req_pool_indices"].shape[0] * case["topk"]
-        out = torch.full((steps, segments * window + 2), POISON, dtype=torch.int64)
-        indptr = torch.full((steps, segments + 2), POISON, dtype=torch.int32)
-        looped, looped_indptr = loop_step_window(case, out.clone(), indptr.clone())
-        options = {k: v for k, v in case.items() if k not in ("req_to_token", "req_pool_indices", "seq_lens")}
-        ops.draft_decode.reference(case["req_to_token"], case["req_pool_indices"], case["seq_lens"], indptr, out,
-                                   **options)
-        assert_same(out, looped, "reference out vs loop")
-        assert_same(indptr, looped_indptr, "reference kv_indptr vs loop")
+        if backend is None:
+            check_step_window_reference(case)
+        else:
+            check(backend, case, torch.int64, torch.int32, loop=False)
 
 
 def test_draft_decode_step_window_argument_errors():
